@@ -1,0 +1,625 @@
+# -*- test-case-name: tests.test_config -*-
+"""QMQ's configuration: TOML files in, typed frozen settings out.
+
+The flow::
+
+    qmq/default.toml (embedded) ─┐
+                                 ├─ tomllib ─▶ check each layer ─▶ merge ─▶ Settings
+    --config FILE (optional) ────┘
+
+1. The embedded default (C{qmq/default.toml}, package data read with
+   L{importlib.resources}) and the user's file are each parsed with
+   L{tomllib}.
+2. Each layer is checked on its own against the schema below, so that every
+   error names the file it comes from, the dotted key (C{stomp.heartbeat_grace},
+   C{vhosts."/".queues[0].name}) and what was expected.  Unknown keys are
+   errors: a typo must not pass silently.
+3. The user's layer is merged over the default: tables merge key by key, any
+   other value (a number, a string, an array) is replaced whole.
+4. The merged tree becomes L{Settings}: frozen dataclasses, with the STOMP
+   settings as the frontend's own L{StompSettings}.
+
+Every problem is raised as a L{ConfigError} whose message is ready to print,
+for instance::
+
+    qmq.toml: stomp.heartbeat_grace: expected a number >= 1.5, got "x"
+
+The C{[stomp]} table is derived from L{StompSettings}'s fields (its type
+annotations give the TOML type, L{STOMP_LIMITS} the allowed range), so a field
+added there is one line here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from qmq.stomp.settings import StompSettings
+
+__all__ = [
+    "DEFAULT_CONFIG_NAME",
+    "EXCHANGE_TYPES",
+    "STOMP_LIMITS",
+    "BindingDeclaration",
+    "ConfigError",
+    "ExchangeDeclaration",
+    "QueueDeclaration",
+    "Settings",
+    "VirtualHostSettings",
+    "default_toml",
+    "load",
+    "load_string",
+    "with_overrides",
+]
+
+#: The name under which errors in the embedded default are reported.
+DEFAULT_CONFIG_NAME = "qmq/default.toml"
+
+#: Exchange types that a declaration may name.
+EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
+
+
+class ConfigError(Exception):
+    """
+    The configuration cannot be used.
+
+    C{str(error)} is the whole message, ready to show to a person: it names
+    the file, the key (a dotted path) and what was expected.
+
+    @ivar source: the file (or command-line option) the problem is in.
+    @ivar key: the dotted path of the key, or C{""} for the file as a whole.
+    @ivar problem: what is wrong, e.g. C{'expected a string, got 3'}.
+    """
+
+    def __init__(self, source: str, key: str, problem: str) -> None:
+        self.source = source
+        self.key = key
+        self.problem = problem
+        parts = [p for p in (source, key, problem) if p]
+        super().__init__(": ".join(parts))
+
+
+@dataclass(frozen=True)
+class ExchangeDeclaration:
+    """
+    An exchange that exists when the broker starts.
+
+    @ivar name: the exchange's name.
+    @ivar type: one of L{EXCHANGE_TYPES}.
+    @ivar durable: whether it survives a restart.
+    @ivar auto_delete: whether it goes away with its last binding.
+    @ivar origin: where it was declared (C{'FILE: KEY'}), for error messages.
+    """
+
+    name: str
+    type: str
+    durable: bool = True
+    auto_delete: bool = False
+    origin: str = field(default="", compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class QueueDeclaration:
+    """
+    A queue that exists when the broker starts.
+
+    @ivar name: the queue's name.
+    @ivar durable: whether it (and its persistent messages) survive a restart.
+    @ivar auto_delete: whether it goes away with its last consumer.
+    @ivar arguments: optional queue arguments (limits, TTL, ...), passed to
+        the core as they are.
+    @ivar origin: where it was declared (C{'FILE: KEY'}), for error messages.
+    """
+
+    name: str
+    durable: bool = True
+    auto_delete: bool = False
+    arguments: dict[str, Any] = field(default_factory=dict)
+    origin: str = field(default="", compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class BindingDeclaration:
+    """
+    A binding of a queue to an exchange that exists when the broker starts.
+
+    @ivar queue: the queue's name.
+    @ivar exchange: the exchange's name.
+    @ivar routing_key: the binding key (a pattern for topic exchanges).
+    @ivar arguments: binding arguments (C{x-match} and header values for a
+        headers exchange).
+    @ivar origin: where it was declared (C{'FILE: KEY'}), for error messages.
+    """
+
+    queue: str
+    exchange: str
+    routing_key: str = ""
+    arguments: dict[str, Any] = field(default_factory=dict)
+    origin: str = field(default="", compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class VirtualHostSettings:
+    """
+    A virtual host and what is declared in it, in the order declared.
+
+    @ivar name: the virtual host's name (C{"/"} is the default one).
+    """
+
+    name: str
+    exchanges: tuple[ExchangeDeclaration, ...] = ()
+    queues: tuple[QueueDeclaration, ...] = ()
+    bindings: tuple[BindingDeclaration, ...] = ()
+
+
+@dataclass(frozen=True)
+class Settings:
+    """
+    Everything the broker needs to start.
+
+    @ivar listen: where to listen, each C{PROTOCOL:ENDPOINT} (e.g.
+        C{"stomp:tcp:61613:interface=127.0.0.1:backlog=1024"}).
+    @ivar data_dir: the directory for persistent data.
+    @ivar stomp: the STOMP frontend's settings.
+    @ivar vhosts: the virtual hosts with their declarations.
+    @ivar shutdown_timeout: seconds a graceful shutdown may take.
+    @ivar listen_source: where C{listen} was set (a file name, or
+        C{"--listen"}), so errors about a listener name it.
+    """
+
+    listen: list[str] = field(
+        default_factory=lambda: ["stomp:tcp:61613:interface=127.0.0.1:backlog=1024"]
+    )
+    data_dir: Path = Path("qmq-data")
+    stomp: StompSettings = field(default_factory=StompSettings)
+    vhosts: tuple[VirtualHostSettings, ...] = (VirtualHostSettings("/"),)
+    shutdown_timeout: float = 10.0
+    listen_source: str = field(default=DEFAULT_CONFIG_NAME, compare=False)
+
+
+# -- the schema ---------------------------------------------------------------
+#
+# A checker takes (value, key) and returns the normalised value or raises
+# _Invalid(problem, key); _check_layer turns that into a ConfigError naming the
+# file.
+
+
+class _Invalid(Exception):
+    def __init__(self, key: str, problem: str) -> None:
+        super().__init__(key, problem)
+        self.key = key
+        self.problem = problem
+
+
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def _join(prefix: str, name: str | int) -> str:
+    """Append a table key or an array index to a dotted key path."""
+    if isinstance(name, int):
+        return f"{prefix}[{name}]"
+    part = name if _BARE_KEY.match(name) else json.dumps(name)
+    return f"{prefix}.{part}" if prefix else part
+
+
+def _describe(value: object) -> str:
+    """Show a TOML value the way it would be written, briefly."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "an array"
+    return f"a {type(value).__name__}"
+
+
+def _fail(key: str, expected: str, value: object) -> _Invalid:
+    return _Invalid(key, f"expected {expected}, got {_describe(value)}")
+
+
+def _integer(minimum: int | None = None) -> Callable[[object, str], int]:
+    expected = "an integer" + (f" >= {minimum}" if minimum is not None else "")
+
+    def check(value: object, key: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _fail(key, expected, value)
+        if minimum is not None and value < minimum:
+            raise _fail(key, expected, value)
+        return value
+
+    return check
+
+
+def _number(
+    minimum: float | None = None, above: float | None = None
+) -> Callable[[object, str], float]:
+    if above is not None:
+        expected = f"a number > {above:g}"
+    elif minimum is not None:
+        expected = f"a number >= {minimum:g}"
+    else:
+        expected = "a number"
+
+    def check(value: object, key: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _fail(key, expected, value)
+        if not math.isfinite(value):
+            raise _fail(key, expected, value)
+        if minimum is not None and value < minimum:
+            raise _fail(key, expected, value)
+        if above is not None and value <= above:
+            raise _fail(key, expected, value)
+        return float(value)
+
+    return check
+
+
+def _boolean(value: object, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise _fail(key, "true or false", value)
+    return value
+
+
+def _string(value: object, key: str) -> str:
+    if not isinstance(value, str):
+        raise _fail(key, "a string", value)
+    return value
+
+
+def _name(value: object, key: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise _fail(key, "a non-empty string", value)
+    return value
+
+
+def _one_of(choices: tuple[str, ...]) -> Callable[[object, str], str]:
+    expected = "one of " + ", ".join(choices)
+
+    def check(value: object, key: str) -> str:
+        if not isinstance(value, str) or value not in choices:
+            raise _fail(key, expected, value)
+        return value
+
+    return check
+
+
+def _listen_specs(value: object, key: str) -> list[str]:
+    expected = "a non-empty array of PROTOCOL:ENDPOINT strings"
+    if not isinstance(value, list) or not value:
+        raise _fail(key, expected, value)
+    for index, spec in enumerate(value):
+        _listen_spec(spec, _join(key, index))
+    return list(value)
+
+
+def _listen_spec(spec: object, key: str) -> str:
+    # Only the shape: whether the protocol and the endpoint exist is checked
+    # when the service is built (qmq.service.make_service).
+    expected = 'PROTOCOL:ENDPOINT (e.g. "stomp:tcp:61613")'
+    if not isinstance(spec, str):
+        raise _fail(key, expected, spec)
+    protocol, colon, endpoint = spec.partition(":")
+    if not colon or not protocol or not endpoint or ":" in protocol:
+        raise _fail(key, expected, spec)
+    return spec
+
+
+def _directory(value: object, key: str) -> Path:
+    if not isinstance(value, str) or not value:
+        raise _fail(key, "a directory name (a non-empty string)", value)
+    return Path(value)
+
+
+def _arguments(value: object, key: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _fail(key, "a table of arguments", value)
+    for name, argument in value.items():
+        if isinstance(argument, dict | list) or not isinstance(argument, str | int | float | bool):
+            raise _fail(_join(key, name), "a string, number or boolean", argument)
+    return dict(value)
+
+
+#: The allowed range of each field of L{StompSettings}: (TOML type, checker).
+#: Every field must be here (a test sees to it).
+STOMP_LIMITS: dict[str, tuple[str, Callable[[object, str], Any]]] = {
+    "max_body_size": ("integer >= 1", _integer(1)),
+    "max_headers": ("integer >= 1", _integer(1)),
+    "max_header_line": ("integer >= 1", _integer(1)),
+    "max_header_block": ("integer >= 1", _integer(1)),
+    "heartbeat_send_ms": ("integer >= 0", _integer(0)),
+    "heartbeat_receive_ms": ("integer >= 0", _integer(0)),
+    "heartbeat_grace": ("number >= 1.5", _number(minimum=1.5)),
+    "default_prefetch": ("integer >= 1", _integer(1)),
+    "strict_vhost": ("boolean", _boolean),
+    "connect_timeout": ("number > 0", _number(above=0)),
+}
+
+
+def _stomp_checker(name: str, annotation: str) -> Callable[[object, str], Any]:
+    """The checker of one L{StompSettings} field, or a type-only fallback."""
+    if name in STOMP_LIMITS:
+        return STOMP_LIMITS[name][1]
+    fallback: dict[str, Callable[[object, str], Any]] = {
+        "int": _integer(),
+        "float": _number(),
+        "bool": _boolean,
+        "str": _string,
+    }
+    if annotation in fallback:
+        return fallback[annotation]
+    raise TypeError(f"qmq.config cannot map StompSettings.{name}: {annotation}")
+
+
+_STOMP_FIELDS = {
+    f.name: _stomp_checker(f.name, str(f.type)) for f in dataclasses.fields(StompSettings)
+}
+
+
+_Schema = dict[str, Callable[[object, str], Any]]
+
+_EXCHANGE_SCHEMA: _Schema = {
+    "name": _name,
+    "type": _one_of(EXCHANGE_TYPES),
+    "durable": _boolean,
+    "auto_delete": _boolean,
+}
+_EXCHANGE_REQUIRED = {"name": "a non-empty string", "type": "one of " + ", ".join(EXCHANGE_TYPES)}
+
+_QUEUE_SCHEMA: _Schema = {
+    "name": _name,
+    "durable": _boolean,
+    "auto_delete": _boolean,
+    "arguments": _arguments,
+}
+_QUEUE_REQUIRED = {"name": "a non-empty string"}
+
+_BINDING_SCHEMA: _Schema = {
+    "queue": _name,
+    "exchange": _string,
+    "routing_key": _string,
+    "arguments": _arguments,
+}
+_BINDING_REQUIRED = {"queue": "a non-empty string", "exchange": "a string"}
+
+
+def _table(
+    value: object, key: str, schema: _Schema, required: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """Check a table against a schema: unknown keys and missing required keys are errors."""
+    if not isinstance(value, dict):
+        raise _fail(key, "a table", value)
+    result = {}
+    for name, item in value.items():
+        item_key = _join(key, name)
+        if name not in schema:
+            known = ", ".join(sorted(schema))
+            close = difflib.get_close_matches(name, schema, n=1)
+            hint = f"; did you mean {json.dumps(close[0])}?" if close else ""
+            raise _Invalid(item_key, f"unknown key (expected one of: {known}){hint}")
+        result[name] = schema[name](item, item_key)
+    for name, expected in (required or {}).items():
+        if name not in value:
+            raise _Invalid(key, f"missing key {json.dumps(name)} (expected {expected})")
+    return result
+
+
+def _declarations(
+    schema: _Schema, required: Mapping[str, str], unique: str | None
+) -> Callable[[object, str], list[dict[str, Any]]]:
+    def check(value: object, key: str) -> list[dict[str, Any]]:
+        if not isinstance(value, list):
+            raise _fail(key, "an array of tables", value)
+        result = []
+        seen: set[str] = set()
+        for index, item in enumerate(value):
+            item_key = _join(key, index)
+            table = _table(item, item_key, schema, required)
+            if unique is not None:
+                if table[unique] in seen:
+                    raise _Invalid(
+                        _join(item_key, unique),
+                        f"{json.dumps(table[unique])} is declared twice",
+                    )
+                seen.add(table[unique])
+            table["origin"] = item_key
+            result.append(table)
+        return result
+
+    return check
+
+
+_VHOST_SCHEMA: _Schema = {
+    "exchanges": _declarations(_EXCHANGE_SCHEMA, _EXCHANGE_REQUIRED, "name"),
+    "queues": _declarations(_QUEUE_SCHEMA, _QUEUE_REQUIRED, "name"),
+    "bindings": _declarations(_BINDING_SCHEMA, _BINDING_REQUIRED, None),
+}
+
+
+def _vhosts(value: object, key: str) -> dict[str, dict[str, Any]]:
+    if not isinstance(value, dict):
+        raise _fail(key, 'a table of virtual hosts (e.g. [vhosts."/"])', value)
+    result = {}
+    for name, vhost in value.items():
+        vhost_key = _join(key, name)
+        if not name:
+            raise _Invalid(vhost_key, "a virtual host needs a non-empty name")
+        result[name] = _table(vhost, vhost_key, _VHOST_SCHEMA)
+    return result
+
+
+def _stomp(value: object, key: str) -> dict[str, Any]:
+    return _table(value, key, _STOMP_FIELDS)
+
+
+_TOP_SCHEMA: _Schema = {
+    "listen": _listen_specs,
+    "data_dir": _directory,
+    "shutdown_timeout": _number(above=0),
+    "stomp": _stomp,
+    "vhosts": _vhosts,
+}
+
+
+# -- loading --------------------------------------------------------------------
+
+
+_TOML_POSITION = re.compile(r"^(?P<what>.*?) \(at line (?P<line>\d+), column (?P<column>\d+)\)$")
+
+
+def _parse(text: str, source: str) -> dict[str, Any]:
+    """Parse TOML text; a syntax error names the file and the line."""
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        message = str(e)
+        match = _TOML_POSITION.match(message)
+        if match:
+            raise ConfigError(
+                source,
+                "",
+                f"line {match['line']}, column {match['column']}: invalid TOML: {match['what']}",
+            ) from None
+        if message.endswith(" (at end of document)"):
+            what = message.removesuffix(" (at end of document)")
+            raise ConfigError(source, "", f"at end of file: invalid TOML: {what}") from None
+        raise ConfigError(source, "", f"invalid TOML: {message}") from None
+
+
+def _check_layer(data: dict[str, Any], source: str) -> dict[str, Any]:
+    """Check one parsed file against the schema; every key is optional."""
+    try:
+        checked = _table(data, "", _TOP_SCHEMA)
+    except _Invalid as e:
+        raise ConfigError(source, e.key, e.problem) from None
+    # Record where declarations and listeners come from, for later errors.
+    for vhost in checked.get("vhosts", {}).values():
+        for declarations in vhost.values():
+            for declaration in declarations:
+                declaration["origin"] = f"{source}: {declaration['origin']}"
+    if "listen" in checked:
+        checked["listen_source"] = source
+    return checked
+
+
+def _merge(base: dict[str, Any], layer: Mapping[str, Any]) -> dict[str, Any]:
+    """Layer C{layer} over C{base}: tables merge, other values are replaced."""
+    merged = dict(base)
+    for name, value in layer.items():
+        if isinstance(value, dict) and isinstance(merged.get(name), dict):
+            merged[name] = _merge(merged[name], value)
+        else:
+            merged[name] = value
+    return merged
+
+
+def _build(tree: Mapping[str, Any]) -> Settings:
+    """Turn a checked, merged tree into L{Settings}."""
+    vhosts = []
+    for name, vhost in tree.get("vhosts", {}).items():
+        vhosts.append(
+            VirtualHostSettings(
+                name=name,
+                exchanges=tuple(ExchangeDeclaration(**d) for d in vhost.get("exchanges", [])),
+                queues=tuple(QueueDeclaration(**d) for d in vhost.get("queues", [])),
+                bindings=tuple(BindingDeclaration(**d) for d in vhost.get("bindings", [])),
+            )
+        )
+    values: dict[str, Any] = {
+        "stomp": StompSettings(**tree.get("stomp", {})),
+        "vhosts": tuple(vhosts),
+    }
+    for name in ("listen", "data_dir", "shutdown_timeout", "listen_source"):
+        if name in tree:
+            values[name] = tree[name]
+    return Settings(**values)
+
+
+def default_toml() -> str:
+    """
+    @return: the text of the embedded default configuration.
+    """
+    return resources.files("qmq").joinpath("default.toml").read_text(encoding="utf-8")
+
+
+def _default_layer() -> dict[str, Any]:
+    return _check_layer(_parse(default_toml(), DEFAULT_CONFIG_NAME), DEFAULT_CONFIG_NAME)
+
+
+def load_string(text: str, source: str = "<string>") -> Settings:
+    """
+    Build settings from the embedded default with TOML text layered over it.
+
+    @param text: TOML text.
+    @param source: the name to give the text in error messages.
+    @return: the settings.
+    @raise ConfigError: if the text is not valid TOML or not a valid
+        configuration.
+    """
+    layer = _check_layer(_parse(text, source), source)
+    return _build(_merge(_default_layer(), layer))
+
+
+def load(path: str | Path | None = None) -> Settings:
+    """
+    Build settings from the embedded default, with a file layered over it.
+
+    @param path: the user's configuration file, or L{None} for the embedded
+        default alone.  Errors name it as given.
+    @return: the settings.
+    @raise ConfigError: if the file cannot be read, is not valid TOML or not a
+        valid configuration.
+    """
+    if path is None:
+        return _build(_default_layer())
+    source = str(path)
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except OSError as e:
+        raise ConfigError(source, "", f"cannot read the file: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(source, "", f"not UTF-8 text (byte {e.start})") from None
+    return load_string(text, source)
+
+
+def with_overrides(
+    settings: Settings,
+    listen: list[str] | None = None,
+    data_dir: str | None = None,
+) -> Settings:
+    """
+    Apply command-line overrides.
+
+    @param settings: the loaded settings.
+    @param listen: if not L{None} and not empty, replaces C{settings.listen}.
+    @param data_dir: if not L{None}, replaces C{settings.data_dir}.
+    @return: new settings.
+    @raise ConfigError: naming the option, if a value is malformed.
+    """
+    changes: dict[str, Any] = {}
+    if listen:
+        for spec in listen:
+            try:
+                _listen_spec(spec, "")
+            except _Invalid as e:
+                raise ConfigError("--listen", "", e.problem) from None
+        changes["listen"] = list(listen)
+        changes["listen_source"] = "--listen"
+    if data_dir is not None:
+        try:
+            changes["data_dir"] = _directory(data_dir, "")
+        except _Invalid as e:
+            raise ConfigError("--data-dir", "", e.problem) from None
+    return dataclasses.replace(settings, **changes)
