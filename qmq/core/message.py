@@ -1,0 +1,80 @@
+"""The message as the core sees it.
+
+One L{Message} object is shared by every queue a publish is routed to; a
+queue that redelivers a message keeps a shallow copy with its own delivery
+count (L{Message.redelivery}), so a redelivery in one queue never marks the
+copies in the others.
+"""
+
+from __future__ import annotations
+
+
+class Message:
+    """A published message.
+
+    @ivar id: broker-wide increasing integer; orders messages within a queue.
+    @ivar exchange: name of the exchange it was published to (C{""} is the
+        default exchange).
+    @ivar routing_key: the routing key it was published with.
+    @ivar headers: application headers (C{str} to C{str}), or C{None} if none.
+    @ivar body: the payload.
+    @ivar timestamp: seconds since the epoch, from the broker's clock.
+    @ivar persistent: whether the publisher asked for the message to survive
+        a restart (meaningful on durable queues).
+    @ivar delivery_count: how many times this copy was delivered and given
+        back; 0 for a first delivery.
+    @ivar cache: a frontend's pre-encoded form of the headers (the STOMP
+        frontend keeps its header block here); opaque to the core.
+    """
+
+    __slots__ = (
+        "id",
+        "exchange",
+        "routing_key",
+        "headers",
+        "body",
+        "timestamp",
+        "persistent",
+        "delivery_count",
+        "cache",
+    )
+
+    def __init__(
+        self,
+        id: int,
+        exchange: str,
+        routing_key: str,
+        headers: dict[str, str] | None,
+        body: bytes,
+        timestamp: float = 0.0,
+        persistent: bool = False,
+    ) -> None:
+        self.id = id
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.headers = headers
+        self.body = body
+        self.timestamp = timestamp
+        self.persistent = persistent
+        self.delivery_count = 0
+        self.cache = None
+
+    def redelivery(self) -> Message:
+        """Return a copy of this message with its delivery count raised by one."""
+        m = Message.__new__(Message)
+        m.id = self.id
+        m.exchange = self.exchange
+        m.routing_key = self.routing_key
+        m.headers = self.headers
+        m.body = self.body
+        m.timestamp = self.timestamp
+        m.persistent = self.persistent
+        m.delivery_count = self.delivery_count + 1
+        m.cache = self.cache
+        return m
+
+    def __repr__(self) -> str:
+        return (
+            f"<Message id={self.id} exchange={self.exchange!r} "
+            f"routing_key={self.routing_key!r} {len(self.body)} bytes>"
+        )
