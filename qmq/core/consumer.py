@@ -56,3 +56,6 @@ class Consumer:
         frontend must later call C{queue.ack} or C{queue.reject} for it.
         """
         raise NotImplementedError
+
+    def cancelled(self) -> None:
+        """The queue was deleted under this consumer; it is detached already."""

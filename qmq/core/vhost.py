@@ -10,7 +10,6 @@ L{qmq.core.consumer.Consumer} to a queue.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from qmq.core.errors import AccessRefused, NotFound, PreconditionFailed
@@ -19,7 +18,6 @@ from qmq.core.queue import Queue
 
 if TYPE_CHECKING:
     from qmq.core.broker import Broker
-    from qmq.core.consumer import Consumer
     from qmq.core.message import Message
 
 STANDARD_EXCHANGES = (
@@ -36,8 +34,6 @@ class VirtualHost:
     @ivar name: its name (the default one is C{"/"}).
     @ivar exchanges: exchanges by name (the default exchange is not listed).
     @ivar queues: queues by name.
-    @ivar on_queue_deleted: callbacks told of every deleted queue and the
-        consumers it still had, so frontends can cancel their subscriptions.
     """
 
     def __init__(self, broker: Broker | None, name: str) -> None:
@@ -45,7 +41,6 @@ class VirtualHost:
         self.name = name
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, Queue] = {}
-        self.on_queue_deleted: list[Callable[[Queue, list[Consumer]], None]] = []
         for ex_name, ex_type in STANDARD_EXCHANGES:
             self.declare_exchange(ex_name, ex_type)
 
@@ -141,9 +136,8 @@ class VirtualHost:
                 self._maybe_auto_delete_exchange(exchange)
             queue.bindings = None
         count = len(queue)
-        consumers = queue.detach_all()
-        for callback in self.on_queue_deleted:
-            callback(queue, consumers)
+        for consumer in queue.detach_all():
+            consumer.cancelled()
         return count
 
     # -- bindings ----------------------------------------------------------

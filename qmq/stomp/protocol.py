@@ -1,0 +1,141 @@
+# -*- test-case-name: tests.test_stomp_protocol -*-
+"""Twisted glue for STOMP over a stream transport (TCP, TLS, unix sockets).
+
+L{StompProtocol} only connects a Twisted transport to a
+L{qmq.stomp.session.StompSession}: bytes in, bytes out, and the transport's
+producer/consumer signals, so a client that stops reading stops getting
+deliveries instead of growing the broker's memory.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet import defer
+from twisted.internet.interfaces import IPushProducer
+from twisted.internet.protocol import Factory, Protocol
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from qmq.core.broker import Broker
+from qmq.stomp.session import StompSession
+from qmq.stomp.settings import StompSettings
+
+log = Logger()
+
+
+def _peer_name(transport: Any) -> str:
+    try:
+        peer = transport.getPeer()
+    except Exception:
+        return "?"
+    host = getattr(peer, "host", None)
+    port = getattr(peer, "port", None)
+    if host is None:
+        return str(peer)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+@implementer(IPushProducer)
+class StompProtocol(Protocol):
+    """A STOMP connection over a stream transport."""
+
+    session: StompSession
+
+    def __init__(self, factory: StompFactory) -> None:
+        self.factory = factory
+        self.peer = "?"
+
+    def connectionMade(self) -> None:
+        factory = self.factory
+        transport = self.transport
+        self.peer = _peer_name(transport)
+        self.session = StompSession(
+            factory.broker,
+            factory.settings,
+            transport.write,  # type: ignore[union-attr]
+            transport.loseConnection,  # type: ignore[union-attr]
+            clock=factory.clock,
+            peer=self.peer,
+        )
+        self.dataReceived = self.session.data_received  # type: ignore[method-assign]
+        transport.registerProducer(self, True)  # type: ignore[union-attr]
+        factory.connections.add(self)
+        log.info("connection open protocol=stomp peer={peer} session={session}",
+                 peer=self.peer, session=self.session.id)
+
+    def dataReceived(self, data: bytes) -> None:  # replaced per instance in connectionMade
+        self.session.data_received(data)
+
+    def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
+        session = self.session
+        session.connection_lost()
+        self.factory.connections.discard(self)
+        log.info("connection closed protocol=stomp peer={peer} session={session} reason={reason}",
+                 peer=self.peer, session=session.id,
+                 reason=reason.getErrorMessage() if reason is not None else "")
+        self.factory._lost(self)
+
+    # IPushProducer: the transport tells us when its buffer is full or drained.
+    def pauseProducing(self) -> None:
+        self.session.pause()
+
+    def resumeProducing(self) -> None:
+        self.session.resume()
+
+    def stopProducing(self) -> None:
+        pass
+
+
+class StompFactory(Factory):
+    """Builds L{StompProtocol}s sharing one broker and one set of settings.
+
+    @ivar connections: the open connections.
+    """
+
+    protocol = StompProtocol
+
+    def __init__(self, broker: Broker, settings: StompSettings | None = None, clock: Any = None) -> None:
+        self.broker = broker
+        self.settings = settings if settings is not None else StompSettings()
+        self.clock = clock if clock is not None else broker.clock
+        self.connections: set[StompProtocol] = set()
+        self._drained: list[defer.Deferred] = []
+
+    def buildProtocol(self, addr: Any) -> StompProtocol:
+        return StompProtocol(self)
+
+    def _lost(self, proto: StompProtocol) -> None:
+        if not self.connections and self._drained:
+            waiting, self._drained = self._drained, []
+            for d in waiting:
+                d.callback(None)
+
+    def shutdown(self, reason: str = "broker shutting down", timeout: float = 5.0) -> defer.Deferred:
+        """Send every client an ERROR frame and close it.
+
+        @return: a Deferred that fires once every connection is closed, or
+            after C{timeout} seconds, when the stragglers are aborted.
+        """
+        if not self.connections:
+            return defer.succeed(None)
+        d: defer.Deferred = defer.Deferred()
+        self._drained.append(d)
+        for proto in list(self.connections):
+            proto.session.shutdown(reason)
+
+        def abort() -> None:
+            for proto in list(self.connections):
+                transport = proto.transport
+                if transport is not None and hasattr(transport, "abortConnection"):
+                    transport.abortConnection()
+
+        timer = self.clock.callLater(timeout, abort)
+
+        def done(result: Any) -> Any:
+            if timer.active():
+                timer.cancel()
+            return result
+
+        return d.addBoth(done)

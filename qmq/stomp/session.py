@@ -1,0 +1,902 @@
+# -*- test-case-name: tests.test_stomp_session -*-
+"""The STOMP session: STOMP 1.0/1.1/1.2 semantics over the broker core.
+
+One L{StompSession} serves one client whatever carries its bytes (TCP, TLS,
+later WebSocket and HTTP long polling): the transport hands it bytes with
+L{StompSession.data_received}, tells it when its write buffer is full
+(L{StompSession.pause}/L{StompSession.resume}) and when the connection is
+gone (L{StompSession.connection_lost}); the session writes bytes back through
+the C{write} and C{close} callables it was given.
+
+Flow of a frame::
+
+    bytes -> StompParser.feed -> Frame -> stomp_<COMMAND> handler -> core call
+    core delivery -> Subscription.deliver -> MESSAGE bytes -> out buffer
+    end of the reactor turn (WriteBatcher) -> one write of all buffered frames
+
+Any protocol error produces an ERROR frame (with a C{message} header, an
+explanatory body and the offending frame's C{receipt-id} when it had one),
+then the connection is closed; nothing else the broker serves is affected.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+
+from qmq import __version__
+from qmq.core.broker import Broker
+from qmq.core.consumer import Consumer
+from qmq.core.errors import BrokerError
+from qmq.core.message import Message
+from qmq.core.queue import Queue
+from qmq.core.vhost import VirtualHost
+from qmq.stomp.destination import DestinationError, destination_of, parse_destination
+from qmq.stomp.frame import Frame, FrameError, StompParser, encode_frame, escape_header
+from qmq.stomp.settings import StompSettings
+
+log = Logger()
+
+VERSIONS = ("1.2", "1.1", "1.0")
+ACK_MODES = ("auto", "client", "client-individual")
+PREFETCH_HEADERS = ("prefetch-count", "activemq.prefetchSize", "prefetch")
+DURABLE_NAME_HEADERS = ("activemq.subscriptionName", "durable-subscription-name")
+# Headers of a SEND that describe the frame, not the message.
+_FRAME_HEADERS = ("destination", "receipt", "transaction", "content-length")
+# Flush a connection's buffer early once it holds this much, so one turn
+# never piles up more than about this per connection before back-pressure.
+FLUSH_THRESHOLD = 128 * 1024
+_VERSION_INDEX = {"1.2": 0, "1.1": 1, "1.0": 2}
+_session_ids = itertools.count(1)
+
+
+class StompError(Exception):
+    """A client error: answered with an ERROR frame, then the connection closes."""
+
+    def __init__(self, message: str, detail: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.detail = detail or message
+
+
+def _escaped(text: str, version: str) -> str:
+    return escape_header(text, version)
+
+
+def encode_message_headers(message: Message, destination: str | None = None) -> bytes | tuple:
+    """Encode the headers every MESSAGE frame of C{message} shares.
+
+    Returns the 1.2-escaped block as bytes when every version reads it the
+    same (the common case), else a tuple (1.2, 1.1, 1.0 forms) indexed by
+    L{_VERSION_INDEX}. The result is cached on the message.
+    """
+    if destination is None:
+        destination = destination_of(message.exchange, message.routing_key)
+    headers = message.headers
+    items = [("destination", destination)]
+    if headers:
+        items.extend(headers.items())
+    raw = "".join([f"{k}:{v}\n" for k, v in items])
+    n = len(items)
+    if raw.count(":") == n and raw.count("\n") == n and "\\" not in raw and "\r" not in raw:
+        block: bytes | tuple = raw.encode()
+    else:
+        block = tuple(
+            "".join([f"{_escaped(k, v_)}:{_escaped(v, v_)}\n" for k, v in items]).encode()
+            for v_ in VERSIONS
+        )
+    message.cache = block
+    return block
+
+
+class Subscription(Consumer):
+    """A STOMP subscription: a consumer on one queue, owned by a session.
+
+    @ivar id: the client's subscription id.
+    @ivar destination: the destination it subscribed to.
+    @ivar mode: C{auto}, C{client} or C{client-individual}.
+    @ivar unacked: delivery tag -> message, in delivery order.
+    @ivar private: the queue was made for this subscription and goes with it.
+    """
+
+    __slots__ = ("session", "id", "destination", "mode", "unacked", "private", "prefix", "ack_line")
+
+    def __init__(
+        self,
+        session: StompSession,
+        sub_id: str,
+        destination: str,
+        mode: str,
+        prefetch: int | None,
+        private: bool,
+    ) -> None:
+        super().__init__(mode != "auto", prefetch, session)
+        self.session = session
+        self.id = sub_id
+        self.destination = destination
+        self.mode = mode
+        self.unacked: dict[int, Message] = {}
+        self.private = private
+        version = session.version
+        sid = session.id
+        self.prefix = (
+            "MESSAGE\nsubscription:%s\nmessage-id:%s-" % (escape_header(sub_id, version), sid)
+        ).encode()
+        # STOMP 1.2 acks by the `ack` header; earlier versions by message-id.
+        self.ack_line = (f"ack:{sid}-").encode() if (version == "1.2" and mode != "auto") else b""
+        self.paused = session.paused
+
+    def deliver(self, message: Message, queue: Queue) -> None:
+        session = self.session
+        tag = session.next_tag
+        session.next_tag = tag + 1
+        block = message.cache
+        if block is None:
+            block = encode_message_headers(message)
+        if block.__class__ is tuple:
+            block = block[session.version_index]
+        if message.delivery_count:
+            block = b"redelivered:true\nx-delivery-count:%d\n%s" % (message.delivery_count, block)
+        body = message.body
+        if self.ack_required:
+            self.unacked[tag] = message
+            session.ack_owner[tag] = self
+            if self.ack_line:
+                frame = b"%s%d\n%s%d\n%scontent-length:%d\n\n%s\x00" % (
+                    self.prefix, tag, self.ack_line, tag, block, len(body), body,
+                )
+            else:
+                frame = b"%s%d\n%scontent-length:%d\n\n%s\x00" % (
+                    self.prefix, tag, block, len(body), body,
+                )
+        else:
+            frame = b"%s%d\n%scontent-length:%d\n\n%s\x00" % (
+                self.prefix, tag, block, len(body), body,
+            )
+        session.write_frame(frame)
+
+    def cancelled(self) -> None:
+        self.session.subscription_cancelled(self)
+
+
+class StompSession:
+    """One client's STOMP session (see the module docstring).
+
+    @ivar id: the session id (also the prefix of every message-id it sends).
+    @ivar version: the negotiated STOMP version.
+    @ivar vhost: the virtual host chosen at CONNECT.
+    @ivar subscriptions: subscription id -> L{Subscription}.
+    @ivar ack_owner: delivery tag -> the subscription it was delivered on.
+    """
+
+    def __init__(
+        self,
+        broker: Broker,
+        settings: StompSettings,
+        write: Callable[[bytes], Any],
+        close: Callable[[], Any],
+        clock: Any = None,
+        heartbeats: bool = True,
+        peer: str = "",
+    ) -> None:
+        self.broker = broker
+        self.settings = settings
+        self.clock = clock if clock is not None else broker.clock
+        self._write = write
+        self._close = close
+        self.heartbeats_supported = heartbeats
+        self.peer = peer
+        self.id = "%x" % next(_session_ids)
+        self.version = "1.0"
+        self.version_index = 2
+        self.vhost: VirtualHost = broker.default_vhost
+        self.connected = False
+        self.closed = False
+        self.paused = False
+        self.login: str | None = None
+        self.client_id: str | None = None
+        self.next_tag = 1
+        self.subscriptions: dict[str, Subscription] = {}
+        self.ack_owner: dict[int, Subscription] = {}
+        self.transactions: dict[str, list[tuple[str, Frame]]] = {}
+        self.temp_queues: dict[str, Queue] = {}
+        self.parser = StompParser(
+            max_body_size=settings.max_body_size,
+            max_headers=settings.max_headers,
+            max_header_line=settings.max_header_line,
+            max_header_block=settings.max_header_block,
+        )
+        self._batcher = broker.batcher
+        self._out: list[bytes] = []
+        self._out_size = 0
+        self._send_cache: dict[str, tuple] = {}
+        self._msgid_prefix = self.id + "-"
+        self._read_flag = True
+        self._wrote_flag = True
+        self._silent_ticks = 0
+        self._send_loop: LoopingCall | None = None
+        self._recv_loop: LoopingCall | None = None
+        self._handlers: dict[str, Callable[[Frame], None]] = {
+            "CONNECT": self.stomp_CONNECT,
+            "STOMP": self.stomp_CONNECT,
+            "SEND": self.stomp_SEND,
+            "SUBSCRIBE": self.stomp_SUBSCRIBE,
+            "UNSUBSCRIBE": self.stomp_UNSUBSCRIBE,
+            "ACK": self.stomp_ACK,
+            "NACK": self.stomp_NACK,
+            "BEGIN": self.stomp_BEGIN,
+            "COMMIT": self.stomp_COMMIT,
+            "ABORT": self.stomp_ABORT,
+            "DISCONNECT": self.stomp_DISCONNECT,
+        }
+        self._connect_timer = None
+        if settings.connect_timeout:
+            self._connect_timer = self.clock.callLater(settings.connect_timeout, self._connect_timeout)
+
+    # -- transport side -------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        """Bytes from the client: parse and act on every complete frame."""
+        if self.closed:
+            return
+        self._read_flag = True
+        batcher = self._batcher
+        batcher.hold()
+        try:
+            try:
+                frames = self.parser.feed(data)
+            except FrameError as e:
+                for frame in getattr(e, "frames", ()):
+                    self._handle(frame)
+                    if self.closed:
+                        return
+                self.error(e.message, e.detail)
+                return
+            handlers = self._handlers
+            for frame in frames:
+                if self.closed:
+                    return
+                if not self.connected and frame.command not in ("CONNECT", "STOMP"):
+                    self._handle(frame)
+                    continue
+                handler = handlers.get(frame.command)
+                if handler is None:
+                    self._handle(frame)
+                    continue
+                try:
+                    handler(frame)
+                except StompError as e:
+                    self.error(e.message, e.detail, frame.headers.get("receipt"))
+                except BrokerError as e:
+                    self.error(e.message, e.message, frame.headers.get("receipt"))
+        except Exception:
+            log.failure("internal error in STOMP session {session}", session=self.id)
+            self.error("internal error", "The broker failed to process a frame; see its log.")
+        finally:
+            batcher.release()
+
+    def _handle(self, frame: Frame) -> None:
+        """The careful path for one frame: checks, dispatch, errors."""
+        receipt = frame.headers.get("receipt")
+        try:
+            if not self.connected and frame.command not in ("CONNECT", "STOMP"):
+                raise StompError(
+                    "not connected",
+                    f"The first frame must be CONNECT or STOMP, not {frame.command}.",
+                )
+            handler = self._handlers.get(frame.command)
+            if handler is None:
+                raise StompError(
+                    "unknown command",
+                    f"Unknown STOMP command {frame.command!r}; expected one of "
+                    + ", ".join(sorted(self._handlers)),
+                )
+            handler(frame)
+        except StompError as e:
+            self.error(e.message, e.detail, receipt)
+        except BrokerError as e:
+            self.error(e.message, e.message, receipt)
+
+    def write_frame(self, data: bytes) -> None:
+        """Buffer outgoing bytes; they go out at the end of this reactor turn."""
+        out = self._out
+        out.append(data)
+        self._out_size += len(data)
+        if len(out) == 1:
+            self._batcher.want_flush(self)
+        elif self._out_size > FLUSH_THRESHOLD:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write everything buffered in one call."""
+        out = self._out
+        if not out:
+            return
+        data = out[0] if len(out) == 1 else b"".join(out)
+        out.clear()
+        self._out_size = 0
+        self._wrote_flag = True
+        if not self.closed:
+            self._write(data)
+
+    def pause(self) -> None:
+        """The transport's write buffer is full: stop deliveries."""
+        self.paused = True
+        for sub in self.subscriptions.values():
+            sub.paused = True
+
+    def resume(self) -> None:
+        """The transport can take data again: deliver what is waiting."""
+        self.paused = False
+        for sub in list(self.subscriptions.values()):
+            sub.paused = False
+            if sub.queue is not None:
+                sub.queue.drain()
+
+    def connection_lost(self) -> None:
+        """The connection is gone: undo what the session held."""
+        self.closed = True
+        self._out.clear()
+        self._stop_timers()
+        self.transactions.clear()
+        for sub in list(self.subscriptions.values()):
+            self._drop_subscription(sub)
+        self.subscriptions.clear()
+        self.ack_owner.clear()
+        vhost = self.vhost
+        for queue in self.temp_queues.values():
+            vhost.delete_queue(queue.name)
+        self.temp_queues.clear()
+        for queue in [q for q in vhost.queues.values() if q.exclusive_owner is self]:
+            vhost.delete_queue(queue.name)
+
+    def error(self, message: str, detail: str = "", receipt: str | None = None) -> None:
+        """Send an ERROR frame and close the connection."""
+        if self.closed:
+            return
+        headers = [("message", message.replace("\n", " ")), ("content-type", "text/plain")]
+        if receipt is not None:
+            headers.append(("receipt-id", receipt))
+        if self.connected and self.version != "1.0":
+            headers.append(("version", self.version))
+        self.write_frame(encode_frame("ERROR", headers, (detail or message).encode(), self.version))
+        self.flush()
+        self.closed = True
+        self._stop_timers()
+        log.info(
+            "stomp error session={session} peer={peer} message={message!r}",
+            session=self.id,
+            peer=self.peer,
+            message=message,
+        )
+        self._close()
+
+    def shutdown(self, reason: str = "broker shutting down") -> None:
+        """Tell the client the broker is going away, then close."""
+        self.error(reason, "The broker is shutting down; reconnect later.")
+
+    # -- heart-beats -------------------------------------------------------------
+
+    def _start_heartbeats(self, send_ms: int, recv_ms: int) -> None:
+        if send_ms:
+            # Ticking at half the interval keeps every gap under the interval.
+            self._send_loop = LoopingCall(self._send_tick)
+            self._send_loop.clock = self.clock
+            self._send_loop.start(send_ms / 2000.0, now=False)
+        if recv_ms:
+            period = recv_ms * self.settings.heartbeat_grace / 2000.0
+            self._recv_loop = LoopingCall(self._recv_tick)
+            self._recv_loop.clock = self.clock
+            self._recv_loop.start(period, now=False)
+
+    def _send_tick(self) -> None:
+        if not self._wrote_flag and not self._out:
+            self.write_frame(b"\n")
+        self._wrote_flag = False
+
+    def _recv_tick(self) -> None:
+        if self._read_flag:
+            self._read_flag = False
+            self._silent_ticks = 0
+            return
+        self._silent_ticks += 1
+        if self._silent_ticks >= 2:
+            self.error(
+                "heart-beat timeout",
+                "No data or heart-beat from the client within the agreed interval.",
+            )
+
+    def _stop_timers(self) -> None:
+        for loop in (self._send_loop, self._recv_loop):
+            if loop is not None and loop.running:
+                loop.stop()
+        self._send_loop = self._recv_loop = None
+        timer = self._connect_timer
+        if timer is not None:
+            self._connect_timer = None
+            if timer.active():
+                timer.cancel()
+
+    def _connect_timeout(self) -> None:
+        self._connect_timer = None
+        if not self.connected:
+            self.error("connect timeout", "No CONNECT frame within the allowed time.")
+
+    # -- helpers --------------------------------------------------------------------
+
+    def _require(self, frame: Frame, name: str) -> str:
+        value = frame.headers.get(name)
+        if value is None:
+            raise StompError(
+                f"missing header {name!r}",
+                f"A {frame.command} frame must carry a {name!r} header.",
+            )
+        return value
+
+    def _receipt(self, frame: Frame, extra: list[tuple[str, str]] | None = None) -> None:
+        receipt = frame.headers.get("receipt")
+        if receipt is None:
+            return
+        if extra is None:
+            self.write_frame(
+                b"RECEIPT\nreceipt-id:%s\n\n\x00" % escape_header(receipt, self.version).encode()
+            )
+        else:
+            self.write_frame(
+                encode_frame("RECEIPT", [("receipt-id", receipt), *extra], b"", self.version)
+            )
+
+    def _parse_destination(self, text: str):
+        try:
+            return parse_destination(text)
+        except DestinationError as e:
+            raise StompError("unknown destination", str(e)) from None
+
+    def _temp_queue(self, name: str) -> Queue:
+        queue = self.temp_queues.get(name)
+        if queue is None or queue.deleted:
+            queue = self.vhost.declare_queue(
+                f"amq.tmp.{self.id}.{name}",
+                durable=False,
+                auto_delete=False,
+                exclusive_owner=self,
+            )
+            self.temp_queues[name] = queue
+        return queue
+
+    # -- CONNECT ----------------------------------------------------------------------
+
+    def stomp_CONNECT(self, frame: Frame) -> None:
+        if self.connected:
+            raise StompError("already connected", "CONNECT may be sent only once.")
+        h = frame.headers
+        accept = h.get("accept-version")
+        if accept is None:
+            version = "1.0"
+        else:
+            offered = {v.strip() for v in accept.split(",")}
+            version = next((v for v in VERSIONS if v in offered), None)
+            if version is None:
+                self.write_frame(
+                    encode_frame(
+                        "ERROR",
+                        [
+                            ("version", ",".join(reversed(VERSIONS))),
+                            ("message", "unsupported protocol version"),
+                            ("content-type", "text/plain"),
+                        ],
+                        f"Supported protocol versions are {', '.join(reversed(VERSIONS))}; "
+                        f"the client accepts {accept}.".encode(),
+                        "1.0",
+                    )
+                )
+                self.flush()
+                self.closed = True
+                self._stop_timers()
+                self._close()
+                return
+        host = h.get("host")
+        vhost = self.broker.vhost(host) if host else None
+        if vhost is None:
+            if host and self.settings.strict_vhost:
+                raise StompError("unknown virtual host", f"There is no virtual host {host!r}.")
+            vhost = self.broker.default_vhost
+        cx = cy = 0
+        beat = h.get("heart-beat")
+        if beat is not None and version != "1.0":
+            try:
+                cx_s, cy_s = beat.split(",")
+                cx, cy = int(cx_s), int(cy_s)
+                if cx < 0 or cy < 0:
+                    raise ValueError
+            except ValueError:
+                raise StompError(
+                    "invalid heart-beat header",
+                    f"heart-beat must be two non-negative integers 'cx,cy', got {beat!r}.",
+                ) from None
+        settings = self.settings
+        sx = settings.heartbeat_send_ms if self.heartbeats_supported else 0
+        sy = settings.heartbeat_receive_ms if self.heartbeats_supported else 0
+        send_ms = max(sx, cy) if (sx and cy) else 0
+        recv_ms = max(sy, cx) if (sy and cx) else 0
+        self.version = version
+        self.version_index = _VERSION_INDEX[version]
+        self.parser.version = version
+        self.vhost = vhost
+        self.login = h.get("login")
+        self.client_id = h.get("client-id")
+        self.connected = True
+        if self._connect_timer is not None and self._connect_timer.active():
+            self._connect_timer.cancel()
+        self._connect_timer = None
+        headers = [("session", self.id), ("server", f"QMQ/{__version__}")]
+        if version != "1.0":
+            headers[:0] = [("version", version)]
+            headers.append(("heart-beat", f"{sx},{sy}"))
+        self.write_frame(encode_frame("CONNECTED", headers, b"", version))
+        self._start_heartbeats(send_ms, recv_ms)
+        log.info(
+            "stomp connect session={session} peer={peer} version={version} vhost={vhost} "
+            "login={login} heart-beat={send}/{recv}",
+            session=self.id,
+            peer=self.peer,
+            version=version,
+            vhost=vhost.name,
+            login=self.login,
+            send=send_ms,
+            recv=recv_ms,
+        )
+
+    # -- SEND ----------------------------------------------------------------------------
+
+    def stomp_SEND(self, frame: Frame) -> None:
+        h = frame.headers
+        if "destination" not in h:
+            self._require(frame, "destination")
+        tx = h.get("transaction")
+        if tx is not None:
+            self._transaction(tx).append(("SEND", frame))
+            self._check_send(frame)
+        else:
+            control = self._publish(frame)
+            if control is not None:
+                self._receipt(frame, control)
+                return
+        if "receipt" in h:
+            self._receipt(frame)
+
+    def _check_send(self, frame: Frame) -> None:
+        """Validate a transactional SEND now so errors are not deferred to COMMIT."""
+        dest = self._parse_destination(frame.headers["destination"])
+        if dest.kind == "control":
+            raise StompError("invalid transaction", "Control destinations cannot be transactional.")
+        if dest.kind == "exchange":
+            self.vhost.exchange(dest.name)
+
+    def _send_target(self, text: str) -> tuple:
+        """Resolve a SEND destination to (queue or None, exchange or None, exchange name, key)."""
+        dest = self._parse_destination(text)
+        vhost = self.vhost
+        kind = dest.kind
+        if kind == "queue":
+            return (vhost.declare_queue(dest.name), None, "", dest.name)
+        if kind == "temp-queue":
+            queue = self._temp_queue(dest.name)
+            return (queue, None, "", queue.name)
+        if kind == "control":
+            return (None, None, None, dest.name)
+        exchange = vhost.exchange(dest.name)
+        return (None, exchange, exchange.name, dest.key)
+
+    def _publish(self, frame: Frame) -> list[tuple[str, str]] | None:
+        h = frame.headers
+        text = h["destination"]
+        target = self._send_cache.get(text)
+        if target is None or (target[0] is not None and target[0].deleted):
+            target = self._send_target(text)
+            if target[2] is None:
+                return self._control(target[3])
+            if len(self._send_cache) > 1000:
+                self._send_cache.clear()
+            self._send_cache[text] = target
+        queue, exchange, exchange_name, key = target
+        if len(h) == 1:
+            headers = None
+        else:
+            headers = h.copy()
+            for name in _FRAME_HEADERS:
+                headers.pop(name, None)
+            reply_to = headers.get("reply-to")
+            if reply_to is not None and reply_to.startswith("/temp-queue/"):
+                headers["reply-to"] = self._reply_to(reply_to)
+        persistent = headers is not None and headers.get("persistent") == "true"
+        message = self.broker.new_message(exchange_name, key, headers or None, frame.body, persistent)
+        encode_message_headers(message, text)
+        if queue is not None:
+            queue.publish(message)
+        else:
+            for q in exchange.route(key, headers):
+                q.publish(message)
+        return None
+
+    def _reply_to(self, text: str) -> str:
+        """Rewrite a /temp-queue/ reply-to so the replier reaches this session."""
+        name = text[12:]
+        if not name:
+            raise StompError("unknown destination", "A /temp-queue/ destination needs a name.")
+        queue = self._temp_queue(name)
+        if text not in self.subscriptions:
+            # As RabbitMQ does: replies arrive without an explicit SUBSCRIBE,
+            # on a subscription named after the temp-queue destination.
+            sub = Subscription(self, text, text, "auto", None, private=False)
+            self.subscriptions[text] = sub
+            queue.add_consumer(sub)
+        return "/queue/" + queue.name
+
+    def _control(self, path: str) -> list[tuple[str, str]]:
+        """Answer an ocamlmq control destination (counts go into the RECEIPT)."""
+        vhost = self.vhost
+        if path.startswith("count-msgs/queue/"):
+            queue = vhost.queues.get(path[17:])
+            return [("num-messages", str(len(queue) if queue is not None else 0))]
+        if path.startswith("count-subscribers/queue/"):
+            queue = vhost.queues.get(path[24:])
+            return [("num-subscribers", str(len(queue.consumers) if queue is not None else 0))]
+        if path.startswith("count-subscribers/topic/"):
+            queues = vhost.exchange("amq.topic").route(path[24:], None)
+            return [("num-subscribers", str(sum(len(q.consumers) for q in queues)))]
+        raise StompError(
+            "unknown control destination",
+            f"Unknown control destination '/control/{path}'; QMQ answers "
+            "/control/count-msgs/queue/NAME, /control/count-subscribers/queue/NAME and "
+            "/control/count-subscribers/topic/NAME.",
+        )
+
+    # -- SUBSCRIBE / UNSUBSCRIBE --------------------------------------------------
+
+    def stomp_SUBSCRIBE(self, frame: Frame) -> None:
+        h = frame.headers
+        text = self._require(frame, "destination")
+        sub_id = h.get("id")
+        if sub_id is None:
+            if self.version != "1.0":
+                self._require(frame, "id")
+            sub_id = text
+        if sub_id in self.subscriptions:
+            raise StompError(
+                "duplicate subscription id", f"Subscription id {sub_id!r} is already in use."
+            )
+        mode = h.get("ack", "auto")
+        if mode not in ACK_MODES:
+            raise StompError(
+                "invalid ack mode", f"ack must be one of {', '.join(ACK_MODES)}, got {mode!r}."
+            )
+        prefetch = self._prefetch(h) if mode != "auto" else None
+        queue, private = self._subscription_queue(frame, text, sub_id)
+        if queue.exclusive_owner is not None and queue.exclusive_owner is not self:
+            raise StompError("access refused", f"Queue {queue.name!r} belongs to another session.")
+        sub = Subscription(self, sub_id, text, mode, prefetch, private)
+        self.subscriptions[sub_id] = sub
+        self._receipt(frame)
+        queue.add_consumer(sub)
+
+    def _prefetch(self, h: dict[str, str]) -> int | None:
+        for name in PREFETCH_HEADERS:
+            value = h.get(name)
+            if value is not None:
+                try:
+                    n = int(value)
+                    if n < 0:
+                        raise ValueError
+                except ValueError:
+                    raise StompError(
+                        f"invalid {name} header",
+                        f"{name} must be a non-negative integer, got {value!r}.",
+                    ) from None
+                return n or None
+        return self.settings.default_prefetch
+
+    def _subscription_queue(self, frame: Frame, text: str, sub_id: str) -> tuple[Queue, bool]:
+        dest = self._parse_destination(text)
+        vhost = self.vhost
+        kind = dest.kind
+        if kind == "queue":
+            return vhost.declare_queue(dest.name), False
+        if kind == "temp-queue":
+            return self._temp_queue(dest.name), False
+        if kind == "control":
+            raise StompError(
+                "cannot subscribe to a control destination",
+                "Control destinations answer a SEND with a receipt; they cannot be subscribed to.",
+            )
+        exchange = vhost.exchange(dest.name)
+        h = frame.headers
+        durable_name = self._durable_name(h, sub_id)
+        if durable_name is not None:
+            owner = self.client_id or self.login or ""
+            name = f"durable.{owner}.{durable_name}"
+            queue = vhost.declare_queue(name, durable=True)
+            vhost.bind(name, exchange.name, dest.key)
+            return queue, False
+        name = f"amq.sub.{self.id}.{sub_id}"
+        queue = vhost.declare_queue(name, durable=False, auto_delete=True, exclusive_owner=self)
+        vhost.bind(name, exchange.name, dest.key)
+        return queue, True
+
+    @staticmethod
+    def _durable_name(h: dict[str, str], sub_id: str) -> str | None:
+        for name in DURABLE_NAME_HEADERS:
+            value = h.get(name)
+            if value:
+                return value
+        if h.get("durable") == "true" or h.get("persistent") == "true":
+            return sub_id
+        return None
+
+    def stomp_UNSUBSCRIBE(self, frame: Frame) -> None:
+        h = frame.headers
+        sub_id = h.get("id")
+        if sub_id is None:
+            if self.version == "1.0" and "destination" in h:
+                sub_id = h["destination"]
+            else:
+                self._require(frame, "id")
+        sub = self.subscriptions.pop(sub_id, None)  # type: ignore[arg-type]
+        if sub is None:
+            raise StompError("unknown subscription", f"There is no subscription {sub_id!r}.")
+        queue = sub.queue
+        self._drop_subscription(sub)
+        if (
+            queue is not None
+            and not sub.private
+            and queue.name.startswith("durable.")
+            and self._durable_name(h, sub_id) is not None  # type: ignore[arg-type]
+        ):
+            self.vhost.delete_queue(queue.name)
+        self._receipt(frame)
+
+    def _drop_subscription(self, sub: Subscription) -> None:
+        for tag in sub.unacked:
+            self.ack_owner.pop(tag, None)
+        unacked = list(sub.unacked.values())
+        sub.unacked.clear()
+        queue = sub.queue
+        if queue is not None:
+            queue.remove_consumer(sub, unacked)
+            if sub.private and not queue.deleted:
+                self.vhost.delete_queue(queue.name)
+
+    def subscription_cancelled(self, sub: Subscription) -> None:
+        """The queue under C{sub} was deleted by someone else."""
+        if self.subscriptions.get(sub.id) is sub:
+            del self.subscriptions[sub.id]
+        for tag in sub.unacked:
+            self.ack_owner.pop(tag, None)
+        sub.unacked.clear()
+
+    # -- ACK / NACK ------------------------------------------------------------------
+
+    def _ack_target(self, frame: Frame) -> tuple[Subscription, int]:
+        h = frame.headers
+        name = "id" if self.version == "1.2" else "message-id"
+        ack_id = h.get(name)
+        if ack_id is None:
+            ack_id = h.get("message-id") if name == "id" else h.get("id")
+            if ack_id is None:
+                self._require(frame, name)
+        prefix = self._msgid_prefix
+        sub = None
+        tag = 0
+        if ack_id.startswith(prefix):  # type: ignore[union-attr]
+            try:
+                tag = int(ack_id[len(prefix) :])  # type: ignore[index]
+            except ValueError:
+                tag = 0
+            sub = self.ack_owner.get(tag)
+        if sub is None:
+            raise StompError(
+                "unknown message",
+                f"{frame.command} of {ack_id!r}: no such message is waiting for an "
+                "acknowledgement on this connection.",
+            )
+        return sub, tag
+
+    def stomp_ACK(self, frame: Frame) -> None:
+        sub, tag = self._ack_target(frame)
+        tx = frame.headers.get("transaction")
+        if tx is not None:
+            self._transaction(tx).append(("ACK", frame))
+        else:
+            self._settle(sub, tag, True, True)
+        if "receipt" in frame.headers:
+            self._receipt(frame)
+
+    def stomp_NACK(self, frame: Frame) -> None:
+        sub, tag = self._ack_target(frame)
+        tx = frame.headers.get("transaction")
+        if tx is not None:
+            self._transaction(tx).append(("NACK", frame))
+        else:
+            self._settle(sub, tag, False, frame.headers.get("requeue", "true") != "false")
+        self._receipt(frame)
+
+    def _settle(self, sub: Subscription, tag: int, ack: bool, requeue: bool) -> None:
+        unacked = sub.unacked
+        ack_owner = self.ack_owner
+        if sub.mode == "client":
+            # Cumulative: everything delivered on the subscription up to tag.
+            done = []
+            for t in list(unacked):
+                if t > tag:
+                    break
+                done.append(unacked.pop(t))
+                ack_owner.pop(t, None)
+        else:
+            message = unacked.pop(tag, None)
+            ack_owner.pop(tag, None)
+            if message is None:
+                return
+            done = [message]
+        queue = sub.queue
+        if queue is None or not done:
+            return
+        if ack:
+            if len(done) == 1:
+                queue.ack(sub, done[0])
+            else:
+                for m in done:
+                    queue.ack(sub, m)
+        else:
+            queue.reject(sub, done, requeue)
+
+    # -- transactions ----------------------------------------------------------------
+
+    def _transaction(self, name: str) -> list[tuple[str, Frame]]:
+        ops = self.transactions.get(name)
+        if ops is None:
+            raise StompError("unknown transaction", f"Transaction {name!r} was not begun.")
+        return ops
+
+    def stomp_BEGIN(self, frame: Frame) -> None:
+        name = self._require(frame, "transaction")
+        if name in self.transactions:
+            raise StompError("transaction already begun", f"Transaction {name!r} is already open.")
+        self.transactions[name] = []
+        self._receipt(frame)
+
+    def stomp_COMMIT(self, frame: Frame) -> None:
+        name = self._require(frame, "transaction")
+        ops = self._transaction(name)
+        del self.transactions[name]
+        for kind, op in ops:
+            if kind == "SEND":
+                self._publish(op)
+            else:
+                try:
+                    sub, tag = self._ack_target(op)
+                except StompError:
+                    continue  # already settled (e.g. its subscription ended)
+                if kind == "ACK":
+                    self._settle(sub, tag, True, True)
+                else:
+                    self._settle(sub, tag, False, op.headers.get("requeue", "true") != "false")
+        self._receipt(frame)
+
+    def stomp_ABORT(self, frame: Frame) -> None:
+        name = self._require(frame, "transaction")
+        self._transaction(name)
+        del self.transactions[name]
+        self._receipt(frame)
+
+    # -- DISCONNECT --------------------------------------------------------------------
+
+    def stomp_DISCONNECT(self, frame: Frame) -> None:
+        self._receipt(frame)
+        self.flush()
+        self.closed = True
+        self._stop_timers()
+        self._close()
