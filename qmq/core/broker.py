@@ -27,6 +27,7 @@ class Broker:
     @ivar default_vhost: the virtual host named C{"/"}.
     @ivar batcher: flushes frontends' buffered writes once per reactor turn.
     @ivar store: where durable messages are kept.
+    @ivar message_ids: the source of message ids (an C{itertools.count}).
     """
 
     def __init__(self, clock: Any = None, store: Any = None) -> None:
@@ -37,7 +38,7 @@ class Broker:
         self.vhosts: dict[str, VirtualHost] = {}
         self.default_vhost = self.add_vhost(DEFAULT_VHOST)
         self.batcher = WriteBatcher(clock)
-        self._ids = itertools.count(1)
+        self.message_ids = itertools.count(1)
 
     def add_vhost(self, name: str) -> VirtualHost:
         """Create the virtual host C{name}, or return it if it exists."""
@@ -60,5 +61,5 @@ class Broker:
     ) -> Message:
         """Build a message stamped with a fresh id and the clock's time."""
         return Message(
-            next(self._ids), exchange, routing_key, headers, body, self.clock.seconds(), persistent
+            next(self.message_ids), exchange, routing_key, headers, body, self.clock.seconds(), persistent
         )

@@ -46,7 +46,9 @@ ACK_MODES = ("auto", "client", "client-individual")
 PREFETCH_HEADERS = ("prefetch-count", "activemq.prefetchSize", "prefetch")
 DURABLE_NAME_HEADERS = ("activemq.subscriptionName", "durable-subscription-name")
 # Headers of a SEND that describe the frame, not the message.
-_FRAME_HEADERS = ("destination", "receipt", "transaction", "content-length")
+_STRIPPED_HEADERS = tuple(
+    (name, f"\n{name}:".encode()) for name in ("receipt", "transaction", "content-length")
+)
 # Flush a connection's buffer early once it holds this much, so one turn
 # never piles up more than about this per connection before back-pressure.
 FLUSH_THRESHOLD = 128 * 1024
@@ -70,27 +72,37 @@ def _escaped(text: str, version: str) -> str:
 def encode_message_headers(message: Message, destination: str | None = None) -> bytes | tuple:
     """Encode the headers every MESSAGE frame of C{message} shares.
 
-    Returns the 1.2-escaped block as bytes when every version reads it the
-    same (the common case), else a tuple (1.2, 1.1, 1.0 forms) indexed by
-    L{_VERSION_INDEX}. The result is cached on the message.
+    The block is one C{"\\nname:value"} per header, then a final C{"\\n"}:
+    the session writes it right after the message-id. It is the 1.2-escaped
+    block as bytes when every STOMP version reads it the same (the common
+    case), else a tuple of the 1.2, 1.1 and 1.0 forms (L{_VERSION_INDEX}).
+    The result is cached on the message.
     """
     if destination is None:
         destination = destination_of(message.exchange, message.routing_key)
-    headers = message.headers
     items = [("destination", destination)]
+    headers = message.headers
     if headers:
-        items.extend(headers.items())
-    raw = "".join([f"{k}:{v}\n" for k, v in items])
+        items.extend(kv for kv in headers.items() if kv[0] != "destination")
+    raw = "".join([f"\n{k}:{v}" for k, v in items])
     n = len(items)
     if raw.count(":") == n and raw.count("\n") == n and "\\" not in raw and "\r" not in raw:
-        block: bytes | tuple = raw.encode()
+        block: bytes | tuple = (raw + "\n").encode()
     else:
         block = tuple(
-            "".join([f"{_escaped(k, v_)}:{_escaped(v, v_)}\n" for k, v in items]).encode()
+            ("".join([f"\n{_escaped(k, v_)}:{_escaped(v, v_)}" for k, v in items]) + "\n").encode()
             for v_ in VERSIONS
         )
     message.cache = block
     return block
+
+
+def _strip_header(block: bytes, key: bytes) -> bytes:
+    """Remove the first C{key} line (C{b"\\nname:"}) from a raw header block."""
+    i = block.find(key)
+    if i < 0:
+        return block
+    return block[:i] + block[block.find(b"\n", i + 1) :]
 
 
 class Subscription(Consumer):
@@ -127,7 +139,7 @@ class Subscription(Consumer):
             "MESSAGE\nsubscription:%s\nmessage-id:%s-" % (escape_header(sub_id, version), sid)
         ).encode()
         # STOMP 1.2 acks by the `ack` header; earlier versions by message-id.
-        self.ack_line = (f"ack:{sid}-").encode() if (version == "1.2" and mode != "auto") else b""
+        self.ack_line = (f"\nack:{sid}-").encode() if (version == "1.2" and mode != "auto") else b""
         self.paused = session.paused
 
     def deliver(self, message: Message, queue: Queue) -> None:
@@ -140,21 +152,21 @@ class Subscription(Consumer):
         if block.__class__ is tuple:
             block = block[session.version_index]
         if message.delivery_count:
-            block = b"redelivered:true\nx-delivery-count:%d\n%s" % (message.delivery_count, block)
+            block = b"\nredelivered:true\nx-delivery-count:%d%s" % (message.delivery_count, block)
         body = message.body
         if self.ack_required:
             self.unacked[tag] = message
             session.ack_owner[tag] = self
             if self.ack_line:
-                frame = b"%s%d\n%s%d\n%scontent-length:%d\n\n%s\x00" % (
+                frame = b"%s%d%s%d%scontent-length:%d\n\n%s\x00" % (
                     self.prefix, tag, self.ack_line, tag, block, len(body), body,
                 )
             else:
-                frame = b"%s%d\n%scontent-length:%d\n\n%s\x00" % (
+                frame = b"%s%d%scontent-length:%d\n\n%s\x00" % (
                     self.prefix, tag, block, len(body), body,
                 )
         else:
-            frame = b"%s%d\n%scontent-length:%d\n\n%s\x00" % (
+            frame = b"%s%d%scontent-length:%d\n\n%s\x00" % (
                 self.prefix, tag, block, len(body), body,
             )
         session.write_frame(frame)
@@ -214,6 +226,8 @@ class StompSession:
         self._out: list[bytes] = []
         self._out_size = 0
         self._send_cache: dict[str, tuple] = {}
+        self._message_ids = broker.message_ids
+        self._seconds = self.clock.seconds
         self._msgid_prefix = self.id + "-"
         self._read_flag = True
         self._wrote_flag = True
@@ -437,10 +451,12 @@ class StompSession:
             )
         return value
 
-    def _receipt(self, frame: Frame, extra: list[tuple[str, str]] | None = None) -> None:
+    def _receipt(self, frame: Frame) -> None:
         receipt = frame.headers.get("receipt")
-        if receipt is None:
-            return
+        if receipt is not None:
+            self._send_receipt(receipt)
+
+    def _send_receipt(self, receipt: str, extra: list[tuple[str, str]] | None = None) -> None:
         if extra is None:
             self.write_frame(
                 b"RECEIPT\nreceipt-id:%s\n\n\x00" % escape_header(receipt, self.version).encode()
@@ -557,17 +573,18 @@ class StompSession:
         h = frame.headers
         if "destination" not in h:
             self._require(frame, "destination")
-        tx = h.get("transaction")
-        if tx is not None:
-            self._transaction(tx).append(("SEND", frame))
+        receipt = h.get("receipt")
+        if "transaction" in h:
+            self._transaction(h["transaction"]).append(("SEND", frame))
             self._check_send(frame)
         else:
             control = self._publish(frame)
             if control is not None:
-                self._receipt(frame, control)
+                if receipt is not None:
+                    self._send_receipt(receipt, control)
                 return
-        if "receipt" in h:
-            self._receipt(frame)
+        if receipt is not None:
+            self._send_receipt(receipt)
 
     def _check_send(self, frame: Frame) -> None:
         """Validate a transactional SEND now so errors are not deferred to COMMIT."""
@@ -593,6 +610,12 @@ class StompSession:
         return (None, exchange, exchange.name, dest.key)
 
     def _publish(self, frame: Frame) -> list[tuple[str, str]] | None:
+        """Publish a SEND frame; return the RECEIPT headers if it was a control destination.
+
+        The frame's headers become the message's headers (less the ones that
+        describe the frame), and the raw header block the parser kept becomes
+        the MESSAGE header block as is, so relaying costs no re-encoding.
+        """
         h = frame.headers
         text = h["destination"]
         target = self._send_cache.get(text)
@@ -604,22 +627,31 @@ class StompSession:
                 self._send_cache.clear()
             self._send_cache[text] = target
         queue, exchange, exchange_name, key = target
-        if len(h) == 1:
-            headers = None
+        block = frame.raw
+        persistent = False
+        if len(h) > 1:
+            for name, line in _STRIPPED_HEADERS:
+                if name in h:
+                    del h[name]
+                    if block is not None:
+                        block = _strip_header(block, line)
+            if "reply-to" in h:
+                reply_to = h["reply-to"]
+                if reply_to.startswith("/temp-queue/"):
+                    h["reply-to"] = self._reply_to(reply_to)
+                    block = None
+            persistent = h.get("persistent") == "true"
+        message = Message(
+            next(self._message_ids), exchange_name, key, h, frame.body, self._seconds(), persistent
+        )
+        if block is None:
+            encode_message_headers(message, text)
         else:
-            headers = h.copy()
-            for name in _FRAME_HEADERS:
-                headers.pop(name, None)
-            reply_to = headers.get("reply-to")
-            if reply_to is not None and reply_to.startswith("/temp-queue/"):
-                headers["reply-to"] = self._reply_to(reply_to)
-        persistent = headers is not None and headers.get("persistent") == "true"
-        message = self.broker.new_message(exchange_name, key, headers or None, frame.body, persistent)
-        encode_message_headers(message, text)
+            message.cache = block
         if queue is not None:
             queue.publish(message)
         else:
-            for q in exchange.route(key, headers):
+            for q in exchange.route(key, h):
                 q.publish(message)
         return None
 
