@@ -46,9 +46,7 @@ ACK_MODES = ("auto", "client", "client-individual")
 PREFETCH_HEADERS = ("prefetch-count", "activemq.prefetchSize", "prefetch")
 DURABLE_NAME_HEADERS = ("activemq.subscriptionName", "durable-subscription-name")
 # Headers of a SEND that describe the frame, not the message.
-_STRIPPED_HEADERS = tuple(
-    (name, f"\n{name}:".encode()) for name in ("receipt", "transaction", "content-length")
-)
+_STRIPPED_LINES = (b"\nreceipt:", b"\ntransaction:", b"\ncontent-length:")
 # Flush a connection's buffer early once it holds this much, so one turn
 # never piles up more than about this per connection before back-pressure.
 FLUSH_THRESHOLD = 128 * 1024
@@ -136,7 +134,7 @@ class Subscription(Consumer):
         version = session.version
         sid = session.id
         self.prefix = (
-            "MESSAGE\nsubscription:%s\nmessage-id:%s-" % (escape_header(sub_id, version), sid)
+            f"MESSAGE\nsubscription:{escape_header(sub_id, version)}\nmessage-id:{sid}-"
         ).encode()
         # STOMP 1.2 acks by the `ack` header; earlier versions by message-id.
         self.ack_line = (f"\nack:{sid}-").encode() if (version == "1.2" and mode != "auto") else b""
@@ -202,7 +200,7 @@ class StompSession:
         self._close = close
         self.heartbeats_supported = heartbeats
         self.peer = peer
-        self.id = "%x" % next(_session_ids)
+        self.id = f"{next(_session_ids):x}"
         self.version = "1.0"
         self.version_index = 2
         self.vhost: VirtualHost = broker.default_vhost
@@ -227,6 +225,7 @@ class StompSession:
         self._out_size = 0
         self._send_cache: dict[str, tuple] = {}
         self._message_ids = broker.message_ids
+        self._blocks: dict[bytes, bytes] = {}
         self._seconds = self.clock.seconds
         self._msgid_prefix = self.id + "-"
         self._read_flag = True
@@ -234,19 +233,6 @@ class StompSession:
         self._silent_ticks = 0
         self._send_loop: LoopingCall | None = None
         self._recv_loop: LoopingCall | None = None
-        self._handlers: dict[str, Callable[[Frame], None]] = {
-            "CONNECT": self.stomp_CONNECT,
-            "STOMP": self.stomp_CONNECT,
-            "SEND": self.stomp_SEND,
-            "SUBSCRIBE": self.stomp_SUBSCRIBE,
-            "UNSUBSCRIBE": self.stomp_UNSUBSCRIBE,
-            "ACK": self.stomp_ACK,
-            "NACK": self.stomp_NACK,
-            "BEGIN": self.stomp_BEGIN,
-            "COMMIT": self.stomp_COMMIT,
-            "ABORT": self.stomp_ABORT,
-            "DISCONNECT": self.stomp_DISCONNECT,
-        }
         self._connect_timer = None
         if settings.connect_timeout:
             self._connect_timer = self.clock.callLater(settings.connect_timeout, self._connect_timeout)
@@ -270,50 +256,48 @@ class StompSession:
                         return
                 self.error(e.message, e.detail)
                 return
-            handlers = self._handlers
+            handlers = _HANDLERS
             for frame in frames:
                 if self.closed:
                     return
-                if not self.connected and frame.command not in ("CONNECT", "STOMP"):
-                    self._handle(frame)
-                    continue
-                handler = handlers.get(frame.command)
+                handler = handlers.get(frame.command) if self.connected else None
                 if handler is None:
                     self._handle(frame)
                     continue
                 try:
-                    handler(frame)
-                except StompError as e:
-                    self.error(e.message, e.detail, frame.headers.get("receipt"))
-                except BrokerError as e:
-                    self.error(e.message, e.message, frame.headers.get("receipt"))
+                    handler(self, frame)
+                except (StompError, BrokerError) as e:
+                    self._failed(frame, e)
         except Exception:
             log.failure("internal error in STOMP session {session}", session=self.id)
             self.error("internal error", "The broker failed to process a frame; see its log.")
         finally:
             batcher.release()
 
+    def _failed(self, frame: Frame, e: StompError | BrokerError) -> None:
+        """Answer a failed frame with an ERROR (carrying its receipt-id) and close."""
+        receipt = getattr(e, "receipt", None) or frame.headers.get("receipt")
+        detail = e.detail if isinstance(e, StompError) else e.message
+        self.error(e.message, detail, receipt)
+
     def _handle(self, frame: Frame) -> None:
         """The careful path for one frame: checks, dispatch, errors."""
-        receipt = frame.headers.get("receipt")
         try:
             if not self.connected and frame.command not in ("CONNECT", "STOMP"):
                 raise StompError(
                     "not connected",
                     f"The first frame must be CONNECT or STOMP, not {frame.command}.",
                 )
-            handler = self._handlers.get(frame.command)
+            handler = _HANDLERS.get(frame.command)
             if handler is None:
                 raise StompError(
                     "unknown command",
                     f"Unknown STOMP command {frame.command!r}; expected one of "
-                    + ", ".join(sorted(self._handlers)),
+                    + ", ".join(sorted(_HANDLERS)),
                 )
-            handler(frame)
-        except StompError as e:
-            self.error(e.message, e.detail, receipt)
-        except BrokerError as e:
-            self.error(e.message, e.message, receipt)
+            handler(self, frame)
+        except (StompError, BrokerError) as e:
+            self._failed(frame, e)
 
     def write_frame(self, data: bytes) -> None:
         """Buffer outgoing bytes; they go out at the end of this reactor turn."""
@@ -578,7 +562,11 @@ class StompSession:
             self._transaction(h["transaction"]).append(("SEND", frame))
             self._check_send(frame)
         else:
-            control = self._publish(frame)
+            try:
+                control = self._publish(frame)
+            except (StompError, BrokerError) as e:
+                e.receipt = receipt  # type: ignore[union-attr]
+                raise
             if control is not None:
                 if receipt is not None:
                     self._send_receipt(receipt, control)
@@ -627,26 +615,38 @@ class StompSession:
                 self._send_cache.clear()
             self._send_cache[text] = target
         queue, exchange, exchange_name, key = target
-        block = frame.raw
+        raw = frame.raw
         persistent = False
         if len(h) > 1:
-            for name, line in _STRIPPED_HEADERS:
-                if name in h:
-                    del h[name]
-                    if block is not None:
-                        block = _strip_header(block, line)
+            if "receipt" in h:
+                del h["receipt"]
+            if "transaction" in h:
+                del h["transaction"]
+            if "content-length" in h:
+                del h["content-length"]
             if "reply-to" in h:
                 reply_to = h["reply-to"]
                 if reply_to.startswith("/temp-queue/"):
                     h["reply-to"] = self._reply_to(reply_to)
-                    block = None
+                    raw = None
             persistent = h.get("persistent") == "true"
         message = Message(
             next(self._message_ids), exchange_name, key, h, frame.body, self._seconds(), persistent
         )
-        if block is None:
+        if raw is None:
             encode_message_headers(message, text)
         else:
+            # Producers repeat the same header block; the parser hands back
+            # the same bytes object for it, so this lookup is cheap.
+            block = self._blocks.get(raw)
+            if block is None:
+                block = raw
+                for line in _STRIPPED_LINES:
+                    block = _strip_header(block, line)
+                blocks = self._blocks
+                if len(blocks) >= 256:
+                    blocks.clear()
+                blocks[raw] = block
             message.cache = block
         if queue is not None:
             queue.publish(message)
@@ -932,3 +932,18 @@ class StompSession:
         self.closed = True
         self._stop_timers()
         self._close()
+
+
+_HANDLERS: dict[str, Callable[[StompSession, Frame], None]] = {
+    "CONNECT": StompSession.stomp_CONNECT,
+    "STOMP": StompSession.stomp_CONNECT,
+    "SEND": StompSession.stomp_SEND,
+    "SUBSCRIBE": StompSession.stomp_SUBSCRIBE,
+    "UNSUBSCRIBE": StompSession.stomp_UNSUBSCRIBE,
+    "ACK": StompSession.stomp_ACK,
+    "NACK": StompSession.stomp_NACK,
+    "BEGIN": StompSession.stomp_BEGIN,
+    "COMMIT": StompSession.stomp_COMMIT,
+    "ABORT": StompSession.stomp_ABORT,
+    "DISCONNECT": StompSession.stomp_DISCONNECT,
+}
