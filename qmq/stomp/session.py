@@ -755,7 +755,14 @@ class StompSession:
             vhost.bind(name, exchange.name, dest.key)
             return queue, False
         name = f"amq.sub.{self.id}.{sub_id}"
-        queue = vhost.declare_queue(name, durable=False, auto_delete=True, exclusive_owner=self)
+        backlog = self.settings.topic_backlog
+        queue = vhost.declare_queue(
+            name,
+            durable=False,
+            auto_delete=True,
+            exclusive_owner=self,
+            arguments={"x-max-length": backlog, "x-overflow": "drop-head"} if backlog else None,
+        )
         vhost.bind(name, exchange.name, dest.key)
         return queue, True
 

@@ -30,6 +30,10 @@ class StompSettings:
     @ivar strict_vhost: if true, a C{host} header that names no virtual host
         is refused; if false it maps to the default virtual host.
     @ivar connect_timeout: seconds a new connection may take to send CONNECT.
+    @ivar topic_backlog: most messages a non-durable topic subscription holds
+        for a client that does not keep up; past it the oldest are dropped
+        (ActiveMQ's pending-message limit), so one stalled subscriber cannot
+        grow the broker's memory without bound. 0 means unbounded.
     """
 
     max_body_size: int = 16 * MiB
@@ -42,3 +46,4 @@ class StompSettings:
     default_prefetch: int = 100
     strict_vhost: bool = False
     connect_timeout: float = 30.0
+    topic_backlog: int = 10_000
