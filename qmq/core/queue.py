@@ -253,6 +253,16 @@ class Queue:
         back = sorted((m.redelivery() for m in messages), key=_message_id)
         items = self._items
         head = self._head
+        # Messages requeued earlier and still waiting sit at the head: merge
+        # with those older than the newest one coming back, so that requeued
+        # messages keep their publish order whenever they were given back.
+        end = head
+        last = back[-1].id if back else 0
+        while end < len(items) and items[end].delivery_count and items[end].id < last:
+            end += 1
+        if end > head:
+            back = sorted(back + items[head:end], key=_message_id)
+            head = end
         n = len(back)
         if head >= n:
             items[head - n : head] = back
