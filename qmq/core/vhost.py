@@ -90,7 +90,8 @@ class VirtualHost:
             if queue.bindings:
                 for b in [b for b in queue.bindings if b[0] is exchange]:
                     self.unbind(queue.name, name, b[1], b[2])
-        del self.exchanges[name]
+        # An auto-delete exchange is gone already once its last binding went.
+        self.exchanges.pop(name, None)
 
     # -- queues ------------------------------------------------------------
 
