@@ -34,7 +34,7 @@ DEFAULT_COUNTS: dict[str, int] = {
     "idle": 2_000,
     "many-queues": 50_000,
     "tls": 100_000,
-    "wildcard": 20_000,
+    "wildcard": 100_000,
     "big": 200,
     "stalled": 10_000_000,  # bounded by --max-seconds in practice
 }
@@ -194,9 +194,12 @@ def fanout(t: Target, o: Options, probe: Probe, stalled: int = 0) -> dict[str, A
     that of the readers.
     """
     name = "stalled" if stalled else "fanout"
+    if o.subscribers <= stalled:
+        raise ScenarioError("need more subscribers than stalled ones")
     n = _count(name, o, t)
     dest = f"/topic/bench.{o.runid}.{name}"
-    subs = [dest] * o.subscribers
+    # The stalled subscribers are among the ``subscribers``: N - stalled read.
+    subs = [dest] * (o.subscribers - stalled)
     lim = replace(o.limits, max_seconds=o.stalled_seconds) if stalled else o.limits
     groups = _split(subs, o.consumer_procs)
     consumers = [
@@ -217,6 +220,7 @@ def fanout(t: Target, o: Options, probe: Probe, stalled: int = 0) -> dict[str, A
     res: dict[str, Any] = {
         "unit": "deliveries/s",
         "subscribers": o.subscribers,
+        "readers": len(subs),
         "published": prods[0]["sent"],
         "truncated": any(c["truncated"] for c in cons),
     }
@@ -225,7 +229,7 @@ def fanout(t: Target, o: Options, probe: Probe, stalled: int = 0) -> dict[str, A
         res["publish_rate"] = round(prods[0]["sent"] / lim.max_seconds, 1)
     gen = sum(c["cpu"] for c in cons) + prods[0]["cpu"]
     res = _finish(res, got, t_last - t0, cpu0, cpu1, gen, probe)
-    res["msgs_per_s"] = round(res["rate"] / o.subscribers, 1) if res["rate"] else None
+    res["msgs_per_s"] = round(res["rate"] / len(subs), 1) if res["rate"] else None
     return res
 
 
