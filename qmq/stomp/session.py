@@ -588,7 +588,12 @@ class StompSession:
         vhost = self.vhost
         kind = dest.kind
         if kind == "queue":
-            return (vhost.declare_queue(dest.name), None, "", dest.name)
+            # Publishing to an existing queue is allowed even if it is
+            # exclusive to another session (a /temp-queue/ reply-to).
+            queue = vhost.queues.get(dest.name)
+            if queue is None:
+                queue = vhost.declare_queue(dest.name)
+            return (queue, None, "", dest.name)
         if kind == "temp-queue":
             queue = self._temp_queue(dest.name)
             return (queue, None, "", queue.name)
