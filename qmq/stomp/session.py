@@ -365,6 +365,9 @@ class StompSession:
         self.flush()
         self.closed = True
         self._stop_timers()
+        # Give back subscriptions and unacked messages now: until the
+        # transport reports the connection lost, deliveries would be dropped.
+        self.connection_lost()
         log.info(
             "stomp error session={session} peer={peer} message={message!r}",
             session=self.id,
@@ -943,6 +946,7 @@ class StompSession:
         self.flush()
         self.closed = True
         self._stop_timers()
+        self.connection_lost()
         self._close()
 
 
