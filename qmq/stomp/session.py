@@ -64,6 +64,10 @@ class StompError(Exception):
 
 
 def _escaped(text: str, version: str) -> str:
+    if version == "1.0":
+        # STOMP 1.0 has no escapes: a line break would end the header (or the
+        # header block) early and let a publisher forge headers or frames.
+        return text.replace("\r", " ").replace("\n", " ")
     return escape_header(text, version)
 
 
