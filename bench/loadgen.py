@@ -260,6 +260,7 @@ async def produce(
     body_size: int,
     receipt_window: int | None,
     lim: Limits,
+    block_ok: bool = False,
 ) -> None:
     """Send ``n`` SEND frames to ``dest`` (``{i}`` in it makes one per frame).
 
@@ -267,7 +268,8 @@ async def produce(
     the profile caps unreceipted frames (coilmq): then batches of up to
     ``max_unreceipted`` frames end with a receipt that must return before the
     next batch. An integer puts a receipt on every frame and keeps that many
-    outstanding.
+    outstanding. ``block_ok``: being blocked by the broker's flow control until
+    the deadline is a result (``blocked``), not an error.
     """
     p = t.profile
     proto, _ = await open_connection(t.host, t.port, p, t.tls, timeout=lim.setup)
@@ -280,7 +282,7 @@ async def produce(
     cpu0 = self_cpu()
     deadline = t0 + lim.max_seconds
     if receipt_window is None and p.max_unreceipted is None and not per_frame_dest:
-        res = await _stream(proto, send_frame(dest, body), n, deadline, lim)
+        res = await _stream(proto, send_frame(dest, body), n, deadline, lim, block_ok)
     else:
         if receipt_window is None:
             assert p.max_unreceipted is not None
@@ -300,14 +302,15 @@ async def produce(
 
 
 async def _stream(
-    proto: StompProtocol, f: bytes, n: int, deadline: float, lim: Limits
+    proto: StompProtocol, f: bytes, n: int, deadline: float, lim: Limits, block_ok: bool = False
 ) -> dict[str, Any]:
     """Write ``n`` copies of frame ``f`` in 64 KiB chunks, honouring back-pressure."""
     proto.on_data = lambda data: proto.fail(error_text(data)) if ERROR_MARK in data else None
     k = max(1, 65536 // len(f))
     chunk = f * k
     sent = 0
-    truncated = False
+    truncated = blocked = False
+    blocked_s = 0.0
     spins = 0
     while sent < n:
         if proto.failure:
@@ -320,13 +323,27 @@ async def _stream(
         sent += m
         spins += 1
         if not proto._can_write.is_set():
+            wait = max(0.0, deadline - time.monotonic()) if block_ok else lim.stall
+            w0 = time.monotonic()
             try:
-                await asyncio.wait_for(proto.drain(), lim.stall)
+                await asyncio.wait_for(proto.drain(), wait)
             except TimeoutError as e:
+                if block_ok:
+                    blocked = truncated = True
+                    break
                 raise StompError(f"producer blocked for {lim.stall:.0f}s at {sent} frames") from e
+            finally:
+                blocked_s += time.monotonic() - w0
         elif spins % 16 == 0:
             await asyncio.sleep(0)
-    return {"sent": sent, "receipts": 0, "t_last": time.monotonic(), "truncated": truncated}
+    return {
+        "sent": sent,
+        "receipts": 0,
+        "t_last": time.monotonic(),
+        "truncated": truncated,
+        "blocked": blocked,
+        "blocked_s": round(blocked_s, 3),
+    }
 
 
 async def _windowed(
@@ -561,8 +578,11 @@ async def hold_wildcards(
             ]
             left = deadline - time.monotonic()
             if left <= 0:
-                raise StompError(f"timeout: {i}/{n} wildcard subscriptions after {lim.max_seconds:.0f}s")
-            await proto.request(b"".join(frames), "RECEIPT", min(left, lim.stall))
+                raise StompError(f"timeout: {i}/{n} wildcard subscriptions after {time.monotonic() - t0:.0f}s")
+            try:
+                await proto.request(b"".join(frames), "RECEIPT", min(left, lim.stall))
+            except StompError as e:
+                raise StompError(f"{e} ({i}/{n} subscriptions done in {time.monotonic() - t0:.0f}s)") from e
             i = chunk
         proto.on_data = lambda data: None
     ctl.send("ready", {"subscriptions": n, "connections": len(conns), "seconds": time.monotonic() - t0})

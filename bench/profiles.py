@@ -35,6 +35,8 @@ class Profile:
     connect_concurrency: int = 200
     #: Cap on the many-queues count for brokers that create queues slowly.
     many_queues_cap: int | None = None
+    #: Cap on the wildcard scenario's subscriptions (slow subscribe paths).
+    wildcard_cap: int | None = None
     #: Topic wildcard subscription that matches nothing published by the
     #: scenarios, ``{i}`` is a number; None if the broker has no wildcards.
     wildcard_pattern: str | None = "/topic/nomatch.{i}.*"
@@ -70,6 +72,8 @@ PROFILES: dict[str, Profile] = {
         prefetch_headers=("prefetch-count",),
         # RabbitMQ creates a durable queue per /queue/ destination: ~350/s.
         many_queues_cap=10_000,
+        # Each STOMP topic subscription is a queue plus a binding: as slow as above.
+        wildcard_cap=10_000,
         # /topic/ destinations route on the amq.topic exchange: '.' words, '*' and '#'.
         wildcard_pattern="/topic/nomatch.{i}.*",
         notes=("/queue/ destinations declare durable queues; bodies are non-persistent",),

@@ -210,13 +210,15 @@ def fanout(t: Target, o: Options, probe: Probe, stalled: int = 0) -> dict[str, A
         t,
         replace(o, limits=lim),
         consumers,
-        [("producer", produce, (t, dest, n, o.body_size, None, lim))],
+        [("producer", produce, (t, dest, n, o.body_size, None, lim, bool(stalled)))],
         probe,
     )
     got = sum(sum(c["received"]) for c in cons)
     t_last = max(c["t_last"] for c in cons)
+    last_delivery = t_last - t0
     if stalled:
-        t_last = min(t_last, t0 + lim.max_seconds)
+        # Rate over the whole window, whenever the readers stopped receiving.
+        t_last = t0 + lim.max_seconds
     res: dict[str, Any] = {
         "unit": "deliveries/s",
         "subscribers": o.subscribers,
@@ -226,6 +228,8 @@ def fanout(t: Target, o: Options, probe: Probe, stalled: int = 0) -> dict[str, A
     }
     if stalled:
         res["stalled_subscribers"] = stalled
+        res["producer_blocked_s"] = prods[0].get("blocked_s")
+        res["last_delivery_s"] = round(last_delivery, 3)
         res["publish_rate"] = round(prods[0]["sent"] / lim.max_seconds, 1)
     gen = sum(c["cpu"] for c in cons) + prods[0]["cpu"]
     res = _finish(res, got, t_last - t0, cpu0, cpu1, gen, probe)
@@ -338,13 +342,14 @@ def wildcard(t: Target, o: Options, probe: Probe) -> dict[str, Any]:
     pattern = t.profile.wildcard_pattern
     if pattern is None:
         raise ScenarioError(f"{t.profile.name} has no topic wildcards")
+    nsubs = min(o.wildcard_subs, t.profile.wildcard_cap or o.wildcard_subs)
     one = replace(o, subscribers=1, consumer_procs=1, count=o.count or DEFAULT_COUNTS["wildcard"])
     base = fanout(t, replace(one, runid=o.runid + "a"), probe)
     lim = o.limits
     rss0 = probe.rss()
     with Supervisor() as sup:
-        sup.start("wildcards", hold_wildcards, t, o.wildcard_subs, pattern, o.wildcard_per_conn, lim)
-        info = sup.gather("ready", lim.max_seconds + o.wildcard_subs / 500.0 + lim.setup + 10)[0]
+        sup.start("wildcards", hold_wildcards, t, nsubs, pattern, o.wildcard_per_conn, lim)
+        info = sup.gather("ready", lim.max_seconds + nsubs / 500.0 + lim.setup + 10)[0]
         rss1 = probe.rss()
         loaded = fanout(t, replace(one, runid=o.runid + "b"), probe)
         sup.send(("close", None))
@@ -355,13 +360,13 @@ def wildcard(t: Target, o: Options, probe: Probe) -> dict[str, Any]:
             "gen_cpu_s_none": base["gen_cpu_s"],
             "broker_cpu_us_per_unit_none": base.get("broker_cpu_us_per_unit"),
             "ratio": round(loaded["rate"] / base["rate"], 3) if base["rate"] else None,
-            "wildcard_subs": o.wildcard_subs,
+            "wildcard_subs": nsubs,
             "wildcard_pattern": pattern,
             "subscribe_seconds": round(info["seconds"], 2),
         }
     )
     if rss0 is not None and rss1 is not None:
-        loaded["rss_per_sub_kib"] = round((rss1 - rss0) / o.wildcard_subs, 3)
+        loaded["rss_per_sub_kib"] = round((rss1 - rss0) / nsubs, 3)
     return loaded
 
 
