@@ -39,6 +39,7 @@ class Exchange:
     @ivar type: one of L{EXCHANGE_TYPES}.
     @ivar durable: survives a restart.
     @ivar auto_delete: deleted when its last binding goes.
+    @ivar deleted: set once it has been deleted (frontends cache exchanges).
     """
 
     type = ""
@@ -48,6 +49,7 @@ class Exchange:
         self.durable = durable
         self.auto_delete = auto_delete
         self.binding_count = 0
+        self.deleted = False
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} bindings={self.binding_count}>"
@@ -302,7 +304,8 @@ class HeadersExchange(Exchange):
         mode = args.pop("x-match", "all")
         if mode not in ("all", "any"):
             raise PreconditionFailed(f"x-match must be 'all' or 'any', got {mode!r}")
-        return {k: v for k, v in args.items() if not k.startswith("x-")}, mode == "any"
+        # Message headers are strings: compare binding values as strings too.
+        return {k: str(v) for k, v in args.items() if not k.startswith("x-")}, mode == "any"
 
     def bind(self, queue: Queue, routing_key: str, arguments: dict | None) -> bool:
         match, any_ = self._spec(arguments)

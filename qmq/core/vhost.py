@@ -92,6 +92,7 @@ class VirtualHost:
                     self.unbind(queue.name, name, b[1], b[2])
         # An auto-delete exchange is gone already once its last binding went.
         self.exchanges.pop(name, None)
+        exchange.deleted = True
 
     # -- queues ------------------------------------------------------------
 
@@ -175,6 +176,7 @@ class VirtualHost:
     def _maybe_auto_delete_exchange(self, exchange: Exchange) -> None:
         if exchange.auto_delete and exchange.binding_count == 0:
             self.exchanges.pop(exchange.name, None)
+            exchange.deleted = True
 
     # -- publishing ----------------------------------------------------------
 

@@ -100,11 +100,12 @@ def encode_message_headers(message: Message, destination: str | None = None) -> 
 
 
 def _strip_header(block: bytes, key: bytes) -> bytes:
-    """Remove the first C{key} line (C{b"\\nname:"}) from a raw header block."""
+    """Remove every C{key} line (C{b"\\nname:"}) from a raw header block."""
     i = block.find(key)
-    if i < 0:
-        return block
-    return block[:i] + block[block.find(b"\n", i + 1) :]
+    while i >= 0:
+        block = block[:i] + block[block.find(b"\n", i + 1) :]
+        i = block.find(key, i)
+    return block
 
 
 class Subscription(Consumer):
@@ -117,7 +118,17 @@ class Subscription(Consumer):
     @ivar private: the queue was made for this subscription and goes with it.
     """
 
-    __slots__ = ("session", "id", "destination", "mode", "unacked", "private", "prefix", "ack_line")
+    __slots__ = (
+        "session",
+        "id",
+        "destination",
+        "mode",
+        "unacked",
+        "private",
+        "durable",
+        "prefix",
+        "ack_line",
+    )
 
     def __init__(
         self,
@@ -135,6 +146,7 @@ class Subscription(Consumer):
         self.mode = mode
         self.unacked: dict[int, Message] = {}
         self.private = private
+        self.durable = False
         version = session.version
         sid = session.id
         self.prefix = (
@@ -214,6 +226,7 @@ class StompSession:
         self.login: str | None = None
         self.client_id: str | None = None
         self.next_tag = 1
+        self._cumulative_upto = 0
         self.subscriptions: dict[str, Subscription] = {}
         self.ack_owner: dict[int, Subscription] = {}
         self.transactions: dict[str, list[tuple[str, Frame]]] = {}
@@ -234,7 +247,8 @@ class StompSession:
         self._msgid_prefix = self.id + "-"
         self._read_flag = True
         self._wrote_flag = True
-        self._silent_ticks = 0
+        self._last_read = 0.0
+        self._recv_deadline = 0.0
         self._send_loop: LoopingCall | None = None
         self._recv_loop: LoopingCall | None = None
         self._connect_timer = None
@@ -393,10 +407,13 @@ class StompSession:
             self._send_loop.clock = self.clock
             self._send_loop.start(send_ms / 2000.0, now=False)
         if recv_ms:
-            period = recv_ms * self.settings.heartbeat_grace / 2000.0
+            # Checked every half interval: a client is closed between
+            # grace x interval and (grace + 0.5) x interval after its last byte.
+            self._recv_deadline = recv_ms * self.settings.heartbeat_grace / 1000.0
+            self._last_read = self._seconds()
             self._recv_loop = LoopingCall(self._recv_tick)
             self._recv_loop.clock = self.clock
-            self._recv_loop.start(period, now=False)
+            self._recv_loop.start(recv_ms / 2000.0, now=False)
 
     def _send_tick(self) -> None:
         if not self._wrote_flag and not self._out:
@@ -404,12 +421,12 @@ class StompSession:
         self._wrote_flag = False
 
     def _recv_tick(self) -> None:
+        now = self._seconds()
         if self._read_flag:
             self._read_flag = False
-            self._silent_ticks = 0
+            self._last_read = now
             return
-        self._silent_ticks += 1
-        if self._silent_ticks >= 2:
+        if now - self._last_read >= self._recv_deadline:
             self.error(
                 "heart-beat timeout",
                 "No data or heart-beat from the client within the agreed interval.",
@@ -438,7 +455,7 @@ class StompSession:
         if value is None:
             raise StompError(
                 f"missing header {name!r}",
-                f"A {frame.command} frame must carry a {name!r} header.",
+                f"A {frame.command} frame must carry the {name!r} header.",
             )
         return value
 
@@ -462,6 +479,25 @@ class StompSession:
             return parse_destination(text)
         except DestinationError as e:
             raise StompError("unknown destination", str(e)) from None
+
+    def _named_queue(self, name: str) -> Queue:
+        """The queue a /queue/NAME destination names, created on first use.
+
+        Names starting with C{amq.} are the broker's own (private topic
+        queues, temp queues): they are never created on demand, so a reply to
+        a requester that has gone away is refused instead of leaving a stray
+        queue behind.
+        """
+        if name.startswith("amq."):
+            queue = self.vhost.queues.get(name)
+            if queue is None:
+                raise StompError(
+                    "no such queue",
+                    f"Queue {name!r} does not exist; names starting with 'amq.' are reserved "
+                    "for the broker and are not created on demand (its owner may have gone).",
+                )
+            return queue
+        return self.vhost.declare_queue(name)
 
     def _temp_queue(self, name: str) -> Queue:
         queue = self.temp_queues.get(name)
@@ -590,7 +626,12 @@ class StompSession:
             self.vhost.exchange(dest.name)
 
     def _send_target(self, text: str) -> tuple:
-        """Resolve a SEND destination to (queue or None, exchange or None, exchange name, key)."""
+        """Resolve a SEND destination.
+
+        @return: (queue or None, exchange or None, exchange name, routing key,
+            the queue or exchange whose C{deleted} flag invalidates the
+            session's cached resolution; None for a control destination).
+        """
         dest = self._parse_destination(text)
         vhost = self.vhost
         kind = dest.kind
@@ -599,15 +640,15 @@ class StompSession:
             # exclusive to another session (a /temp-queue/ reply-to).
             queue = vhost.queues.get(dest.name)
             if queue is None:
-                queue = vhost.declare_queue(dest.name)
-            return (queue, None, "", dest.name)
+                queue = self._named_queue(dest.name)
+            return (queue, None, "", dest.name, queue)
         if kind == "temp-queue":
             queue = self._temp_queue(dest.name)
-            return (queue, None, "", queue.name)
+            return (queue, None, "", queue.name, queue)
         if kind == "control":
-            return (None, None, None, dest.name)
+            return (None, None, None, dest.name, None)
         exchange = vhost.exchange(dest.name)
-        return (None, exchange, exchange.name, dest.key)
+        return (None, exchange, exchange.name, dest.key, exchange)
 
     def _publish(self, frame: Frame) -> list[tuple[str, str]] | None:
         """Publish a SEND frame; return the RECEIPT headers if it was a control destination.
@@ -619,14 +660,14 @@ class StompSession:
         h = frame.headers
         text = h["destination"]
         target = self._send_cache.get(text)
-        if target is None or (target[0] is not None and target[0].deleted):
+        if target is None or target[4].deleted:
             target = self._send_target(text)
-            if target[2] is None:
+            if target[4] is None:
                 return self._control(target[3])
             if len(self._send_cache) > 1000:
                 self._send_cache.clear()
             self._send_cache[text] = target
-        queue, exchange, exchange_name, key = target
+        queue, exchange, exchange_name, key, _ = target
         raw = frame.raw
         persistent = False
         if len(h) > 1:
@@ -652,13 +693,7 @@ class StompSession:
             # the same bytes object for it, so this lookup is cheap.
             block = self._blocks.get(raw)
             if block is None:
-                block = raw
-                for line in _STRIPPED_LINES:
-                    block = _strip_header(block, line)
-                blocks = self._blocks
-                if len(blocks) >= 256:
-                    blocks.clear()
-                blocks[raw] = block
+                block = self._relay_block(raw, message, text)
             message.cache = block
         if queue is not None:
             queue.publish(message)
@@ -666,6 +701,21 @@ class StompSession:
             for q in exchange.route(key, h):
                 q.publish(message)
         return None
+
+    def _relay_block(self, raw: bytes, message: Message, destination: str) -> bytes | tuple:
+        """The MESSAGE header block for a SEND's raw header lines (then cached)."""
+        if raw.count(b":") != raw.count(b"\n") - 1:
+            # A colon inside a value (sent unescaped by a STOMP 1.0 client):
+            # encode properly for 1.1/1.2 receivers; not cached.
+            return encode_message_headers(message, destination)
+        block = raw
+        for line in _STRIPPED_LINES:
+            block = _strip_header(block, line)
+        blocks = self._blocks
+        if len(blocks) >= 256:
+            blocks.clear()
+        blocks[raw] = block
+        return block
 
     def _reply_to(self, text: str) -> str:
         """Rewrite a /temp-queue/ reply-to so the replier reaches this session."""
@@ -720,10 +770,11 @@ class StompSession:
                 "invalid ack mode", f"ack must be one of {', '.join(ACK_MODES)}, got {mode!r}."
             )
         prefetch = self._prefetch(h) if mode != "auto" else None
-        queue, private = self._subscription_queue(frame, text, sub_id)
+        queue, private, durable = self._subscription_queue(frame, text, sub_id)
         if queue.exclusive_owner is not None and queue.exclusive_owner is not self:
             raise StompError("access refused", f"Queue {queue.name!r} belongs to another session.")
         sub = Subscription(self, sub_id, text, mode, prefetch, private)
+        sub.durable = durable
         self.subscriptions[sub_id] = sub
         self._receipt(frame)
         queue.add_consumer(sub)
@@ -744,14 +795,18 @@ class StompSession:
                 return n or None
         return self.settings.default_prefetch
 
-    def _subscription_queue(self, frame: Frame, text: str, sub_id: str) -> tuple[Queue, bool]:
+    def _subscription_queue(
+        self, frame: Frame, text: str, sub_id: str
+    ) -> tuple[Queue, bool, bool]:
+        """The queue a SUBSCRIBE consumes from, whether it is private to the
+        subscription, and whether it is a durable topic subscription's."""
         dest = self._parse_destination(text)
         vhost = self.vhost
         kind = dest.kind
         if kind == "queue":
-            return vhost.declare_queue(dest.name), False
+            return self._named_queue(dest.name), False, False
         if kind == "temp-queue":
-            return self._temp_queue(dest.name), False
+            return self._temp_queue(dest.name), False, False
         if kind == "control":
             raise StompError(
                 "cannot subscribe to a control destination",
@@ -765,7 +820,7 @@ class StompSession:
             name = f"durable.{owner}.{durable_name}"
             queue = vhost.declare_queue(name, durable=True)
             vhost.bind(name, exchange.name, dest.key)
-            return queue, False
+            return queue, False, True
         name = f"amq.sub.{self.id}.{sub_id}"
         backlog = self.settings.topic_backlog
         queue = vhost.declare_queue(
@@ -776,7 +831,7 @@ class StompSession:
             arguments={"x-max-length": backlog, "x-overflow": "drop-head"} if backlog else None,
         )
         vhost.bind(name, exchange.name, dest.key)
-        return queue, True
+        return queue, True, False
 
     @staticmethod
     def _durable_name(h: dict[str, str], sub_id: str) -> str | None:
@@ -803,8 +858,7 @@ class StompSession:
         self._drop_subscription(sub)
         if (
             queue is not None
-            and not sub.private
-            and queue.name.startswith("durable.")
+            and sub.durable
             and self._durable_name(h, sub_id) is not None  # type: ignore[arg-type]
         ):
             self.vhost.delete_queue(queue.name)
@@ -831,7 +885,7 @@ class StompSession:
 
     # -- ACK / NACK ------------------------------------------------------------------
 
-    def _ack_target(self, frame: Frame) -> tuple[Subscription, int]:
+    def _ack_target(self, frame: Frame) -> tuple[Subscription | None, int]:
         h = frame.headers
         name = "id" if self.version == "1.2" else "message-id"
         ack_id = h.get(name)
@@ -848,6 +902,8 @@ class StompSession:
             except ValueError:
                 tag = 0
             sub = self.ack_owner.get(tag)
+            if sub is None and 0 < tag <= self._cumulative_upto:
+                return None, tag  # already covered by a cumulative (ack:client) ACK
         if sub is None:
             raise StompError(
                 "unknown message",
@@ -875,11 +931,15 @@ class StompSession:
             self._settle(sub, tag, False, frame.headers.get("requeue", "true") != "false")
         self._receipt(frame)
 
-    def _settle(self, sub: Subscription, tag: int, ack: bool, requeue: bool) -> None:
+    def _settle(self, sub: Subscription | None, tag: int, ack: bool, requeue: bool) -> None:
+        if sub is None:
+            return
         unacked = sub.unacked
         ack_owner = self.ack_owner
         if sub.mode == "client":
             # Cumulative: everything delivered on the subscription up to tag.
+            if tag > self._cumulative_upto:
+                self._cumulative_upto = tag
             done = []
             for t in list(unacked):
                 if t > tag:
