@@ -134,8 +134,11 @@ class _ServerOptions(CertificateOptions):
         self._clientCANames = [ca.get_subject() for ca in clientCAs]
 
     def getContext(self) -> SSL.Context:
+        # The context is cached and shared by every connection; once one
+        # connection used it, pyOpenSSL refuses to change it: set the list once.
+        fresh = self._context is None
         context = super().getContext()
-        if self._clientCANames:
+        if fresh and self._clientCANames:
             context.set_client_ca_list(self._clientCANames)
         return context
 
