@@ -1,0 +1,311 @@
+# -*- test-case-name: tests.test_tap -*-
+"""The broker as a Twisted service: settings in, a running broker out.
+
+L{make_service} turns L{Settings} into a L{BrokerService} (a
+L{MultiService}):
+
+    1. It builds the L{Broker} on the given reactor and applies the
+       configuration's declarations: virtual hosts, then in each its
+       exchanges, queues and bindings, in the order written.  A declaration
+       the core refuses (a L{BrokerError}) becomes a L{ConfigError} that names
+       the file and key it came from.
+    2. For each C{PROTOCOL:ENDPOINT} listen spec it builds that protocol's
+       factory from L{PROTOCOLS} and an endpoint with Twisted's
+       C{serverFromString}, and adds a L{Listener} child service.  Every
+       mistake (unknown protocol, bad endpoint string, missing TLS file) is
+       found here, before anything listens.
+
+Starting the service creates the data directory and binds the listeners (in
+C{privilegedStartService}, so C{twistd --uid} can bind low ports first), one
+log line per listener with its address.
+
+Stopping it (twistd does so on SIGTERM and SIGINT) is graceful and ordered:
+
+    1. the listeners stop: no new connections are accepted;
+    2. only then is each factory's C{shutdown()} called, which sends every
+       client an ERROR frame and closes it; the Deferreds are awaited, up to
+       C{shutdown_timeout} seconds (the factory aborts stragglers).
+
+L{MultiService} alone would stop its children in reverse order without
+waiting for one before the next, so L{BrokerService.stopService} sequences
+the two steps itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from twisted.application.service import MultiService, Service
+from twisted.internet import defer
+from twisted.internet.endpoints import serverFromString
+from twisted.internet.interfaces import IListeningPort, IStreamServerEndpoint
+from twisted.internet.protocol import Factory
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from qmq.config import ConfigError, Settings
+from qmq.core.broker import Broker
+from qmq.core.errors import BrokerError
+
+__all__ = ["PROTOCOLS", "BrokerService", "Listener", "StartupError", "make_service"]
+
+log = Logger()
+
+#: A protocol's factory builder: (broker, settings, clock) -> factory.  The
+#: factory must have C{shutdown(reason, timeout) -> Deferred}.
+FactoryBuilder = Callable[[Broker, Settings, Any], Factory]
+
+
+def _stomp_factory(broker: Broker, settings: Settings, clock: Any) -> Factory:
+    from qmq.stomp.protocol import StompFactory
+
+    return StompFactory(broker, settings.stomp, clock=clock)
+
+
+#: The wire protocols a listen spec may name, by the C{PROTOCOL} part.
+PROTOCOLS: dict[str, FactoryBuilder] = {
+    "stomp": _stomp_factory,
+}
+
+
+class StartupError(Exception):
+    """
+    The broker cannot start: a port cannot be bound, the data directory
+    cannot be made.  The message says which and why.
+    """
+
+
+def _describe_address(address: Any) -> str:
+    host = getattr(address, "host", None)
+    port = getattr(address, "port", None)
+    if host is not None and port is not None:
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    name = getattr(address, "name", None)
+    if name is not None:
+        return name.decode() if isinstance(name, bytes) else str(name)
+    return str(address)
+
+
+class Listener(Service):
+    """
+    One listening endpoint serving one protocol's factory.
+
+    @ivar protocol: the protocol's name (C{"stomp"}).
+    @ivar spec: the listen spec it was made from.
+    @ivar endpoint: the endpoint it listens on.
+    @ivar factory: the protocol factory.
+    @ivar port: the listening port while listening, else L{None}.
+    """
+
+    def __init__(
+        self, protocol: str, spec: str, endpoint: IStreamServerEndpoint, factory: Factory
+    ) -> None:
+        self.protocol = protocol
+        self.spec = spec
+        self.endpoint = endpoint
+        self.factory = factory
+        self.port: IListeningPort | None = None
+        self.name = spec
+        self._listening: defer.Deferred[IListeningPort] | None = None
+
+    def privilegedStartService(self) -> None:
+        """
+        Start listening (before twistd drops privileges).
+
+        @raise StartupError: if the endpoint fails at once (address in use,
+            permission denied).
+        """
+        self._listening = self.endpoint.listen(self.factory)
+        failures: list[Failure] = []
+        self._listening.addCallbacks(self._listened, failures.append)
+        if failures:
+            self._listening = None
+            raise StartupError(f"cannot listen on {self.spec}: {failures[0].getErrorMessage()}")
+        self._listening.addErrback(self._failed)
+
+    def _listened(self, port: IListeningPort) -> IListeningPort:
+        self.port = port
+        log.info(
+            "{protocol} listening on {address} ({spec})",
+            protocol=self.protocol.upper(),
+            address=_describe_address(port.getHost()),
+            spec=self.spec,
+        )
+        return port
+
+    def _failed(self, failure: Failure) -> None:
+        if failure.check(defer.CancelledError):
+            return
+        log.failure("cannot listen on {spec}", failure, spec=self.spec)
+
+    def startService(self) -> None:
+        if self._listening is None:
+            self.privilegedStartService()
+        super().startService()
+
+    def stopService(self) -> defer.Deferred[None]:
+        """
+        Stop accepting connections; established ones stay.
+
+        @return: a Deferred that fires once the port is closed.
+        """
+        super().stopService()
+        listening, self._listening = self._listening, None
+        port, self.port = self.port, None
+        if port is not None:
+            return defer.maybeDeferred(port.stopListening)
+        if listening is not None:
+            listening.cancel()
+        return defer.succeed(None)
+
+
+class BrokerService(MultiService):
+    """
+    The broker with its listeners, as one service.
+
+    @ivar broker: the broker.
+    @ivar settings: the settings it was built from.
+    @ivar listeners: the L{Listener}s, in the order of C{settings.listen}.
+    @ivar clock: the reactor it runs on.
+    """
+
+    def __init__(self, broker: Broker, settings: Settings, clock: Any) -> None:
+        super().__init__()
+        self.broker = broker
+        self.settings = settings
+        self.clock = clock
+        self.listeners: list[Listener] = []
+        self._prepared = False
+
+    def add_listener(self, listener: Listener) -> None:
+        """
+        Add a listener; it starts and stops with the broker.
+        """
+        self.listeners.append(listener)
+        listener.setServiceParent(self)
+
+    def privilegedStartService(self) -> None:
+        """
+        Create the data directory and bind the listeners.
+
+        @raise StartupError: if either fails.
+        """
+        self._prepare()
+        super().privilegedStartService()
+
+    def startService(self) -> None:
+        """
+        Start (and prepare, if twistd has not called
+        L{privilegedStartService}).
+
+        @raise StartupError: if the data directory cannot be made or a
+            listener cannot bind.
+        """
+        self._prepare()
+        super().startService()
+
+    def _prepare(self) -> None:
+        if self._prepared:
+            return
+        self._prepared = True
+        data_dir = Path(self.settings.data_dir)
+        try:
+            data_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StartupError(
+                f"cannot create the data directory {str(data_dir)!r}: {e.strerror or e}"
+            ) from None
+        log.info(
+            "QMQ starting: data directory {data_dir}, {count} listener(s)",
+            data_dir=str(data_dir.resolve()),
+            count=len(self.listeners),
+        )
+
+    @defer.inlineCallbacks
+    def stopService(self) -> Any:
+        """
+        Stop gracefully: stop accepting, then close every client with an
+        ERROR frame, then return.
+
+        @return: a Deferred that fires once all is closed (at most
+            C{shutdown_timeout} seconds after the listeners are closed).
+        """
+        log.info("QMQ stopping: no longer accepting connections")
+        self._prepared = False
+        yield super().stopService()
+        timeout = self.settings.shutdown_timeout
+        shutdowns = [
+            defer.maybeDeferred(listener.factory.shutdown, "broker shutting down", timeout=timeout)
+            for listener in self.listeners
+            if hasattr(listener.factory, "shutdown")
+        ]
+        results = yield defer.DeferredList(shutdowns, consumeErrors=True)
+        for ok, failure in results:
+            if not ok:
+                log.failure("while closing connections", failure)
+        log.info("QMQ stopped")
+
+
+def _declare(broker: Broker, settings: Settings) -> None:
+    """Apply the configuration's declarations to the broker, in order."""
+    for vhost_settings in settings.vhosts:
+        vhost = broker.add_vhost(vhost_settings.name)
+        origin = ""
+        try:
+            for ex in vhost_settings.exchanges:
+                origin = ex.origin
+                vhost.declare_exchange(
+                    ex.name, ex.type, durable=ex.durable, auto_delete=ex.auto_delete
+                )
+            for q in vhost_settings.queues:
+                origin = q.origin
+                vhost.declare_queue(
+                    q.name,
+                    durable=q.durable,
+                    auto_delete=q.auto_delete,
+                    arguments=dict(q.arguments) or None,
+                )
+            for b in vhost_settings.bindings:
+                origin = b.origin
+                vhost.bind(b.queue, b.exchange, b.routing_key, dict(b.arguments) or None)
+        except BrokerError as e:
+            raise ConfigError(origin, "", e.message) from None
+
+
+def make_service(settings: Settings, reactor: Any = None) -> BrokerService:
+    """
+    Build the broker and its listeners from settings.
+
+    Nothing listens until the service is started.
+
+    @param settings: the settings (from L{qmq.config.load}).
+    @param reactor: the reactor to run on; the global one if L{None}.
+    @return: the service; start it (or give it to twistd) to run the broker.
+    @raise ConfigError: for a declaration the core refuses, an unknown
+        protocol or an endpoint string that cannot be used; the message names
+        the file (or C{--listen}) and the key.
+    """
+    if reactor is None:
+        from twisted.internet import reactor  # noqa: PLC0415
+    broker = Broker(clock=reactor)
+    _declare(broker, settings)
+    service = BrokerService(broker, settings, reactor)
+    source = settings.listen_source
+    for index, spec in enumerate(settings.listen):
+        key = f"listen[{index}]" if source != "--listen" else ""
+        protocol, _, description = spec.partition(":")
+        builder = PROTOCOLS.get(protocol)
+        if builder is None:
+            known = ", ".join(sorted(PROTOCOLS))
+            raise ConfigError(
+                source, key, f"unknown protocol {protocol!r} in {spec!r} (expected one of: {known})"
+            )
+        try:
+            endpoint = serverFromString(reactor, description)
+        except Exception as e:
+            raise ConfigError(source, key, f"cannot use endpoint {description!r}: {e}") from None
+        factory = builder(broker, settings, reactor)
+        service.add_listener(Listener(protocol, spec, endpoint, factory))
+    return service

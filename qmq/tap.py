@@ -1,0 +1,174 @@
+# -*- test-case-name: tests.test_tap -*-
+"""C{twistd qmq}: command-line options and the service maker.
+
+Shaped like Twisted's own C{twisted.words.tap}: L{Options} parses the
+command line, L{makeService} builds the service.  The flow:
+
+    1. L{Options.postOptions} loads the configuration, the embedded default
+       with C{--config FILE} layered over it, then applies C{--listen}
+       (which replaces the configuration's listeners) and C{--data-dir}.  An
+       error in the file ends the process with the message alone (file, key,
+       what was expected) and status 1; a malformed option is a
+       L{usage.UsageError}, which twistd shows after the usage text.
+    2. L{makeService} builds the broker with L{qmq.service.make_service}.
+       Errors found there (an unknown protocol, a bad endpoint string, a
+       declaration the core refuses) and at start-up (a port in use) end the
+       process with the message alone and status 1: twistd would print a
+       traceback for any other exception at that point.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, NoReturn
+
+from twisted.application.service import IService, MultiService
+from twisted.python import usage
+
+from qmq import config
+from qmq.config import ConfigError
+from qmq.service import StartupError, make_service
+
+__all__ = ["Options", "makeService"]
+
+
+class Options(usage.Options):
+    """
+    Options of C{twistd qmq}.
+    """
+
+    synopsis = "[--config FILE] [--listen PROTOCOL:ENDPOINT ...] [--data-dir DIR]"
+    longdesc = (
+        "Run QMQ, the Quick Message Queue. Without options it uses its embedded "
+        "default configuration: STOMP on 127.0.0.1:61613 (loopback only), data in "
+        "./qmq-data. SIGTERM or SIGINT stops it gracefully: listeners close first, "
+        "then every client gets an ERROR frame."
+    )
+
+    examples = """
+Examples:
+  twistd -n qmq
+  twistd -n qmq --config qmq.toml
+  twistd -n qmq --listen stomp:tcp:61613:interface=0.0.0.0:backlog=1024
+  twistd -n qmq --listen stomp:tcp:61613 \\
+                --listen stomp:ssl:61614:privateKey=key.pem:certKey=cert.pem
+  twistd -n qmq --listen \\
+      stomp:qmqtls:61615:privateKey=key.pem:certKey=cert.pem:caCerts=ca.pem:verify=require
+"""
+
+    optParameters = [
+        [
+            "config",
+            "c",
+            None,
+            "A TOML configuration file, layered over the embedded default "
+            "(see --print-default-config).",
+        ],
+        [
+            "data-dir",
+            None,
+            None,
+            "Directory for persistent data (overrides data_dir; default ./qmq-data).",
+        ],
+    ]
+
+    compData = usage.Completions(
+        optActions={
+            "config": usage.CompleteFiles("*.toml"),
+            "data-dir": usage.CompleteDirs(),
+        },
+        multiUse=["listen"],
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self["listen"] = []
+
+    def opt_listen(self, spec: str) -> None:
+        """
+        Listen for PROTOCOL on a Twisted endpoint: PROTOCOL:ENDPOINT, e.g.
+        stomp:tcp:61613:interface=127.0.0.1:backlog=1024. Repeat it for more
+        listeners; when given, it replaces the configuration's listen list.
+        ENDPOINT is tcp:, ssl:, unix: or qmqtls: (TLS that can require client
+        certificates).
+        """
+        self["listen"].append(spec)
+
+    opt_listen.__doc__ = " ".join((opt_listen.__doc__ or "").split())
+
+    def opt_print_default_config(self) -> None:
+        """
+        Print the embedded default configuration (TOML) and exit.
+        """
+        sys.stdout.write(config.default_toml())
+        sys.exit(0)
+
+    def getUsage(self, width: int | None = None) -> str:
+        """
+        The usage text, with examples.
+        """
+        return super().getUsage(width) + self.examples
+
+    def postOptions(self) -> None:
+        """
+        Load the configuration and apply the overrides.
+
+        An error in the configuration file ends the process with its message
+        (naming the file and the key) and status 1, without the usage text
+        that would bury it.
+
+        @raise usage.UsageError: if C{--listen} or C{--data-dir} is malformed.
+        @raise SystemExit: if the configuration file is unusable.
+        """
+        try:
+            settings = config.load(self["config"])
+        except ConfigError as e:
+            _exit(str(e))
+        try:
+            settings = config.with_overrides(
+                settings, listen=self["listen"], data_dir=self["data-dir"]
+            )
+        except ConfigError as e:
+            raise usage.UsageError(str(e)) from None
+        self["settings"] = settings
+
+
+class _ExitOnStartupError(MultiService):
+    """
+    Turn a L{StartupError} into a clean exit with its message: at start-up
+    twistd would print a traceback.
+    """
+
+    def privilegedStartService(self) -> None:
+        try:
+            super().privilegedStartService()
+        except StartupError as e:
+            _exit(str(e))
+
+    def startService(self) -> None:
+        try:
+            super().startService()
+        except StartupError as e:
+            _exit(str(e))
+
+
+def _exit(message: str) -> NoReturn:
+    sys.stderr.write(f"twistd qmq: {message}\n")
+    sys.stderr.flush()
+    raise SystemExit(1)
+
+
+def makeService(options: Options | dict[str, Any]) -> IService:
+    """
+    Build the broker service from parsed options.
+
+    @param options: parsed L{Options}.
+    @return: the service for twistd to run.
+    """
+    try:
+        broker = make_service(options["settings"])
+    except ConfigError as e:
+        _exit(str(e))
+    top = _ExitOnStartupError()
+    broker.setServiceParent(top)
+    return top
