@@ -300,13 +300,15 @@ class ConnectionTests(unittest.TestCase):
         return factory, port.getHost().port
 
     @defer.inlineCallbacks
-    def ping(self, verify: str | None, client: ClientCertificate | None):
+    def ping(self, verify: str | None, client: ClientCertificate | None, listener=None):
         """
         Connect with C{client}'s certificate (or none) and ping.
 
+        @param listener: (factory, port) of a listener to reuse, or L{None}
+            for a new one with C{verify}.
         @return: a Deferred firing with (outcome, identities the server saw).
         """
-        factory, port = yield self.listen(verify)
+        factory, port = listener if listener is not None else (yield self.listen(verify))
         options = self.pki.client_options(client)
         endpoint = SSL4ClientEndpoint(reactor, "127.0.0.1", port, options)
         protocol = Ping()
@@ -315,6 +317,21 @@ class ConnectionTests(unittest.TestCase):
         yield protocol.closed
         yield factory.whenIdle()
         return outcome, factory.identities
+
+    @defer.inlineCallbacks
+    def test_manyConnections(self):
+        """
+        One listener serves connection after connection (its TLS context is
+        made once and shared).
+        """
+        for verify in ("require", "optional", "none"):
+            listener = yield self.listen(verify)
+            for _ in range(3):
+                outcome, _ = yield self.ping(verify, self.alice, listener)
+                self.assertEqual(outcome, "echo")
+            if verify != "require":
+                outcome, _ = yield self.ping(verify, None, listener)
+                self.assertEqual(outcome, "echo")
 
     @defer.inlineCallbacks
     def test_requireRefusesWithoutCertificate(self):
