@@ -66,12 +66,31 @@ async def _subscribe(
     return proto
 
 
+class Progress:
+    """Consumer progress shared with the producer (a slot of a shared array).
+
+    The producer keeps at most ``max_lead`` messages ahead of the slowest
+    subscriber, so that the measured rate is a sustained one rather than the
+    rate of draining a backlog that the broker had to buffer.
+    """
+
+    def __init__(self, shared: Any, slot: int, counters: list[Any]) -> None:
+        self.shared = shared
+        self.slot = slot
+        self.counters = counters
+
+    def update(self) -> None:
+        """Publish the smallest count of this worker's subscribers."""
+        self.shared[self.slot] = min(c.n for c in self.counters)
+
+
 class _Count:
     """Per-connection counters of a consumer."""
 
-    __slots__ = ("n", "t_first", "t_last", "target", "done")
+    __slots__ = ("n", "t_first", "t_last", "target", "done", "progress")
 
-    def __init__(self, target: int) -> None:
+    def __init__(self, target: int, progress: Progress | None = None) -> None:
+        self.progress = progress
         self.n = 0
         self.t_first = 0.0
         self.t_last = 0.0
@@ -92,6 +111,8 @@ def _counting_handler(proto: StompProtocol, c: _Count, all_done: asyncio.Event, 
             return
         tail = data[-6:]
         c.n += data.count(NUL)
+        if c.progress is not None:
+            c.progress.update()
         now = mono()
         if not c.t_first:
             c.t_first = now
@@ -136,6 +157,8 @@ def _acking_handler(
                 )
             )
         c.n += len(ids)
+        if c.progress is not None:
+            c.progress.update()
         now = mono()
         if not c.t_first:
             c.t_first = now
@@ -188,19 +211,23 @@ async def consume(
     prefetch: int | None,
     stalled: int,
     lim: Limits,
+    shared: Any = None,
+    slot: int = 0,
 ) -> None:
     """Subscribe one connection per destination and count (or ACK) messages.
 
     ``stalled`` extra connections subscribe to ``dests[0]`` and stop reading.
+    ``shared[slot]`` (if given) receives the progress of the slowest subscriber.
     """
     protos: list[StompProtocol] = []
     counters: list[_Count] = []
+    progress = Progress(shared, slot, counters) if shared is not None else None
     all_done = asyncio.Event()
     left = [len(dests)]
     for i, d in enumerate(dests):
         sub_id = str(i)
         proto = await _subscribe(t, d, sub_id, ack, prefetch, lim)
-        c = _Count(expect_each)
+        c = _Count(expect_each, progress)
         if proto.buf.strip(b"\r\n"):
             raise StompError("unexpected frames right after SUBSCRIBE")
         if ack == "auto":
@@ -261,6 +288,8 @@ async def produce(
     receipt_window: int | None,
     lim: Limits,
     block_ok: bool = False,
+    shared: Any = None,
+    max_lead: int = 0,
 ) -> None:
     """Send ``n`` SEND frames to ``dest`` (``{i}`` in it makes one per frame).
 
@@ -269,7 +298,9 @@ async def produce(
     ``max_unreceipted`` frames end with a receipt that must return before the
     next batch. An integer puts a receipt on every frame and keeps that many
     outstanding. ``block_ok``: being blocked by the broker's flow control until
-    the deadline is a result (``blocked``), not an error.
+    the deadline is a result (``blocked``), not an error. With ``shared``
+    (consumer progress) and ``max_lead`` > 0, never run more than
+    ``max_lead`` messages ahead of the slowest consumer.
     """
     p = t.profile
     proto, _ = await open_connection(t.host, t.port, p, t.tls, timeout=lim.setup)
@@ -277,12 +308,13 @@ async def produce(
     proto.transport.set_write_buffer_limits(high=1 << 20)
     body = _body(body_size)
     per_frame_dest = "{i}" in dest
+    lead = _Lead(shared, max_lead) if shared is not None and max_lead > 0 else None
     ctl.send("ready", {"connections": 1})
     t0 = await ctl.wait("go", lim.setup * 3)
     cpu0 = self_cpu()
     deadline = t0 + lim.max_seconds
     if receipt_window is None and p.max_unreceipted is None and not per_frame_dest:
-        res = await _stream(proto, send_frame(dest, body), n, deadline, lim, block_ok)
+        res = await _stream(proto, send_frame(dest, body), n, deadline, lim, block_ok, lead)
     else:
         if receipt_window is None:
             assert p.max_unreceipted is not None
@@ -295,14 +327,45 @@ async def produce(
         else:
             per_batch = 1
             window = min(receipt_window, p.max_unreceipted or receipt_window)
-        res = await _windowed(proto, dest, body, n, per_batch, window, deadline, lim)
+        res = await _windowed(proto, dest, body, n, per_batch, window, deadline, lim, lead)
     res["cpu"] = self_cpu() - cpu0
     ctl.send("done", res)
     await _linger(ctl, [proto])
 
 
+class _Lead:
+    """Producer side of :class:`Progress`: how far ahead of the consumers we are."""
+
+    def __init__(self, shared: Any, max_lead: int) -> None:
+        self.shared = shared
+        self.max_lead = max_lead
+        self.waits = 0
+
+    def room(self, sent: int) -> int:
+        """Return how many more messages may be sent now."""
+        return self.max_lead - (sent - min(self.shared))
+
+    async def wait(self, sent: int, want: int, deadline: float, stall: float) -> None:
+        """Sleep until ``want`` more messages fit (bounded by deadline and stall)."""
+        t0 = time.monotonic()
+        while self.room(sent) < want:
+            now = time.monotonic()
+            if now >= deadline:
+                return
+            if now - t0 > stall:
+                raise StompError(f"consumers made no progress for {stall:.0f}s at {sent} sent")
+            self.waits += 1
+            await asyncio.sleep(0.002)
+
+
 async def _stream(
-    proto: StompProtocol, f: bytes, n: int, deadline: float, lim: Limits, block_ok: bool = False
+    proto: StompProtocol,
+    f: bytes,
+    n: int,
+    deadline: float,
+    lim: Limits,
+    block_ok: bool = False,
+    lead: _Lead | None = None,
 ) -> dict[str, Any]:
     """Write ``n`` copies of frame ``f`` in 64 KiB chunks, honouring back-pressure."""
     proto.on_data = lambda data: proto.fail(error_text(data)) if ERROR_MARK in data else None
@@ -319,6 +382,11 @@ async def _stream(
             truncated = True
             break
         m = min(k, n - sent)
+        if lead is not None:
+            await lead.wait(sent, min(m, lead.max_lead), deadline, lim.stall)
+            if time.monotonic() >= deadline:
+                truncated = True
+                break
         proto.write(chunk if m == k else f * m)
         sent += m
         spins += 1
@@ -343,6 +411,7 @@ async def _stream(
         "truncated": truncated,
         "blocked": blocked,
         "blocked_s": round(blocked_s, 3),
+        "lead_waits": lead.waits if lead else 0,
     }
 
 
@@ -355,6 +424,7 @@ async def _windowed(
     window: int,
     deadline: float,
     lim: Limits,
+    lead: _Lead | None = None,
 ) -> dict[str, Any]:
     """Send batches whose last frame carries a receipt, ``window`` batches in flight."""
     per_frame_dest = "{i}" in dest
@@ -377,8 +447,19 @@ async def _windowed(
         lo, hi = j * per_batch, min(n, (j + 1) * per_batch)
         return b"".join([frame_at(i, i == hi - 1) for i in range(lo, hi)])
 
+    loop = asyncio.get_running_loop()
+
     def pump() -> None:
         top = min(total_b, st["acked"] + window)
+        if lead is not None and top > st["sent_b"]:
+            room = lead.room(int(st["sent_b"]) * per_batch) // per_batch
+            if room < 1:
+                # Re-check soon (the receipts alone would not call us again).
+                if not st["stop"]:
+                    lead.waits += 1
+                    loop.call_later(0.002, pump)
+                return
+            top = min(top, int(st["sent_b"]) + room)
         if top > st["sent_b"] and not st["stop"]:
             proto.write(b"".join([batch(j) for j in range(st["sent_b"], top)]))
             st["sent_b"] = top

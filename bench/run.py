@@ -66,6 +66,8 @@ def add_common(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--wildcard-subs", type=int, default=100_000)
     g.add_argument("--big-size", type=int, default=1 << 20, help="body size of the 'big' scenario")
     g.add_argument("--stalled-seconds", type=float, default=5.0)
+    g.add_argument("--max-lead", type=int, default=50_000,
+                   help="producer stays <= this many messages ahead of the slowest consumer (0: unbounded)")
     g.add_argument("--max-seconds", type=float, default=30.0, help="cap on a measured phase")
     g.add_argument("--setup-timeout", type=float, default=20.0)
     g.add_argument("--stall-timeout", type=float, default=10.0)
@@ -91,6 +93,7 @@ def options_from(args: argparse.Namespace, scenario: str) -> Options:
         wildcard_subs=args.wildcard_subs,
         big_size=args.big_size,
         stalled_seconds=args.stalled_seconds,
+        max_lead=args.max_lead,
         limits=Limits(args.max_seconds, args.setup_timeout, args.stall_timeout),
     )
 

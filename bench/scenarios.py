@@ -22,7 +22,7 @@ from typing import Any
 from loadgen import Limits, Target, consume, hold_idle, hold_wildcards, ping_pong, produce
 from procstat import cpu_seconds, pid_by_port, rss_kib, system_busy_seconds
 from stompwire import StompError
-from workers import ScenarioError, Supervisor
+from workers import ScenarioError, Supervisor, new_shared
 
 #: Default unit counts; chosen so that each run takes a few seconds on the peers.
 DEFAULT_COUNTS: dict[str, int] = {
@@ -59,6 +59,8 @@ class Options:
     wildcard_per_conn: int = 10_000
     big_size: int = 1 << 20
     stalled_seconds: float = 5.0
+    #: Producer stays at most this many messages ahead of the slowest consumer (0: unbounded).
+    max_lead: int = 50_000
     limits: Limits = field(default_factory=Limits)
     runid: str = field(default_factory=lambda: f"{int(time.time()) % 1_000_000}x{os.getpid()}")
 
@@ -120,9 +122,18 @@ def _flow(
     consumers: list[tuple[str, Callable[..., Any], tuple]],
     producers: list[tuple[str, Callable[..., Any], tuple]],
     probe: Probe,
+    max_lead: int = 0,
 ) -> tuple[float, list[dict[str, Any]], list[dict[str, Any]], float | None, float | None]:
-    """Run consumers then producers through ready/go/done; return the raw results."""
+    """Run consumers then producers through ready/go/done; return the raw results.
+
+    With ``max_lead`` > 0 and consumers, the producers get the consumers'
+    progress (a shared array) and stay at most that many messages ahead.
+    """
     lim = o.limits
+    if max_lead > 0 and consumers:
+        shared = new_shared(len(consumers))
+        consumers = [(n, fn, (*a, shared, i)) for i, (n, fn, a) in enumerate(consumers)]
+        producers = [(n, fn, (*a, shared, max_lead)) for n, fn, a in producers]
     with Supervisor() as sup:
         cons = [sup.start(n, fn, *a) for n, fn, a in consumers]
         sup.gather("ready", lim.setup * 2 + 5, cons)
@@ -158,8 +169,9 @@ def queue_flow(
         t,
         o,
         [("consumer", consume, (t, [dest], n, ack, prefetch, 0, o.limits))],
-        [("producer", produce, (t, dest, n, size, None, o.limits))],
+        [("producer", produce, (t, dest, n, size, None, o.limits, False))],
         probe,
+        o.max_lead,
     )
     c = cons[0]
     got = sum(c["received"])
@@ -169,6 +181,8 @@ def queue_flow(
     if t.profile.max_unreceipted:
         res["producer_receipt_batches"] = prods[0].get("per_batch")
     res["truncated"] = c["truncated"]
+    res["max_lead"] = o.max_lead
+    res["lead_waits"] = prods[0].get("lead_waits")
     res = _finish(res, got, c["t_last"] - t0, cpu0, cpu1, c["cpu"] + prods[0]["cpu"], probe)
     res["mb_per_s"] = round(res["rate"] * size / 1e6, 2) if res["rate"] else None
     return res
@@ -212,6 +226,7 @@ def fanout(t: Target, o: Options, probe: Probe, stalled: int = 0) -> dict[str, A
         consumers,
         [("producer", produce, (t, dest, n, o.body_size, None, lim, bool(stalled)))],
         probe,
+        0 if stalled else o.max_lead,
     )
     got = sum(sum(c["received"]) for c in cons)
     t_last = max(c["t_last"] for c in cons)
@@ -225,6 +240,8 @@ def fanout(t: Target, o: Options, probe: Probe, stalled: int = 0) -> dict[str, A
         "readers": len(subs),
         "published": prods[0]["sent"],
         "truncated": any(c["truncated"] for c in cons),
+        "max_lead": 0 if stalled else o.max_lead,
+        "lead_waits": prods[0].get("lead_waits"),
     }
     if stalled:
         res["stalled_subscribers"] = stalled

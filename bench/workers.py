@@ -30,6 +30,11 @@ from stompwire import StompError, install_uvloop
 _CTX = multiprocessing.get_context("fork")
 
 
+def new_shared(n: int) -> Any:
+    """Return a shared array of ``n`` signed 64-bit counters (inherited by forked workers)."""
+    return _CTX.RawArray("q", n)
+
+
 class ScenarioError(Exception):
     """A scenario could not complete; the message is the reason."""
 
