@@ -503,6 +503,7 @@ async def _windowed(
         "truncated": truncated,
         "per_batch": per_batch,
         "window": window,
+        "lead_waits": lead.waits if lead else 0,
     }
 
 
