@@ -345,6 +345,7 @@ STOMP_LIMITS: dict[str, tuple[str, Callable[[object, str], Any]]] = {
     "default_prefetch": ("integer >= 1", _integer(1)),
     "strict_vhost": ("boolean", _boolean),
     "connect_timeout": ("number > 0", _number(above=0)),
+    "topic_backlog": ("integer >= 0", _integer(0)),
 }
 
 

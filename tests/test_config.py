@@ -118,6 +118,7 @@ heartbeat_grace = 3.0
 default_prefetch = 7
 strict_vhost = true
 connect_timeout = 2
+topic_backlog = 0
 
 [[vhosts."/".exchanges]]
 name = "events"
@@ -156,6 +157,7 @@ queues = [{ name = "q", durable = false }]
                     default_prefetch=7,
                     strict_vhost=True,
                     connect_timeout=2.0,
+                    topic_backlog=0,
                 ),
                 vhosts=(
                     VirtualHostSettings(
@@ -304,6 +306,7 @@ class ErrorTests(unittest.TestCase):
             "default_prefetch": ("0", "expected an integer >= 1, got 0"),
             "strict_vhost": ('"yes"', 'expected true or false, got "yes"'),
             "connect_timeout": ("0", "expected a number > 0, got 0"),
+            "topic_backlog": ("-1", "expected an integer >= 0, got -1"),
         }
         self.assertEqual(set(cases), set(config.STOMP_LIMITS))
         for name, (value, problem) in cases.items():
