@@ -154,7 +154,7 @@ class QMQ(Broker):
     def __init__(self, port: int, tls_port: int | None, workdir: Path, extra: list[str]) -> None:
         super().__init__("qmq", port)
         self.tls_port = tls_port
-        self.workdir = workdir
+        self.workdir = workdir.resolve()
         self.extra = extra
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -317,10 +317,12 @@ def main(argv: list[str] | None = None) -> int:
             for n in order:
                 b = brokers[n]
                 if n not in running:
+                    running.add(n)  # so that an interrupt during start still stops it
                     try:
                         b.start()
-                        running.add(n)
                     except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+                        b.stop()
+                        running.discard(n)
                         for s in scen:
                             emit({"rep": rep, "broker": n, "scenario": s, "error": f"start failed: {e}"})
                         continue
