@@ -466,9 +466,9 @@ class StompSession:
 
     def _send_receipt(self, receipt: str, extra: list[tuple[str, str]] | None = None) -> None:
         if extra is None:
-            self.write_frame(
-                b"RECEIPT\nreceipt-id:%s\n\n\x00" % escape_header(receipt, self.version).encode()
-            )
+            if "\\" in receipt or ":" in receipt or "\n" in receipt or "\r" in receipt:
+                receipt = escape_header(receipt, self.version)
+            self.write_frame(b"RECEIPT\nreceipt-id:%s\n\n\x00" % receipt.encode())
         else:
             self.write_frame(
                 encode_frame("RECEIPT", [("receipt-id", receipt), *extra], b"", self.version)
@@ -670,11 +670,14 @@ class StompSession:
         queue, exchange, exchange_name, key, _ = target
         raw = frame.raw
         persistent = False
+        unique = False
         if len(h) > 1:
             if "receipt" in h:
                 del h["receipt"]
+                unique = True
             if "transaction" in h:
                 del h["transaction"]
+                unique = True
             if "content-length" in h:
                 del h["content-length"]
             if "reply-to" in h:
@@ -691,9 +694,9 @@ class StompSession:
         else:
             # Producers repeat the same header block; the parser hands back
             # the same bytes object for it, so this lookup is cheap.
-            block = self._blocks.get(raw)
+            block = None if unique else self._blocks.get(raw)
             if block is None:
-                block = self._relay_block(raw, message, text)
+                block = self._relay_block(raw, message, text, not unique)
             message.cache = block
         if queue is not None:
             queue.publish(message)
@@ -702,15 +705,24 @@ class StompSession:
                 q.publish(message)
         return None
 
-    def _relay_block(self, raw: bytes, message: Message, destination: str) -> bytes | tuple:
-        """The MESSAGE header block for a SEND's raw header lines (then cached)."""
+    def _relay_block(
+        self, raw: bytes, message: Message, destination: str, cache: bool
+    ) -> bytes | tuple:
+        """The MESSAGE header block for a SEND's raw header lines.
+
+        Blocks that will repeat are cached; one with a receipt or
+        transaction line is unique to its frame and is not.
+        """
         if raw.count(b":") != raw.count(b"\n") - 1:
             # A colon inside a value (sent unescaped by a STOMP 1.0 client):
             # encode properly for 1.1/1.2 receivers; not cached.
             return encode_message_headers(message, destination)
         block = raw
         for line in _STRIPPED_LINES:
-            block = _strip_header(block, line)
+            if line in block:
+                block = _strip_header(block, line)
+        if not cache:
+            return block
         blocks = self._blocks
         if len(blocks) >= 256:
             blocks.clear()
