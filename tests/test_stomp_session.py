@@ -271,6 +271,76 @@ class ConnectTests(SessionTestCase):
         self.assertEqual((c.session.login, c.session.client_id), ("alice", "app-1"))
 
 
+class CountingTransport(StringTransportWithDisconnection):
+    """Keeps every write call, to see how output was batched."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+        super().write(data)
+
+
+class BatchingTests(SessionTestCase):
+    def test_one_write_per_read(self) -> None:
+        """One read of many SENDs becomes one write per receiving connection."""
+        a, b, p = (self.client(transport=CountingTransport()) for _ in range(3))
+        a.subscribe("/topic/t")
+        b.subscribe("/topic/t")
+        for c in (a, b, p):
+            del c.transport.writes[:]
+        p.raw(b"".join(
+            encode_frame("SEND", {"destination": "/topic/t", "receipt": str(i)}, b"%d" % i)
+            for i in range(50)
+        ))
+        self.assertEqual([len(c.transport.writes) for c in (a, b, p)], [1, 1, 1])
+        self.assertEqual(len(a.messages()), 50)
+        self.assertEqual(len(p.read()), 50)
+
+    def test_timer_writes_wait_for_the_turn(self) -> None:
+        """Outside dataReceived, output is flushed on the next reactor turn."""
+        c = self.client()
+        c.subscribe("/queue/q")
+        c.proto.pauseProducing()
+        self.client().publish("/queue/q", b"x")
+        c.proto.resumeProducing()
+        self.assertEqual(c.transport.value(), b"")
+        self.clock.advance(0)
+        self.assertEqual(c.bodies(), [b"x"])
+
+    def test_large_backlog_flushed_in_pieces(self) -> None:
+        """A turn's output is flushed early past a threshold, not held whole."""
+        c = self.client(transport=CountingTransport())
+        c.subscribe("/queue/q")
+        c.proto.pauseProducing()
+        p = self.client()
+        for _ in range(100):
+            p.publish("/queue/q", b"x" * 10_000)
+        del c.transport.writes[:]
+        c.proto.resumeProducing()
+        self.clock.advance(0)
+        self.assertGreater(len(c.transport.writes), 1)
+        self.assertEqual(len(c.messages()), 100)
+
+    def test_protocol_is_push_producer(self) -> None:
+        c = Client(self.factory)
+        self.assertIs(c.transport.producer, c.proto)
+        self.assertTrue(c.transport.streaming)
+        self.assertIn(c.proto, self.factory.connections)
+        c.close()
+        self.assertNotIn(c.proto, self.factory.connections)
+
+    def test_heart_beat_eols_between_frames(self) -> None:
+        """EOLs between frames (client heart-beats) are ignored."""
+        c = self.client()
+        c.raw(b"\n\n" + encode_frame("SEND", {"destination": "/queue/q", "receipt": "r"}, b"x")
+              + b"\r\n\n")
+        self.assertEqual([f.command for f in c.read()], ["RECEIPT"])
+        self.assertTrue(c.open)
+
+
 class HeartbeatTests(SessionTestCase):
     def setUp(self) -> None:
         super().setUp()
