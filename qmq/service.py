@@ -107,7 +107,6 @@ class Listener(Service):
         self.endpoint = endpoint
         self.factory = factory
         self.port: IListeningPort | None = None
-        self.name = spec
         self._listening: defer.Deferred[IListeningPort] | None = None
 
     def privilegedStartService(self) -> None:
@@ -117,13 +116,21 @@ class Listener(Service):
         @raise StartupError: if the endpoint fails at once (address in use,
             permission denied).
         """
-        self._listening = self.endpoint.listen(self.factory)
         failures: list[Failure] = []
-        self._listening.addCallbacks(self._listened, failures.append)
+        starting = [True]
+
+        def failed(failure: Failure) -> None:
+            if starting[0]:
+                failures.append(failure)
+            else:
+                self._failed(failure)
+
+        self._listening = self.endpoint.listen(self.factory)
+        self._listening.addCallbacks(self._listened, failed)
+        starting[0] = False
         if failures:
             self._listening = None
             raise StartupError(f"cannot listen on {self.spec}: {failures[0].getErrorMessage()}")
-        self._listening.addErrback(self._failed)
 
     def _listened(self, port: IListeningPort) -> IListeningPort:
         self.port = port

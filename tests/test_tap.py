@@ -436,6 +436,27 @@ durable = false
         self.assertIn("shutdown y (broker shutting down, 10.0)", events)
         self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
 
+    def test_lateListenFailure(self) -> None:
+        """
+        An endpoint that fails after start-up has its failure logged.
+        """
+        pending: defer.Deferred[Any] = defer.Deferred()
+        endpoint = FakeEndpoint([], "p")
+        endpoint.listen = lambda factory: pending  # type: ignore[method-assign]
+        listener = Listener("stomp", "p", endpoint, FakeFactory([], "p"))
+        listener.startService()
+        pending.errback(CannotListenError("", 1, "late"))
+        self.assertEqual(len(self.flushLoggedErrors(CannotListenError)), 1)
+        self.assertIsNone(listener.port)
+
+    def test_sameSpecTwice(self) -> None:
+        """
+        The same listen spec twice makes two listeners (the second then fails
+        to bind, with a clean error).
+        """
+        svc = make_service(self.settings(listen=["stomp:tcp:1", "stomp:tcp:1"]), self.reactor)
+        self.assertEqual(len(svc.listeners), 2)
+
     def test_stopBeforeListening(self) -> None:
         """
         A listener whose endpoint has not answered yet cancels it on stop.
