@@ -294,7 +294,7 @@ class VirtualHostQueueTests(CoreTestCase):
         self.assertTrue(q.deleted)
         self.assertEqual(c.cancels, 1)
         self.assertIsNone(c.queue)
-        self.assertEqual(q.consumers, [])
+        self.assertEqual(list(q.consumers), [])
         self.assertNotIn("q", self.vhost.queues)
         self.assertEqual(self.publish("", b"x", exchange="amq.fanout"), 0)
         self.assertEqual(self.vhost.delete_queue("q"), 0)

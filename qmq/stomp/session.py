@@ -687,7 +687,13 @@ class StompSession:
                     raw = None
             persistent = h.get("persistent") == "true"
         message = Message(
-            next(self._message_ids), exchange_name, key, h, frame.body, self._seconds(), persistent
+            next(self._message_ids),
+            exchange_name,
+            key,
+            h if len(h) > 1 else None,  # None rather than a dict of the destination alone
+            frame.body,
+            self._seconds(),
+            persistent,
         )
         if raw is None:
             encode_message_headers(message, text)
