@@ -130,6 +130,10 @@ class StompFactory(Factory):
                 transport = proto.transport
                 if transport is not None and hasattr(transport, "abortConnection"):
                     transport.abortConnection()
+            # A transport that cannot abort must not hold the shutdown up.
+            if self._drained and d in self._drained:
+                self._drained.remove(d)
+                d.callback(None)
 
         timer = self.clock.callLater(timeout, abort)
 

@@ -22,6 +22,7 @@ then the connection is closed; nothing else the broker serves is affected.
 from __future__ import annotations
 
 import itertools
+import secrets
 from collections.abc import Callable
 from typing import Any
 
@@ -227,6 +228,10 @@ class StompSession:
         self.client_id: str | None = None
         self.next_tag = 1
         self._cumulative_upto = 0
+        self._released = False
+        # Names of the session's own queues carry a random token: they can be
+        # published to by name (RPC replies), so they must not be guessable.
+        self._token = secrets.token_urlsafe(12)
         self.subscriptions: dict[str, Subscription] = {}
         self.ack_owner: dict[int, Subscription] = {}
         self.transactions: dict[str, list[tuple[str, Frame]]] = {}
@@ -354,7 +359,10 @@ class StompSession:
                 sub.queue.drain()
 
     def connection_lost(self) -> None:
-        """The connection is gone: undo what the session held."""
+        """The connection is gone: undo what the session held (once)."""
+        if self._released:
+            return
+        self._released = True
         self.closed = True
         self._out.clear()
         self._stop_timers()
@@ -367,8 +375,6 @@ class StompSession:
         for queue in self.temp_queues.values():
             vhost.delete_queue(queue.name)
         self.temp_queues.clear()
-        for queue in [q for q in vhost.queues.values() if q.exclusive_owner is self]:
-            vhost.delete_queue(queue.name)
 
     def error(self, message: str, detail: str = "", receipt: str | None = None) -> None:
         """Send an ERROR frame and close the connection."""
@@ -503,7 +509,7 @@ class StompSession:
         queue = self.temp_queues.get(name)
         if queue is None or queue.deleted:
             queue = self.vhost.declare_queue(
-                f"amq.tmp.{self.id}.{name}",
+                f"amq.tmp.{self._token}.{name}",
                 durable=False,
                 auto_delete=False,
                 exclusive_owner=self,
@@ -839,7 +845,7 @@ class StompSession:
             queue = vhost.declare_queue(name, durable=True)
             vhost.bind(name, exchange.name, dest.key)
             return queue, False, True
-        name = f"amq.sub.{self.id}.{sub_id}"
+        name = f"amq.sub.{self._token}.{sub_id}"
         backlog = self.settings.topic_backlog
         queue = vhost.declare_queue(
             name,
