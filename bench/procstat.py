@@ -127,6 +127,41 @@ def system_busy_seconds() -> float:
     return (user + nice + system + irq + softirq + steal) / CLK_TCK
 
 
+def all_process_ticks() -> dict[int, tuple[int, str]]:
+    """Return ``{pid: (utime+stime ticks, command name)}`` for every process."""
+    out: dict[int, tuple[int, str]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                raw = f.read().decode("ascii", "replace")
+        except OSError:
+            continue
+        try:
+            comm = raw[raw.index("(") + 1 : raw.rindex(")")]
+            fields = raw[raw.rindex(")") + 2 :].split()
+            out[int(name)] = (int(fields[11]) + int(fields[12]), comm)
+        except (ValueError, IndexError):
+            continue
+    return out
+
+
+def top_consumers(
+    before: dict[int, tuple[int, str]], after: dict[int, tuple[int, str]], exclude: set[int], n: int = 3
+) -> list[tuple[str, float]]:
+    """Return the ``n`` processes (not in ``exclude``) that used most CPU between two snapshots."""
+    used = []
+    for pid, (ticks, comm) in after.items():
+        if pid in exclude:
+            continue
+        delta = ticks - before.get(pid, (0, comm))[0]
+        if delta > 0:
+            used.append((f"{comm}[{pid}]", round(delta / CLK_TCK, 2)))
+    used.sort(key=lambda x: -x[1])
+    return used[:n]
+
+
 def self_cpu() -> float:
     """Return this process's own user+system CPU seconds."""
     ru = resource.getrusage(resource.RUSAGE_SELF)

@@ -75,10 +75,12 @@ def summarize(results: list[dict[str, Any]]) -> tuple[list[str], dict[tuple[str,
                 continue
             vals = [r[key] for r in runs if "error" not in r and isinstance(r.get(key), int | float)]
             errs = [r["error"] for r in runs if "error" in r]
+            skips = [r["skipped"] for r in runs if "skipped" in r]
             cells[(label, b)] = {
                 "median": statistics.median(vals) if vals else None,
                 "n": len(vals),
                 "errors": errs,
+                "skipped": skips,
             }
     return brokers, cells
 
@@ -108,7 +110,7 @@ def render_table(results: list[dict[str, Any]]) -> str:
     brokers, cells = summarize(results)
     head = ["figure (median of reps)", *brokers, "QMQ×"]
     rows: list[list[str]] = []
-    notes: list[str] = []
+    notes: list[tuple[str, str, str]] = []
     for label, _, _, higher in ROWS:
         if not any((label, b) in cells for b in brokers):
             continue
@@ -117,13 +119,18 @@ def render_table(results: list[dict[str, Any]]) -> str:
             c = cells.get((label, b))
             if c is None:
                 row.append("")
+            elif c["median"] is None and c["skipped"] and not c["errors"]:
+                row.append("n/a")
+                notes.append((b, label, "n/a: " + c["skipped"][0]))
+            elif c["median"] is None and not c["errors"]:
+                row.append("-")
             elif c["median"] is None:
                 row.append("ERR")
-                notes.append(f"{b} / {label}: {c['errors'][0]}")
+                notes.append((b, label, c["errors"][0]))
             else:
                 row.append(_fmt(c["median"]) + ("*" if c["errors"] else ""))
                 if c["errors"]:
-                    notes.append(f"{b} / {label} (some reps): {c['errors'][0]}")
+                    notes.append((b, label, "some reps: " + c["errors"][0]))
         r = ratio(cells, label, higher, brokers)
         row.append(f"{r:.2f}" if r else "-")
         rows.append(row)
@@ -134,12 +141,13 @@ def render_table(results: list[dict[str, Any]]) -> str:
 
     out = [line(head), line(["-" * w for w in widths]), *[line(r) for r in rows]]
     out.append("")
-    out.append("↓ lower is better. QMQ× > 1: QMQ better than the best peer. * some reps failed.")
-    seen: set[str] = set()
-    for n in notes:
-        if n not in seen:
-            out.append("  " + n[:300])
-            seen.add(n)
+    out.append("↓ lower is better. QMQ× > 1: QMQ better than the best peer. * some reps failed; "
+               "ERR all failed; n/a does not apply.")
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for b, label, reason in notes:
+        grouped.setdefault((b, reason[:300]), []).append(label)
+    for (b, reason), labels in grouped.items():
+        out.append(f"  {b} [{'; '.join(labels)}]: {reason}")
     return "\n".join(out) + "\n"
 
 

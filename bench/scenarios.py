@@ -20,9 +20,17 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from loadgen import Limits, Target, consume, hold_idle, hold_wildcards, ping_pong, produce
-from procstat import cpu_seconds, pid_by_port, rss_kib, system_busy_seconds
+from procstat import (
+    all_process_ticks,
+    children_tree,
+    cpu_seconds,
+    pid_by_port,
+    rss_kib,
+    system_busy_seconds,
+    top_consumers,
+)
 from stompwire import StompError
-from workers import ScenarioError, Supervisor, new_shared
+from workers import ScenarioError, ScenarioSkipped, Supervisor, new_shared
 
 #: Default unit counts; chosen so that each run takes a few seconds on the peers.
 DEFAULT_COUNTS: dict[str, int] = {
@@ -71,11 +79,24 @@ class Probe:
     def __init__(self, pid: int | None) -> None:
         self.pid = pid
         self.busy: list[float] = []
+        self.snaps: list[dict[int, tuple[int, str]]] = []
+        self.mine: set[int] = set()
 
     def cpu(self) -> float | None:
         """Return the broker's CPU seconds so far (and note the machine's busy time)."""
         self.busy.append(system_busy_seconds())
+        self.snaps.append(all_process_ticks())
+        self.mine.update(children_tree(os.getpid()))  # this harness and its live workers
         return cpu_seconds(self.pid) if self.pid else None
+
+    def others(self) -> list[tuple[str, float]]:
+        """Processes other than the broker and this harness that used CPU in the last phase."""
+        if len(self.snaps) < 2:
+            return []
+        mine = set(self.mine)
+        if self.pid:
+            mine.update(children_tree(self.pid))
+        return top_consumers(self.snaps[-2], self.snaps[-1], mine)
 
     def rss(self) -> int | None:
         """Return the broker's RSS in KiB."""
@@ -113,6 +134,8 @@ def _finish(
         # CPU used by anything else on the machine during the phase (noise gauge).
         other = probe.busy[-1] - probe.busy[-2] - (cpu1 - cpu0) - gen_cpu
         res["other_cpu_s"] = round(max(0.0, other), 2)
+        if other > 0.2 * max(seconds, 0.1):
+            res["other_top"] = probe.others()
     return res
 
 
@@ -322,6 +345,7 @@ def idle(t: Target, o: Options, probe: Probe) -> dict[str, Any]:
     if cpu1 is not None and cpu2 is not None:
         res["broker_cpu_idle_pct"] = round((cpu2 - cpu1) / o.idle_hold * 100, 2)
     probe.busy = probe.busy[:2]  # the open phase, for other_cpu_s
+    probe.snaps = probe.snaps[:2]
     res = _finish(res, info["opened"], info["seconds"], cpu0, cpu1, info["cpu"], probe)
     res["broker_rss_kib"] = rss1
     if dropped:
@@ -358,7 +382,7 @@ def wildcard(t: Target, o: Options, probe: Probe) -> dict[str, Any]:
     """
     pattern = t.profile.wildcard_pattern
     if pattern is None:
-        raise ScenarioError(f"{t.profile.name} has no topic wildcards")
+        raise ScenarioSkipped(f"{t.profile.name} has no topic wildcards")
     nsubs = min(o.wildcard_subs, t.profile.wildcard_cap or o.wildcard_subs)
     one = replace(o, subscribers=1, consumer_procs=1, count=o.count or DEFAULT_COUNTS["wildcard"])
     base = fanout(t, replace(one, runid=o.runid + "a"), probe)
@@ -428,12 +452,14 @@ def run_one(name: str, t: Target, o: Options, pid: int | None = None) -> dict[st
     try:
         if name == "tls" and not t.tls:
             if t.profile.tls_port is None:
-                raise ScenarioError(f"{t.profile.name}: no TLS listener in this setup (--tls-port)")
+                raise ScenarioSkipped(f"{t.profile.name}: no TLS listener in this setup (--tls-port)")
             t = replace(t, tls=True, port=t.profile.tls_port)
             base.update(tls=True, port=t.port)
         if name not in SCENARIOS:
             raise ScenarioError(f"unknown scenario {name!r}")
         base.update(SCENARIOS[name](t, o, probe))
+    except ScenarioSkipped as e:
+        base["skipped"] = str(e)
     except (ScenarioError, StompError, OSError) as e:
         base["error"] = str(e)[:500]
     base["wall_s"] = round(time.monotonic() - started, 2)

@@ -39,6 +39,10 @@ class ScenarioError(Exception):
     """A scenario could not complete; the message is the reason."""
 
 
+class ScenarioSkipped(Exception):
+    """The scenario does not apply to this broker setup (no TLS listener, no wildcards)."""
+
+
 class Control:
     """Worker-side end of the control pipe, readable from the event loop."""
 
