@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import itertools
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from twisted.internet.task import LoopingCall
@@ -52,6 +53,7 @@ _STRIPPED_LINES = (b"\nreceipt:", b"\ntransaction:", b"\ncontent-length:")
 # never piles up more than about this per connection before back-pressure.
 FLUSH_THRESHOLD = 128 * 1024
 _VERSION_INDEX = {"1.2": 0, "1.1": 1, "1.0": 2}
+_NONE_UNACKED: Mapping[int, Message] = MappingProxyType({})
 _session_ids = itertools.count(1)
 
 
@@ -145,7 +147,9 @@ class Subscription(Consumer):
         self.id = sub_id
         self.destination = destination
         self.mode = mode
-        self.unacked: dict[int, Message] = {}
+        # Only subscriptions that ack hold unacked messages; the others share
+        # one empty mapping (a million topic subscriptions, 64 bytes each).
+        self.unacked: dict[int, Message] = {} if mode != "auto" else _NONE_UNACKED  # type: ignore[assignment]
         self.private = private
         self.durable = False
         version = session.version
@@ -846,14 +850,13 @@ class StompSession:
             vhost.bind(name, exchange.name, dest.key)
             return queue, False, True
         name = f"amq.sub.{self._token}.{sub_id}"
+        queue = vhost.declare_queue(name, durable=False, auto_delete=True, exclusive_owner=self)
         backlog = self.settings.topic_backlog
-        queue = vhost.declare_queue(
-            name,
-            durable=False,
-            auto_delete=True,
-            exclusive_owner=self,
-            arguments={"x-max-length": backlog, "x-overflow": "drop-head"} if backlog else None,
-        )
+        if backlog:
+            # Bounded like x-max-length + drop-head, without an arguments
+            # dict per subscription.
+            queue.max_length = backlog
+            queue.overflow = "drop-head"
         vhost.bind(name, exchange.name, dest.key)
         return queue, True, False
 
@@ -892,7 +895,8 @@ class StompSession:
         for tag in sub.unacked:
             self.ack_owner.pop(tag, None)
         unacked = list(sub.unacked.values())
-        sub.unacked.clear()
+        if unacked:
+            sub.unacked.clear()
         queue = sub.queue
         if queue is not None:
             queue.remove_consumer(sub, unacked)
@@ -905,7 +909,8 @@ class StompSession:
             del self.subscriptions[sub.id]
         for tag in sub.unacked:
             self.ack_owner.pop(tag, None)
-        sub.unacked.clear()
+        if sub.unacked:
+            sub.unacked.clear()
 
     # -- ACK / NACK ------------------------------------------------------------------
 
