@@ -33,6 +33,9 @@ class Profile:
     max_batch_bytes: int | None = None
     #: Concurrent connection attempts when opening many connections.
     connect_concurrency: int = 200
+    #: Multiplier of the default counts of the throughput scenarios (a fast
+    #: broker needs more messages for a phase of a few seconds).
+    count_scale: float = 1.0
     #: Cap on the many-queues count for brokers that create queues slowly.
     many_queues_cap: int | None = None
     #: Cap on the wildcard scenario's subscriptions (slow subscribe paths).
@@ -61,6 +64,7 @@ PROFILES: dict[str, Profile] = {
         port=61613,
         # QMQ accepts all three spellings; send them all so any build is covered.
         prefetch_headers=("prefetch-count", "activemq.prefetchSize", "prefetch"),
+        count_scale=4.0,
         wildcard_pattern="/topic/nomatch.{i}.*",
         tls_port=61614,
     ),

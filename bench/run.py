@@ -68,6 +68,9 @@ def add_common(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--stalled-seconds", type=float, default=5.0)
     g.add_argument("--max-lead", type=int, default=50_000,
                    help="producer stays <= this many messages ahead of the slowest consumer (0: unbounded)")
+    g.add_argument("--keep-awake", action=argparse.BooleanOptionalAction, default=True,
+                   help="nice-19 spinners on every core during a scenario, so that idle vCPUs "
+                   "do not slow wake-ups (default: on)")
     g.add_argument("--max-seconds", type=float, default=30.0, help="cap on a measured phase")
     g.add_argument("--setup-timeout", type=float, default=20.0)
     g.add_argument("--stall-timeout", type=float, default=10.0)
@@ -94,6 +97,7 @@ def options_from(args: argparse.Namespace, scenario: str) -> Options:
         big_size=args.big_size,
         stalled_seconds=args.stalled_seconds,
         max_lead=args.max_lead,
+        keep_awake=args.keep_awake,
         limits=Limits(args.max_seconds, args.setup_timeout, args.stall_timeout),
     )
 

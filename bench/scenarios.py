@@ -21,6 +21,7 @@ from typing import Any
 
 from loadgen import Limits, Target, consume, hold_idle, hold_wildcards, ping_pong, produce
 from procstat import (
+    CLK_TCK,
     all_process_ticks,
     children_tree,
     cpu_seconds,
@@ -30,7 +31,7 @@ from procstat import (
     top_consumers,
 )
 from stompwire import StompError
-from workers import ScenarioError, ScenarioSkipped, Supervisor, new_shared
+from workers import KeepAwake, ScenarioError, ScenarioSkipped, Supervisor, new_shared
 
 #: Default unit counts; chosen so that each run takes a few seconds on the peers.
 DEFAULT_COUNTS: dict[str, int] = {
@@ -67,6 +68,8 @@ class Options:
     wildcard_per_conn: int = 10_000
     big_size: int = 1 << 20
     stalled_seconds: float = 5.0
+    #: Run nice-19 spinners on every core during the scenario (see KeepAwake).
+    keep_awake: bool = True
     #: Producer stays at most this many messages ahead of the slowest consumer (0: unbounded).
     max_lead: int = 50_000
     limits: Limits = field(default_factory=Limits)
@@ -81,6 +84,8 @@ class Probe:
         self.busy: list[float] = []
         self.snaps: list[dict[int, tuple[int, str]]] = []
         self.mine: set[int] = set()
+        #: PIDs whose CPU is neither broker, generator nor "other" (spinners).
+        self.ignore: list[int] = []
 
     def cpu(self) -> float | None:
         """Return the broker's CPU seconds so far (and note the machine's busy time)."""
@@ -88,6 +93,14 @@ class Probe:
         self.snaps.append(all_process_ticks())
         self.mine.update(children_tree(os.getpid()))  # this harness and its live workers
         return cpu_seconds(self.pid) if self.pid else None
+
+    def ignored_cpu(self) -> float:
+        """CPU seconds of the ignored PIDs during the last phase."""
+        if len(self.snaps) < 2 or not self.ignore:
+            return 0.0
+        a, b = self.snaps[-2], self.snaps[-1]
+        ticks = sum(b.get(p, (0, ""))[0] - a.get(p, (0, ""))[0] for p in self.ignore)
+        return ticks / CLK_TCK
 
     def others(self) -> list[tuple[str, float]]:
         """Processes other than the broker and this harness that used CPU in the last phase."""
@@ -103,8 +116,14 @@ class Probe:
         return rss_kib(self.pid) if self.pid else None
 
 
+#: Scenarios whose default count scales with the profile's ``count_scale``.
+SCALED = {"queue-auto", "queue-ack", "receipt", "fanout", "latency", "tls", "wildcard", "big"}
+
+
 def _count(name: str, o: Options, t: Target) -> int:
     n = o.count or DEFAULT_COUNTS[name]
+    if not o.count and name in SCALED:
+        n = int(n * t.profile.count_scale)
     if name == "idle" and o.idle_conns:
         n = o.idle_conns
     if name == "many-queues" and not o.count and t.profile.many_queues_cap:
@@ -132,7 +151,7 @@ def _finish(
     res["broker_rss_kib"] = probe.rss()
     if len(probe.busy) >= 2 and cpu0 is not None and cpu1 is not None:
         # CPU used by anything else on the machine during the phase (noise gauge).
-        other = probe.busy[-1] - probe.busy[-2] - (cpu1 - cpu0) - gen_cpu
+        other = probe.busy[-1] - probe.busy[-2] - (cpu1 - cpu0) - gen_cpu - probe.ignored_cpu()
         res["other_cpu_s"] = round(max(0.0, other), 2)
         if other > 0.2 * max(seconds, 0.1):
             res["other_top"] = probe.others()
@@ -384,7 +403,7 @@ def wildcard(t: Target, o: Options, probe: Probe) -> dict[str, Any]:
     if pattern is None:
         raise ScenarioSkipped(f"{t.profile.name} has no topic wildcards")
     nsubs = min(o.wildcard_subs, t.profile.wildcard_cap or o.wildcard_subs)
-    one = replace(o, subscribers=1, consumer_procs=1, count=o.count or DEFAULT_COUNTS["wildcard"])
+    one = replace(o, subscribers=1, consumer_procs=1, count=_count("wildcard", o, t))
     base = fanout(t, replace(one, runid=o.runid + "a"), probe)
     lim = o.limits
     rss0 = probe.rss()
@@ -457,7 +476,13 @@ def run_one(name: str, t: Target, o: Options, pid: int | None = None) -> dict[st
             base.update(tls=True, port=t.port)
         if name not in SCENARIOS:
             raise ScenarioError(f"unknown scenario {name!r}")
-        base.update(SCENARIOS[name](t, o, probe))
+        if o.keep_awake:
+            with KeepAwake() as spinners:
+                probe.ignore = spinners.pids
+                base["keep_awake"] = spinners.n
+                base.update(SCENARIOS[name](t, o, probe))
+        else:
+            base.update(SCENARIOS[name](t, o, probe))
     except ScenarioSkipped as e:
         base["skipped"] = str(e)
     except (ScenarioError, StompError, OSError) as e:
