@@ -68,9 +68,10 @@ def add_common(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--stalled-seconds", type=float, default=5.0)
     g.add_argument("--max-lead", type=int, default=50_000,
                    help="producer stays <= this many messages ahead of the slowest consumer (0: unbounded)")
-    g.add_argument("--keep-awake", action=argparse.BooleanOptionalAction, default=True,
-                   help="nice-19 spinners on every core during a scenario, so that idle vCPUs "
-                   "do not slow wake-ups (default: on)")
+    g.add_argument("--keep-awake", action=argparse.BooleanOptionalAction, default=False,
+                   help="SCHED_IDLE spinners on every core during a scenario, so that idle vCPUs "
+                   "do not slow wake-ups (default: off; helps lock-step exchanges, hurts some "
+                   "multi-threaded brokers)")
     g.add_argument("--max-seconds", type=float, default=30.0, help="cap on a measured phase")
     g.add_argument("--setup-timeout", type=float, default=20.0)
     g.add_argument("--stall-timeout", type=float, default=10.0)

@@ -69,7 +69,7 @@ class Options:
     big_size: int = 1 << 20
     stalled_seconds: float = 5.0
     #: Run nice-19 spinners on every core during the scenario (see KeepAwake).
-    keep_awake: bool = True
+    keep_awake: bool = False
     #: Producer stays at most this many messages ahead of the slowest consumer (0: unbounded).
     max_lead: int = 50_000
     limits: Limits = field(default_factory=Limits)

@@ -211,8 +211,16 @@ class Supervisor:
 
 
 def _spin(parent: int, max_seconds: float) -> None:
-    """Burn idle CPU at the lowest priority until told to stop (or orphaned)."""
-    os.nice(19)
+    """Burn idle CPU at the lowest priority until told to stop (or orphaned).
+
+    SCHED_IDLE, not just nice 19: a waking normal task preempts a SCHED_IDLE
+    one at once, whereas a nice-19 task may keep the core for a scheduler
+    slice (milliseconds), which stalls brokers that hand work between threads.
+    """
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        os.nice(19)
     deadline = time.monotonic() + max_seconds
     while time.monotonic() < deadline and os.getppid() == parent:
         for _ in range(200_000):
@@ -220,13 +228,13 @@ def _spin(parent: int, max_seconds: float) -> None:
 
 
 class KeepAwake:
-    """Keep every core busy with nice-19 spinners while a scenario runs.
+    """Keep every core busy with SCHED_IDLE spinners while a scenario runs.
 
     A virtual machine whose vCPUs go idle wakes up slowly (tens of µs per
     wake-up), which dominates lock-step protocols (ping-pong, one unacked
-    message). Spinners at nice 19 keep the vCPUs running while getting only
-    about 1.5 % of a core when anything else wants it. Opt-in: it changes
-    the conditions, so compare runs with and without it separately.
+    message). Spinners in the SCHED_IDLE class keep the vCPUs running and
+    give way at once to any other runnable task. It changes the conditions:
+    compare runs with and without it separately.
     """
 
     def __init__(self, n: int | None = None, max_seconds: float = 3600.0) -> None:
