@@ -151,6 +151,38 @@ def render_table(results: list[dict[str, Any]]) -> str:
     return "\n".join(out) + "\n"
 
 
+def render_rst(results: list[dict[str, Any]], blank: set[str] | None = None, order: list[str] | None = None) -> str:
+    """Return the medians as a reST simple table (columns in ``blank`` say "pending")."""
+    brokers, cells = summarize(results)
+    if order:
+        brokers = [b for b in order if b in brokers or b in (blank or set())]
+    blank = blank or set()
+    head = ["figure (median of reps)", *brokers]
+    rows: list[list[str]] = []
+    for label, _, _, higher in ROWS:
+        if not any((label, b) in cells for b in brokers):
+            continue
+        row = [label + ("" if higher else " (lower is better)")]
+        for b in brokers:
+            c = cells.get((label, b))
+            if b in blank:
+                row.append("*pending*")
+            elif c is None:
+                row.append("")
+            elif c["median"] is None:
+                row.append("n/a" if c["skipped"] and not c["errors"] else "error")
+            else:
+                row.append(_fmt(c["median"]))
+        rows.append(row)
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    rule = "  ".join("=" * w for w in widths)
+
+    def line(cols: list[str]) -> str:
+        return "  ".join(c.ljust(widths[i]) for i, c in enumerate(cols)).rstrip()
+
+    return "\n".join([rule, line(head), rule, *[line(r) for r in rows], rule]) + "\n"
+
+
 def render_chart(results: list[dict[str, Any]], path: Path, title: str = "") -> None:
     """Write a PNG with one small bar chart per table row."""
     import matplotlib
@@ -167,12 +199,13 @@ def render_chart(results: list[dict[str, Any]], path: Path, title: str = "") -> 
     fig, axes = plt.subplots(nrow, ncol, figsize=(4 * ncol, 2.8 * nrow), squeeze=False)
     colors = {"qmq": "#d62728", "rabbitmq": "#ff7f0e", "activemq": "#1f77b4", "coilmq": "#2ca02c"}
     for ax, (label, _, _, higher) in zip(axes.flat, rows, strict=False):
-        vals = [cells.get((label, b), {}).get("median") or 0 for b in brokers]
+        raw = [cells.get((label, b), {}).get("median") for b in brokers]
+        vals = [v or 0 for v in raw]
         ax.bar(brokers, vals, color=[colors.get(b, "#7f7f7f") for b in brokers])
         ax.set_title(label + ("" if higher else " (lower is better)"), fontsize=9)
         ax.tick_params(labelsize=8)
-        for i, v in enumerate(vals):
-            ax.text(i, v, _fmt(v) if v else "n/a", ha="center", va="bottom", fontsize=7)
+        for i, v in enumerate(raw):
+            ax.text(i, v or 0, "n/a" if v is None else _fmt(v), ha="center", va="bottom", fontsize=7)
     for ax in list(axes.flat)[len(rows) :]:
         ax.axis("off")
     if title:
@@ -187,9 +220,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("jsonl", nargs="+", type=Path)
     ap.add_argument("--png", type=Path, help="also write this chart")
+    ap.add_argument("--rst", action="store_true", help="print a reST table instead")
+    ap.add_argument("--pending", default="", help="with --rst: comma list of brokers shown as pending")
+    ap.add_argument("--order", default="", help="with --rst: comma list, column order")
     args = ap.parse_args(argv)
     results = load(args.jsonl)
-    sys.stdout.write(render_table(results))
+    if args.rst:
+        pending = {b for b in args.pending.split(",") if b}
+        order = [b for b in args.order.split(",") if b] or None
+        sys.stdout.write(render_rst(results, pending, order))
+    else:
+        sys.stdout.write(render_table(results))
     if args.png:
         render_chart(results, args.png)
     return 0
