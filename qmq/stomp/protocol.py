@@ -9,9 +9,10 @@ deliveries instead of growing the broker's memory.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from twisted.internet import defer
+from twisted.internet import defer, tcp
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
@@ -37,6 +38,45 @@ def _peer_name(transport: Any) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def direct_writer(transport: Any) -> Callable[[bytes], None]:
+    """A write function for C{transport} that skips a reactor turn when it can.
+
+    Twisted's TCP transport buffers every write and sends it on the next
+    reactor iteration, after registering the socket for writability and
+    before unregistering it: two C{epoll_ctl} calls and a loop turn for every
+    batch. The session already writes one batch per turn, so when nothing is
+    pending in the transport this sends the batch at once and leaves only
+    what the kernel did not take to Twisted's buffering (and to its
+    producer/consumer back-pressure). Other transports (TLS, unix sockets,
+    test transports) get their own C{write}.
+    """
+    write = transport.write
+    if type(transport) is not tcp.Server:
+        return write  # type: ignore[no-any-return]
+    sock = transport.socket
+
+    def send(data: bytes) -> None:
+        if (
+            transport._tempDataLen
+            or len(transport.dataBuffer) > transport.offset
+            or not transport.connected
+            or transport.disconnecting
+        ):
+            write(data)
+            return
+        try:
+            sent = sock.send(data)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            write(data)  # let Twisted meet the error and close the connection
+            return
+        if sent < len(data):
+            write(data[sent:])
+
+    return send
+
+
 @implementer(IPushProducer)
 class StompProtocol(Protocol):
     """A STOMP connection over a stream transport."""
@@ -54,7 +94,7 @@ class StompProtocol(Protocol):
         self.session = StompSession(
             factory.broker,
             factory.settings,
-            transport.write,  # type: ignore[union-attr]
+            direct_writer(transport),
             transport.loseConnection,  # type: ignore[union-attr]
             clock=factory.clock,
             peer=self.peer,
