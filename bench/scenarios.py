@@ -287,7 +287,8 @@ def fanout(t: Target, o: Options, probe: Probe, stalled: int = 0) -> dict[str, A
     }
     if stalled:
         res["stalled_subscribers"] = stalled
-        res["producer_blocked_s"] = prods[0].get("blocked_s")
+        res["producer_longest_block_s"] = prods[0].get("longest_block_s")
+        res["producer_blocked_at_end"] = prods[0].get("blocked", False)
         res["last_delivery_s"] = round(last_delivery, 3)
         res["publish_rate"] = round(prods[0]["sent"] / lim.max_seconds, 1)
     gen = sum(c["cpu"] for c in cons) + prods[0]["cpu"]
