@@ -397,7 +397,9 @@ async def _stream(
                 await asyncio.wait_for(proto.drain(), wait)
             except TimeoutError as e:
                 if block_ok:
-                    blocked = truncated = True
+                    # Held by flow control until the deadline (> 1 s: not mere back-pressure).
+                    blocked = time.monotonic() - w0 >= 1.0
+                    truncated = True
                     break
                 raise StompError(f"producer blocked for {lim.stall:.0f}s at {sent} frames") from e
             finally:
