@@ -294,10 +294,10 @@ async def produce(
     """Send ``n`` SEND frames to ``dest`` (``{i}`` in it makes one per frame).
 
     ``receipt_window`` None streams frames with TCP flow control only, unless
-    the profile caps unreceipted frames (coilmq): then batches of up to
-    ``max_unreceipted`` frames end with a receipt that must return before the
-    next batch. An integer puts a receipt on every frame and keeps that many
-    outstanding. ``block_ok``: being blocked by the broker's flow control until
+    the profile caps unreceipted frames (coilmq): then each batch of up to
+    half the cap (in frames and bytes) ends with a receipt, and two batches
+    are in flight. An integer puts a receipt on every frame and keeps that
+    many outstanding (at most the cap). ``block_ok``: being blocked by the broker's flow control until
     the deadline is a result (``blocked``), not an error. With ``shared``
     (consumer progress) and ``max_lead`` > 0, never run more than
     ``max_lead`` messages ahead of the slowest consumer.
