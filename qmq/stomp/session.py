@@ -102,6 +102,39 @@ def encode_message_headers(message: Message, destination: str | None = None) -> 
     return block
 
 
+def relay_block(raw: bytes, message: Message, destination: str) -> bytes | tuple:
+    """The MESSAGE header block made from a SEND's raw header lines.
+
+    The lines that describe the SEND frame (receipt, transaction,
+    content-length) are removed; the rest is relayed as received.
+    """
+    if raw.count(b":") != raw.count(b"\n") - 1:
+        # A colon inside a value (sent unescaped by a STOMP 1.0 client):
+        # encode properly for 1.1/1.2 receivers.
+        return encode_message_headers(message, destination)
+    block = raw
+    for line in _STRIPPED_LINES:
+        if line in block:
+            block = _strip_header(block, line)
+    return block
+
+
+def _block_for_version(message: Message, cached: tuple, version_index: int) -> bytes:
+    """The header block of C{message} for a receiver, from a tuple cache.
+
+    A 3-tuple holds the block per STOMP version (L{_VERSION_INDEX}); a
+    2-tuple (raw header lines, destination) is a SEND's block not yet
+    stripped of its frame lines, done here on first delivery and cached.
+    """
+    if len(cached) == 2:
+        block = relay_block(cached[0], message, cached[1])
+        message.cache = block
+        if block.__class__ is not tuple:
+            return block  # type: ignore[return-value]
+        cached = block  # type: ignore[assignment]
+    return cached[version_index]  # type: ignore[no-any-return]
+
+
 def _strip_header(block: bytes, key: bytes) -> bytes:
     """Remove every C{key} line (C{b"\\nname:"}) from a raw header block."""
     i = block.find(key)
@@ -169,7 +202,7 @@ class Subscription(Consumer):
         if block is None:
             block = encode_message_headers(message)
         if block.__class__ is tuple:
-            block = block[session.version_index]
+            block = _block_for_version(message, block, session.version_index)
         if message.delivery_count:
             block = b"\nredelivered:true\nx-delivery-count:%d%s" % (message.delivery_count, block)
         body = message.body
@@ -710,10 +743,16 @@ class StompSession:
         else:
             # Producers repeat the same header block; the parser hands back
             # the same bytes object for it, so this lookup is cheap.
-            block = None if unique else self._blocks.get(raw)
-            if block is None:
-                block = self._relay_block(raw, message, text, not unique)
-            message.cache = block
+            if unique:
+                # A receipt or transaction line makes the block unique to
+                # this frame: strip it when (if ever) the message is
+                # delivered, not now (see _block_for_version).
+                message.cache = (raw, text)
+            else:
+                block = self._blocks.get(raw)
+                if block is None:
+                    block = self._relay_block(raw, message, text)
+                message.cache = block
         if queue is not None:
             queue.publish(message)
         else:
@@ -721,24 +760,12 @@ class StompSession:
                 q.publish(message)
         return None
 
-    def _relay_block(
-        self, raw: bytes, message: Message, destination: str, cache: bool
-    ) -> bytes | tuple:
-        """The MESSAGE header block for a SEND's raw header lines.
-
-        Blocks that will repeat are cached; one with a receipt or
-        transaction line is unique to its frame and is not.
-        """
-        if raw.count(b":") != raw.count(b"\n") - 1:
-            # A colon inside a value (sent unescaped by a STOMP 1.0 client):
-            # encode properly for 1.1/1.2 receivers; not cached.
-            return encode_message_headers(message, destination)
-        block = raw
-        for line in _STRIPPED_LINES:
-            if line in block:
-                block = _strip_header(block, line)
-        if not cache:
-            return block
+    def _relay_block(self, raw: bytes, message: Message, destination: str) -> bytes | tuple:
+        """The MESSAGE header block for a SEND's raw header lines, cached
+        per raw block (a producer repeats its header block)."""
+        block = relay_block(raw, message, destination)
+        if block.__class__ is tuple:
+            return block  # re-encoded: depends on the message, not cached
         blocks = self._blocks
         if len(blocks) >= 256:
             blocks.clear()
