@@ -16,6 +16,7 @@ from twisted.internet import defer, tcp
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
+from twisted.protocols.tls import TLSMemoryBIOProtocol
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
@@ -77,6 +78,27 @@ def direct_writer(transport: Any) -> Callable[[bytes], None]:
     return send
 
 
+def hold_batches_per_read(tls: TLSMemoryBIOProtocol, batcher: Any) -> None:
+    """Batch writes over a whole TCP read of a TLS connection.
+
+    Twisted's TLS layer hands the decrypted bytes of one TCP read to the
+    protocol one TLS record (at most 16 KiB) at a time, so the session would
+    flush its deliveries, and encrypt them, once per record. Holding the
+    write batcher around the TLS layer's own C{dataReceived} makes that one
+    flush (and one TLS write) per TCP read, as over plain TCP.
+    """
+    inner = tls.dataReceived
+
+    def dataReceived(data: bytes) -> None:
+        batcher.hold()
+        try:
+            inner(data)
+        finally:
+            batcher.release()
+
+    tls.dataReceived = dataReceived  # type: ignore[method-assign]
+
+
 @implementer(IPushProducer)
 class StompProtocol(Protocol):
     """A STOMP connection over a stream transport."""
@@ -100,6 +122,8 @@ class StompProtocol(Protocol):
             peer=self.peer,
         )
         self.dataReceived = self.session.data_received  # type: ignore[method-assign]
+        if isinstance(transport, TLSMemoryBIOProtocol):
+            hold_batches_per_read(transport, factory.broker.batcher)
         transport.registerProducer(self, True)  # type: ignore[union-attr]
         factory.connections.add(self)
         log.info("connection open protocol=stomp peer={peer} session={session}",
