@@ -157,13 +157,17 @@ class TopicExchange(Exchange):
         self._root = _Node()
         self._cache: dict[str, tuple] = {}
 
-    def bind(self, queue: Queue, routing_key: str, arguments: dict | None) -> bool:
+    @staticmethod
+    def _split_pattern(routing_key: str) -> tuple[list[str], str | None]:
+        """The words of a binding pattern, and the prefix of a final C{foo*} word."""
         words = routing_key.split(".")
         last = words[-1]
-        prefix = None
         if len(last) > 1 and last.endswith("*"):
-            prefix = last[:-1]
-            words = words[:-1]
+            return words[:-1], last[:-1]
+        return words, None
+
+    def bind(self, queue: Queue, routing_key: str, arguments: dict | None) -> bool:
+        words, prefix = self._split_pattern(routing_key)
         node = self._root
         for w in words:
             node = self._child(node, w)
@@ -202,12 +206,7 @@ class TopicExchange(Exchange):
         return child
 
     def unbind(self, queue: Queue, routing_key: str, arguments: dict | None) -> bool:
-        words = routing_key.split(".")
-        last = words[-1]
-        prefix = None
-        if len(last) > 1 and last.endswith("*"):
-            prefix = last[:-1]
-            words = words[:-1]
+        words, prefix = self._split_pattern(routing_key)
         path: list[tuple[_Node, str]] = []
         node: _Node | None = self._root
         for w in words:
