@@ -83,10 +83,14 @@ def encode_message_headers(message: Message, destination: str | None = None) -> 
     case), else a tuple of the 1.2, 1.1 and 1.0 forms (L{_VERSION_INDEX}).
     The result is cached on the message.
     """
-    if destination is None:
-        destination = destination_of(message.exchange, message.routing_key)
-    items = [("destination", destination)]
     headers = message.headers
+    if destination is None:
+        # The destination a STOMP publisher named, else the one its
+        # exchange and routing key name.
+        destination = (headers or {}).get("destination") or destination_of(
+            message.exchange, message.routing_key
+        )
+    items = [("destination", destination)]
     if headers:
         items.extend(kv for kv in headers.items() if kv[0] != "destination")
     raw = "".join([f"\n{k}:{v}" for k, v in items])
@@ -102,7 +106,7 @@ def encode_message_headers(message: Message, destination: str | None = None) -> 
     return block
 
 
-def relay_block(raw: bytes, message: Message, destination: str) -> bytes | tuple:
+def relay_block(raw: bytes, message: Message, destination: str | None) -> bytes | tuple:
     """The MESSAGE header block made from a SEND's raw header lines.
 
     The lines that describe the SEND frame (receipt, transaction,
@@ -123,11 +127,11 @@ def _block_for_version(message: Message, cached: tuple, version_index: int) -> b
     """The header block of C{message} for a receiver, from a tuple cache.
 
     A 3-tuple holds the block per STOMP version (L{_VERSION_INDEX}); a
-    2-tuple (raw header lines, destination) is a SEND's block not yet
-    stripped of its frame lines, done here on first delivery and cached.
+    1-tuple holds a SEND's raw header lines not yet stripped of its frame
+    lines, done here on first delivery and cached.
     """
-    if len(cached) == 2:
-        block = relay_block(cached[0], message, cached[1])
+    if len(cached) == 1:
+        block = relay_block(cached[0], message, None)
         message.cache = block
         if block.__class__ is not tuple:
             return block  # type: ignore[return-value]
@@ -747,7 +751,7 @@ class StompSession:
                 # A receipt or transaction line makes the block unique to
                 # this frame: strip it when (if ever) the message is
                 # delivered, not now (see _block_for_version).
-                message.cache = (raw, text)
+                message.cache = (raw,)
             else:
                 block = self._blocks.get(raw)
                 if block is None:
