@@ -679,16 +679,44 @@ class SendSubscribeTests(SessionTestCase):
         [m] = c.messages()
         self.assertEqual(m.headers["destination"], "/topic/a.b")
 
-    def test_topic_subscription_queue_removed(self) -> None:
-        """A non-durable topic subscription's queue goes with it."""
+    def test_live_topic_subscription(self) -> None:
+        """An ack:auto topic subscription is bound to the exchange itself: no
+        queue is made for it, and its binding goes with it."""
+        topic = self.vhost.exchange("amq.topic")
         c = self.client()
         c.subscribe("/topic/t", "s1")
+        self.assertEqual([n for n in self.vhost.queues if n.startswith("amq.sub.")], [])
+        self.assertEqual(topic.binding_count, 1)
+        c.publish("/topic/t", b"1")
+        self.assertEqual(c.bodies(), [b"1"])
+        c.send("UNSUBSCRIBE", {"id": "s1"})
+        self.assertEqual(topic.binding_count, 0)
+        c.publish("/topic/t", b"2")
+        self.assertEqual(c.read(), [])
+        d = self.client()
+        d.subscribe("/topic/t", "s1")
+        d.close()
+        self.assertEqual(topic.binding_count, 0)
+
+    def test_live_subscription_auto_delete_exchange(self) -> None:
+        """The last live subscription leaving deletes an auto-delete exchange."""
+        self.vhost.declare_exchange("events", "topic", auto_delete=True)
+        c = self.client()
+        c.subscribe("/exchange/events/a.*", "s1")
+        c.send("UNSUBSCRIBE", {"id": "s1"})
+        self.assertNotIn("events", self.vhost.exchanges)
+
+    def test_topic_subscription_queue_removed(self) -> None:
+        """A non-durable topic subscription that acks has a private queue,
+        which goes with it."""
+        c = self.client()
+        c.subscribe("/topic/t", "s1", ack="client")
         names = [n for n in self.vhost.queues if n.startswith("amq.sub.")]
         self.assertEqual(len(names), 1)
         c.send("UNSUBSCRIBE", {"id": "s1"})
         self.assertNotIn(names[0], self.vhost.queues)
         d = self.client()
-        d.subscribe("/topic/t", "s1")
+        d.subscribe("/topic/t", "s1", ack="client")
         d.close()
         self.assertEqual([n for n in self.vhost.queues if n.startswith("amq.sub.")], [])
 

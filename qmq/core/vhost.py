@@ -135,7 +135,7 @@ class VirtualHost:
         if queue.bindings:
             for exchange, key, args in list(queue.bindings):
                 exchange.unbind(queue, key, args)
-                self._maybe_auto_delete_exchange(exchange)
+                self.maybe_auto_delete_exchange(exchange)
             queue.bindings = None
         count = len(queue)
         for consumer in queue.detach_all():
@@ -171,9 +171,10 @@ class VirtualHost:
                 if b[0] is ex and b[1] == routing_key and b[2] == arguments:
                     del q.bindings[i]
                     break
-            self._maybe_auto_delete_exchange(ex)
+            self.maybe_auto_delete_exchange(ex)
 
-    def _maybe_auto_delete_exchange(self, exchange: Exchange) -> None:
+    def maybe_auto_delete_exchange(self, exchange: Exchange) -> None:
+        """Delete C{exchange} if it is auto-delete and has no binding left."""
         if exchange.auto_delete and exchange.binding_count == 0:
             self.exchanges.pop(exchange.name, None)
             exchange.deleted = True

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import secrets
+from collections import deque
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
@@ -34,6 +35,7 @@ from qmq import __version__
 from qmq.core.broker import Broker
 from qmq.core.consumer import Consumer
 from qmq.core.errors import BrokerError
+from qmq.core.exchange import Exchange
 from qmq.core.message import Message
 from qmq.core.queue import Queue
 from qmq.core.vhost import VirtualHost
@@ -168,6 +170,8 @@ class Subscription(Consumer):
         "durable",
         "prefix",
         "ack_line",
+        "exchange",
+        "backlog",
     )
 
     def __init__(
@@ -189,6 +193,8 @@ class Subscription(Consumer):
         self.unacked: dict[int, Message] = {} if mode != "auto" else _NONE_UNACKED  # type: ignore[assignment]
         self.private = private
         self.durable = False
+        self.exchange: Exchange | None = None
+        self.backlog: deque[Message] | None = None
         version = session.version
         sid = session.id
         self.prefix = (
@@ -229,6 +235,31 @@ class Subscription(Consumer):
 
     def cancelled(self) -> None:
         self.session.subscription_cancelled(self)
+
+    # A live subscription: bound straight to an exchange, with no queue.
+
+    def publish(self, message: Message) -> None:
+        """A message routed to this subscription by the exchange it is bound to.
+
+        Delivered at once, unless the client's transport is paused: then it
+        waits in a backlog made on demand and bounded by C{topic_backlog}
+        (the oldest messages go first), drained by L{drain_backlog}.
+        """
+        backlog = self.backlog
+        if backlog is None:
+            if not self.paused:
+                self.deliver(message, None)  # type: ignore[arg-type]
+                return
+            backlog = self.backlog = deque(maxlen=self.session.settings.topic_backlog or None)
+        backlog.append(message)
+
+    def drain_backlog(self) -> None:
+        """Deliver what waited while the transport was paused."""
+        backlog = self.backlog
+        while backlog and not self.paused:
+            self.deliver(backlog.popleft(), None)  # type: ignore[arg-type]
+        if not backlog:
+            self.backlog = None
 
 
 class StompSession:
@@ -398,6 +429,8 @@ class StompSession:
             sub.paused = False
             if sub.queue is not None:
                 sub.queue.drain()
+            elif sub.backlog:
+                sub.drain_backlog()
 
     def connection_lost(self) -> None:
         """The connection is gone: undo what the session held (once)."""
@@ -800,8 +833,10 @@ class StompSession:
             queue = vhost.queues.get(path[24:])
             return [("num-subscribers", str(len(queue.consumers) if queue is not None else 0))]
         if path.startswith("count-subscribers/topic/"):
-            queues = vhost.exchange("amq.topic").route(path[24:], None)
-            return [("num-subscribers", str(sum(len(q.consumers) for q in queues)))]
+            targets = vhost.exchange("amq.topic").route(path[24:], None)
+            # Queues count their consumers; a live subscription counts one.
+            count = sum(len(t.consumers) if isinstance(t, Queue) else 1 for t in targets)
+            return [("num-subscribers", str(count))]
         raise StompError(
             "unknown control destination",
             f"Unknown control destination '/control/{path}'; QMQ answers "
@@ -829,6 +864,11 @@ class StompSession:
                 "invalid ack mode", f"ack must be one of {', '.join(ACK_MODES)}, got {mode!r}."
             )
         prefetch = self._prefetch(h) if mode != "auto" else None
+        if mode == "auto" and self._durable_name(h, sub_id) is None:
+            dest = self._parse_destination(text)
+            if dest.kind in ("topic", "exchange"):
+                self._live_subscription(frame, text, sub_id, dest.name, dest.key)
+                return
         queue, private, durable = self._subscription_queue(frame, text, sub_id)
         if queue.exclusive_owner is not None and queue.exclusive_owner is not self:
             raise StompError("access refused", f"Queue {queue.name!r} belongs to another session.")
@@ -837,6 +877,24 @@ class StompSession:
         self.subscriptions[sub_id] = sub
         self._receipt(frame)
         queue.add_consumer(sub)
+
+    def _live_subscription(
+        self, frame: Frame, text: str, sub_id: str, exchange_name: str, key: str
+    ) -> None:
+        """An C{ack:auto}, non-durable topic or exchange subscription.
+
+        Nothing is ever acknowledged or redelivered on it and nothing of it
+        outlives the subscription, so instead of a private queue bound to the
+        exchange it is bound to the exchange itself, as a live consumer (see
+        L{Subscription.publish}): a few hundred bytes per subscription, so a
+        million of them fit.
+        """
+        exchange = self.vhost.exchange(exchange_name)
+        sub = Subscription(self, sub_id, text, "auto", None, private=True)
+        self.subscriptions[sub_id] = sub
+        self._receipt(frame)
+        exchange.bind(sub, key, None)  # type: ignore[arg-type]
+        sub.exchange = exchange
 
     def _prefetch(self, h: dict[str, str]) -> int | None:
         for name in PREFETCH_HEADERS:
@@ -923,6 +981,13 @@ class StompSession:
         self._receipt(frame)
 
     def _drop_subscription(self, sub: Subscription) -> None:
+        exchange = sub.exchange
+        if exchange is not None:
+            sub.exchange = None
+            sub.backlog = None
+            exchange.unbind(sub, parse_destination(sub.destination).key, None)  # type: ignore[arg-type]
+            self.vhost.maybe_auto_delete_exchange(exchange)
+            return
         for tag in sub.unacked:
             self.ack_owner.pop(tag, None)
         unacked = list(sub.unacked.values())
