@@ -3,7 +3,7 @@
 Parses 200,000 SEND frames (4 headers, 100-byte bodies) fed in 64 KiB chunks,
 then encodes as many MESSAGE frames, and prints the rates.
 
-    /work/venv/bin/python bench/codec_speed.py [--frames N] [--crlf] [--no-length]
+    python bench/codec_speed.py [--frames N] [--crlf] [--no-length]
 """
 
 from __future__ import annotations
