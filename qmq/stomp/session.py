@@ -890,7 +890,7 @@ class StompSession:
         million of them fit.
         """
         exchange = self.vhost.exchange(exchange_name)
-        sub = Subscription(self, sub_id, text, "auto", None, private=True)
+        sub = Subscription(self, sub_id, text, "auto", None, private=False)
         self.subscriptions[sub_id] = sub
         self._receipt(frame)
         exchange.bind(sub, key, None)  # type: ignore[arg-type]
@@ -988,11 +988,7 @@ class StompSession:
             exchange.unbind(sub, parse_destination(sub.destination).key, None)  # type: ignore[arg-type]
             self.vhost.maybe_auto_delete_exchange(exchange)
             return
-        for tag in sub.unacked:
-            self.ack_owner.pop(tag, None)
-        unacked = list(sub.unacked.values())
-        if unacked:
-            sub.unacked.clear()
+        unacked = self._forget_unacked(sub)
         queue = sub.queue
         if queue is not None:
             queue.remove_consumer(sub, unacked)
@@ -1003,10 +999,16 @@ class StompSession:
         """The queue under C{sub} was deleted by someone else."""
         if self.subscriptions.get(sub.id) is sub:
             del self.subscriptions[sub.id]
+        self._forget_unacked(sub)
+
+    def _forget_unacked(self, sub: Subscription) -> list[Message]:
+        """Stop tracking C{sub}'s unacknowledged deliveries; return their messages."""
         for tag in sub.unacked:
             self.ack_owner.pop(tag, None)
-        if sub.unacked:
+        unacked = list(sub.unacked.values())
+        if unacked:
             sub.unacked.clear()
+        return unacked
 
     # -- ACK / NACK ------------------------------------------------------------------
 
