@@ -21,8 +21,10 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from qmq.core.broker import Broker
+from qmq.stomp.reader import StompReader
 from qmq.stomp.session import StompSession
 from qmq.stomp.settings import StompSettings
+from qmq.transport import ITransport
 
 log = Logger()
 
@@ -99,29 +101,27 @@ def hold_batches_per_read(tls: TLSMemoryBIOProtocol, batcher: Any) -> None:
     tls.dataReceived = dataReceived  # type: ignore[method-assign]
 
 
-@implementer(IPushProducer)
+@implementer(IPushProducer, ITransport)
 class StompProtocol(Protocol):
-    """A STOMP connection over a stream transport."""
+    """A STOMP connection over a stream transport: the session's L{ITransport}."""
 
     session: StompSession
+    heartbeats = True
+    identity = None
 
     def __init__(self, factory: StompFactory) -> None:
         self.factory = factory
         self.peer = "?"
+        self._write = None
 
     def connectionMade(self) -> None:
         factory = self.factory
         transport = self.transport
         self.peer = _peer_name(transport)
-        self.session = StompSession(
-            factory.broker,
-            factory.settings,
-            direct_writer(transport),
-            transport.loseConnection,  # type: ignore[union-attr]
-            clock=factory.clock,
-            peer=self.peer,
-        )
-        self.dataReceived = self.session.data_received  # type: ignore[method-assign]
+        self._write = direct_writer(transport)
+        self.session = StompSession(factory.broker, factory.settings, self, clock=factory.clock)
+        self.reader = StompReader(self.session)
+        self.dataReceived = self.reader.data_received  # type: ignore[method-assign]
         if isinstance(transport, TLSMemoryBIOProtocol):
             hold_batches_per_read(transport, factory.broker.batcher)
         transport.registerProducer(self, True)  # type: ignore[union-attr]
@@ -130,7 +130,7 @@ class StompProtocol(Protocol):
                  peer=self.peer, session=self.session.id)
 
     def dataReceived(self, data: bytes) -> None:  # replaced per instance in connectionMade
-        self.session.data_received(data)
+        self.reader.data_received(data)
 
     def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
         session = self.session
@@ -140,6 +140,19 @@ class StompProtocol(Protocol):
                  peer=self.peer, session=session.id,
                  reason=reason.getErrorMessage() if reason is not None else "")
         self.factory._lost(self)
+
+    # ITransport: what the session calls.
+    def write_frames(self, frames: list[bytes]) -> None:
+        self._write(frames[0] if len(frames) == 1 else b"".join(frames))  # type: ignore[misc]
+
+    def close(self, reason: str) -> None:
+        self.transport.loseConnection()  # type: ignore[union-attr]
+
+    def pause_reading(self) -> None:
+        self.transport.pauseProducing()  # type: ignore[union-attr]
+
+    def resume_reading(self) -> None:
+        self.transport.resumeProducing()  # type: ignore[union-attr]
 
     # IPushProducer: the transport tells us when its buffer is full or drained.
     def pauseProducing(self) -> None:

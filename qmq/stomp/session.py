@@ -40,8 +40,9 @@ from qmq.core.message import Message
 from qmq.core.queue import Queue
 from qmq.core.vhost import VirtualHost
 from qmq.stomp.destination import DestinationError, destination_of, parse_destination
-from qmq.stomp.frame import Frame, FrameError, StompParser, encode_frame, escape_header
+from qmq.stomp.frame import Frame, FrameError, encode_frame, escape_header
 from qmq.stomp.settings import StompSettings
+from qmq.transport import ITransport
 
 log = Logger()
 
@@ -276,19 +277,15 @@ class StompSession:
         self,
         broker: Broker,
         settings: StompSettings,
-        write: Callable[[bytes], Any],
-        close: Callable[[], Any],
+        transport: ITransport,
         clock: Any = None,
-        heartbeats: bool = True,
-        peer: str = "",
     ) -> None:
         self.broker = broker
         self.settings = settings
         self.clock = clock if clock is not None else broker.clock
-        self._write = write
-        self._close = close
-        self.heartbeats_supported = heartbeats
-        self.peer = peer
+        self.transport = transport
+        self.heartbeats_supported = transport.heartbeats
+        self.peer = transport.peer
         self.id = f"{next(_session_ids):x}"
         self.version = "1.0"
         self.version_index = 2
@@ -308,12 +305,6 @@ class StompSession:
         self.ack_owner: dict[int, Subscription] = {}
         self.transactions: dict[str, list[tuple[str, Frame]]] = {}
         self.temp_queues: dict[str, Queue] = {}
-        self.parser = StompParser(
-            max_body_size=settings.max_body_size,
-            max_headers=settings.max_headers,
-            max_header_line=settings.max_header_line,
-            max_header_block=settings.max_header_block,
-        )
         self._batcher = broker.batcher
         self._out: list[bytes] = []
         self._out_size = 0
@@ -322,9 +313,9 @@ class StompSession:
         self._blocks: dict[bytes, bytes] = {}
         self._seconds = self.clock.seconds
         self._msgid_prefix = self.id + "-"
-        self._read_flag = True
         self._wrote_flag = True
-        self._last_read = 0.0
+        #: Clock time of the last byte received (set by the transport's reader).
+        self.last_read = self._seconds()
         self._recv_deadline = 0.0
         self._send_loop: LoopingCall | None = None
         self._recv_loop: LoopingCall | None = None
@@ -334,23 +325,14 @@ class StompSession:
 
     # -- transport side -------------------------------------------------------
 
-    def data_received(self, data: bytes) -> None:
-        """Bytes from the client: parse and act on every complete frame."""
+    def frames_received(self, frames: list[Frame]) -> None:
+        """Whole frames from the client (from a L{StompReader} or a
+        message-framed transport): act on each, in order."""
         if self.closed:
             return
-        self._read_flag = True
         batcher = self._batcher
         batcher.hold()
         try:
-            try:
-                frames = self.parser.feed(data)
-            except FrameError as e:
-                for frame in getattr(e, "frames", ()):
-                    self._handle(frame)
-                    if self.closed:
-                        return
-                self.error(e.message, e.detail)
-                return
             handlers = _HANDLERS
             for frame in frames:
                 if self.closed:
@@ -368,6 +350,10 @@ class StompSession:
             self.error("internal error", "The broker failed to process a frame; see its log.")
         finally:
             batcher.release()
+
+    def frame_error(self, e: FrameError) -> None:
+        """The client's bytes are not STOMP (or break a limit): ERROR and close."""
+        self.error(e.message, e.detail)
 
     def _failed(self, frame: Frame, e: StompError | BrokerError) -> None:
         """Answer a failed frame with an ERROR (carrying its receipt-id) and close."""
@@ -405,16 +391,15 @@ class StompSession:
             self.flush()
 
     def flush(self) -> None:
-        """Write everything buffered in one call."""
+        """Hand everything buffered to the transport in one call."""
         out = self._out
         if not out:
             return
-        data = out[0] if len(out) == 1 else b"".join(out)
-        out.clear()
+        self._out = []
         self._out_size = 0
         self._wrote_flag = True
         if not self.closed:
-            self._write(data)
+            self.transport.write_frames(out)
 
     def pause(self) -> None:
         """The transport's write buffer is full: stop deliveries."""
@@ -472,7 +457,7 @@ class StompSession:
             peer=self.peer,
             message=message,
         )
-        self._close()
+        self.transport.close(message)
 
     def shutdown(self, reason: str = "broker shutting down") -> None:
         """Tell the client the broker is going away, then close."""
@@ -490,7 +475,6 @@ class StompSession:
             # Checked every half interval: a client is closed between
             # grace x interval and (grace + 0.5) x interval after its last byte.
             self._recv_deadline = recv_ms * self.settings.heartbeat_grace / 1000.0
-            self._last_read = self._seconds()
             self._recv_loop = LoopingCall(self._recv_tick)
             self._recv_loop.clock = self.clock
             self._recv_loop.start(recv_ms / 2000.0, now=False)
@@ -501,12 +485,7 @@ class StompSession:
         self._wrote_flag = False
 
     def _recv_tick(self) -> None:
-        now = self._seconds()
-        if self._read_flag:
-            self._read_flag = False
-            self._last_read = now
-            return
-        if now - self._last_read >= self._recv_deadline:
+        if self._seconds() - self.last_read >= self._recv_deadline:
             self.error(
                 "heart-beat timeout",
                 "No data or heart-beat from the client within the agreed interval.",
@@ -620,7 +599,7 @@ class StompSession:
                 self.flush()
                 self.closed = True
                 self._stop_timers()
-                self._close()
+                self.transport.close("unsupported protocol version")
                 return
         host = h.get("host")
         vhost = self.broker.vhost(host) if host else None
@@ -648,7 +627,6 @@ class StompSession:
         recv_ms = max(sy, cx) if (sy and cx) else 0
         self.version = version
         self.version_index = _VERSION_INDEX[version]
-        self.parser.version = version
         self.vhost = vhost
         self.login = h.get("login")
         self.client_id = h.get("client-id")
@@ -1138,7 +1116,7 @@ class StompSession:
         self.closed = True
         self._stop_timers()
         self.connection_lost()
-        self._close()
+        self.transport.close("client disconnected")
 
 
 _HANDLERS: dict[str, Callable[[StompSession, Frame], None]] = {

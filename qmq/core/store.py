@@ -1,0 +1,163 @@
+# -*- test-case-name: tests.test_core_store -*-
+"""The store interface: what the core asks of wherever messages are kept.
+
+The core owns this interface; the service chooses an implementation from the
+configuration and gives it to the L{qmq.core.broker.Broker}. Nothing outside
+the core calls a store: a frontend publishes through the core and gets back
+either nothing (the message is as safe as it will be) or a Deferred that
+fires once the store has made it durable; the frontend holds its receipt
+until then (see L{qmq.core.channel.Channel.publish}).
+
+When the core calls the store:
+
+  - B{publish}: once per publish of a C{persistent} message that reaches at
+    least one durable queue, with every durable queue it reached, so a
+    message routed to many queues is one record. Non-persistent messages
+    and non-durable queues never reach the store.
+  - B{settle}: a persistent message left a durable queue for good (acked,
+    dropped by an overflow or delivery limit, purged, expired, deleted with
+    its queue). C{reason} says which.
+  - B{requeue}: a persistent message went back to a durable queue with a
+    higher delivery count, so a restart still marks it redelivered.
+  - B{declare_queue}, B{delete_queue}, B{declare_exchange},
+    B{delete_exchange}, B{bind}, B{unbind}: durable topology changed.
+  - B{recover}: once, before any listener starts: what the store kept.
+  - B{flush}: at the end of every reactor turn that called the store, so a
+    disk store writes (and syncs) a whole turn's records at once.
+  - B{close}: at shutdown, after the listeners closed.
+
+The memory store (L{NullStore}) keeps nothing and answers every call at once;
+it is what a broker gets when nobody chose a store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from qmq.core.exchange import Exchange
+    from qmq.core.message import Message
+    from qmq.core.queue import Queue
+    from qmq.core.vhost import VirtualHost
+
+#: Why a message left a queue for good (L{MessageStore.settle}).
+SETTLE_REASONS = ("ack", "drop", "expire", "purge", "delete", "dead-letter")
+
+
+@dataclass
+class Recovery:
+    """What a store hands back at start.
+
+    @ivar next_message_id: the first message id the broker may use (ids
+        continue across restarts, never repeat).
+    @ivar exchanges: C{(vhost, name, type, auto_delete)} of durable exchanges
+        declared at runtime.
+    @ivar queues: C{(vhost, name, arguments)} of durable queues.
+    @ivar bindings: C{(vhost, queue, exchange, routing key, arguments)}.
+    @ivar messages: C{(vhost, queue)} -> messages to put back, in queue order.
+    """
+
+    next_message_id: int = 1
+    exchanges: list[tuple[str, str, str, bool]] = field(default_factory=list)
+    queues: list[tuple[str, str, dict | None]] = field(default_factory=list)
+    bindings: list[tuple[str, str, str, str, dict | None]] = field(default_factory=list)
+    messages: dict[tuple[str, str], list[Message]] = field(default_factory=dict)
+
+
+class MessageStore(Protocol):
+    """What the core asks of a store (see the module docstring)."""
+
+    def recover(self) -> Recovery:
+        """What the store kept from the last run."""
+
+    def publish(self, vhost: VirtualHost, message: Message, queues: Sequence[Queue]) -> Any:
+        """Keep C{message} for C{queues} (durable queues it was routed to).
+
+        @return: None when the message is already as durable as this store
+            makes it, else a Deferred that fires when it is.
+        """
+
+    def settle(self, queue: Queue, message: Message, reason: str) -> None:
+        """C{message} left C{queue} for good, for C{reason} (L{SETTLE_REASONS})."""
+
+    def requeue(self, queue: Queue, message: Message) -> None:
+        """C{message} is back in C{queue} with its C{delivery_count} raised."""
+
+    def declare_queue(self, vhost: VirtualHost, queue: Queue) -> None:
+        """A durable queue was declared."""
+
+    def delete_queue(self, vhost: VirtualHost, queue: Queue) -> None:
+        """A durable queue was deleted (its messages with it)."""
+
+    def declare_exchange(self, vhost: VirtualHost, exchange: Exchange) -> None:
+        """A durable exchange was declared at runtime."""
+
+    def delete_exchange(self, vhost: VirtualHost, exchange: Exchange) -> None:
+        """A durable exchange was deleted."""
+
+    def bind(
+        self, vhost: VirtualHost, queue: Queue, exchange: Exchange, key: str, arguments: dict | None
+    ) -> None:
+        """A durable queue was bound to a durable exchange."""
+
+    def unbind(
+        self, vhost: VirtualHost, queue: Queue, exchange: Exchange, key: str, arguments: dict | None
+    ) -> None:
+        """That binding was removed."""
+
+    def flush(self) -> None:
+        """End of a reactor turn that called the store: write what is pending."""
+
+    def close(self) -> Any:
+        """Shut down; may return a Deferred."""
+
+
+class NullStore:
+    """A store that keeps nothing: a restart loses every message.
+
+    Every call returns at once, so a publish is "done" as soon as it is
+    routed. This is the memory store; C{qmq.store.memory.MemoryStore} is its
+    public name for configuration.
+    """
+
+    def recover(self) -> Recovery:
+        return Recovery()
+
+    def publish(self, vhost: VirtualHost, message: Message, queues: Sequence[Queue]) -> None:
+        return None
+
+    def settle(self, queue: Queue, message: Message, reason: str) -> None:
+        return None
+
+    def requeue(self, queue: Queue, message: Message) -> None:
+        return None
+
+    def declare_queue(self, vhost: VirtualHost, queue: Queue) -> None:
+        return None
+
+    def delete_queue(self, vhost: VirtualHost, queue: Queue) -> None:
+        return None
+
+    def declare_exchange(self, vhost: VirtualHost, exchange: Exchange) -> None:
+        return None
+
+    def delete_exchange(self, vhost: VirtualHost, exchange: Exchange) -> None:
+        return None
+
+    def bind(
+        self, vhost: VirtualHost, queue: Queue, exchange: Exchange, key: str, arguments: dict | None
+    ) -> None:
+        return None
+
+    def unbind(
+        self, vhost: VirtualHost, queue: Queue, exchange: Exchange, key: str, arguments: dict | None
+    ) -> None:
+        return None
+
+    def flush(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
