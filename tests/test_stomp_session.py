@@ -403,10 +403,32 @@ class HeartbeatTests(SessionTestCase):
         self.assertNotIn(b"\n\n\n", c.transport.value())
 
     def test_client_does_not_want_beats(self) -> None:
-        """cy=0 disables the server's heart-beats; cx=0 disables the check."""
+        """cy=0 disables the server's heart-beats; cx=0 disables the
+        heart-beat check, but not the idle timeout."""
         c = self.client(heart_beat="0,0")
-        self.clock.advance(3600)
+        idle = self.settings.idle_timeout
+        for _ in range(9):
+            self.clock.advance(idle / 10)
         self.assertEqual(c.transport.value(), b"")
+        self.assertTrue(c.open)
+        self.clock.advance(idle / 2)
+        self.assertError(c, "idle timeout")
+
+    def test_half_frame_after_no_beats_is_closed(self) -> None:
+        """A client that offers heart-beat:0,0 and then sends half a frame
+        is closed by the frame deadline (it was never closed before)."""
+        c = self.client(heart_beat="0,0")
+        c.raw(b"SEND\ndestination:/queue/q\ncontent-length:100\n\nabc")
+        self.clock.advance(self.settings.frame_timeout * 1.5)
+        self.assertError(c, "frame timeout")
+
+    def test_idle_timeout_counts_from_the_last_byte(self) -> None:
+        """Bytes (even heart-beat EOLs) keep a client with heart-beat:0,0 open."""
+        c = self.client(heart_beat="0,0")
+        idle = self.settings.idle_timeout
+        for _ in range(5):
+            self.clock.advance(idle * 0.6)
+            c.raw(b"\n")
         self.assertTrue(c.open)
 
     def test_server_disabled(self) -> None:

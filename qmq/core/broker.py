@@ -1,22 +1,46 @@
 # -*- test-case-name: tests.test_core -*-
-"""The broker: virtual hosts, message ids, time, and end-of-turn write batching.
+"""The broker: virtual hosts, message ids, time, the store and end-of-turn batching.
 
 The core never imports the reactor itself: it gets a clock (an
 C{IReactorTime}) from whoever builds it, so tests drive it with
-C{twisted.internet.task.Clock}.
+C{twisted.internet.task.Clock}. Nor does it choose a store: the service
+gives it one (L{qmq.core.store}); without one it keeps nothing on disk
+(L{NullStore}).
+
+At start the service declares what the configuration names, then calls
+L{Broker.recover}: what the store kept comes back (durable topology,
+messages, and the next message id, so ids never repeat across restarts).
 """
 
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from qmq.core.batch import WriteBatcher
 from qmq.core.message import Message
+from qmq.core.store import MessageStore, NullStore
 from qmq.core.vhost import VirtualHost
-from qmq.store.memory import MemoryStore
+
+if TYPE_CHECKING:
+    from qmq.core.queue import Queue
 
 DEFAULT_VHOST = "/"
+
+
+class _StoreFlush:
+    """Asks the store to flush once at the end of a turn that used it."""
+
+    __slots__ = ("store", "pending")
+
+    def __init__(self, store: MessageStore) -> None:
+        self.store = store
+        self.pending = False
+
+    def flush(self) -> None:
+        self.pending = False
+        self.store.flush()
 
 
 class Broker:
@@ -26,19 +50,29 @@ class Broker:
     @ivar vhosts: virtual hosts by name.
     @ivar default_vhost: the virtual host named C{"/"}.
     @ivar batcher: flushes frontends' buffered writes once per reactor turn.
-    @ivar store: where durable messages are kept.
+    @ivar store: where durable messages are kept (L{MessageStore}).
     @ivar message_ids: the source of message ids (an C{itertools.count}).
+    @ivar memory_alarm: the broker-wide memory alarm
+        (L{qmq.core.alarm.MemoryAlarm}), or None when there is none.
+    @ivar unfinished_bytes: bytes of frames still being received.
+    @ivar max_unfinished_bytes: the most allowed (0: no limit).
     """
 
-    def __init__(self, clock: Any = None, store: Any = None) -> None:
+    def __init__(self, clock: Any = None, store: MessageStore | None = None) -> None:
         if clock is None:
             from twisted.internet import reactor as clock  # noqa: PLC0415
         self.clock = clock
-        self.store = store if store is not None else MemoryStore()
+        self.store: MessageStore = store if store is not None else NullStore()
+        self._store_flush = _StoreFlush(self.store)
         self.vhosts: dict[str, VirtualHost] = {}
         self.default_vhost = self.add_vhost(DEFAULT_VHOST)
         self.batcher = WriteBatcher(clock)
         self.message_ids = itertools.count(1)
+        self.memory_alarm: Any = None
+        #: Bytes of frames still being received, over all connections, and
+        #: the most allowed (0: no limit); frontends keep the count.
+        self.unfinished_bytes = 0
+        self.max_unfinished_bytes = 256 * 1024 * 1024
 
     def add_vhost(self, name: str) -> VirtualHost:
         """Create the virtual host C{name}, or return it if it exists."""
@@ -51,6 +85,21 @@ class Broker:
         """The virtual host called C{name}, or None."""
         return self.vhosts.get(name) if name is not None else self.default_vhost
 
+    def recover(self) -> None:
+        """Bring back what the store kept (call once, before listening)."""
+        recovery = self.store.recover()
+        self.message_ids = itertools.count(recovery.next_message_id)
+        for vhost_name, name, type_, auto_delete in recovery.exchanges:
+            self.add_vhost(vhost_name).declare_exchange(name, type_, True, auto_delete)
+        for vhost_name, name, arguments in recovery.queues:
+            self.add_vhost(vhost_name).declare_queue(name, durable=True, arguments=arguments)
+        for vhost_name, queue, exchange, key, arguments in recovery.bindings:
+            self.add_vhost(vhost_name).bind(queue, exchange, key, arguments)
+        for (vhost_name, queue_name), messages in recovery.messages.items():
+            queue = self.add_vhost(vhost_name).queues.get(queue_name)
+            if queue is not None:
+                queue.restore(messages)
+
     def new_message(
         self,
         exchange: str,
@@ -59,7 +108,21 @@ class Broker:
         body: bytes,
         persistent: bool = False,
     ) -> Message:
-        """Build a message stamped with a fresh id and the clock's time."""
+        """Build a message stamped with a fresh id and the clock's time
+        (L{qmq.core.channel.Channel.new_message} does the same, inline)."""
         return Message(
             next(self.message_ids), exchange, routing_key, headers, body, self.clock.seconds(), persistent
         )
+
+    def store_publish(self, vhost: VirtualHost, message: Message, queues: Sequence[Queue]) -> Any:
+        """Give a persistent message to the store (see L{VirtualHost.publish_to})."""
+        waiter = self.store.publish(vhost, message, queues)
+        flusher = self._store_flush
+        if not flusher.pending:
+            flusher.pending = True
+            self.batcher.want_flush(flusher)
+        return waiter
+
+    def close(self) -> Any:
+        """Shut the store down (after every listener closed)."""
+        return self.store.close()

@@ -1,8 +1,10 @@
-"""The consumer interface between a queue and a frontend.
+# -*- test-case-name: tests.test_core_channel -*-
+"""Consumers: what a queue or an exchange hands messages to.
 
-A frontend (a STOMP subscription, later an AMQP consumer or an HTTP long
-poll) subclasses L{Consumer} and implements L{Consumer.deliver}. The queue
-owns the bookkeeping that must be the same for every protocol:
+A frontend (a STOMP subscription, later an HTTP long poll or an AMQP
+consumer) subclasses L{Consumer} and implements L{Consumer.deliver}: encode
+the message for its client and buffer it, with no Deferred on the way. The
+core owns the bookkeeping that must be the same for every protocol:
 
   - C{credit}: how many more messages the consumer may hold unacknowledged
     (its prefetch window). A queue never hands a message to a consumer whose
@@ -11,51 +13,154 @@ owns the bookkeeping that must be the same for every protocol:
   - C{paused}: set by the frontend while its transport's write buffer is
     full (Twisted's producer/consumer API); a paused consumer gets nothing
     until it resumes.
+  - C{unacked}: delivery tag -> message, in delivery order, for consumers
+    that ack (the tags come from the consumer's L{qmq.core.channel.Channel}).
 
-Delivery is a plain method call with no Deferred on the way: the frontend
-encodes and buffers the message and returns.
+A consumer is attached one of two ways (L{qmq.core.channel.Channel.subscribe}
+chooses):
+
+  - B{queue consumer}: attached to a queue (C{queue} is set), which hands it
+    messages within its credit with L{deliver}.
+  - B{live consumer}: bound straight to an exchange (C{exchange} is set), as
+    a non-durable, auto-ack topic subscription is: nothing of it outlives
+    it, nothing is acked or redelivered, so it needs no queue (a few hundred
+    bytes each, so a million fit). The exchange routes to it like to a queue
+    and calls L{publish}; while the consumer is paused, messages wait in a
+    backlog made on demand and bounded by C{backlog_limit} (the oldest go
+    first, ActiveMQ's pending-message limit), drained by L{drain_backlog}.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections import deque
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from qmq.core.exchange import Exchange
     from qmq.core.message import Message
     from qmq.core.queue import Queue
 
 UNLIMITED = 1 << 62
+# Consumers that do not ack share one empty mapping (a million topic
+# subscriptions, 64 bytes each saved).
+_NONE_UNACKED: Mapping[int, Message] = MappingProxyType({})
 
 
 class Consumer:
-    """A subscriber attached to one queue.
+    """A subscriber attached to one queue, or bound live to one exchange.
 
-    @ivar queue: the queue it consumes from, once attached.
+    @ivar queue: the queue it consumes from, once attached (queue consumer).
+    @ivar exchange: the exchange it is bound to (live consumer).
+    @ivar binding_key: the routing key pattern a live consumer is bound with.
     @ivar ack_required: whether deliveries must be acknowledged.
+    @ivar cumulative: an ack settles every earlier delivery too (STOMP's
+        C{ack:client}, AMQP's C{multiple}).
     @ivar credit: deliveries it may still receive before acking some.
     @ivar prefetch: the size of its window (C{credit} when nothing is unacked).
     @ivar paused: true while its transport cannot take more data.
-    @ivar owner: the session that created it (for exclusive queues).
+    @ivar owner: the channel (or session) that created it (exclusive queues).
+    @ivar unacked: delivery tag -> message, in delivery order.
+    @ivar backlog: messages waiting for a paused live consumer, or None.
+    @ivar backlog_limit: most messages that backlog holds (0: unbounded).
+    @ivar private: its queue was made for it and is deleted with it.
+    @ivar durable: its queue is a durable subscription's.
     """
 
-    __slots__ = ("queue", "ack_required", "credit", "prefetch", "paused", "owner")
+    __slots__ = (
+        "queue",
+        "exchange",
+        "binding_key",
+        "ack_required",
+        "cumulative",
+        "credit",
+        "prefetch",
+        "paused",
+        "owner",
+        "unacked",
+        "backlog",
+        "backlog_limit",
+        "private",
+        "durable",
+    )
 
-    def __init__(self, ack_required: bool, prefetch: int | None, owner: object = None) -> None:
+    #: A consumer is never a durable queue: the store is never asked for it.
+    store = None
+
+    def __init__(
+        self,
+        ack_required: bool,
+        prefetch: int | None,
+        owner: object = None,
+        cumulative: bool = False,
+    ) -> None:
         self.queue: Queue | None = None
+        self.exchange: Exchange | None = None
+        self.binding_key = ""
         self.ack_required = ack_required
+        self.cumulative = cumulative
         window = prefetch if (ack_required and prefetch) else UNLIMITED
         self.prefetch = window
         self.credit = window
         self.paused = False
         self.owner = owner
+        self.unacked: dict[int, Message] = {} if ack_required else _NONE_UNACKED  # type: ignore[assignment]
+        self.backlog: deque[Message] | None = None
+        self.backlog_limit = 0
+        self.private = False
+        self.durable = False
 
-    def deliver(self, message: Message, queue: Queue) -> None:
-        """Hand C{message} to the client. Called by C{queue} only.
+    def deliver(self, message: Message, queue: Queue | None) -> None:
+        """Hand C{message} to the client. Called by the core only.
 
-        The queue has already taken one credit if acks are required; the
-        frontend must later call C{queue.ack} or C{queue.reject} for it.
+        C{queue} is the queue it came from (None for a live consumer). The
+        queue has already taken one credit if acks are required; the
+        frontend records the delivery in C{unacked} under a tag from its
+        channel, and the client's ack later settles it through the channel.
         """
         raise NotImplementedError
 
     def cancelled(self) -> None:
-        """The queue was deleted under this consumer; it is detached already."""
+        """The queue or exchange was deleted under this consumer; it is detached already."""
+
+    # -- live consumers ------------------------------------------------------
+
+    def would_refuse(self, message: Message) -> bool:
+        """A live consumer never refuses a publish (it drops its oldest instead)."""
+        return False
+
+    def publish(self, message: Message) -> None:
+        """A message routed to this live consumer by its exchange.
+
+        Delivered at once, unless the consumer is paused: then it waits in a
+        backlog made on demand and bounded by C{backlog_limit}.
+        """
+        backlog = self.backlog
+        if backlog is None:
+            if not self.paused:
+                self.deliver(message, None)
+                return
+            backlog = self.backlog = deque(maxlen=self.backlog_limit or None)
+        backlog.append(message)
+
+    def drain_backlog(self) -> None:
+        """Deliver what waited while the consumer was paused."""
+        backlog = self.backlog
+        while backlog and not self.paused:
+            self.deliver(backlog.popleft(), None)
+        if not backlog:
+            self.backlog = None
+
+    def resume(self) -> None:
+        """The frontend can take deliveries again: deliver what is waiting."""
+        self.paused = False
+        queue = self.queue
+        if queue is not None:
+            queue.drain()
+        elif self.backlog:
+            self.drain_backlog()
+
+    def __repr__(self) -> str:
+        where: Any = self.queue.name if self.queue is not None else self.exchange
+        return f"<{type(self).__name__} on {where!r}>"

@@ -6,11 +6,17 @@ This is AMQP 0-9-1's model. Every virtual host has the default exchange
 C{amq.fanout}, C{amq.topic}, C{amq.headers}. Frontends publish with
 L{VirtualHost.publish} and consume by attaching a
 L{qmq.core.consumer.Consumer} to a queue.
+
+Frontends do not call a virtual host directly: they go through a
+L{qmq.core.channel.Channel}, which resolves destination names and tags
+deliveries; the virtual host does the routing (L{VirtualHost.publish_to}:
+atomic, one store call per publish) and keeps the topology.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from qmq.core.errors import AccessRefused, NotFound, PreconditionFailed
 from qmq.core.exchange import EXCHANGE_CLASSES, EXCHANGE_TYPES, Exchange
@@ -86,13 +92,20 @@ class VirtualHost:
         if name.startswith("amq."):
             raise AccessRefused(f"exchange {name!r} is built in")
         exchange = self.exchange(name)
-        for queue in self.queues.values():
-            if queue.bindings:
-                for b in [b for b in queue.bindings if b[0] is exchange]:
-                    self.unbind(queue.name, name, b[1], b[2])
+        for target, key, arguments in list(exchange.bindings()):
+            if isinstance(target, Queue):
+                self.unbind(target.name, name, key, arguments)
+            else:
+                # A live consumer bound straight to the exchange: it has no
+                # queue to fall back on, so its client is told.
+                exchange.unbind(target, key, arguments)
+                target.exchange = None
+                target.cancelled()
         # An auto-delete exchange is gone already once its last binding went.
         self.exchanges.pop(name, None)
         exchange.deleted = True
+        if exchange.durable and self.broker is not None:
+            self.broker.store.delete_exchange(self, exchange)
 
     # -- queues ------------------------------------------------------------
 
@@ -103,9 +116,16 @@ class VirtualHost:
         auto_delete: bool = False,
         arguments: dict | None = None,
         exclusive_owner: object = None,
+        on_demand: bool = False,
+        backlog: int = 0,
     ) -> Queue:
         """Create a queue, or return the existing one.
 
+        @param on_demand: the queue is made because a client named it (not
+            declared in configuration): the virtual host's defaults for such
+            queues apply.
+        @param backlog: for a private subscription queue, the most messages it
+            holds (the oldest are dropped past it); 0 for unbounded.
         @raise AccessRefused: the queue is exclusive to another session.
         @raise PreconditionFailed: bad arguments.
         """
@@ -117,7 +137,16 @@ class VirtualHost:
         if not name:
             raise PreconditionFailed("a queue needs a name")
         queue = Queue(self, name, durable, exclusive_owner, auto_delete, arguments)
+        if backlog:
+            # Bounded like x-max-length + drop-head, without an arguments
+            # dict per subscription.
+            queue.max_length = backlog
+            queue.overflow = "drop-head"
         self.queues[name] = queue
+        if durable and self.broker is not None:
+            store = self.broker.store
+            queue.store = store
+            store.declare_queue(self, queue)
         return queue
 
     def queue(self, name: str) -> Queue:
@@ -140,7 +169,19 @@ class VirtualHost:
         count = len(queue)
         for consumer in queue.detach_all():
             consumer.cancelled()
+        if queue.store is not None:
+            queue.store.delete_queue(self, queue)
         return count
+
+    def queue_unused(self, queue: Queue) -> None:
+        """C{queue}'s last consumer left: an auto-delete queue goes now."""
+        if queue.auto_delete and not queue.deleted and self.queues.get(queue.name) is queue:
+            self.delete_queue(queue.name)
+
+    def queue_expired(self, queue: Queue) -> None:
+        """C{queue} stayed unused past its C{x-expires}: delete it."""
+        if not queue.deleted and self.queues.get(queue.name) is queue:
+            self.delete_queue(queue.name)
 
     # -- bindings ----------------------------------------------------------
 
@@ -189,12 +230,37 @@ class VirtualHost:
         return self.exchange(exchange).route(routing_key, headers)
 
     def publish(self, message: Message) -> int:
-        """Route C{message} by its exchange and key; return how many queues took it.
+        """Route C{message} by its exchange and key (see L{publish_to}); return
+        how many queues and live consumers took it. For tools and tests:
+        frontends publish through a L{qmq.core.channel.Channel}.
 
         @raise NotFound: the exchange does not exist.
+        """
+        targets = self.route(message.exchange, message.routing_key, message.headers)
+        self.publish_to(targets, message)
+        return len(targets)
+
+    def publish_to(self, targets: Sequence[Any], message: Message) -> Any:
+        """Hand C{message} to C{targets} (queues and live consumers), atomically.
+
+        A publish that one bounded queue refuses reaches none of them. A
+        persistent message that reaches durable queues is given to the store
+        once, with all of them.
+
+        @return: None when the message is as safe as it will be, else a
+            Deferred that fires when the store has made it durable.
         @raise ResourceLimit: a bounded queue refused it.
         """
-        queues = self.route(message.exchange, message.routing_key, message.headers)
-        for q in queues:
-            q.publish(message)
-        return len(queues)
+        if len(targets) > 1:
+            for t in targets:
+                if t.would_refuse(message):
+                    t.publish(message)  # raises ResourceLimit, naming the queue
+        for t in targets:
+            t.publish(message)
+        if message.persistent:
+            durable = [t for t in targets if t.store is not None]
+            if durable:
+                broker = self.broker
+                assert broker is not None
+                return broker.store_publish(self, message, durable)
+        return None

@@ -63,6 +63,11 @@ class StompReader:
                 session.frames_received(e.frames)
                 session.frame_error(e)
                 return
+            pending = parser.pending_bytes
+            if pending or session.unfinished:
+                # A frame is still arriving: its deadline and its share of
+                # the broker's budget for unfinished frames.
+                session.frame_progress(pending)
             session.frames_received(frames)
         finally:
             batcher.release()

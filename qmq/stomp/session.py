@@ -1,62 +1,71 @@
 # -*- test-case-name: tests.test_stomp_session -*-
 """The STOMP session: STOMP 1.0/1.1/1.2 semantics over the broker core.
 
-One L{StompSession} serves one client whatever carries its bytes (TCP, TLS,
-later WebSocket and HTTP long polling): the transport hands it bytes with
-L{StompSession.data_received}, tells it when its write buffer is full
+One L{StompSession} serves one client whatever carries it (TCP, TLS, unix
+sockets; WebSocket and SockJS next). It sees its connection only through
+L{qmq.transport.ITransport}: the transport hands it whole frames
+(L{StompSession.frames_received}; a byte-stream transport parses with a
+L{qmq.stomp.reader.StompReader}), tells it when its write buffer is full
 (L{StompSession.pause}/L{StompSession.resume}) and when the connection is
-gone (L{StompSession.connection_lost}); the session writes bytes back through
-the C{write} and C{close} callables it was given.
+gone (L{StompSession.connection_lost}); the session writes whole frames back
+(C{transport.write_frames}) and closes with a reason (C{transport.close}).
+
+Everything the session does to the broker goes through its
+L{qmq.core.channel.Channel}, opened at CONNECT: destinations, publish,
+subscribe, ack. The session itself owns only STOMP: frames, headers,
+versions, heart-beats, transactions, receipts and errors.
 
 Flow of a frame::
 
-    bytes -> StompParser.feed -> Frame -> stomp_<COMMAND> handler -> core call
+    Frame -> stomp_<COMMAND> handler -> Channel call -> core
     core delivery -> Subscription.deliver -> MESSAGE bytes -> out buffer
-    end of the reactor turn (WriteBatcher) -> one write of all buffered frames
+    end of the reactor turn (WriteBatcher) -> transport.write_frames(all buffered)
+
+B{Receipts} go through one funnel (L{StompSession._reply}): a RECEIPT that
+must wait until its message is durable (the core returned a Deferred) waits,
+and every later reply waits behind it, so a client always sees receipts in
+the order of its frames (RabbitMQ's STOMP adapter keeps pending receipts
+the same way).
 
 Any protocol error produces an ERROR frame (with a C{message} header, an
 explanatory body and the offending frame's C{receipt-id} when it had one),
 then the connection is closed; nothing else the broker serves is affected.
+Receipts still waiting for the store are then not sent (their messages are
+kept; a client that resends gets a duplicate, never a loss).
 """
 
 from __future__ import annotations
 
 import itertools
-import secrets
 from collections import deque
-from collections.abc import Callable, Mapping
-from types import MappingProxyType
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from qmq import __version__
 from qmq.core.broker import Broker
-from qmq.core.consumer import Consumer
+from qmq.core.channel import Channel
+from qmq.core.destination import DestinationError, parse_destination
 from qmq.core.errors import BrokerError
-from qmq.core.exchange import Exchange
-from qmq.core.message import Message
-from qmq.core.queue import Queue
 from qmq.core.vhost import VirtualHost
-from qmq.stomp.destination import DestinationError, destination_of, parse_destination
-from qmq.stomp.frame import Frame, FrameError, encode_frame, escape_header
+from qmq.stomp.encoding import VERSION_INDEX, VERSIONS, encode_message_headers, relay_block
+from qmq.stomp.frame import Frame, FrameError, encode_frame, escape_header, excerpt
+from qmq.stomp.headers import HeaderError, parse_bool, parse_heartbeat, parse_int
 from qmq.stomp.settings import StompSettings
+from qmq.stomp.subscription import Subscription
 from qmq.transport import ITransport
 
 log = Logger()
 
-VERSIONS = ("1.2", "1.1", "1.0")
 ACK_MODES = ("auto", "client", "client-individual")
 PREFETCH_HEADERS = ("prefetch-count", "activemq.prefetchSize", "prefetch")
 DURABLE_NAME_HEADERS = ("activemq.subscriptionName", "durable-subscription-name")
-# Headers of a SEND that describe the frame, not the message.
-_STRIPPED_LINES = (b"\nreceipt:", b"\ntransaction:", b"\ncontent-length:")
 # Flush a connection's buffer early once it holds this much, so one turn
 # never piles up more than about this per connection before back-pressure.
 FLUSH_THRESHOLD = 128 * 1024
-_VERSION_INDEX = {"1.2": 0, "1.1": 1, "1.0": 2}
-_NONE_UNACKED: Mapping[int, Message] = MappingProxyType({})
 _session_ids = itertools.count(1)
 
 
@@ -69,208 +78,18 @@ class StompError(Exception):
         self.detail = detail or message
 
 
-def _escaped(text: str, version: str) -> str:
-    if version == "1.0":
-        # STOMP 1.0 has no escapes: a line break would end the header (or the
-        # header block) early and let a publisher forge headers or frames.
-        return text.replace("\r", " ").replace("\n", " ")
-    return escape_header(text, version)
-
-
-def encode_message_headers(message: Message, destination: str | None = None) -> bytes | tuple:
-    """Encode the headers every MESSAGE frame of C{message} shares.
-
-    The block is one C{"\\nname:value"} per header, then a final C{"\\n"}:
-    the session writes it right after the message-id. It is the 1.2-escaped
-    block as bytes when every STOMP version reads it the same (the common
-    case), else a tuple of the 1.2, 1.1 and 1.0 forms (L{_VERSION_INDEX}).
-    The result is cached on the message.
-    """
-    headers = message.headers
-    if destination is None:
-        # The destination a STOMP publisher named, else the one its
-        # exchange and routing key name.
-        destination = (headers or {}).get("destination") or destination_of(
-            message.exchange, message.routing_key
-        )
-    items = [("destination", destination)]
-    if headers:
-        items.extend(kv for kv in headers.items() if kv[0] != "destination")
-    raw = "".join([f"\n{k}:{v}" for k, v in items])
-    n = len(items)
-    if raw.count(":") == n and raw.count("\n") == n and "\\" not in raw and "\r" not in raw:
-        block: bytes | tuple = (raw + "\n").encode()
-    else:
-        block = tuple(
-            ("".join([f"\n{_escaped(k, v_)}:{_escaped(v, v_)}" for k, v in items]) + "\n").encode()
-            for v_ in VERSIONS
-        )
-    message.cache = block
-    return block
-
-
-def relay_block(raw: bytes, message: Message, destination: str | None) -> bytes | tuple:
-    """The MESSAGE header block made from a SEND's raw header lines.
-
-    The lines that describe the SEND frame (receipt, transaction,
-    content-length) are removed; the rest is relayed as received.
-    """
-    if raw.count(b":") != raw.count(b"\n") - 1:
-        # A colon inside a value (sent unescaped by a STOMP 1.0 client):
-        # encode properly for 1.1/1.2 receivers.
-        return encode_message_headers(message, destination)
-    block = raw
-    for line in _STRIPPED_LINES:
-        if line in block:
-            block = _strip_header(block, line)
-    return block
-
-
-def _block_for_version(message: Message, cached: tuple, version_index: int) -> bytes:
-    """The header block of C{message} for a receiver, from a tuple cache.
-
-    A 3-tuple holds the block per STOMP version (L{_VERSION_INDEX}); a
-    1-tuple holds a SEND's raw header lines not yet stripped of its frame
-    lines, done here on first delivery and cached.
-    """
-    if len(cached) == 1:
-        block = relay_block(cached[0], message, None)
-        message.cache = block
-        if block.__class__ is not tuple:
-            return block  # type: ignore[return-value]
-        cached = block  # type: ignore[assignment]
-    return cached[version_index]  # type: ignore[no-any-return]
-
-
-def _strip_header(block: bytes, key: bytes) -> bytes:
-    """Remove every C{key} line (C{b"\\nname:"}) from a raw header block."""
-    i = block.find(key)
-    while i >= 0:
-        block = block[:i] + block[block.find(b"\n", i + 1) :]
-        i = block.find(key, i)
-    return block
-
-
-class Subscription(Consumer):
-    """A STOMP subscription: a consumer on one queue, owned by a session.
-
-    @ivar id: the client's subscription id.
-    @ivar destination: the destination it subscribed to.
-    @ivar mode: C{auto}, C{client} or C{client-individual}.
-    @ivar unacked: delivery tag -> message, in delivery order.
-    @ivar private: the queue was made for this subscription and goes with it.
-    """
-
-    __slots__ = (
-        "session",
-        "id",
-        "destination",
-        "mode",
-        "unacked",
-        "private",
-        "durable",
-        "prefix",
-        "ack_line",
-        "exchange",
-        "backlog",
-    )
-
-    def __init__(
-        self,
-        session: StompSession,
-        sub_id: str,
-        destination: str,
-        mode: str,
-        prefetch: int | None,
-        private: bool,
-    ) -> None:
-        super().__init__(mode != "auto", prefetch, session)
-        self.session = session
-        self.id = sub_id
-        self.destination = destination
-        self.mode = mode
-        # Only subscriptions that ack hold unacked messages; the others share
-        # one empty mapping (a million topic subscriptions, 64 bytes each).
-        self.unacked: dict[int, Message] = {} if mode != "auto" else _NONE_UNACKED  # type: ignore[assignment]
-        self.private = private
-        self.durable = False
-        self.exchange: Exchange | None = None
-        self.backlog: deque[Message] | None = None
-        version = session.version
-        sid = session.id
-        self.prefix = (
-            f"MESSAGE\nsubscription:{escape_header(sub_id, version)}\nmessage-id:{sid}-"
-        ).encode()
-        # STOMP 1.2 acks by the `ack` header; earlier versions by message-id.
-        self.ack_line = (f"\nack:{sid}-").encode() if (version == "1.2" and mode != "auto") else b""
-        self.paused = session.paused
-
-    def deliver(self, message: Message, queue: Queue) -> None:
-        session = self.session
-        tag = session.next_tag
-        session.next_tag = tag + 1
-        block = message.cache
-        if block is None:
-            block = encode_message_headers(message)
-        if block.__class__ is tuple:
-            block = _block_for_version(message, block, session.version_index)
-        if message.delivery_count:
-            block = b"\nredelivered:true\nx-delivery-count:%d%s" % (message.delivery_count, block)
-        body = message.body
-        if self.ack_required:
-            self.unacked[tag] = message
-            session.ack_owner[tag] = self
-            if self.ack_line:
-                frame = b"%s%d%s%d%scontent-length:%d\n\n%s\x00" % (
-                    self.prefix, tag, self.ack_line, tag, block, len(body), body,
-                )
-            else:
-                frame = b"%s%d%scontent-length:%d\n\n%s\x00" % (
-                    self.prefix, tag, block, len(body), body,
-                )
-        else:
-            frame = b"%s%d%scontent-length:%d\n\n%s\x00" % (
-                self.prefix, tag, block, len(body), body,
-            )
-        session.write_frame(frame)
-
-    def cancelled(self) -> None:
-        self.session.subscription_cancelled(self)
-
-    # A live subscription: bound straight to an exchange, with no queue.
-
-    def publish(self, message: Message) -> None:
-        """A message routed to this subscription by the exchange it is bound to.
-
-        Delivered at once, unless the client's transport is paused: then it
-        waits in a backlog made on demand and bounded by C{topic_backlog}
-        (the oldest messages go first), drained by L{drain_backlog}.
-        """
-        backlog = self.backlog
-        if backlog is None:
-            if not self.paused:
-                self.deliver(message, None)  # type: ignore[arg-type]
-                return
-            backlog = self.backlog = deque(maxlen=self.session.settings.topic_backlog or None)
-        backlog.append(message)
-
-    def drain_backlog(self) -> None:
-        """Deliver what waited while the transport was paused."""
-        backlog = self.backlog
-        while backlog and not self.paused:
-            self.deliver(backlog.popleft(), None)  # type: ignore[arg-type]
-        if not backlog:
-            self.backlog = None
-
-
 class StompSession:
     """One client's STOMP session (see the module docstring).
 
     @ivar id: the session id (also the prefix of every message-id it sends).
     @ivar version: the negotiated STOMP version.
     @ivar vhost: the virtual host chosen at CONNECT.
+    @ivar channel: the session's way into the core (from CONNECT on).
     @ivar subscriptions: subscription id -> L{Subscription}.
-    @ivar ack_owner: delivery tag -> the subscription it was delivered on.
+    @ivar last_read: clock time of the last byte received (set by the
+        transport's reader); heart-beat and idle deadlines count from it.
+    @ivar frame_started: clock time at which the frame still being received
+        began, or None (set by the reader).
     """
 
     def __init__(
@@ -290,52 +109,58 @@ class StompSession:
         self.version = "1.0"
         self.version_index = 2
         self.vhost: VirtualHost = broker.default_vhost
+        self.channel: Channel | None = None
         self.connected = False
         self.closed = False
         self.paused = False
         self.login: str | None = None
         self.client_id: str | None = None
-        self.next_tag = 1
-        self._cumulative_upto = 0
         self._released = False
-        # Names of the session's own queues carry a random token: they can be
-        # published to by name (RPC replies), so they must not be guessable.
-        self._token = secrets.token_urlsafe(12)
         self.subscriptions: dict[str, Subscription] = {}
-        self.ack_owner: dict[int, Subscription] = {}
         self.transactions: dict[str, list[tuple[str, Frame]]] = {}
-        self.temp_queues: dict[str, Queue] = {}
+        self._transaction_frames = 0
+        self._transaction_bytes = 0
         self._batcher = broker.batcher
         self._out: list[bytes] = []
         self._out_size = 0
-        self._send_cache: dict[str, tuple] = {}
-        self._message_ids = broker.message_ids
         self._blocks: dict[bytes, bytes] = {}
         self._seconds = self.clock.seconds
         self._msgid_prefix = self.id + "-"
         self._wrote_flag = True
-        #: Clock time of the last byte received (set by the transport's reader).
+        self._waiting: deque[list] | None = None
+        self._disconnecting = False
+        self._alarm = broker.memory_alarm
+        self._blocked = False
         self.last_read = self._seconds()
+        self.frame_started: float | None = None
+        #: Bytes of the frame still being received (counted in the broker's budget).
+        self.unfinished = 0
         self._recv_deadline = 0.0
         self._send_loop: LoopingCall | None = None
         self._recv_loop: LoopingCall | None = None
+        self._watch_loop: LoopingCall | None = None
         self._connect_timer = None
         if settings.connect_timeout:
             self._connect_timer = self.clock.callLater(settings.connect_timeout, self._connect_timeout)
+        watch = self._watch_interval()
+        if watch:
+            self._watch_loop = LoopingCall(self._watch)
+            self._watch_loop.clock = self.clock
+            self._watch_loop.start(watch, now=False)
 
     # -- transport side -------------------------------------------------------
 
     def frames_received(self, frames: list[Frame]) -> None:
         """Whole frames from the client (from a L{StompReader} or a
         message-framed transport): act on each, in order."""
-        if self.closed:
+        if self.closed or self._disconnecting:
             return
         batcher = self._batcher
         batcher.hold()
         try:
             handlers = _HANDLERS
             for frame in frames:
-                if self.closed:
+                if self.closed or self._disconnecting:
                     return
                 handler = handlers.get(frame.command) if self.connected else None
                 if handler is None:
@@ -345,6 +170,8 @@ class StompSession:
                     handler(self, frame)
                 except (StompError, BrokerError) as e:
                     self._failed(frame, e)
+                except HeaderError as e:
+                    self._failed(frame, StompError(e.message, e.detail))
         except Exception:
             log.failure("internal error in STOMP session {session}", session=self.id)
             self.error("internal error", "The broker failed to process a frame; see its log.")
@@ -355,11 +182,39 @@ class StompSession:
         """The client's bytes are not STOMP (or break a limit): ERROR and close."""
         self.error(e.message, e.detail)
 
+    def frame_progress(self, pending: int) -> None:
+        """The reader holds C{pending} bytes of an unfinished frame (0: none).
+
+        Starts the frame's deadline (L{_watch}) and keeps the broker-wide
+        count of unfinished-frame bytes, so many clients each holding a
+        large half-sent body cannot together exhaust memory: the one that
+        crosses C{limits.max_unfinished_bytes} is refused.
+        """
+        broker = self.broker
+        broker.unfinished_bytes += pending - self.unfinished
+        grew = pending > self.unfinished
+        self.unfinished = pending
+        if not pending:
+            self.frame_started = None
+            return
+        if self.frame_started is None:
+            self.frame_started = self._seconds()
+        limit = broker.max_unfinished_bytes
+        if grew and limit and broker.unfinished_bytes > limit:
+            self.error(
+                "broker busy",
+                "Too many bytes of unfinished frames are held across all connections "
+                f"(limits.max_unfinished_bytes = {limit}); send smaller frames or retry later.",
+            )
+
     def _failed(self, frame: Frame, e: StompError | BrokerError) -> None:
         """Answer a failed frame with an ERROR (carrying its receipt-id) and close."""
         receipt = getattr(e, "receipt", None) or frame.headers.get("receipt")
         detail = e.detail if isinstance(e, StompError) else e.message
-        self.error(e.message, detail, receipt)
+        message = e.message
+        if isinstance(e, DestinationError):
+            message = "unknown destination"
+        self.error(message, detail, receipt)
 
     def _handle(self, frame: Frame) -> None:
         """The careful path for one frame: checks, dispatch, errors."""
@@ -373,15 +228,17 @@ class StompSession:
             if handler is None:
                 raise StompError(
                     "unknown command",
-                    f"Unknown STOMP command {frame.command!r}; expected one of "
+                    f"Unknown STOMP command {excerpt(frame.command, 32)}; expected one of "
                     + ", ".join(sorted(_HANDLERS)),
                 )
             handler(self, frame)
         except (StompError, BrokerError) as e:
             self._failed(frame, e)
+        except HeaderError as e:
+            self._failed(frame, StompError(e.message, e.detail))
 
     def write_frame(self, data: bytes) -> None:
-        """Buffer outgoing bytes; they go out at the end of this reactor turn."""
+        """Buffer one outgoing frame; it goes out at the end of this reactor turn."""
         out = self._out
         out.append(data)
         self._out_size += len(data)
@@ -404,18 +261,14 @@ class StompSession:
     def pause(self) -> None:
         """The transport's write buffer is full: stop deliveries."""
         self.paused = True
-        for sub in self.subscriptions.values():
-            sub.paused = True
+        if self.channel is not None:
+            self.channel.pause()
 
     def resume(self) -> None:
         """The transport can take data again: deliver what is waiting."""
         self.paused = False
-        for sub in list(self.subscriptions.values()):
-            sub.paused = False
-            if sub.queue is not None:
-                sub.queue.drain()
-            elif sub.backlog:
-                sub.drain_backlog()
+        if self.channel is not None:
+            self.channel.resume()
 
     def connection_lost(self) -> None:
         """The connection is gone: undo what the session held (once)."""
@@ -424,16 +277,16 @@ class StompSession:
         self._released = True
         self.closed = True
         self._out.clear()
+        if self.unfinished:
+            self.broker.unfinished_bytes -= self.unfinished
+            self.unfinished = 0
+        self._waiting = None
         self._stop_timers()
+        self._unblock()
         self.transactions.clear()
-        for sub in list(self.subscriptions.values()):
-            self._drop_subscription(sub)
         self.subscriptions.clear()
-        self.ack_owner.clear()
-        vhost = self.vhost
-        for queue in self.temp_queues.values():
-            vhost.delete_queue(queue.name)
-        self.temp_queues.clear()
+        if self.channel is not None:
+            self.channel.close()
 
     def error(self, message: str, detail: str = "", receipt: str | None = None) -> None:
         """Send an ERROR frame and close the connection."""
@@ -447,7 +300,6 @@ class StompSession:
         self.write_frame(encode_frame("ERROR", headers, (detail or message).encode(), self.version))
         self.flush()
         self.closed = True
-        self._stop_timers()
         # Give back subscriptions and unacked messages now: until the
         # transport reports the connection lost, deliveries would be dropped.
         self.connection_lost()
@@ -463,7 +315,32 @@ class StompSession:
         """Tell the client the broker is going away, then close."""
         self.error(reason, "The broker is shutting down; reconnect later.")
 
-    # -- heart-beats -------------------------------------------------------------
+    # -- timers ------------------------------------------------------------------
+
+    def _watch_interval(self) -> float:
+        """How often L{_watch} checks the idle and frame deadlines (0: never)."""
+        deadlines = [t for t in (self.settings.idle_timeout, self.settings.frame_timeout) if t]
+        return min(deadlines) / 4 if deadlines else 0.0
+
+    def _watch(self) -> None:
+        """Close a client that stays silent past C{idle_timeout} whatever it
+        negotiated, or leaves a frame unfinished past C{frame_timeout}."""
+        if self._blocked:
+            return  # we stopped reading it: silence is ours
+        now = self._seconds()
+        settings = self.settings
+        started = self.frame_started
+        if settings.frame_timeout and started is not None and now - started >= settings.frame_timeout:
+            self.error(
+                "frame timeout",
+                f"A frame was started but not finished within {settings.frame_timeout:g} s.",
+            )
+        elif settings.idle_timeout and now - self.last_read >= settings.idle_timeout:
+            self.error(
+                "idle timeout",
+                f"Nothing was received from the client for {settings.idle_timeout:g} s; "
+                "send heart-beats to keep a quiet connection open.",
+            )
 
     def _start_heartbeats(self, send_ms: int, recv_ms: int) -> None:
         if send_ms:
@@ -485,6 +362,8 @@ class StompSession:
         self._wrote_flag = False
 
     def _recv_tick(self) -> None:
+        if self._blocked:
+            return  # we stopped reading it: its heart-beats wait in the kernel
         if self._seconds() - self.last_read >= self._recv_deadline:
             self.error(
                 "heart-beat timeout",
@@ -492,10 +371,10 @@ class StompSession:
             )
 
     def _stop_timers(self) -> None:
-        for loop in (self._send_loop, self._recv_loop):
+        for loop in (self._send_loop, self._recv_loop, self._watch_loop):
             if loop is not None and loop.running:
                 loop.stop()
-        self._send_loop = self._recv_loop = None
+        self._send_loop = self._recv_loop = self._watch_loop = None
         timer = self._connect_timer
         if timer is not None:
             self._connect_timer = None
@@ -507,7 +386,30 @@ class StompSession:
         if not self.connected:
             self.error("connect timeout", "No CONNECT frame within the allowed time.")
 
-    # -- helpers --------------------------------------------------------------------
+    # -- publisher flow control (memory alarm) --------------------------------------
+
+    def _block(self) -> None:
+        """Stop reading from this publisher until the memory alarm clears."""
+        self._blocked = True
+        self.transport.pause_reading()
+        self._alarm.subscribe(self._alarm_changed)
+        log.info("stomp publisher blocked by the memory alarm session={session} peer={peer}",
+                 session=self.id, peer=self.peer)
+
+    def _alarm_changed(self, active: bool) -> None:
+        if not active:
+            self._unblock()
+
+    def _unblock(self) -> None:
+        if self._blocked:
+            self._blocked = False
+            self._alarm.unsubscribe(self._alarm_changed)
+            if not self.closed:
+                # Deadlines restart: the silence was the broker's doing.
+                self.last_read = self._seconds()
+                self.transport.resume_reading()
+
+    # -- replies and receipts ----------------------------------------------------
 
     def _require(self, frame: Frame, name: str) -> str:
         value = frame.headers.get(name)
@@ -518,57 +420,50 @@ class StompSession:
             )
         return value
 
+    def _reply(self, data: bytes, waiter: Any = None) -> None:
+        """The receipt funnel: write a reply now, or once C{waiter} fires,
+        and always after every reply still waiting."""
+        waiting = self._waiting
+        if waiter is None and not waiting:
+            self.write_frame(data)
+            return
+        entry = [waiter is None, data]
+        if waiting is None:
+            waiting = self._waiting = deque()
+        waiting.append(entry)
+        if waiter is not None:
+            waiter.addCallbacks(self._durable, self._not_durable, callbackArgs=(entry,))
+
+    def _durable(self, result: Any, entry: list) -> None:
+        entry[0] = True
+        waiting = self._waiting
+        while waiting and waiting[0][0]:
+            self.write_frame(waiting.popleft()[1])
+        if not waiting:
+            self._waiting = None
+            if self._disconnecting:
+                self._finish_disconnect()
+
+    def _not_durable(self, failure: Failure) -> None:
+        log.failure("store failed to keep a message session={session}", failure, session=self.id)
+        self.error("message not stored", "The broker could not store a message; see its log.")
+
     def _receipt(self, frame: Frame) -> None:
         receipt = frame.headers.get("receipt")
         if receipt is not None:
             self._send_receipt(receipt)
 
-    def _send_receipt(self, receipt: str, extra: list[tuple[str, str]] | None = None) -> None:
+    def _send_receipt(
+        self, receipt: str, extra: list[tuple[str, str]] | None = None, waiter: Any = None
+    ) -> None:
         if extra is None:
             if "\\" in receipt or ":" in receipt or "\n" in receipt or "\r" in receipt:
                 receipt = escape_header(receipt, self.version)
-            self.write_frame(b"RECEIPT\nreceipt-id:%s\n\n\x00" % receipt.encode())
+            self._reply(b"RECEIPT\nreceipt-id:%s\n\n\x00" % receipt.encode(), waiter)
         else:
-            self.write_frame(
-                encode_frame("RECEIPT", [("receipt-id", receipt), *extra], b"", self.version)
+            self._reply(
+                encode_frame("RECEIPT", [("receipt-id", receipt), *extra], b"", self.version), waiter
             )
-
-    def _parse_destination(self, text: str):
-        try:
-            return parse_destination(text)
-        except DestinationError as e:
-            raise StompError("unknown destination", str(e)) from None
-
-    def _named_queue(self, name: str) -> Queue:
-        """The queue a /queue/NAME destination names, created on first use.
-
-        Names starting with C{amq.} are the broker's own (private topic
-        queues, temp queues): they are never created on demand, so a reply to
-        a requester that has gone away is refused instead of leaving a stray
-        queue behind.
-        """
-        if name.startswith("amq."):
-            queue = self.vhost.queues.get(name)
-            if queue is None:
-                raise StompError(
-                    "no such queue",
-                    f"Queue {name!r} does not exist; names starting with 'amq.' are reserved "
-                    "for the broker and are not created on demand (its owner may have gone).",
-                )
-            return queue
-        return self.vhost.declare_queue(name)
-
-    def _temp_queue(self, name: str) -> Queue:
-        queue = self.temp_queues.get(name)
-        if queue is None or queue.deleted:
-            queue = self.vhost.declare_queue(
-                f"amq.tmp.{self._token}.{name}",
-                durable=False,
-                auto_delete=False,
-                exclusive_owner=self,
-            )
-            self.temp_queues[name] = queue
-        return queue
 
     # -- CONNECT ----------------------------------------------------------------------
 
@@ -610,26 +505,18 @@ class StompSession:
         cx = cy = 0
         beat = h.get("heart-beat")
         if beat is not None and version != "1.0":
-            try:
-                cx_s, cy_s = beat.split(",")
-                cx, cy = int(cx_s), int(cy_s)
-                if cx < 0 or cy < 0:
-                    raise ValueError
-            except ValueError:
-                raise StompError(
-                    "invalid heart-beat header",
-                    f"heart-beat must be two non-negative integers 'cx,cy', got {beat!r}.",
-                ) from None
+            cx, cy = parse_heartbeat(beat)
         settings = self.settings
         sx = settings.heartbeat_send_ms if self.heartbeats_supported else 0
         sy = settings.heartbeat_receive_ms if self.heartbeats_supported else 0
         send_ms = max(sx, cy) if (sx and cy) else 0
         recv_ms = max(sy, cx) if (sy and cx) else 0
         self.version = version
-        self.version_index = _VERSION_INDEX[version]
+        self.version_index = VERSION_INDEX[version]
         self.vhost = vhost
         self.login = h.get("login")
         self.client_id = h.get("client-id")
+        self.channel = Channel(self.broker, vhost, self.client_id or self.login or "")
         self.connected = True
         if self._connect_timer is not None and self._connect_timer.active():
             self._connect_timer.cancel()
@@ -658,74 +545,54 @@ class StompSession:
         h = frame.headers
         if "destination" not in h:
             self._require(frame, "destination")
+        alarm = self._alarm
+        if alarm is not None and alarm.active and not self._blocked:
+            # This frame was read already and is published; the next are not
+            # read until memory is back under the mark (publisher flow control).
+            self._block()
         receipt = h.get("receipt")
         if "transaction" in h:
-            self._transaction(h["transaction"]).append(("SEND", frame))
+            self._hold(h["transaction"], "SEND", frame)
             self._check_send(frame)
-        else:
-            try:
-                control = self._publish(frame)
-            except (StompError, BrokerError) as e:
-                e.receipt = receipt  # type: ignore[union-attr]
-                raise
-            if control is not None:
-                if receipt is not None:
-                    self._send_receipt(receipt, control)
-                return
+            if receipt is not None:
+                self._send_receipt(receipt)
+            return
+        try:
+            waiter = self._publish(frame)
+        except (StompError, BrokerError) as e:
+            e.receipt = receipt  # type: ignore[union-attr]
+            raise
         if receipt is not None:
-            self._send_receipt(receipt)
+            if waiter.__class__ is list:
+                self._send_receipt(receipt, waiter)
+            else:
+                self._send_receipt(receipt, None, waiter)
 
     def _check_send(self, frame: Frame) -> None:
         """Validate a transactional SEND now so errors are not deferred to COMMIT."""
-        dest = self._parse_destination(frame.headers["destination"])
+        dest = parse_destination(frame.headers["destination"])
         if dest.kind == "control":
             raise StompError("invalid transaction", "Control destinations cannot be transactional.")
         if dest.kind == "exchange":
             self.vhost.exchange(dest.name)
 
-    def _send_target(self, text: str) -> tuple:
-        """Resolve a SEND destination.
+    def _publish(self, frame: Frame) -> Any:
+        """Publish a SEND frame through the channel.
 
-        @return: (queue or None, exchange or None, exchange name, routing key,
-            the queue or exchange whose C{deleted} flag invalidates the
-            session's cached resolution; None for a control destination).
-        """
-        dest = self._parse_destination(text)
-        vhost = self.vhost
-        kind = dest.kind
-        if kind == "queue":
-            # Publishing to an existing queue is allowed even if it is
-            # exclusive to another session (a /temp-queue/ reply-to).
-            queue = vhost.queues.get(dest.name)
-            if queue is None:
-                queue = self._named_queue(dest.name)
-            return (queue, None, "", dest.name, queue)
-        if kind == "temp-queue":
-            queue = self._temp_queue(dest.name)
-            return (queue, None, "", queue.name, queue)
-        if kind == "control":
-            return (None, None, None, dest.name, None)
-        exchange = vhost.exchange(dest.name)
-        return (None, exchange, exchange.name, dest.key, exchange)
-
-    def _publish(self, frame: Frame) -> list[tuple[str, str]] | None:
-        """Publish a SEND frame; return the RECEIPT headers if it was a control destination.
+        @return: None (done), a Deferred (its receipt waits for it), or for
+            a control destination the list of RECEIPT headers answering it.
 
         The frame's headers become the message's headers (less the ones that
         describe the frame), and the raw header block the parser kept becomes
         the MESSAGE header block as is, so relaying costs no re-encoding.
         """
+        channel = self.channel
+        assert channel is not None
         h = frame.headers
         text = h["destination"]
-        target = self._send_cache.get(text)
-        if target is None or target[4].deleted:
-            target = self._send_target(text)
-            if target[4] is None:
-                return self._control(target[3])
-            if len(self._send_cache) > 1000:
-                self._send_cache.clear()
-            self._send_cache[text] = target
-        queue, exchange, exchange_name, key, _ = target
+        target = channel.send_target(text)
+        if target[4] is None:
+            return channel.control(target[3])
         raw = frame.raw
         persistent = False
         unique = False
@@ -743,84 +610,45 @@ class StompSession:
                 if reply_to.startswith("/temp-queue/"):
                     h["reply-to"] = self._reply_to(reply_to)
                     raw = None
-            persistent = h.get("persistent") == "true"
-        message = Message(
-            next(self._message_ids),
-            exchange_name,
-            key,
-            h if len(h) > 1 else None,  # None rather than a dict of the destination alone
-            frame.body,
-            self._seconds(),
-            persistent,
-        )
+            persistent_header = h.get("persistent")
+            if persistent_header is not None:
+                persistent = parse_bool(persistent_header, "persistent")
+        # None rather than a dict of the destination alone.
+        message = channel.new_message(target, h if len(h) > 1 else None, frame.body, persistent)
         if raw is None:
             encode_message_headers(message, text)
+        elif unique:
+            # A receipt or transaction line makes the block unique to this
+            # frame: strip it when (if ever) the message is delivered, not
+            # now (see qmq.stomp.encoding).
+            message.cache = (raw,)
         else:
             # Producers repeat the same header block; the parser hands back
             # the same bytes object for it, so this lookup is cheap.
-            if unique:
-                # A receipt or transaction line makes the block unique to
-                # this frame: strip it when (if ever) the message is
-                # delivered, not now (see _block_for_version).
-                message.cache = (raw,)
-            else:
-                block = self._blocks.get(raw)
-                if block is None:
-                    block = self._relay_block(raw, message, text)
-                message.cache = block
-        if queue is not None:
-            queue.publish(message)
-        else:
-            for q in exchange.route(key, h):
-                q.publish(message)
-        return None
-
-    def _relay_block(self, raw: bytes, message: Message, destination: str) -> bytes | tuple:
-        """The MESSAGE header block for a SEND's raw header lines, cached
-        per raw block (a producer repeats its header block)."""
-        block = relay_block(raw, message, destination)
-        if block.__class__ is tuple:
-            return block  # re-encoded: depends on the message, not cached
-        blocks = self._blocks
-        if len(blocks) >= 256:
-            blocks.clear()
-        blocks[raw] = block
-        return block
+            block = self._blocks.get(raw)
+            if block is None:
+                block = relay_block(raw, message, text)
+                if block.__class__ is not tuple:  # re-encoded blocks depend on the message
+                    blocks = self._blocks
+                    if len(blocks) >= 256:
+                        blocks.clear()
+                    blocks[raw] = block
+            message.cache = block
+        return channel.publish(target, message)
 
     def _reply_to(self, text: str) -> str:
         """Rewrite a /temp-queue/ reply-to so the replier reaches this session."""
-        name = text[12:]
-        if not name:
-            raise StompError("unknown destination", "A /temp-queue/ destination needs a name.")
-        queue = self._temp_queue(name)
+        channel = self.channel
+        assert channel is not None
+        queue = channel.temp_queue(text[12:])
         if text not in self.subscriptions:
             # As RabbitMQ does: replies arrive without an explicit SUBSCRIBE,
             # on a subscription named after the temp-queue destination.
-            sub = Subscription(self, text, text, "auto", None, private=False)
+            self._check_subscription_cap()
+            sub = Subscription(self, text, text, "auto", None)
             self.subscriptions[text] = sub
-            queue.add_consumer(sub)
+            channel.subscribe(sub, text)
         return "/queue/" + queue.name
-
-    def _control(self, path: str) -> list[tuple[str, str]]:
-        """Answer an ocamlmq control destination (counts go into the RECEIPT)."""
-        vhost = self.vhost
-        if path.startswith("count-msgs/queue/"):
-            queue = vhost.queues.get(path[17:])
-            return [("num-messages", str(len(queue) if queue is not None else 0))]
-        if path.startswith("count-subscribers/queue/"):
-            queue = vhost.queues.get(path[24:])
-            return [("num-subscribers", str(len(queue.consumers) if queue is not None else 0))]
-        if path.startswith("count-subscribers/topic/"):
-            targets = vhost.exchange("amq.topic").route(path[24:], None)
-            # Queues count their consumers; a live subscription counts one.
-            count = sum(len(t.consumers) if isinstance(t, Queue) else 1 for t in targets)
-            return [("num-subscribers", str(count))]
-        raise StompError(
-            "unknown control destination",
-            f"Unknown control destination '/control/{path}'; QMQ answers "
-            "/control/count-msgs/queue/NAME, /control/count-subscribers/queue/NAME and "
-            "/control/count-subscribers/topic/NAME.",
-        )
 
     # -- SUBSCRIBE / UNSUBSCRIBE --------------------------------------------------
 
@@ -836,96 +664,38 @@ class StompSession:
             raise StompError(
                 "duplicate subscription id", f"Subscription id {sub_id!r} is already in use."
             )
+        self._check_subscription_cap()
         mode = h.get("ack", "auto")
         if mode not in ACK_MODES:
             raise StompError(
                 "invalid ack mode", f"ack must be one of {', '.join(ACK_MODES)}, got {mode!r}."
             )
         prefetch = self._prefetch(h) if mode != "auto" else None
-        if mode == "auto" and self._durable_name(h, sub_id) is None:
-            dest = self._parse_destination(text)
-            if dest.kind in ("topic", "exchange"):
-                self._live_subscription(frame, text, sub_id, dest.name, dest.key)
-                return
-        queue, private, durable = self._subscription_queue(frame, text, sub_id)
-        if queue.exclusive_owner is not None and queue.exclusive_owner is not self:
-            raise StompError("access refused", f"Queue {queue.name!r} belongs to another session.")
-        sub = Subscription(self, sub_id, text, mode, prefetch, private)
-        sub.durable = durable
+        durable_name = self._durable_name(h, sub_id)
+        sub = Subscription(self, sub_id, text, mode, prefetch)
+        channel = self.channel
+        assert channel is not None
+        channel.subscribe(sub, text, durable_name, label=sub_id)
         self.subscriptions[sub_id] = sub
         self._receipt(frame)
-        queue.add_consumer(sub)
+        # Deliveries waiting on a queue go after the RECEIPT.
+        if sub.queue is not None and not sub.paused:
+            sub.queue.drain()
 
-    def _live_subscription(
-        self, frame: Frame, text: str, sub_id: str, exchange_name: str, key: str
-    ) -> None:
-        """An C{ack:auto}, non-durable topic or exchange subscription.
-
-        Nothing is ever acknowledged or redelivered on it and nothing of it
-        outlives the subscription, so instead of a private queue bound to the
-        exchange it is bound to the exchange itself, as a live consumer (see
-        L{Subscription.publish}): a few hundred bytes per subscription, so a
-        million of them fit.
-        """
-        exchange = self.vhost.exchange(exchange_name)
-        sub = Subscription(self, sub_id, text, "auto", None, private=False)
-        self.subscriptions[sub_id] = sub
-        self._receipt(frame)
-        exchange.bind(sub, key, None)  # type: ignore[arg-type]
-        sub.exchange = exchange
+    def _check_subscription_cap(self) -> None:
+        cap = self.settings.max_subscriptions
+        if cap and len(self.subscriptions) >= cap:
+            raise StompError(
+                "too many subscriptions",
+                f"A connection may hold at most {cap} subscriptions (stomp.max_subscriptions).",
+            )
 
     def _prefetch(self, h: dict[str, str]) -> int | None:
         for name in PREFETCH_HEADERS:
             value = h.get(name)
             if value is not None:
-                try:
-                    n = int(value)
-                    if n < 0:
-                        raise ValueError
-                except ValueError:
-                    raise StompError(
-                        f"invalid {name} header",
-                        f"{name} must be a non-negative integer, got {value!r}.",
-                    ) from None
-                return n or None
+                return parse_int(value, name) or None
         return self.settings.default_prefetch
-
-    def _subscription_queue(
-        self, frame: Frame, text: str, sub_id: str
-    ) -> tuple[Queue, bool, bool]:
-        """The queue a SUBSCRIBE consumes from, whether it is private to the
-        subscription, and whether it is a durable topic subscription's."""
-        dest = self._parse_destination(text)
-        vhost = self.vhost
-        kind = dest.kind
-        if kind == "queue":
-            return self._named_queue(dest.name), False, False
-        if kind == "temp-queue":
-            return self._temp_queue(dest.name), False, False
-        if kind == "control":
-            raise StompError(
-                "cannot subscribe to a control destination",
-                "Control destinations answer a SEND with a receipt; they cannot be subscribed to.",
-            )
-        exchange = vhost.exchange(dest.name)
-        h = frame.headers
-        durable_name = self._durable_name(h, sub_id)
-        if durable_name is not None:
-            owner = self.client_id or self.login or ""
-            name = f"durable.{owner}.{durable_name}"
-            queue = vhost.declare_queue(name, durable=True)
-            vhost.bind(name, exchange.name, dest.key)
-            return queue, False, True
-        name = f"amq.sub.{self._token}.{sub_id}"
-        queue = vhost.declare_queue(name, durable=False, auto_delete=True, exclusive_owner=self)
-        backlog = self.settings.topic_backlog
-        if backlog:
-            # Bounded like x-max-length + drop-head, without an arguments
-            # dict per subscription.
-            queue.max_length = backlog
-            queue.overflow = "drop-head"
-        vhost.bind(name, exchange.name, dest.key)
-        return queue, True, False
 
     @staticmethod
     def _durable_name(h: dict[str, str], sub_id: str) -> str | None:
@@ -933,8 +703,10 @@ class StompSession:
             value = h.get(name)
             if value:
                 return value
-        if h.get("durable") == "true" or h.get("persistent") == "true":
-            return sub_id
+        for name in ("durable", "persistent"):
+            value = h.get(name)
+            if value is not None and parse_bool(value, name):
+                return sub_id
         return None
 
     def stomp_UNSUBSCRIBE(self, frame: Frame) -> None:
@@ -948,45 +720,18 @@ class StompSession:
         sub = self.subscriptions.pop(sub_id, None)  # type: ignore[arg-type]
         if sub is None:
             raise StompError("unknown subscription", f"There is no subscription {sub_id!r}.")
-        queue = sub.queue
-        self._drop_subscription(sub)
-        if (
-            queue is not None
-            and sub.durable
-            and self._durable_name(h, sub_id) is not None  # type: ignore[arg-type]
-        ):
-            self.vhost.delete_queue(queue.name)
+        channel = self.channel
+        assert channel is not None
+        delete = sub.durable and self._durable_name(h, sub_id) is not None  # type: ignore[arg-type]
+        channel.unsubscribe(sub, delete_durable=delete)
         self._receipt(frame)
 
-    def _drop_subscription(self, sub: Subscription) -> None:
-        exchange = sub.exchange
-        if exchange is not None:
-            sub.exchange = None
-            sub.backlog = None
-            exchange.unbind(sub, parse_destination(sub.destination).key, None)  # type: ignore[arg-type]
-            self.vhost.maybe_auto_delete_exchange(exchange)
-            return
-        unacked = self._forget_unacked(sub)
-        queue = sub.queue
-        if queue is not None:
-            queue.remove_consumer(sub, unacked)
-            if sub.private and not queue.deleted:
-                self.vhost.delete_queue(queue.name)
-
     def subscription_cancelled(self, sub: Subscription) -> None:
-        """The queue under C{sub} was deleted by someone else."""
+        """The queue or exchange under C{sub} was deleted by someone else."""
         if self.subscriptions.get(sub.id) is sub:
             del self.subscriptions[sub.id]
-        self._forget_unacked(sub)
-
-    def _forget_unacked(self, sub: Subscription) -> list[Message]:
-        """Stop tracking C{sub}'s unacknowledged deliveries; return their messages."""
-        for tag in sub.unacked:
-            self.ack_owner.pop(tag, None)
-        unacked = list(sub.unacked.values())
-        if unacked:
-            sub.unacked.clear()
-        return unacked
+        if self.channel is not None:
+            self.channel.consumer_cancelled(sub)
 
     # -- ACK / NACK ------------------------------------------------------------------
 
@@ -999,75 +744,49 @@ class StompSession:
             if ack_id is None:
                 self._require(frame, name)
         prefix = self._msgid_prefix
-        sub = None
+        channel = self.channel
+        assert channel is not None
         tag = 0
         if ack_id.startswith(prefix):  # type: ignore[union-attr]
-            try:
-                tag = int(ack_id[len(prefix) :])  # type: ignore[index]
-            except ValueError:
-                tag = 0
-            sub = self.ack_owner.get(tag)
-            if sub is None and 0 < tag <= self._cumulative_upto:
-                return None, tag  # already covered by a cumulative (ack:client) ACK
-        if sub is None:
+            digits = ack_id[len(prefix) :]  # type: ignore[index]
+            if digits.isascii() and digits.isdigit() and len(digits) < 19:
+                tag = int(digits)
+        try:
+            if not tag:
+                raise BrokerError("no such tag")
+            sub = channel.owner_of(tag)
+        except BrokerError:
             raise StompError(
                 "unknown message",
-                f"{frame.command} of {ack_id!r}: no such message is waiting for an "
-                "acknowledgement on this connection.",
-            )
-        return sub, tag
+                f"{frame.command} of a message that is not waiting for an acknowledgement "
+                "on this connection.",
+            ) from None
+        return sub, tag  # type: ignore[return-value]
 
     def stomp_ACK(self, frame: Frame) -> None:
         sub, tag = self._ack_target(frame)
         tx = frame.headers.get("transaction")
         if tx is not None:
-            self._transaction(tx).append(("ACK", frame))
+            self._hold(tx, "ACK", frame)
         else:
-            self._settle(sub, tag, True, True)
+            self.channel.settle(sub, tag, True)  # type: ignore[union-attr]
         if "receipt" in frame.headers:
             self._receipt(frame)
 
     def stomp_NACK(self, frame: Frame) -> None:
         sub, tag = self._ack_target(frame)
+        requeue = self._requeue(frame)
         tx = frame.headers.get("transaction")
         if tx is not None:
-            self._transaction(tx).append(("NACK", frame))
+            self._hold(tx, "NACK", frame)
         else:
-            self._settle(sub, tag, False, frame.headers.get("requeue", "true") != "false")
+            self.channel.settle(sub, tag, False, requeue)  # type: ignore[union-attr]
         self._receipt(frame)
 
-    def _settle(self, sub: Subscription | None, tag: int, ack: bool, requeue: bool) -> None:
-        if sub is None:
-            return
-        unacked = sub.unacked
-        ack_owner = self.ack_owner
-        if sub.mode == "client":
-            # Cumulative: everything delivered on the subscription up to tag.
-            if tag > self._cumulative_upto:
-                self._cumulative_upto = tag
-            done = []
-            for t in list(unacked):
-                if t > tag:
-                    break
-                done.append(unacked.pop(t))
-                ack_owner.pop(t, None)
-        else:
-            message = unacked.pop(tag, None)
-            ack_owner.pop(tag, None)
-            if message is None:
-                return
-            done = [message]
-        queue = sub.queue
-        if queue is None or not done:
-            return
-        if ack:
-            if len(done) == 1:
-                queue.ack(sub, done[0])
-            else:
-                for m in done:
-                    queue.ack(sub, m)
-        else:
-            queue.reject(sub, done, requeue)
+    @staticmethod
+    def _requeue(frame: Frame) -> bool:
+        value = frame.headers.get("requeue")
+        return True if value is None else parse_bool(value, "requeue")
 
     # -- transactions ----------------------------------------------------------------
 
@@ -1077,44 +796,89 @@ class StompSession:
             raise StompError("unknown transaction", f"Transaction {name!r} was not begun.")
         return ops
 
+    def _hold(self, name: str, kind: str, frame: Frame) -> None:
+        """Keep a frame of an open transaction, within the connection's caps."""
+        ops = self._transaction(name)
+        settings = self.settings
+        if settings.max_transaction_frames and self._transaction_frames >= settings.max_transaction_frames:
+            raise StompError(
+                "transaction too large",
+                f"A connection may hold at most {settings.max_transaction_frames} frames in "
+                "open transactions (stomp.max_transaction_frames).",
+            )
+        size = len(frame.body)
+        if settings.max_transaction_bytes and self._transaction_bytes + size > settings.max_transaction_bytes:
+            raise StompError(
+                "transaction too large",
+                f"A connection may hold at most {settings.max_transaction_bytes} bytes of bodies "
+                "in open transactions (stomp.max_transaction_bytes).",
+            )
+        self._transaction_frames += 1
+        self._transaction_bytes += size
+        ops.append((kind, frame))
+
+    def _end_transaction(self, name: str) -> list[tuple[str, Frame]]:
+        ops = self._transaction(name)
+        del self.transactions[name]
+        self._transaction_frames -= len(ops)
+        self._transaction_bytes -= sum(len(op.body) for _, op in ops)
+        return ops
+
     def stomp_BEGIN(self, frame: Frame) -> None:
         name = self._require(frame, "transaction")
         if name in self.transactions:
             raise StompError("transaction already begun", f"Transaction {name!r} is already open.")
+        cap = self.settings.max_transactions
+        if cap and len(self.transactions) >= cap:
+            raise StompError(
+                "too many transactions",
+                f"A connection may hold at most {cap} open transactions (stomp.max_transactions).",
+            )
         self.transactions[name] = []
         self._receipt(frame)
 
     def stomp_COMMIT(self, frame: Frame) -> None:
         name = self._require(frame, "transaction")
-        ops = self._transaction(name)
-        del self.transactions[name]
+        ops = self._end_transaction(name)
+        channel = self.channel
+        assert channel is not None
+        waiter = None
         for kind, op in ops:
             if kind == "SEND":
-                self._publish(op)
+                result = self._publish(op)
+                if result is not None and result.__class__ is not list:
+                    waiter = result  # the store keeps order: the last one covers all
             else:
                 try:
                     sub, tag = self._ack_target(op)
                 except StompError:
                     continue  # already settled (e.g. its subscription ended)
                 if kind == "ACK":
-                    self._settle(sub, tag, True, True)
+                    channel.settle(sub, tag, True)
                 else:
-                    self._settle(sub, tag, False, op.headers.get("requeue", "true") != "false")
-        self._receipt(frame)
+                    channel.settle(sub, tag, False, self._requeue(op))
+        receipt = frame.headers.get("receipt")
+        if receipt is not None:
+            self._send_receipt(receipt, None, waiter)
 
     def stomp_ABORT(self, frame: Frame) -> None:
         name = self._require(frame, "transaction")
-        self._transaction(name)
-        del self.transactions[name]
+        self._end_transaction(name)
         self._receipt(frame)
 
     # -- DISCONNECT --------------------------------------------------------------------
 
     def stomp_DISCONNECT(self, frame: Frame) -> None:
         self._receipt(frame)
+        if self._waiting:
+            # Close once the receipts still waiting for the store are out.
+            self._disconnecting = True
+            return
+        self._finish_disconnect()
+
+    def _finish_disconnect(self) -> None:
         self.flush()
         self.closed = True
-        self._stop_timers()
         self.connection_lost()
         self.transport.close("client disconnected")
 

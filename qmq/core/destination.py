@@ -1,5 +1,9 @@
-# -*- test-case-name: tests.test_stomp_session -*-
-"""STOMP destinations and how they map onto the core.
+# -*- test-case-name: tests.test_core_channel -*-
+"""Destination names and how they map onto the core: one grammar for every protocol.
+
+STOMP names destinations this way, and every other frontend (HTTP, WebSocket,
+peer links) uses the same names, so a message published over one protocol is
+consumed over another under the same name:
 
 =====================  ==================================================
 destination            core
@@ -16,11 +20,15 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from qmq.core.errors import BrokerError
+
 PREFIXES = ("/queue/", "/topic/", "/exchange/", "/temp-queue/", "/control/")
 
 
-class DestinationError(Exception):
+class DestinationError(BrokerError):
     """A destination QMQ cannot map; the message names the rule broken."""
+
+    code = 404
 
 
 class Destination(NamedTuple):
@@ -37,7 +45,7 @@ class Destination(NamedTuple):
 
 
 def parse_destination(text: str) -> Destination:
-    """Parse a STOMP destination. @raise DestinationError: it maps to nothing."""
+    """Parse a destination name. @raise DestinationError: it maps to nothing."""
     if text.startswith("/queue/"):
         name = text[7:]
         if not name:
@@ -66,7 +74,7 @@ def parse_destination(text: str) -> Destination:
 
 
 def destination_of(exchange: str, routing_key: str) -> str:
-    """The STOMP destination naming a publish to C{exchange} with C{routing_key}."""
+    """The destination naming a publish to C{exchange} with C{routing_key}."""
     if not exchange:
         return "/queue/" + routing_key
     if exchange == "amq.topic":

@@ -1,0 +1,413 @@
+# -*- test-case-name: tests.test_core_channel -*-
+"""The channel: every frontend's one way into the core.
+
+A frontend session (STOMP over any transport; later HTTP, AMQP and peer
+links) opens one L{Channel} per client connection, as an AMQP client opens a
+channel, and does everything through it:
+
+    resolve   destination name -> queue or exchange + routing key
+              (L{send_target}; the grammar is L{qmq.core.destination})
+    publish   L{new_message} (the core stamps the id and the time), then
+              L{publish}: routed atomically, the store asked once, and the
+              answer is None ("done") or a Deferred that fires when the
+              message is as durable as the store makes it
+    consume   L{subscribe} a L{Consumer} to a destination: a queue
+              consumer, or a live consumer bound straight to an exchange
+    settle    L{settle} a delivery tag: ack, or nack with or without requeue
+              (one tag, or every earlier tag of a cumulative consumer)
+    leave     L{unsubscribe}, and L{close} when the client goes: unacked
+              messages go back to their queues, private queues go away
+
+Deliveries are tagged by the channel: a frontend's C{Consumer.deliver} takes
+a tag with L{track} (or inlines the same two lines on its hot path) and
+names it to its client; the client's ack names it back.
+
+The channel owns what is private to one client: its temporary reply queues
+(C{/temp-queue/NAME}, named with an unguessable token so that only someone
+given the name can reply), its private subscription queues, and the cache of
+resolved send destinations.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import TYPE_CHECKING, Any
+
+from qmq.core.consumer import Consumer
+from qmq.core.destination import Destination, DestinationError, parse_destination
+from qmq.core.errors import AccessRefused, NotFound, PreconditionFailed
+from qmq.core.message import Message
+from qmq.core.queue import Queue
+
+if TYPE_CHECKING:
+    from qmq.core.broker import Broker
+    from qmq.core.exchange import Exchange
+    from qmq.core.vhost import VirtualHost
+
+#: A resolved send destination: (queue or None, exchange or None, exchange
+#: name, routing key, the object whose C{deleted} flag invalidates it).
+SendTarget = tuple[Any, Any, Any, str, Any]
+
+_TARGET_CACHE_SIZE = 1000
+
+
+class Channel:
+    """One client's way into the core (see the module docstring).
+
+    @ivar broker: the broker.
+    @ivar vhost: the virtual host the client chose.
+    @ivar owner_name: who the client is (login or client id), naming its
+        durable subscriptions.
+    @ivar owners: delivery tag -> the consumer it was delivered on.
+    @ivar next_tag: the next delivery tag.
+    @ivar temp_queues: temp-queue name -> its queue.
+    """
+
+    def __init__(self, broker: Broker, vhost: VirtualHost, owner_name: str = "") -> None:
+        self.broker = broker
+        self.vhost = vhost
+        self.owner_name = owner_name
+        # Names of the channel's own queues carry a random token: they can be
+        # published to by name (RPC replies), so they must not be guessable.
+        self.token = secrets.token_urlsafe(12)
+        self.owners: dict[int, Consumer] = {}
+        self.next_tag = 1
+        self.temp_queues: dict[str, Queue] = {}
+        self.consumers: set[Consumer] = set()
+        self.closed = False
+        self._cumulative_upto = 0
+        self._targets: dict[str, SendTarget] = {}
+        self._ids = broker.message_ids
+        self._seconds = broker.clock.seconds
+
+    # -- destinations ----------------------------------------------------------
+
+    def send_target(self, text: str) -> SendTarget:
+        """Resolve a destination to publish to (cached until its object is deleted).
+
+        A C{/control/} destination resolves to C{(None, None, None, path, None)}.
+
+        @raise DestinationError: the name maps to nothing.
+        @raise NotFound: the exchange does not exist, or an C{amq.} queue.
+        """
+        target = self._targets.get(text)
+        if target is not None and not target[4].deleted:
+            return target
+        target = self._resolve_send(text)
+        if target[4] is not None:
+            if len(self._targets) >= _TARGET_CACHE_SIZE:
+                self._targets.clear()
+            self._targets[text] = target
+        return target
+
+    def _resolve_send(self, text: str) -> SendTarget:
+        dest = parse_destination(text)
+        kind = dest.kind
+        if kind == "queue":
+            # Publishing to an existing queue is allowed even if it is
+            # exclusive to another channel (a /temp-queue/ reply-to).
+            queue = self.vhost.queues.get(dest.name)
+            if queue is None:
+                queue = self.named_queue(dest.name)
+            return (queue, None, "", dest.name, queue)
+        if kind == "temp-queue":
+            queue = self.temp_queue(dest.name)
+            return (queue, None, "", queue.name, queue)
+        if kind == "control":
+            return (None, None, None, dest.name, None)
+        exchange = self.vhost.exchange(dest.name)
+        return (None, exchange, exchange.name, dest.key, exchange)
+
+    def named_queue(self, name: str) -> Queue:
+        """The queue a C{/queue/NAME} destination names, created on first use.
+
+        Names starting with C{amq.} are the broker's own (private
+        subscription queues, temp queues): they are never created on demand,
+        so a reply to a requester that has gone away is refused instead of
+        leaving a stray queue behind.
+        """
+        vhost = self.vhost
+        if name.startswith("amq."):
+            queue = vhost.queues.get(name)
+            if queue is None:
+                raise NotFound(
+                    f"Queue {name!r} does not exist; names starting with 'amq.' are reserved "
+                    "for the broker and are not created on demand (its owner may have gone)."
+                )
+            return queue
+        return vhost.declare_queue(name, on_demand=True)
+
+    def temp_queue(self, name: str) -> Queue:
+        """This channel's private reply queue C{name} (made on first use)."""
+        queue = self.temp_queues.get(name)
+        if queue is None or queue.deleted:
+            if not name:
+                raise DestinationError("a /temp-queue/ destination needs a name")
+            queue = self.vhost.declare_queue(
+                f"amq.tmp.{self.token}.{name}",
+                durable=False,
+                auto_delete=False,
+                exclusive_owner=self,
+            )
+            self.temp_queues[name] = queue
+        return queue
+
+    # -- publishing --------------------------------------------------------------
+
+    def new_message(
+        self,
+        target: SendTarget,
+        headers: dict[str, str] | None,
+        body: bytes,
+        persistent: bool = False,
+    ) -> Message:
+        """A message for C{target}, stamped with a fresh id and the clock's time.
+
+        The frontend may set C{message.cache} (its encoded form) before
+        L{publish}. (L{Broker.new_message}, inlined: this is the publish path.)
+        """
+        return Message(next(self._ids), target[2], target[3], headers, body, self._seconds(), persistent)
+
+    def publish(self, target: SendTarget, message: Message) -> Any:
+        """Route C{message} to C{target}'s queues, atomically.
+
+        @return: None when the message is as safe as it will be, else a
+            Deferred that fires once the store has made it durable.
+        @raise ResourceLimit: a bounded queue refused it (then no queue has it).
+        @raise PreconditionFailed: the routing key breaks a limit.
+        """
+        queue = target[0]
+        if queue is not None:
+            return self.vhost.publish_to((queue,), message)
+        return self.vhost.publish_to(target[1].route(message.routing_key, message.headers), message)
+
+    # -- consuming ---------------------------------------------------------------
+
+    def subscribe(
+        self,
+        consumer: Consumer,
+        text: str,
+        durable_name: str | None = None,
+        live: bool = True,
+        label: str = "",
+    ) -> None:
+        """Attach C{consumer} to the destination C{text}.
+
+          - C{/queue/NAME}, C{/temp-queue/NAME}: a queue consumer on it.
+          - C{/topic/KEY}, C{/exchange/NAME/KEY}: with C{durable_name}, a
+            queue consumer on the durable queue C{durable.OWNER.NAME} bound
+            with KEY (it keeps messages while the client is away); else, for
+            an auto-ack consumer when C{live} is true, a live consumer bound
+            straight to the exchange; else a queue consumer on a private,
+            auto-delete queue bound with KEY (deleted with the consumer),
+            named after C{label} (the client's subscription id) and the
+            channel's token.
+
+        @raise DestinationError, NotFound, AccessRefused, PreconditionFailed.
+        """
+        dest = parse_destination(text)
+        vhost = self.vhost
+        kind = dest.kind
+        if kind == "control":
+            raise DestinationError(
+                "Cannot subscribe to a control destination: control destinations answer a "
+                "SEND with a receipt."
+            )
+        if kind == "queue":
+            queue = self.named_queue(dest.name)
+        elif kind == "temp-queue":
+            queue = self.temp_queue(dest.name)
+        else:
+            exchange = vhost.exchange(dest.name)
+            if durable_name is not None:
+                name = f"durable.{self.owner_name}.{durable_name}"
+                queue = vhost.declare_queue(name, durable=True, on_demand=True)
+                vhost.bind(name, exchange.name, dest.key)
+                consumer.durable = True
+            elif live and not consumer.ack_required:
+                self._bind_live(consumer, exchange, dest)
+                return
+            else:
+                name = f"amq.sub.{self.token}.{label or f'{id(consumer):x}'}"
+                queue = vhost.declare_queue(
+                    name,
+                    durable=False,
+                    auto_delete=True,
+                    exclusive_owner=self,
+                    arguments=None,
+                    backlog=consumer.backlog_limit,
+                )
+                vhost.bind(name, exchange.name, dest.key)
+                consumer.private = True
+        if queue.exclusive_owner is not None and queue.exclusive_owner is not self:
+            raise AccessRefused(f"Queue {queue.name!r} belongs to another session.")
+        self.consumers.add(consumer)
+        queue.add_consumer(consumer)
+
+    def _bind_live(self, consumer: Consumer, exchange: Exchange, dest: Destination) -> None:
+        exchange.bind(consumer, dest.key, None)  # type: ignore[arg-type]
+        consumer.exchange = exchange
+        consumer.binding_key = dest.key
+        self.consumers.add(consumer)
+
+    def unsubscribe(self, consumer: Consumer, delete_durable: bool = False) -> None:
+        """Detach C{consumer}: its unacked messages go back to their queue; a
+        private queue goes with it, and a durable subscription's queue too
+        when C{delete_durable}."""
+        self.consumers.discard(consumer)
+        exchange = consumer.exchange
+        if exchange is not None:
+            consumer.exchange = None
+            consumer.backlog = None
+            if not exchange.deleted:
+                exchange.unbind(consumer, consumer.binding_key, None)  # type: ignore[arg-type]
+                self.vhost.maybe_auto_delete_exchange(exchange)
+            return
+        unacked = self._forget_unacked(consumer)
+        queue = consumer.queue
+        if queue is None:
+            return
+        queue.remove_consumer(consumer, unacked)
+        if (consumer.private or (delete_durable and consumer.durable)) and not queue.deleted:
+            self.vhost.delete_queue(queue.name)
+
+    def consumer_cancelled(self, consumer: Consumer) -> None:
+        """The queue or exchange under C{consumer} was deleted by someone else."""
+        self.consumers.discard(consumer)
+        self._forget_unacked(consumer)
+
+    def _forget_unacked(self, consumer: Consumer) -> list[Message]:
+        """Stop tracking C{consumer}'s unacknowledged deliveries; return their messages."""
+        unacked = consumer.unacked
+        if not unacked:
+            return []
+        owners = self.owners
+        for tag in unacked:
+            owners.pop(tag, None)
+        messages = list(unacked.values())
+        unacked.clear()
+        return messages
+
+    # -- acknowledgements --------------------------------------------------------
+
+    def track(self, consumer: Consumer, message: Message) -> int:
+        """Tag a delivery on C{consumer}; record it as unacked if it must be acked."""
+        tag = self.next_tag
+        self.next_tag = tag + 1
+        if consumer.ack_required:
+            consumer.unacked[tag] = message
+            self.owners[tag] = consumer
+        return tag
+
+    def owner_of(self, tag: int) -> Consumer | None:
+        """The consumer delivery C{tag} waits on, or None.
+
+        @raise NotFound: no delivery C{tag} waits for an acknowledgement and
+            none was settled by an earlier cumulative ack.
+        """
+        consumer = self.owners.get(tag)
+        if consumer is None:
+            if 0 < tag <= self._cumulative_upto:
+                return None  # already covered by a cumulative ack
+            raise NotFound(f"no delivery {tag} is waiting for an acknowledgement")
+        return consumer
+
+    def settle(self, consumer: Consumer | None, tag: int, ack: bool, requeue: bool = True) -> None:
+        """Ack (or nack, requeueing or not) delivery C{tag} on C{consumer};
+        for a cumulative consumer, every earlier delivery on it too.
+
+        Each settled delivery is visited once: the cost is O(1) per message,
+        however many acks name it (the consumer's unacked dict is in delivery
+        order, so a cumulative ack pops from its front).
+        """
+        if consumer is None:
+            return
+        unacked = consumer.unacked
+        owners = self.owners
+        if consumer.cumulative:
+            if tag > self._cumulative_upto:
+                self._cumulative_upto = tag
+            done = []
+            while unacked:
+                first = next(iter(unacked))
+                if first > tag:
+                    break
+                done.append(unacked.pop(first))
+                owners.pop(first, None)
+        else:
+            message = unacked.pop(tag, None)
+            owners.pop(tag, None)
+            if message is None:
+                return
+            done = [message]
+        queue = consumer.queue
+        if queue is None or not done:
+            return
+        if ack:
+            for m in done:
+                queue.ack(consumer, m)
+        else:
+            queue.reject(consumer, done, requeue)
+
+    # -- flow control ------------------------------------------------------------
+
+    def pause(self) -> None:
+        """The client's transport is full: no consumer of this channel gets more."""
+        for consumer in self.consumers:
+            consumer.paused = True
+
+    def resume(self) -> None:
+        """The transport drained: deliver what waits."""
+        for consumer in list(self.consumers):
+            consumer.resume()
+
+    # -- control destinations ------------------------------------------------------
+
+    def control(self, path: str) -> list[tuple[str, str]]:
+        """Answer an ocamlmq control destination (counts)."""
+        vhost = self.vhost
+        if path.startswith("count-msgs/queue/"):
+            queue = vhost.queues.get(path[17:])
+            return [("num-messages", str(len(queue) if queue is not None else 0))]
+        if path.startswith("count-subscribers/queue/"):
+            queue = vhost.queues.get(path[24:])
+            return [("num-subscribers", str(len(queue.consumers) if queue is not None else 0))]
+        if path.startswith("count-subscribers/topic/"):
+            targets = vhost.exchange("amq.topic").route(path[24:], None)
+            # Queues count their consumers; a live consumer counts one.
+            count = sum(len(t.consumers) if isinstance(t, Queue) else 1 for t in targets)
+            return [("num-subscribers", str(count))]
+        if path == "memory":
+            alarm = getattr(self.broker, "memory_alarm", None)
+            if alarm is None:
+                return [("memory-alarm", "off")]
+            return [
+                ("memory-alarm", "on" if alarm.active else "off"),
+                ("memory-rss", str(alarm.rss)),
+                ("memory-high-watermark", str(alarm.high)),
+            ]
+        raise DestinationError(
+            f"Unknown control destination '/control/{path}'; QMQ answers "
+            "/control/count-msgs/queue/NAME, /control/count-subscribers/queue/NAME, "
+            "/control/count-subscribers/topic/NAME and /control/memory."
+        )
+
+    # -- the end -------------------------------------------------------------------
+
+    def close(self) -> None:
+        """The client is gone: give back what it held (once)."""
+        if self.closed:
+            return
+        self.closed = True
+        for consumer in list(self.consumers):
+            self.unsubscribe(consumer)
+        self.consumers.clear()
+        self.owners.clear()
+        vhost = self.vhost
+        for queue in self.temp_queues.values():
+            vhost.delete_queue(queue.name)
+        self.temp_queues.clear()
+        self._targets.clear()
+
+
+__all__ = ["Channel", "DestinationError", "PreconditionFailed", "SendTarget"]
