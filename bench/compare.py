@@ -151,11 +151,20 @@ class Peer(Broker):
 class QMQ(Broker):
     """QMQ from this repository, run in the foreground by ``twistd -n qmq``."""
 
-    def __init__(self, port: int, tls_port: int | None, workdir: Path, extra: list[str]) -> None:
-        super().__init__("qmq", port)
+    def __init__(
+        self,
+        port: int,
+        tls_port: int | None,
+        workdir: Path,
+        extra: list[str],
+        name: str = "qmq",
+        source: Path = REPO,
+    ) -> None:
+        super().__init__(name, port)
         self.tls_port = tls_port
         self.workdir = workdir.resolve()
         self.extra = extra
+        self.source = source.resolve()
         self.proc: subprocess.Popen[bytes] | None = None
 
     def _cert(self) -> tuple[Path, Path]:
@@ -185,7 +194,7 @@ class QMQ(Broker):
             cmd += ["--listen", f"stomp:ssl:{self.tls_port}:privateKey={key}:certKey={cert}"
                     ":interface=127.0.0.1:backlog=1024"]
         cmd += self.extra
-        env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        env = dict(os.environ, PYTHONPATH=str(self.source) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         log = open(self.workdir / "console.log", "ab")  # noqa: SIM115 - owned by the process
         self.proc = subprocess.Popen(cmd, cwd=self.workdir, env=env, stdout=log, stderr=log,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
@@ -275,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--qmq-port", type=int, default=61653)
     ap.add_argument("--qmq-tls-port", type=int, default=61654, help="0: no TLS listener")
     ap.add_argument("--qmq-arg", action="append", default=[], help="extra twistd qmq argument")
+    ap.add_argument("--qmq-base", type=Path,
+                    help="a checkout of another QMQ commit (git worktree) to run beside this one as "
+                         "broker 'qmq-base' (add it to --brokers), e.g. the commit before a change")
     ap.add_argument("--warmup-runs", type=int, default=30_000,
                     help="messages of an unrecorded queue-auto (and a tenth as many fan-out) "
                     "after each broker start; 0: none")
@@ -290,6 +302,11 @@ def main(argv: list[str] | None = None) -> int:
     for n in names:
         if n == "qmq":
             brokers[n] = QMQ(args.qmq_port, args.qmq_tls_port or None, args.out / "qmq-run", args.qmq_arg)
+        elif n == "qmq-base":
+            if args.qmq_base is None:
+                ap.error("broker qmq-base needs --qmq-base DIR")
+            brokers[n] = QMQ(args.qmq_port + 10, (args.qmq_tls_port + 10) if args.qmq_tls_port else None,
+                             args.out / "qmq-base-run", args.qmq_arg, name=n, source=args.qmq_base)
         else:
             brokers[n] = Peer(n, get_profile(n).port, args.shared, wipe=args.restart == "per-rep",
                               adopt=args.adopt)
@@ -326,11 +343,9 @@ def main(argv: list[str] | None = None) -> int:
                         for s in scen:
                             emit({"rep": rep, "broker": n, "scenario": s, "error": f"start failed: {e}"})
                         continue
-                prof = get_profile(n)
-                if n == "qmq":
-                    prof = prof.with_overrides(port=b.port, tls_port=args.qmq_tls_port or None)
-                    if not args.qmq_tls_port:
-                        prof = prof.with_overrides(tls_port=None)
+                prof = get_profile("qmq" if isinstance(b, QMQ) else n)
+                if isinstance(b, QMQ):
+                    prof = prof.with_overrides(port=b.port, tls_port=b.tls_port)
                 target = Target("127.0.0.1", b.port, prof)
                 if args.warmup_runs:
                     # Unrecorded warm-up (JIT, allocators, first-queue set-up).

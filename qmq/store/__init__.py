@@ -1,7 +1,7 @@
-"""Message stores: where a durable queue's messages are kept.
+"""Message stores: where a durable queue's persistent messages are kept.
 
-The core calls a store through the small interface of
-L{qmq.store.base.MessageStore}; the memory store keeps nothing beyond the
-queues themselves, the commit-log store (a later stage) appends records to
-segment files.
+The core owns the interface (L{qmq.core.store.MessageStore}) and calls it;
+the service picks the implementation from the configuration (C{store}) and
+gives it to the broker. The memory store keeps nothing; the commit-log store
+(next) appends records to segment files.
 """

@@ -1,22 +1,14 @@
-"""The memory store: messages live only in their queues."""
+"""The memory store: messages live only in their queues.
+
+A restart loses every message. This is the store the broker uses unless the
+configuration names another (C{store = "memory"}); it is the core's
+L{qmq.core.store.NullStore} under the name configuration uses.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from qmq.core.message import Message
-    from qmq.core.queue import Queue
+from qmq.core.store import NullStore
 
 
-class MemoryStore:
-    """Keeps nothing: a restart loses every message (memory-only queues)."""
-
-    def append(self, queue: Queue, message: Message) -> None:
-        return None
-
-    def remove(self, queue: Queue, message: Message) -> None:
-        return None
-
-    def close(self) -> None:
-        return None
+class MemoryStore(NullStore):
+    """Keeps nothing: every publish is done once routed (memory-only queues)."""
