@@ -179,8 +179,13 @@ class VirtualHost:
             self.delete_queue(queue.name)
 
     def queue_expired(self, queue: Queue) -> None:
-        """C{queue} stayed unused past its C{x-expires}: delete it."""
-        if not queue.deleted and self.queues.get(queue.name) is queue:
+        """C{queue} stayed unused past its C{x-expires}: delete it if it is empty.
+
+        Unlike RabbitMQ, QMQ never drops messages because nobody came for
+        them: an unused queue that still holds messages stays (it expires
+        once it is empty and unused again).
+        """
+        if not queue.deleted and not len(queue) and self.queues.get(queue.name) is queue:
             self.delete_queue(queue.name)
 
     # -- bindings ----------------------------------------------------------
