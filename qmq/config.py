@@ -16,39 +16,74 @@ The flow::
    errors: a typo must not pass silently.
 3. The user's layer is merged over the default: tables merge key by key, any
    other value (a number, a string, an array) is replaced whole.
-4. The merged tree becomes L{Settings}: frozen dataclasses, with the STOMP
-   settings as the frontend's own L{StompSettings}.
+4. The merged tree becomes L{Settings}: frozen dataclasses, each settings
+   section (C{[stomp]}, C{[connections]}, C{[limits]}) as the frozen
+   dataclass of the part of QMQ that owns it.
 
 Every problem is raised as a L{ConfigError} whose message is ready to print,
 for instance::
 
     qmq.toml: stomp.heartbeat_grace: expected a number >= 1.5, got "x"
 
-The C{[stomp]} table is derived from L{StompSettings}'s fields (its type
-annotations give the TOML type, L{STOMP_LIMITS} the allowed range), so a field
-added there is one line here.
+B{Sections: each part of QMQ owns its table.}  A top-level table such as
+C{[stomp]} is a I{section}: L{SECTIONS} maps its name to a frozen dataclass
+that lives with the code it configures (L{qmq.stomp.settings.StompSettings},
+L{qmq.connections.ConnectionSettings}, L{qmq.core.limits.LimitSettings}).
+This module knows nothing of their fields: it derives each table's schema
+from the dataclass.
+
+  - The type annotation gives the TOML type: C{int} (an integer), C{float}
+    (a number; an integer is accepted and stored as a float), C{bool},
+    C{str}, or a union of these (C{int | float | str}: the value keeps the
+    type of the first member it is).
+  - The field's C{metadata} gives the constraint:
+    C{{"min": N}} (C{>= N}), C{{"above": N}} (C{> N}),
+    C{{"choices": ("a", "b")}} (one of them), C{{"parse": callable}} (called
+    with the type-checked value, returns the value to keep, raises
+    L{ValueError} whose message becomes the error's problem text), and
+    C{{"expected": "..."}} (the text that replaces the derived
+    C{"an integer >= 1"} after C{expected} in errors).
+  - A number field that states no range must not be negative: an C{int}
+    is C{>= 0}, a C{float} is C{> 0}.
+  - The dataclass's defaults are the defaults; C{qmq/default.toml} repeats
+    them so that C{--print-default-config} shows them, and a test sees that
+    the two agree and that C{docs/configuration.rst} has a row for every key.
+
+Adding a frontend (or any other part with settings) is therefore its
+dataclass plus one line in L{SECTIONS}; its settings are then
+C{settings.section("NAME")}.  The three sections QMQ has today are also typed
+attributes of L{Settings} (C{settings.stomp}, C{settings.connections},
+C{settings.limits}).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import json
 import math
 import re
 import tomllib
+import types
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from qmq.connections import ConnectionSettings
+from qmq.core.limits import LimitSettings
+from qmq.core.queue import OVERFLOW_POLICIES
 from qmq.stomp.settings import StompSettings
 
 __all__ = [
     "DEFAULT_CONFIG_NAME",
     "EXCHANGE_TYPES",
-    "STOMP_LIMITS",
+    "QUEUE_DEFAULTS",
+    "SECTIONS",
+    "STORES",
     "BindingDeclaration",
     "ConfigError",
     "ExchangeDeclaration",
@@ -66,6 +101,31 @@ DEFAULT_CONFIG_NAME = "qmq/default.toml"
 
 #: Exchange types that a declaration may name.
 EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
+
+#: Message stores that C{store} may name.  The commit log will add C{"log"}.
+STORES = ("memory",)
+
+#: The settings sections: a top-level table name and the frozen dataclass
+#: that its keys fill (see the module docstring).  A new frontend adds its
+#: own line here.
+SECTIONS: dict[str, type] = {
+    "stomp": StompSettings,
+    "connections": ConnectionSettings,
+    "limits": LimitSettings,
+}
+
+#: The queue arguments of a queue created on demand (a client names a queue
+#: that does not exist) in a virtual host whose configuration sets no
+#: C{queue_defaults}; C{qmq/default.toml} repeats them for C{"/"}.
+QUEUE_DEFAULTS: Mapping[str, Any] = types.MappingProxyType(
+    {
+        "x-max-length": 1_000_000,
+        "x-max-length-bytes": 256 * 1024 * 1024,
+        "x-overflow": "reject-publish",
+        "x-expires": 3_600_000,
+        "x-delivery-limit": 100,
+    }
+)
 
 
 class ConfigError(Exception):
@@ -113,7 +173,9 @@ class QueueDeclaration:
     A queue that exists when the broker starts.
 
     @ivar name: the queue's name.
-    @ivar durable: whether it (and its persistent messages) survive a restart.
+    @ivar durable: whether it is meant to survive a restart.  With the only
+        store today (C{store = "memory"}) nothing survives one: the queue is
+        declared again from the configuration, empty.
     @ivar auto_delete: whether it goes away with its last consumer.
     @ivar arguments: optional queue arguments (limits, TTL, ...), passed to
         the core as they are.
@@ -147,18 +209,34 @@ class BindingDeclaration:
     origin: str = field(default="", compare=False, repr=False)
 
 
+def _queue_defaults() -> dict[str, Any]:
+    return dict(QUEUE_DEFAULTS)
+
+
 @dataclass(frozen=True)
 class VirtualHostSettings:
     """
     A virtual host and what is declared in it, in the order declared.
 
     @ivar name: the virtual host's name (C{"/"} is the default one).
+    @ivar queue_defaults: the queue arguments of queues created on demand
+        (a client names a queue that does not exist, a durable topic
+        subscription's queue), by argument name (C{x-max-length}, ...).
+        Without a C{queue_defaults} table, a virtual host gets
+        L{QUEUE_DEFAULTS}; a table that sets some keys replaces those keys
+        only.
     """
 
     name: str
     exchanges: tuple[ExchangeDeclaration, ...] = ()
     queues: tuple[QueueDeclaration, ...] = ()
     bindings: tuple[BindingDeclaration, ...] = ()
+    queue_defaults: Mapping[str, Any] = field(default_factory=_queue_defaults)
+
+
+def _other_sections() -> dict[str, Any]:
+    """The defaults of the sections that have no attribute of their own on L{Settings}."""
+    return {name: cls() for name, cls in SECTIONS.items() if name not in _SETTINGS_ATTRIBUTES}
 
 
 @dataclass(frozen=True)
@@ -169,9 +247,15 @@ class Settings:
     @ivar listen: where to listen, each C{PROTOCOL:ENDPOINT} (e.g.
         C{"stomp:tcp:61613:interface=127.0.0.1:backlog=1024"}).
     @ivar data_dir: the directory for persistent data.
-    @ivar stomp: the STOMP frontend's settings.
+    @ivar store: the message store, one of L{STORES}.
+    @ivar stomp: the STOMP frontend's settings (the C{[stomp]} section).
+    @ivar connections: the connection registry's settings (C{[connections]}).
+    @ivar limits: the broker-wide limits (C{[limits]}).
     @ivar vhosts: the virtual hosts with their declarations.
     @ivar shutdown_timeout: seconds a graceful shutdown may take.
+    @ivar other_sections: the settings of sections registered in
+        L{SECTIONS} that have no attribute here, by name; read them with
+        L{section}.
     @ivar listen_source: where C{listen} was set (a file name, or
         C{"--listen"}), so errors about a listener name it.
     """
@@ -180,10 +264,31 @@ class Settings:
         default_factory=lambda: ["stomp:tcp:61613:interface=127.0.0.1:backlog=1024"]
     )
     data_dir: Path = Path("qmq-data")
+    store: str = "memory"
     stomp: StompSettings = field(default_factory=StompSettings)
+    connections: ConnectionSettings = field(default_factory=ConnectionSettings)
+    limits: LimitSettings = field(default_factory=LimitSettings)
     vhosts: tuple[VirtualHostSettings, ...] = (VirtualHostSettings("/"),)
     shutdown_timeout: float = 10.0
+    other_sections: Mapping[str, Any] = field(default_factory=_other_sections)
     listen_source: str = field(default=DEFAULT_CONFIG_NAME, compare=False)
+
+    def section(self, name: str) -> Any:
+        """
+        The settings of any section registered in L{SECTIONS}.
+
+        @param name: the section's table name (C{"stomp"}, ...).
+        @return: an instance of C{SECTIONS[name]}.
+        @raise KeyError: no section is registered under C{name}.
+        """
+        cls = SECTIONS[name]
+        if name in _SETTINGS_ATTRIBUTES:
+            return getattr(self, name)
+        value = self.other_sections.get(name)
+        return value if value is not None else cls()
+
+
+_SETTINGS_ATTRIBUTES = frozenset(f.name for f in dataclasses.fields(Settings))
 
 
 # -- the schema ---------------------------------------------------------------
@@ -332,44 +437,146 @@ def _arguments(value: object, key: str) -> dict[str, Any]:
     return dict(value)
 
 
-#: The allowed range of each field of L{StompSettings}: (TOML type, checker).
-#: Every field must be here (a test sees to it).
-STOMP_LIMITS: dict[str, tuple[str, Callable[[object, str], Any]]] = {
-    "max_body_size": ("integer >= 1", _integer(1)),
-    "max_headers": ("integer >= 1", _integer(1)),
-    "max_header_line": ("integer >= 1", _integer(1)),
-    "max_header_block": ("integer >= 1", _integer(1)),
-    "heartbeat_send_ms": ("integer >= 0", _integer(0)),
-    "heartbeat_receive_ms": ("integer >= 0", _integer(0)),
-    "heartbeat_grace": ("number >= 1.5", _number(minimum=1.5)),
-    "default_prefetch": ("integer >= 1", _integer(1)),
-    "strict_vhost": ("boolean", _boolean),
-    "connect_timeout": ("number > 0", _number(above=0)),
-    "topic_backlog": ("integer >= 0", _integer(0)),
-}
-
-
-def _stomp_checker(name: str, annotation: str) -> Callable[[object, str], Any]:
-    """The checker of one L{StompSettings} field, or a type-only fallback."""
-    if name in STOMP_LIMITS:
-        return STOMP_LIMITS[name][1]
-    fallback: dict[str, Callable[[object, str], Any]] = {
-        "int": _integer(),
-        "float": _number(),
-        "bool": _boolean,
-        "str": _string,
-    }
-    if annotation in fallback:
-        return fallback[annotation]
-    raise TypeError(f"qmq.config cannot map StompSettings.{name}: {annotation}")
-
-
-_STOMP_FIELDS = {
-    f.name: _stomp_checker(f.name, str(f.type)) for f in dataclasses.fields(StompSettings)
-}
-
-
 _Schema = dict[str, Callable[[object, str], Any]]
+
+
+# -- sections: a schema derived from a settings dataclass -----------------------
+
+#: The TOML type of each Python type a section field may have: what errors
+#: call it, and whether a TOML value is one.
+_KINDS: dict[type, tuple[str, Callable[[object], bool]]] = {
+    bool: ("true or false", lambda v: isinstance(v, bool)),
+    int: ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    float: (
+        "a number",
+        lambda v: isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v),
+    ),
+    str: ("a string", lambda v: isinstance(v, str)),
+}
+
+_METADATA = frozenset({"min", "above", "choices", "parse", "expected"})
+
+
+def _bound(value: float) -> str:
+    """Show a range bound: C{1.5}, C{0}, C{1000000} (not C{1e+06})."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+@dataclass(frozen=True)
+class _FieldChecker:
+    """
+    Checks one key of a section against the field it fills.
+
+    @ivar kinds: the Python types the value may have, in the annotation's
+        order (L{_KINDS} keys).
+    @ivar expected: what errors say was expected (C{"an integer >= 1"}).
+    """
+
+    kinds: tuple[type, ...]
+    expected: str
+    minimum: float | None = None
+    above: float | None = None
+    choices: tuple[Any, ...] | None = None
+    parse: Callable[[Any], Any] | None = None
+
+    def __call__(self, value: Any, key: str) -> Any:
+        for kind in self.kinds:
+            if _KINDS[kind][1](value):
+                break
+        else:
+            raise _fail(key, self.expected, value)
+        if kind in (int, float):
+            if self.minimum is not None and value < self.minimum:
+                raise _fail(key, self.expected, value)
+            if self.above is not None and value <= self.above:
+                raise _fail(key, self.expected, value)
+        if kind is float:
+            value = float(value)
+        if self.choices is not None and value not in self.choices:
+            raise _fail(key, self.expected, value)
+        if self.parse is not None:
+            try:
+                value = self.parse(value)
+            except ValueError as e:
+                raise _Invalid(key, str(e)) from None
+        return value
+
+
+def _field_checker(cls: type, f: dataclasses.Field, annotation: Any) -> _FieldChecker:
+    """Derive the checker of one section field from its annotation and metadata."""
+    where = f"{cls.__module__}.{cls.__qualname__}.{f.name}"
+    kinds = typing.get_args(annotation) if _is_union(annotation) else (annotation,)
+    if not kinds or any(kind not in _KINDS for kind in kinds):
+        raise TypeError(
+            f"qmq.config cannot map {where}: {annotation!r} (expected int, float, bool, str"
+            " or a union of them)"
+        )
+    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+        raise TypeError(f"qmq.config: {where} needs a default (the key is optional)")
+    meta = f.metadata
+    unknown = set(meta) - _METADATA
+    if unknown:
+        raise TypeError(f"qmq.config: unknown metadata {sorted(unknown)} on {where}")
+    minimum, above = meta.get("min"), meta.get("above")
+    numeric = int in kinds or float in kinds
+    if numeric and minimum is None and above is None and "parse" not in meta:
+        # A count, a size or a duration: never negative unless a field says so.
+        if float in kinds:
+            above = 0
+        else:
+            minimum = 0
+    choices = tuple(meta["choices"]) if "choices" in meta else None
+    if choices is not None:
+        expected = "one of " + ", ".join(map(str, choices))
+    else:
+        descriptions = []
+        for kind in kinds:
+            text = _KINDS[kind][0]
+            if kind in (int, float):
+                if above is not None:
+                    text += f" > {_bound(above)}"
+                elif minimum is not None:
+                    text += f" >= {_bound(minimum)}"
+            descriptions.append(text)
+        expected = " or ".join(descriptions)
+    return _FieldChecker(
+        kinds=kinds,
+        expected=meta.get("expected", expected),
+        minimum=minimum,
+        above=above,
+        choices=choices,
+        parse=meta.get("parse"),
+    )
+
+
+def _is_union(annotation: Any) -> bool:
+    return isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union
+
+
+@functools.cache
+def _section_schema(cls: type) -> dict[str, _FieldChecker]:
+    """
+    The schema of a section, derived from its frozen dataclass.
+
+    @raise TypeError: a field has a type or metadata this module cannot map
+        (a programming error, found the first time the section is used).
+    """
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"qmq.config: section {cls!r} is not a dataclass")
+    hints = typing.get_type_hints(cls)
+    return {
+        f.name: _field_checker(cls, f, hints[f.name]) for f in dataclasses.fields(cls) if f.init
+    }
+
+
+def _section(cls: type) -> Callable[[object, str], dict[str, Any]]:
+    schema = _section_schema(cls)
+
+    def check(value: object, key: str) -> dict[str, Any]:
+        return _table(value, key, schema)
+
+    return check
+
 
 _EXCHANGE_SCHEMA: _Schema = {
     "name": _name,
@@ -442,10 +649,28 @@ def _declarations(
     return check
 
 
+#: Queue arguments that C{queue_defaults} may set: the core's names.
+_QUEUE_DEFAULTS_SCHEMA: _Schema = {
+    "x-max-length": _integer(0),
+    "x-max-length-bytes": _integer(0),
+    "x-overflow": _one_of(OVERFLOW_POLICIES),
+    "x-expires": _integer(1),
+    "x-delivery-limit": _integer(1),
+}
+
+
+def _queue_defaults_table(value: object, key: str) -> dict[str, Any]:
+    return _table(value, key, _QUEUE_DEFAULTS_SCHEMA)
+
+
+#: The keys of a virtual host that declare things (arrays of tables).
+_DECLARATION_KEYS = ("exchanges", "queues", "bindings")
+
 _VHOST_SCHEMA: _Schema = {
     "exchanges": _declarations(_EXCHANGE_SCHEMA, _EXCHANGE_REQUIRED, "name"),
     "queues": _declarations(_QUEUE_SCHEMA, _QUEUE_REQUIRED, "name"),
     "bindings": _declarations(_BINDING_SCHEMA, _BINDING_REQUIRED, None),
+    "queue_defaults": _queue_defaults_table,
 }
 
 
@@ -461,17 +686,23 @@ def _vhosts(value: object, key: str) -> dict[str, dict[str, Any]]:
     return result
 
 
-def _stomp(value: object, key: str) -> dict[str, Any]:
-    return _table(value, key, _STOMP_FIELDS)
-
-
 _TOP_SCHEMA: _Schema = {
     "listen": _listen_specs,
     "data_dir": _directory,
+    "store": _one_of(STORES),
     "shutdown_timeout": _number(above=0),
-    "stomp": _stomp,
     "vhosts": _vhosts,
 }
+
+
+def _top_schema() -> _Schema:
+    """The top-level schema: the fixed keys and a table per registered section."""
+    schema = dict(_TOP_SCHEMA)
+    for name, cls in SECTIONS.items():
+        if name in _TOP_SCHEMA:
+            raise TypeError(f"qmq.config: section {name!r} would hide a top-level key")
+        schema[name] = _section(cls)
+    return schema
 
 
 # -- loading --------------------------------------------------------------------
@@ -502,13 +733,13 @@ def _parse(text: str, source: str) -> dict[str, Any]:
 def _check_layer(data: dict[str, Any], source: str) -> dict[str, Any]:
     """Check one parsed file against the schema; every key is optional."""
     try:
-        checked = _table(data, "", _TOP_SCHEMA)
+        checked = _table(data, "", _top_schema())
     except _Invalid as e:
         raise ConfigError(source, e.key, e.problem) from None
     # Record where declarations and listeners come from, for later errors.
     for vhost in checked.get("vhosts", {}).values():
-        for declarations in vhost.values():
-            for declaration in declarations:
+        for name in _DECLARATION_KEYS:
+            for declaration in vhost.get(name, ()):
                 declaration["origin"] = f"{source}: {declaration['origin']}"
     if "listen" in checked:
         checked["listen_source"] = source
@@ -536,13 +767,21 @@ def _build(tree: Mapping[str, Any]) -> Settings:
                 exchanges=tuple(ExchangeDeclaration(**d) for d in vhost.get("exchanges", [])),
                 queues=tuple(QueueDeclaration(**d) for d in vhost.get("queues", [])),
                 bindings=tuple(BindingDeclaration(**d) for d in vhost.get("bindings", [])),
+                # "/" has the embedded default's table merged under it; any
+                # other virtual host starts from the same defaults.
+                queue_defaults={**QUEUE_DEFAULTS, **vhost.get("queue_defaults", {})},
             )
         )
-    values: dict[str, Any] = {
-        "stomp": StompSettings(**tree.get("stomp", {})),
-        "vhosts": tuple(vhosts),
-    }
-    for name in ("listen", "data_dir", "shutdown_timeout", "listen_source"):
+    values: dict[str, Any] = {"vhosts": tuple(vhosts)}
+    others = {}
+    for name, cls in SECTIONS.items():
+        section = cls(**tree.get(name, {}))
+        if name in _SETTINGS_ATTRIBUTES:
+            values[name] = section
+        else:
+            others[name] = section
+    values["other_sections"] = others
+    for name in ("listen", "data_dir", "store", "shutdown_timeout", "listen_source"):
         if name in tree:
             values[name] = tree[name]
     return Settings(**values)

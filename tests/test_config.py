@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from twisted.trial import unittest
@@ -18,9 +20,30 @@ from qmq.config import (
     Settings,
     VirtualHostSettings,
 )
+from qmq.connections import ConnectionSettings
+from qmq.core.limits import LimitSettings
 from qmq.stomp.settings import StompSettings
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+def doc_rows(text: str) -> dict[str, tuple[str, str]]:
+    """
+    The rows of the list tables of a reStructuredText page: the key of the
+    first column (without its backquotes) to the type and default columns.
+    """
+    rows = {}
+    pattern = re.compile(
+        r"^ *\* - ``(?P<key>[^`]+)``\n *- (?P<type>.*)\n *-(?: (?P<default>.*))?$", re.M
+    )
+    for match in pattern.finditer(text):
+        rows[match["key"]] = (match["type"], match["default"] or "")
+    return rows
+
+
+def toml_value(text: str) -> object:
+    """A TOML value as the documentation writes it, in double backquotes."""
+    return tomllib.loads(f"v = {text.strip('`')}")["v"]
 
 
 class DefaultTests(unittest.TestCase):
@@ -38,7 +61,28 @@ class DefaultTests(unittest.TestCase):
         self.assertEqual(settings.data_dir, Path("qmq-data"))
         self.assertEqual(settings.shutdown_timeout, 10.0)
         self.assertEqual(settings.vhosts, (VirtualHostSettings("/"),))
+        self.assertEqual(settings.store, "memory")
         self.assertEqual(settings.listen_source, config.DEFAULT_CONFIG_NAME)
+
+    def test_queueDefaults(self) -> None:
+        """
+        Queues created on demand in C{"/"} are bounded: a million messages or
+        256 MiB, refusing publishes when full, deleted after an hour unused
+        and empty, a message dropped after 100 deliveries.
+        """
+        self.assertEqual(
+            config.load().vhosts[0].queue_defaults,
+            {
+                "x-max-length": 1_000_000,
+                "x-max-length-bytes": 256 * 1024 * 1024,
+                "x-overflow": "reject-publish",
+                "x-expires": 3_600_000,
+                "x-delivery-limit": 100,
+            },
+        )
+        default = tomllib.loads(config.default_toml())
+        self.assertEqual(default["vhosts"]["/"]["queue_defaults"], dict(config.QUEUE_DEFAULTS))
+        self.assertEqual(VirtualHostSettings("x").queue_defaults, dict(config.QUEUE_DEFAULTS))
 
     def test_defaultMatchesDataclasses(self) -> None:
         """
@@ -47,31 +91,70 @@ class DefaultTests(unittest.TestCase):
         """
         self.assertEqual(config.load(), Settings())
         self.assertEqual(config.load().stomp, StompSettings())
+        self.assertEqual(config.load().connections, ConnectionSettings())
+        self.assertEqual(config.load().limits, LimitSettings())
+        for name, cls in config.SECTIONS.items():
+            self.assertEqual(config.load().section(name), cls())
 
-    def test_everyStompFieldMapped(self) -> None:
+    def test_sections(self) -> None:
         """
-        Every field of L{StompSettings} has a range in L{config.STOMP_LIMITS},
-        a value in the embedded default and a line in the documentation.
+        The three sections of today are registered and are typed attributes
+        of L{Settings}; L{Settings.section} finds them by name.
+        """
+        self.assertEqual(
+            config.SECTIONS,
+            {"stomp": StompSettings, "connections": ConnectionSettings, "limits": LimitSettings},
+        )
+        settings = config.load_string("[limits]\nmax_topic_words = 5\n")
+        self.assertIs(settings.section("stomp"), settings.stomp)
+        self.assertIs(settings.section("connections"), settings.connections)
+        self.assertIs(settings.section("limits"), settings.limits)
+        self.assertEqual(settings.limits.max_topic_words, 5)
+        self.assertEqual(settings.other_sections, {})
+        self.assertRaises(KeyError, settings.section, "amqp")
+
+    def test_everySectionFieldMapped(self) -> None:
+        """
+        Every field of every section has a range derived from its dataclass,
+        a value in the embedded default equal to the dataclass's own, and a
+        row in the documentation that states the same range and default.
         """
         default = tomllib.loads(config.default_toml())
-        docs = (DOCS / "configuration.rst").read_text(encoding="utf-8")
-        for f in dataclasses.fields(StompSettings):
-            self.assertIn(f.name, config.STOMP_LIMITS)
-            self.assertIn(f.name, default["stomp"])
-            self.assertIn(f"stomp.{f.name}", docs)
-        self.assertEqual(
-            set(config.STOMP_LIMITS), {f.name for f in dataclasses.fields(StompSettings)}
-        )
+        rows = doc_rows((DOCS / "configuration.rst").read_text(encoding="utf-8"))
+        for name, cls in config.SECTIONS.items():
+            schema = config._section_schema(cls)
+            fields = {f.name: f for f in dataclasses.fields(cls)}
+            defaults = cls()
+            self.assertEqual(set(schema), set(fields), name)
+            self.assertEqual(set(default[name]), set(fields), f"[{name}] in default.toml")
+            for key, f in fields.items():
+                dotted = f"{name}.{key}"
+                self.assertTrue(schema[key].expected, dotted)
+                value = getattr(defaults, key)
+                self.assertEqual(schema[key](default[name][key], dotted), value, dotted)
+                self.assertIn(dotted, rows, f"{dotted} has no row in configuration.rst")
+                type_column, default_column = rows[dotted]
+                self.assertEqual(toml_value(default_column), value, f"{dotted} documented")
+                if "expected" not in f.metadata:
+                    documented = re.sub(r"^an? ", "", schema[key].expected)
+                    documented = documented.replace("true or false", "boolean")
+                    self.assertIn(documented, type_column, f"{dotted}: range documented")
 
     def test_everyTopKeyDocumented(self) -> None:
         """
-        The documentation names every top-level key and declaration key.
+        The documentation names every top-level key, declaration key and
+        queue default, with the default in force.
         """
         docs = (DOCS / "configuration.rst").read_text(encoding="utf-8")
-        for key in ("listen", "data_dir", "shutdown_timeout"):
-            self.assertIn(f"``{key}``", docs)
+        rows = doc_rows(docs)
+        for key in ("listen", "data_dir", "store", "shutdown_timeout", *config.SECTIONS):
+            self.assertIn(f"``{key}``", docs, key)
         for key in ("exchanges", "queues", "bindings", "routing_key", "auto_delete", "arguments"):
             self.assertIn(key, docs)
+        self.assertEqual(toml_value(rows["store"][1]), "memory")
+        for key, value in config.QUEUE_DEFAULTS.items():
+            self.assertIn(key, rows)
+            self.assertEqual(toml_value(rows[key][1]), value, key)
 
 
 class LayeringTests(unittest.TestCase):
@@ -105,6 +188,7 @@ class LayeringTests(unittest.TestCase):
         text = """
 listen = ["stomp:tcp:61613"]
 data_dir = "/var/lib/qmq"
+store = "memory"
 shutdown_timeout = 3
 
 [stomp]
@@ -119,6 +203,28 @@ default_prefetch = 7
 strict_vhost = true
 connect_timeout = 2
 topic_backlog = 0
+idle_timeout = 0
+frame_timeout = 5
+max_subscriptions = 1
+max_transactions = 2
+max_transaction_frames = 3
+max_transaction_bytes = 4
+
+[connections]
+max_per_listener = 5
+max_per_address = 6
+handshake_timeout = 7
+close_grace = 0.5
+
+[limits]
+memory_high_watermark = "512MiB"
+max_topic_words = 8
+max_routing_key_length = 9
+max_unfinished_bytes = 0
+
+[vhosts."/".queue_defaults]
+x-overflow = "drop-head"
+x-max-length = 0
 
 [[vhosts."/".exchanges]]
 name = "events"
@@ -138,6 +244,7 @@ arguments = { "x-match" = "all", level = 3 }
 
 [vhosts.staging]
 queues = [{ name = "q", durable = false }]
+queue_defaults = { x-expires = 1, x-delivery-limit = 1 }
 """
         settings = config.load_string(text, "all.toml")
         self.assertEqual(
@@ -158,6 +265,24 @@ queues = [{ name = "q", durable = false }]
                     strict_vhost=True,
                     connect_timeout=2.0,
                     topic_backlog=0,
+                    idle_timeout=0.0,
+                    frame_timeout=5.0,
+                    max_subscriptions=1,
+                    max_transactions=2,
+                    max_transaction_frames=3,
+                    max_transaction_bytes=4,
+                ),
+                connections=ConnectionSettings(
+                    max_per_listener=5,
+                    max_per_address=6,
+                    handshake_timeout=7.0,
+                    close_grace=0.5,
+                ),
+                limits=LimitSettings(
+                    memory_high_watermark="512MiB",
+                    max_topic_words=8,
+                    max_routing_key_length=9,
+                    max_unfinished_bytes=0,
                 ),
                 vhosts=(
                     VirtualHostSettings(
@@ -173,13 +298,43 @@ queues = [{ name = "q", durable = false }]
                                 "orders", "events", "a.b", {"x-match": "all", "level": 3}
                             ),
                         ),
+                        queue_defaults={
+                            **config.QUEUE_DEFAULTS,
+                            "x-overflow": "drop-head",
+                            "x-max-length": 0,
+                        },
                     ),
-                    VirtualHostSettings("staging", queues=(QueueDeclaration("q", durable=False),)),
+                    VirtualHostSettings(
+                        "staging",
+                        queues=(QueueDeclaration("q", durable=False),),
+                        queue_defaults={
+                            **config.QUEUE_DEFAULTS,
+                            "x-expires": 1,
+                            "x-delivery-limit": 1,
+                        },
+                    ),
                 ),
             ),
         )
         self.assertEqual(settings.vhosts[0].bindings[0].origin, 'all.toml: vhosts."/".bindings[0]')
         self.assertEqual(settings.vhosts[1].queues[0].origin, "all.toml: vhosts.staging.queues[0]")
+
+    def test_queueDefaultsPerVirtualHost(self) -> None:
+        """
+        A virtual host declared without a C{queue_defaults} table gets the
+        built-in defaults, not what the file sets for C{"/"}; a table that
+        sets some keys replaces those keys only.
+        """
+        settings = config.load_string(
+            '[vhosts."/".queue_defaults]\nx-max-length = 5\n[vhosts.shop]\n'
+            '[vhosts.eu.queue_defaults]\nx-overflow = "drop-head"\n'
+        )
+        queue_defaults = {vhost.name: vhost.queue_defaults for vhost in settings.vhosts}
+        self.assertEqual(queue_defaults["/"], {**config.QUEUE_DEFAULTS, "x-max-length": 5})
+        self.assertEqual(queue_defaults["shop"], dict(config.QUEUE_DEFAULTS))
+        self.assertEqual(queue_defaults["eu"], {**config.QUEUE_DEFAULTS, "x-overflow": "drop-head"})
+        # Each virtual host has its own copy.
+        self.assertIsNot(queue_defaults["shop"], queue_defaults["eu"])
 
     def test_loadFile(self) -> None:
         """
@@ -275,8 +430,14 @@ class ErrorTests(unittest.TestCase):
         """
         self.check(
             'lisen = ["stomp:tcp:1"]',
-            "qmq.toml: lisen: unknown key (expected one of: data_dir, listen, shutdown_timeout,"
-            ' stomp, vhosts); did you mean "listen"?',
+            "qmq.toml: lisen: unknown key (expected one of: connections, data_dir, limits, listen,"
+            ' shutdown_timeout, stomp, store, vhosts); did you mean "listen"?',
+        )
+        self.check(
+            "[limits]\nmax_topic_word = 1",
+            "qmq.toml: limits.max_topic_word: unknown key (expected one of: max_routing_key_length,"
+            " max_topic_words, max_unfinished_bytes, memory_high_watermark);"
+            ' did you mean "max_topic_words"?',
         )
         e = self.assertRaises(ConfigError, config.load_string, "[stomp]\nheartbeat = 1", "f")
         self.assertTrue(str(e).startswith("f: stomp.heartbeat: unknown key (expected one of: "))
@@ -288,7 +449,13 @@ class ErrorTests(unittest.TestCase):
         self.check(
             '[vhosts."/"]\nqueue = []',
             'qmq.toml: vhosts."/".queue: unknown key (expected one of: bindings, exchanges,'
-            ' queues); did you mean "queues"?',
+            ' queue_defaults, queues); did you mean "queues"?',
+        )
+        self.check(
+            '[vhosts."/".queue_defaults]\nx-max-len = 1',
+            'qmq.toml: vhosts."/".queue_defaults.x-max-len: unknown key (expected one of:'
+            " x-delivery-limit, x-expires, x-max-length, x-max-length-bytes, x-overflow);"
+            ' did you mean "x-max-length"?',
         )
 
     def test_stompRanges(self) -> None:
@@ -307,8 +474,14 @@ class ErrorTests(unittest.TestCase):
             "strict_vhost": ('"yes"', 'expected true or false, got "yes"'),
             "connect_timeout": ("0", "expected a number > 0, got 0"),
             "topic_backlog": ("-1", "expected an integer >= 0, got -1"),
+            "idle_timeout": ("-0.5", "expected a number >= 0, got -0.5"),
+            "frame_timeout": ('"2m"', 'expected a number >= 0, got "2m"'),
+            "max_subscriptions": ("-1", "expected an integer >= 0, got -1"),
+            "max_transactions": ("1.0", "expected an integer >= 0, got 1.0"),
+            "max_transaction_frames": ("-1", "expected an integer >= 0, got -1"),
+            "max_transaction_bytes": ("{}", "expected an integer >= 0, got a table"),
         }
-        self.assertEqual(set(cases), set(config.STOMP_LIMITS))
+        self.assertEqual(set(cases), {f.name for f in dataclasses.fields(StompSettings)})
         for name, (value, problem) in cases.items():
             self.check(f"[stomp]\n{name} = {value}", f"qmq.toml: stomp.{name}: {problem}")
         self.check(
@@ -316,6 +489,100 @@ class ErrorTests(unittest.TestCase):
             "qmq.toml: stomp.heartbeat_grace: expected a number >= 1.5, got nan",
         )
         self.check("stomp = 1", "qmq.toml: stomp: expected a table, got 1")
+
+    def test_connectionRanges(self) -> None:
+        """
+        Each C{[connections]} setting checks its type and range.
+        """
+        cases = {
+            "max_per_listener": ("-1", "expected an integer >= 0, got -1"),
+            "max_per_address": ('"many"', 'expected an integer >= 0, got "many"'),
+            "handshake_timeout": ("0", "expected a number > 0, got 0"),
+            "close_grace": ("-1", "expected a number > 0, got -1"),
+        }
+        self.assertEqual(set(cases), {f.name for f in dataclasses.fields(ConnectionSettings)})
+        for name, (value, problem) in cases.items():
+            self.check(
+                f"[connections]\n{name} = {value}", f"qmq.toml: connections.{name}: {problem}"
+            )
+
+    def test_limitRanges(self) -> None:
+        """
+        Each C{[limits]} setting checks its type and range.
+        """
+        mark = 'expected a fraction of memory (0 < f <= 1), a size such as "512MiB", or 0, got true'
+        cases = {
+            "memory_high_watermark": ("true", mark),
+            "max_topic_words": ("0", "expected an integer >= 1, got 0"),
+            "max_routing_key_length": ("0", "expected an integer >= 1, got 0"),
+            "max_unfinished_bytes": ("-1", "expected an integer >= 0, got -1"),
+        }
+        self.assertEqual(set(cases), {f.name for f in dataclasses.fields(LimitSettings)})
+        for name, (value, problem) in cases.items():
+            self.check(f"[limits]\n{name} = {value}", f"qmq.toml: limits.{name}: {problem}")
+
+    def test_memoryHighWatermark(self) -> None:
+        """
+        The memory high-water mark is kept as written: a fraction of memory,
+        a size, or 0 (off).  Whatever the memory alarm cannot parse is an
+        error with the alarm's own explanation.
+        """
+        from qmq.core.alarm import parse_memory_mark, total_memory
+
+        for text, value in (
+            ("0.5", 0.5),
+            ("0", 0),
+            ("2147483648", 2147483648),
+            ('"512MiB"', "512MiB"),
+            ('"40%"', "40%"),
+        ):
+            settings = config.load_string(f"[limits]\nmemory_high_watermark = {text}")
+            self.assertEqual(settings.limits.memory_high_watermark, value)
+            self.assertIs(type(settings.limits.memory_high_watermark), type(value))
+        for text, value in (("1.5", 1.5), ("1", 1), ('"lots"', "lots"), ('"-1GB"', "-1GB")):
+            try:
+                parse_memory_mark(value, total_memory())
+            except ValueError as e:
+                problem = str(e)
+            else:
+                self.fail(f"the memory alarm accepts {value!r}")
+            self.check(
+                f"[limits]\nmemory_high_watermark = {text}",
+                f"qmq.toml: limits.memory_high_watermark: {problem}",
+            )
+
+    def test_store(self) -> None:
+        """
+        C{store} names a message store; only C{"memory"} exists today.
+        """
+        self.assertEqual(config.load_string('store = "memory"').store, "memory")
+        self.check('store = "log"', 'qmq.toml: store: expected one of memory, got "log"')
+        self.check("store = 1", "qmq.toml: store: expected one of memory, got 1")
+
+    def test_queueDefaults(self) -> None:
+        """
+        C{queue_defaults} takes the core's queue argument names, each checked.
+        """
+        cases = {
+            "x-max-length": ("-1", "expected an integer >= 0, got -1"),
+            "x-max-length-bytes": ('"1GB"', 'expected an integer >= 0, got "1GB"'),
+            "x-overflow": (
+                '"drop-tail"',
+                'expected one of drop-head, reject-publish, got "drop-tail"',
+            ),
+            "x-expires": ("0", "expected an integer >= 1, got 0"),
+            "x-delivery-limit": ("0", "expected an integer >= 1, got 0"),
+        }
+        self.assertEqual(set(cases), set(config.QUEUE_DEFAULTS))
+        for name, (value, problem) in cases.items():
+            self.check(
+                f"[vhosts.shop.queue_defaults]\n{name} = {value}",
+                f"qmq.toml: vhosts.shop.queue_defaults.{name}: {problem}",
+            )
+        self.check(
+            '[vhosts."/"]\nqueue_defaults = 1',
+            'qmq.toml: vhosts."/".queue_defaults: expected a table, got 1',
+        )
 
     def test_topLevel(self) -> None:
         """
@@ -446,6 +713,113 @@ class ErrorTests(unittest.TestCase):
             str(e),
             "qmq/default.toml: data_dir: expected a directory name (a non-empty string), got 3",
         )
+
+
+def _even(value: int) -> int:
+    if value % 2:
+        raise ValueError(f"{value} is odd: the widget count must be even")
+    return value // 2
+
+
+@dataclass(frozen=True)
+class WidgetSettings:
+    """A section as a new frontend would add it."""
+
+    count: int = field(default=4, metadata={"parse": _even})
+    ratio: float | str = field(default=0.5, metadata={"min": 0})
+    mode: str = field(default="fast", metadata={"choices": ("fast", "safe")})
+    name: str = "w"
+    enabled: bool = True
+    retries: int = 3
+    delay: float = 1.0
+
+
+class SectionTests(unittest.TestCase):
+    """
+    A section's schema is derived from its dataclass: a new frontend adds
+    its dataclass to L{config.SECTIONS} and nothing else.
+    """
+
+    def setUp(self) -> None:
+        self.patch(config, "SECTIONS", {**config.SECTIONS, "widget": WidgetSettings})
+
+    def check(self, text: str, message: str) -> None:
+        e = self.assertRaises(ConfigError, config.load_string, text, "qmq.toml")
+        self.assertEqual(str(e), message)
+
+    def test_registered(self) -> None:
+        """
+        A registered section is read from its table, merged over the
+        dataclass's defaults, and found with L{Settings.section}.
+        """
+        settings = config.load_string(
+            '[widget]\ncount = 6\nratio = "auto"\nmode = "safe"\nenabled = false\ndelay = 2\n'
+        )
+        self.assertEqual(
+            settings.section("widget"),
+            WidgetSettings(count=3, ratio="auto", mode="safe", enabled=False, delay=2.0),
+        )
+        self.assertEqual(settings.other_sections, {"widget": settings.section("widget")})
+        self.assertEqual(config.load().section("widget"), WidgetSettings())
+        self.assertEqual(config.load(), Settings())
+        self.assertEqual(Settings().section("widget"), WidgetSettings())
+
+    def test_errors(self) -> None:
+        """
+        Types from the annotations, ranges from the metadata, a type-only
+        field that is a number must not be negative, and a C{parse}
+        callable's L{ValueError} is the problem.
+        """
+        cases = {
+            "count": ("3", "3 is odd: the widget count must be even"),
+            "ratio": ("-1", "expected a number >= 0 or a string, got -1"),
+            "mode": ('"slow"', 'expected one of fast, safe, got "slow"'),
+            "name": ("1", "expected a string, got 1"),
+            "enabled": ("1", "expected true or false, got 1"),
+            "retries": ("-1", "expected an integer >= 0, got -1"),
+            "delay": ("0", "expected a number > 0, got 0"),
+        }
+        for name, (value, problem) in cases.items():
+            self.check(f"[widget]\n{name} = {value}", f"qmq.toml: widget.{name}: {problem}")
+        self.check(
+            "[widget]\nratios = 1",
+            "qmq.toml: widget.ratios: unknown key (expected one of: count, delay, enabled, mode,"
+            ' name, ratio, retries); did you mean "ratio"?',
+        )
+
+    def test_unmappable(self) -> None:
+        """
+        A field this module cannot check is a programming error, raised the
+        first time the section is used.
+        """
+
+        @dataclass(frozen=True)
+        class Listy:
+            items: list = field(default_factory=list)
+
+        @dataclass(frozen=True)
+        class Misspelt:
+            count: int = field(default=1, metadata={"minimum": 1})
+
+        @dataclass(frozen=True)
+        class NoDefault:
+            count: int
+
+        for cls, message in (
+            (Listy, "cannot map"),
+            (Misspelt, "unknown metadata ['minimum']"),
+            (NoDefault, "needs a default"),
+        ):
+            self.patch(config, "SECTIONS", {**config.SECTIONS, "bad": cls})
+            e = self.assertRaises(TypeError, config.load)
+            self.assertIn(message, str(e))
+
+    def test_hidesTopLevelKey(self) -> None:
+        """
+        A section cannot take the name of a top-level key.
+        """
+        self.patch(config, "SECTIONS", {**config.SECTIONS, "listen": WidgetSettings})
+        self.assertRaises(TypeError, config.load)
 
 
 class DescribeTests(unittest.TestCase):

@@ -1,12 +1,16 @@
 """Settings of the STOMP frontend: frame limits, heart-beats, delivery defaults.
 
-Filled from the ``[stomp]`` table of the configuration (see :mod:`qmq.config`);
-the defaults here are the documented defaults.
+Filled from the C{[stomp]} table of the configuration: L{qmq.config}
+registers L{StompSettings} under that name in its C{SECTIONS} and derives the
+table's schema from the fields: the type annotation gives the TOML type, the
+field's C{metadata} the allowed range (C{{"min": 1}}: at least 1,
+C{{"above": 0}}: more than 0).  The defaults here are the documented defaults
+(C{qmq/default.toml} repeats them; a test sees that they agree).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MiB = 1024 * 1024
 
@@ -34,16 +38,35 @@ class StompSettings:
         for a client that does not keep up; past it the oldest are dropped
         (ActiveMQ's pending-message limit), so one stalled subscriber cannot
         grow the broker's memory without bound. 0 means unbounded.
+    @ivar idle_timeout: seconds after which a client that sent nothing at
+        all (not even a heart-beat) is closed, whatever heart-beats it
+        negotiated; 0 turns it off.
+    @ivar frame_timeout: seconds a frame may take from its first byte to its
+        last; a client that leaves one unfinished longer is closed; 0 = off.
+    @ivar max_subscriptions: most subscriptions one connection holds;
+        0 = no limit.
+    @ivar max_transactions: most transactions one connection has open;
+        0 = no limit.
+    @ivar max_transaction_frames: most frames held in one connection's open
+        transactions; 0 = no limit.
+    @ivar max_transaction_bytes: most body bytes held in one connection's
+        open transactions; 0 = no limit.
     """
 
-    max_body_size: int = 16 * MiB
-    max_headers: int = 1000
-    max_header_line: int = 8 * 1024
-    max_header_block: int = 64 * 1024
-    heartbeat_send_ms: int = 10_000
-    heartbeat_receive_ms: int = 10_000
-    heartbeat_grace: float = 1.5
-    default_prefetch: int = 100
+    max_body_size: int = field(default=16 * MiB, metadata={"min": 1})
+    max_headers: int = field(default=1000, metadata={"min": 1})
+    max_header_line: int = field(default=8 * 1024, metadata={"min": 1})
+    max_header_block: int = field(default=64 * 1024, metadata={"min": 1})
+    heartbeat_send_ms: int = field(default=10_000, metadata={"min": 0})
+    heartbeat_receive_ms: int = field(default=10_000, metadata={"min": 0})
+    heartbeat_grace: float = field(default=1.5, metadata={"min": 1.5})
+    default_prefetch: int = field(default=100, metadata={"min": 1})
     strict_vhost: bool = False
-    connect_timeout: float = 30.0
-    topic_backlog: int = 10_000
+    connect_timeout: float = field(default=30.0, metadata={"above": 0})
+    topic_backlog: int = field(default=10_000, metadata={"min": 0})
+    idle_timeout: float = field(default=600.0, metadata={"min": 0})
+    frame_timeout: float = field(default=120.0, metadata={"min": 0})
+    max_subscriptions: int = field(default=10_000, metadata={"min": 0})
+    max_transactions: int = field(default=100, metadata={"min": 0})
+    max_transaction_frames: int = field(default=10_000, metadata={"min": 0})
+    max_transaction_bytes: int = field(default=64 * MiB, metadata={"min": 0})
