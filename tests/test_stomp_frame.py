@@ -11,8 +11,10 @@ from qmq.stomp.frame import (
     Frame,
     FrameError,
     StompParser,
+    check_header_text,
     encode_frame,
     escape_header,
+    excerpt,
 )
 
 MiB = 1024 * 1024
@@ -154,8 +156,8 @@ class EncodeTests(SynchronousTestCase):
 
     def test_escape_header(self) -> None:
         value = "a\\b\nc:d\re"
-        self.assertEqual(escape_header(value, "1.0"), value)
-        self.assertEqual(escape_header(value, "1.1"), "a\\\\b\\nc\\cd\re")
+        self.assertEqual(escape_header("a\\b:c\td", "1.0"), "a\\b:c\td")
+        self.assertEqual(escape_header("a\\b\nc:d", "1.1"), "a\\\\b\\nc\\cd")
         self.assertEqual(escape_header(value, "1.2"), "a\\\\b\\nc\\cd\\re")
         self.assertEqual(escape_header("plain", "1.2"), "plain")
 
@@ -166,13 +168,13 @@ class EncodeTests(SynchronousTestCase):
         self.assertEqual(escape_header("\r", "1.3"), "\\r")
 
     def test_escaping_per_version(self) -> None:
-        headers = {"k:\n": "v\\\r"}
-        self.assertEqual(encode_frame("SEND", headers, version="1.0"), b"SEND\nk:\n:v\\\r\n\n\0")
+        self.assertEqual(encode_frame("SEND", {"k": "v:\\"}, version="1.0"), b"SEND\nk:v:\\\n\n\0")
         self.assertEqual(
-            encode_frame("SEND", headers, version="1.1"), b"SEND\nk\\c\\n:v\\\\\r\n\n\0"
+            encode_frame("SEND", {"k:\n": "v\\"}, version="1.1"), b"SEND\nk\\c\\n:v\\\\\n\n\0"
         )
         self.assertEqual(
-            encode_frame("SEND", headers, version="1.2"), b"SEND\nk\\c\\n:v\\\\\\r\n\n\0"
+            encode_frame("SEND", {"k:\n": "v\\\r"}, version="1.2"),
+            b"SEND\nk\\c\\n:v\\\\\\r\n\n\0",
         )
 
     def test_escaping_only_when_needed(self) -> None:
@@ -233,6 +235,23 @@ class ParserTests(SynchronousTestCase):
         self.assertEqual(parser.feed(b"dy"), [])
         self.assertEqual(parser.feed(b"\0SEN"), [Frame("SEND", {"a": "1"}, b"body")])
         self.assertEqual(parser.feed(b"D\n\n\0"), [Frame("SEND")])
+
+    def test_pending_bytes(self) -> None:
+        """
+        The parser tells how many bytes of an unfinished frame it holds.
+        """
+        parser = StompParser()
+        self.assertEqual(parser.pending_bytes, 0)
+        parser.feed(b"\nSEND\na:1")
+        self.assertEqual(parser.pending_bytes, 8)
+        parser.feed(b"\n\n")
+        self.assertEqual(parser.pending_bytes, 10)
+        parser.feed(b"body")
+        self.assertEqual(parser.pending_bytes, 14)
+        parser.feed(b"\0SEND\ncontent-length:3\n\nab")
+        self.assertEqual(parser.pending_bytes, 25)
+        parser.feed(b"c\0\n")
+        self.assertEqual(parser.pending_bytes, 0)
 
     def test_empty_feed(self) -> None:
         parser = StompParser()
@@ -300,11 +319,14 @@ class ParserTests(SynchronousTestCase):
         self.assertEqual(parse(data), expected)
         self.assertEqual(parse_bytewise(data), expected)
 
-    def test_cr_inside_value(self) -> None:
+    def test_tab_kept(self) -> None:
         """
-        A CR that does not end a line is kept (leniently).
+        TAB is the one control character a header may hold.
         """
-        self.assertEqual(parse(b"SEND\na:x\ry\n\n\0", "1.0"), [Frame("SEND", {"a": "x\ry"})])
+        for version in VERSIONS:
+            self.assertEqual(
+                parse(b"SEND\na\tb:\tx\ty\t\n\n\0", version), [Frame("SEND", {"a\tb": "\tx\ty\t"})]
+            )
 
     def test_content_length_body_with_nuls(self) -> None:
         self.assertEqual(
@@ -577,7 +599,8 @@ class ErrorTests(SynchronousTestCase):
         )
 
     def test_garbage(self) -> None:
-        self.assertFrameError(b"\x00\x01\x02garbage\n\x7fmore\n\n\0", "malformed header")
+        self.assertFrameError(b"\x00\x01\x02garbage\n\x7fmore\n\n\0", "control character in header")
+        self.assertFrameError(b"garbage\nmore\n\n\0", "malformed header")
         self.assertFrameError(b"GET / HTTP/1.1\r\nHost: x\r\nbad line\r\n\r\n", "malformed header")
 
     def test_dead_after_error(self) -> None:
@@ -781,16 +804,26 @@ class BigFrameTests(SynchronousTestCase):
 VERSIONS = ("1.0", "1.1", "1.2")
 # Commands of the property tests; CONNECT, CONNECTED and STOMP are left out
 # of streams because the parser adopts the version they announce.
+# The characters no command or header may hold (TAB may).
+CONTROLS = "".join(map(chr, [*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F]))
 COMMANDS = st.one_of(
     st.sampled_from(["SEND", "MESSAGE", "SUBSCRIBE", "ACK", "RECEIPT", "ERROR", "BEGIN"]),
     st.text(
-        st.characters(blacklist_characters="\n\r", blacklist_categories=("Cs",)),
+        st.characters(blacklist_characters="\n\r" + CONTROLS, blacklist_categories=("Cs",)),
         min_size=1,
         max_size=10,
     ),
 ).filter(lambda c: c not in ("CONNECT", "CONNECTED", "STOMP"))
-ANY_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
-SPECIAL_TEXT = st.text(st.sampled_from("ab:\\\n\r\0 \u00e9\u2603"), max_size=8)
+ANY_TEXT = st.text(
+    st.characters(blacklist_characters=CONTROLS, blacklist_categories=("Cs",)), max_size=12
+)
+SPECIAL_TEXT = st.text(st.sampled_from("ab:\\\n\r\t \u00e9\u2603"), max_size=8)
+# Anything, control characters first of all: what the encoders must refuse
+# or get right.
+HOSTILE_TEXT = st.one_of(
+    st.text(st.sampled_from("ab:\\\n\r\t\0\x01\x0b\x0c\x1b\x1f\x7f \u00e9\u2028"), max_size=8),
+    st.text(st.characters(blacklist_categories=("Cs",)), max_size=12),
+)
 BODIES = st.binary(max_size=200)
 
 
@@ -802,13 +835,13 @@ def header_text(version: str, name: bool) -> st.SearchStrategy[str]:
     """
     text = st.one_of(ANY_TEXT, SPECIAL_TEXT)
     if version == "1.0":
-        # No escaping: no LF, no colon in a name, no CR at a line's end.
-        text = text.filter(lambda t: "\n" not in t and not t.endswith("\r"))
+        # No escaping: no LF, no CR, no colon in a name.
+        text = text.filter(lambda t: "\n" not in t and "\r" not in t)
         if name:
             text = text.filter(lambda t: ":" not in t)
     elif version == "1.1":
-        # CR is not escaped in 1.1: it must not end a line.
-        text = text.filter(lambda t: not t.endswith("\r"))
+        # CR is not escaped in 1.1.
+        text = text.filter(lambda t: "\r" not in t)
     return text
 
 
@@ -842,7 +875,8 @@ def frames_of(draw: st.DrawFn, version: str) -> tuple[Frame, bytes]:
     return Frame(command, expected, body), data
 
 
-HEARTBEATS = st.lists(st.sampled_from([b"\n", b"\r\n"]), max_size=3).map(b"".join)
+# EOL heart-beats, and stray NULs, which are skipped the same way.
+HEARTBEATS = st.lists(st.sampled_from([b"\n", b"\r\n", b"\0"]), max_size=3).map(b"".join)
 
 
 @st.composite
@@ -980,3 +1014,409 @@ class FuzzTests(SynchronousTestCase):
         self.assertEqual(
             outcome(bytewise, [stream[i : i + 1] for i in range(len(stream))]), expected
         )
+
+
+# Attacks and hardening ------------------------------------------------------
+
+
+def splits(data: bytes, cuts: list[int]) -> list[bytes]:
+    """
+    @return: C{data} cut at the offsets C{cuts} (in any order).
+    """
+    cuts = sorted(cuts)
+    return [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+
+
+def assertQuotesSafely(case: SynchronousTestCase, error: FrameError) -> None:
+    """
+    Assert that an error's message and detail can go into an ERROR frame as
+    they are: short, and no control character or other non-printable one.
+    """
+    case.assertTrue(error.message.isprintable(), repr(error.message))
+    case.assertTrue(error.detail.isprintable(), repr(error.detail))
+    case.assertLessEqual(len(error.detail), 300, error.detail)
+
+
+# A SEND whose relayed header block would end a MESSAGE early at the
+# receiver and forge a MESSAGE to another subscription, then an ERROR.
+INJECTION = (
+    b"SEND\ndestination:/queue/a\nx:\0MESSAGE\nsubscription:victim\nmessage-id:1\n"
+    b"destination:/queue/secret\ncontent-length:6\n\nforged\0ERROR\nmessage:forged\n\n\0"
+)
+GOOD = b"SEND\ndestination:/queue/a\n\nok\0"
+
+
+class InjectionTests(SynchronousTestCase):
+    """
+    No control character gets through a header block: not NUL (which would
+    let a relayed header block end a frame and forge the next), nor any
+    other C0 control but TAB, nor DEL, nor a CR that does not end a line.
+    """
+
+    def test_nul_injection(self) -> None:
+        """
+        The injection fails in every version, at once or piecewise, and
+        nothing of it becomes a frame; the frame before it still does.
+        """
+        for version in VERSIONS:
+            for pieces in (
+                [GOOD + INJECTION],
+                [GOOD + INJECTION[:30], INJECTION[30:]],
+                [bytes([b]) for b in GOOD + INJECTION],
+            ):
+                parser = StompParser()
+                parser.version = version
+                frames, message = outcome(parser, pieces)
+                self.assertEqual(message, "control character in header", version)
+                self.assertEqual(frames, [Frame("SEND", {"destination": "/queue/a"}, b"ok")])
+
+    @settings(max_examples=100, deadline=None)
+    @given(st.sampled_from(VERSIONS), st.lists(st.integers(0, len(GOOD + INJECTION))))
+    def test_nul_injection_any_split(self, version: str, cuts: list[int]) -> None:
+        parser = StompParser()
+        parser.version = version
+        frames, message = outcome(parser, splits(GOOD + INJECTION, cuts))
+        self.assertEqual(message, "control character in header")
+        self.assertEqual(frames, [Frame("SEND", {"destination": "/queue/a"}, b"ok")])
+
+    def test_error_says_where(self) -> None:
+        with self.assertRaises(FrameError) as caught:
+            parse(INJECTION)
+        error = caught.exception
+        self.assertEqual(error.message, "control character in header")
+        self.assertIn("0x00 at line 3, column 3", error.detail)
+        self.assertIn("x:\\x00MESSAGE", error.detail)
+        assertQuotesSafely(self, error)
+
+    def test_every_control_character(self) -> None:
+        for code in [*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F]:
+            c = bytes([code])
+            for data in (
+                b"SEND\na:x" + c + b"y\n\n\0",
+                b"SEND\na" + c + b":x\n\n\0",
+                b"SE" + c + b"ND\n\n\0",
+                b"SEND\r\na:" + c + b"\r\n\r\n\0",
+            ):
+                for version in VERSIONS:
+                    with self.assertRaises(FrameError, msg=repr(data)) as caught:
+                        parse(data, version)
+                    self.assertEqual(caught.exception.message, "control character in header")
+                    self.assertIn(f"byte 0x{code:02x}", caught.exception.detail)
+                    assertQuotesSafely(self, caught.exception)
+                    with self.assertRaises(FrameError):
+                        parse_bytewise(data, version)
+
+    def test_checked_after_repeats(self) -> None:
+        """
+        A block that differs from the one repeated before it (whose parse
+        is reused unchecked) is checked.
+        """
+        good = b"SEND\na:xy\n\n\0"
+        parser = StompParser()
+        self.assertEqual(len(parser.feed(good * 3)), 3)
+        with self.assertRaises(FrameError) as caught:
+            parser.feed(b"SEND\na:x\0\n\n\0")  # the same length
+        self.assertEqual(caught.exception.message, "control character in header")
+
+    def test_bare_cr(self) -> None:
+        """
+        A CR must end a line (CRLF, in every version); anywhere else it is
+        refused, even in 1.0.
+        """
+        for data, where in (
+            (b"SEND\na:x\ry\n\n\0", "line 2, column 4"),
+            (b"SE\rND\n\n\0", "line 1, column 3"),
+            (b"SEND\r\na:1\r\r\n\r\n\0", "line 2, column 4"),
+            (b"SEND\r\na\r:1\r\n\r\n\0", "line 2, column 2"),
+            (b"SEND\na:1\rb:2\n\n\0", "line 2, column 4"),
+        ):
+            for version in VERSIONS:
+                with self.assertRaises(FrameError, msg=repr(data)) as caught:
+                    parse(data, version)
+                self.assertEqual(caught.exception.message, "bare CR in header")
+                self.assertIn(where, caught.exception.detail)
+                assertQuotesSafely(self, caught.exception)
+                with self.assertRaises(FrameError):
+                    parse_bytewise(data, version)
+
+    def test_crlf_then_lf_block_with_odd_body(self) -> None:
+        """
+        After a CRLF frame the parser looks for a CRLF blank line first; an
+        LF frame whose body holds a control character, bytes that are not
+        UTF-8, a bare CR, or starts with CRLF, is still read right.
+        """
+        for body in (b"\x01\r\n\r\n", b"\xff\r\n\r\n", b"x\ry\r\n\r\n", b"\r\n"):
+            data = b"SEND\r\na:1\r\n\r\n\0SEND\na:2\n\n" + body + b"\0SEND\r\n\r\n\0"
+            expected = [Frame("SEND", {"a": "1"}), Frame("SEND", {"a": "2"}, body), Frame("SEND")]
+            self.assertEqual(parse(data), expected)
+            self.assertEqual(parse_bytewise(data), expected)
+
+
+class StrayNulTests(SynchronousTestCase):
+    """
+    A NUL between frames (a terminator sent twice) is skipped, like an EOL
+    heart-beat; inside a header block it is an error.
+    """
+
+    def test_skipped(self) -> None:
+        data = b"\0SEND\n\n\0\0\0\nSEND\na:1\n\nbody\0\0\r\n\0"
+        expected = [Frame("SEND"), Frame("SEND", {"a": "1"}, b"body")]
+        self.assertEqual(parse(data), expected)
+        self.assertEqual(parse_bytewise(data), expected)
+        self.assertEqual(parse(b"\0" * 100), [])
+
+    @settings(max_examples=200, deadline=None)
+    @given(
+        st.lists(
+            st.lists(st.sampled_from([b"\0", b"\n", b"\r\n"]), max_size=4), min_size=3, max_size=3
+        ),
+        st.lists(st.integers(0, 100)),
+    )
+    def test_any_split(self, gaps: list[list[bytes]], cuts: list[int]) -> None:
+        frames = [b"SEND\na:1\n\nx\0", b"SEND\ncontent-length:2\n\n\0\0\0"]
+        data = b"".join(gaps[0]) + frames[0] + b"".join(gaps[1]) + frames[1] + b"".join(gaps[2])
+        parser = StompParser()
+        self.assertEqual(
+            feed_all(parser, *splits(data, [cut for cut in cuts if cut <= len(data)])),
+            [Frame("SEND", {"a": "1"}, b"x"), Frame("SEND", {"content-length": "2"}, b"\0\0")],
+        )
+
+    def test_inside_header_block(self) -> None:
+        for data in (b"SEND\n\0a:1\n\n\0", b"SEND\0\n\n\0", b"SEND\na:1\n\0\n\n\0"):
+            with self.assertRaises(FrameError, msg=repr(data)) as caught:
+                parse(data)
+            self.assertEqual(caught.exception.message, "control character in header")
+
+
+class ExcerptTests(SynchronousTestCase):
+    """
+    L{excerpt} makes client input safe and short to quote.
+    """
+
+    def test_plain(self) -> None:
+        self.assertEqual(excerpt("destination"), "destination")
+        self.assertEqual(excerpt(b"/queue/a"), "/queue/a")
+        self.assertEqual(excerpt("caf\u00e9 \u2603"), "caf\u00e9 \u2603")
+        self.assertEqual(excerpt(""), "")
+
+    def test_escapes(self) -> None:
+        self.assertEqual(excerpt("a\0b\nc\rd\te\x7f"), "a\\x00b\\nc\\rd\\te\\x7f")
+        self.assertEqual(excerpt("back\\slash"), "back\\\\slash")
+        # C1 controls, line separators, bidi overrides: not printable.
+        self.assertEqual(excerpt("\x9b\u2028\u202e"), "\\x9b\\u2028\\u202e")
+        self.assertEqual(excerpt(b"ok\xff\xfe"), "ok\\xff\\xfe")
+        # A lone surrogate in text is not taken for a byte.
+        self.assertEqual(excerpt("\udcff"), "\\udcff")
+
+    def test_truncation(self) -> None:
+        self.assertEqual(excerpt("x" * 64), "x" * 64)
+        self.assertEqual(excerpt("x" * 65), "x" * 61 + "...")
+        self.assertEqual(excerpt(b"x" * 10_000_000), "x" * 61 + "...")
+        self.assertEqual(excerpt("abcdefghij", 8), "abcde...")
+        # An escape is never cut in half.
+        self.assertEqual(excerpt("abcd\0fghij", 8), "abcd...")
+        self.assertEqual(excerpt("\u00e9" * 100, 10), "\u00e9" * 7 + "...")
+
+    def test_injection(self) -> None:
+        text = excerpt(INJECTION)
+        self.assertEqual(len(text), 64)
+        self.assertTrue(text.endswith("..."))
+        self.assertTrue(text.isprintable())
+        self.assertIn("\\x00MESSAGE\\n", text)
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.one_of(st.binary(max_size=300), st.text(max_size=300)), st.integers(4, 100))
+    def test_always_short_and_printable(self, data: bytes | str, limit: int) -> None:
+        text = excerpt(data, limit)
+        self.assertLessEqual(len(text), limit)
+        self.assertTrue(text.isprintable(), repr(text))
+        if isinstance(data, str) and len(data) <= limit and data.isprintable() and "\\" not in data:
+            self.assertEqual(text, data)
+
+
+class ErrorDetailTests(SynchronousTestCase):
+    """
+    An error quotes at most a short excerpt of the client's input.
+    """
+
+    def test_quotes_short(self) -> None:
+        long = b"y" * 5000
+        for data, version, message in (
+            (b"SEND\n" + long + b"\n\n\0", "1.2", "malformed header"),
+            (b"SEND\na:" + long + b"\\t\n\n\0", "1.2", "undefined escape sequence in header"),
+            (b"SEND\ncontent-length:" + long + b"\n\n\0", "1.2", "invalid content-length"),
+            (b"SEND\na:" + long + b"\xff\n\n\0", "1.2", "invalid UTF-8 in frame header"),
+            (b"SEND\na:" + long + b"\x01\n\n\0", "1.0", "control character in header"),
+            (b"SEND\na:" + long + b"\ry\n\n\0", "1.0", "bare CR in header"),
+            (b"SEND\ncontent-length:1\n\nab\0", "1.2", "frame not terminated by NUL"),
+        ):
+            with self.assertRaises(FrameError, msg=message) as caught:
+                parse(data, version)
+            self.assertEqual(caught.exception.message, message)
+            assertQuotesSafely(self, caught.exception)
+        with self.assertRaises(FrameError) as caught:
+            parse(b"SEND\n" + long + b"\n\n\0", max_header_line=100)
+        assertQuotesSafely(self, caught.exception)
+
+    @settings(max_examples=300, deadline=None)
+    @given(
+        st.lists(st.one_of(TOKENS, st.binary(max_size=3)), max_size=40).map(b"".join),
+        st.sampled_from(VERSIONS),
+    )
+    def test_any_error(self, stream: bytes, version: str) -> None:
+        parser = StompParser(max_body_size=8, max_headers=3, max_header_line=16)
+        parser.version = version
+        try:
+            parser.feed(stream)
+        except FrameError as e:
+            assertQuotesSafely(self, e)
+
+
+def sendable(text: str, rules: str, name: bool) -> bool:
+    """
+    @param rules: the STOMP version whose escaping applies.
+    @param name: C{True} for a header name.
+    @return: whether a header name or value can be written in C{rules}.
+    """
+    if any(c in CONTROLS for c in text):
+        return False
+    if rules == "1.0":
+        return "\n" not in text and "\r" not in text and not (name and ":" in text)
+    if rules == "1.1":
+        return "\r" not in text
+    return True
+
+
+class EncoderSafetyTests(SynchronousTestCase):
+    """
+    The encoders never write a control character into a header: what the
+    version can escape they escape, the rest is a C{ValueError}.
+    """
+
+    def test_control_characters_refused(self) -> None:
+        for char in CONTROLS:
+            for version in VERSIONS:
+                for command in ("SEND", "CONNECT"):
+                    for headers in ({"a": f"x{char}y"}, {f"a{char}": "x"}, [("a", f"{char}")]):
+                        with self.assertRaises(ValueError, msg=repr(headers)) as caught:
+                            encode_frame(command, headers, b"", version)
+                        self.assertIn(f"control character U+{ord(char):04X}", str(caught.exception))
+                        self.assertTrue(str(caught.exception).isprintable())
+                with self.assertRaises(ValueError):
+                    escape_header(f"x{char}", version)
+
+    def test_line_breaks_per_version(self) -> None:
+        """
+        LF and CR are escaped where the version can, refused where not.
+        """
+        for value, refused in (("a\nb", ("1.0",)), ("a\rb", ("1.0", "1.1"))):
+            for version in VERSIONS:
+                if version in refused:
+                    with self.assertRaises(ValueError):
+                        encode_frame("SEND", {"k": value}, b"", version)
+                    with self.assertRaises(ValueError):
+                        escape_header(value, version)
+                else:
+                    self.assertNotIn(
+                        value.encode(), encode_frame("SEND", {"k": value}, b"", version)
+                    )
+            with self.assertRaises(ValueError):
+                encode_frame("CONNECT", {"passcode": value}, b"", "1.2")
+
+    def test_colon_in_unescaped_name(self) -> None:
+        """
+        Without escaping, a colon in a name would move the name/value split.
+        """
+        with self.assertRaises(ValueError):
+            encode_frame("SEND", {"a:b": "c"}, b"", "1.0")
+        with self.assertRaises(ValueError):
+            encode_frame("CONNECTED", {"a:b": "c"}, b"", "1.2")
+        self.assertEqual(encode_frame("SEND", {"a": "b:c"}, b"", "1.0"), b"SEND\na:b:c\n\n\0")
+
+    def test_command(self) -> None:
+        for command in ("", "SEND\nx:y", "\0SEND", "SE\rND", "SE\x7fND"):
+            with self.assertRaises(ValueError, msg=repr(command)):
+                encode_frame(command)
+        self.assertEqual(encode_frame("FOO\tBAR"), b"FOO\tBAR\n\n\0")
+
+    def test_content_length(self) -> None:
+        """
+        A body with a NUL always gets a content-length; one given must
+        match the body, or the receiver would cut the frame elsewhere.
+        """
+        for headers in (None, {}, {"a": "1"}, [("a", "1")]):
+            data = encode_frame("SEND", headers, b"a\0b")
+            self.assertIn(b"\ncontent-length:3\n", data)
+            self.assertEqual(parse(data)[0].body, b"a\0b")
+        self.assertEqual(
+            encode_frame("SEND", {"content-length": "003"}, b"a\0b"),
+            b"SEND\ncontent-length:003\n\na\0b\0",
+        )
+        for length in ("2", "4", "", "x", "+3", "\u0663"):
+            for headers in ({"content-length": length}, [("content-length", length)]):
+                with self.assertRaises(ValueError, msg=repr(headers)):
+                    encode_frame("SEND", headers, b"a\0b")
+        with self.assertRaises(ValueError):
+            encode_frame("SEND", {"content-length": "5"})
+
+    def test_check_header_text(self) -> None:
+        for text in ("", "plain", "tab\there", "line\nbreak\r", "caf\u00e9:\\"):
+            check_header_text(text)
+        for char in CONTROLS:
+            with self.assertRaises(ValueError) as caught:
+                check_header_text(f"ab{char}cd")
+            self.assertEqual(
+                str(caught.exception),
+                f"control character U+{ord(char):04X} in header text at index 2:"
+                f" ab{excerpt(char)}cd",
+            )
+
+    @settings(max_examples=500, deadline=None)
+    @given(st.data())
+    def test_round_trip_or_refused(self, data: st.DataObject) -> None:
+        """
+        Whatever the encoder accepts parses back to the same frame, with no
+        control character in the header block and, for a body without
+        NUL, exactly one NUL; what it refuses could not have been sent.
+        """
+        version = data.draw(st.sampled_from(VERSIONS))
+        command = data.draw(st.one_of(COMMANDS, st.sampled_from(["CONNECT", "CONNECTED"])))
+        rules = "1.0" if command in ("CONNECT", "CONNECTED") else version
+        headers = data.draw(
+            st.dictionaries(
+                HOSTILE_TEXT.filter(lambda name: name != "content-length"),
+                HOSTILE_TEXT,
+                max_size=4,
+            )
+        )
+        body = data.draw(BODIES)
+        ok = all(
+            sendable(name, rules, True) and sendable(value, rules, False)
+            for name, value in headers.items()
+        )
+        try:
+            encoded = encode_frame(command, headers, body, version)
+        except ValueError:
+            self.assertFalse(ok, repr(headers))
+            return
+        self.assertTrue(ok, repr(headers))
+        head, _, _ = encoded.partition(b"\n\n")
+        self.assertFalse(any(byte in CONTROLS.encode() for byte in head.replace(b"\n", b"")))
+        if b"\0" not in body:
+            self.assertEqual(encoded.count(b"\0"), 1)
+        if body:
+            headers["content-length"] = str(len(body))
+        self.assertEqual(parse(encoded, version), [Frame(command, headers, body)])
+
+
+class FrameSlotsTests(SynchronousTestCase):
+    def test_parser_sets_every_slot(self) -> None:
+        """
+        The parser makes frames without calling C{Frame.__init__}: it must
+        still set every slot.
+        """
+        for data in (b"SEND\na:1\n\nx\0" * 3, b"SEND\r\n\r\n\0"):
+            for frame in parse(data):
+                for slot in Frame.__slots__:
+                    getattr(frame, slot)
+                self.assertEqual(repr(frame), repr(Frame(frame.command, frame.headers, frame.body)))
