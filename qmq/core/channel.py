@@ -303,7 +303,10 @@ class Channel:
         """The consumer delivery C{tag} waits on, or None.
 
         @raise NotFound: no delivery C{tag} waits for an acknowledgement and
-            none was settled by an earlier cumulative ack.
+            C{tag} is above the highest tag a cumulative ack settled on this
+            channel (at or below it, an ack of a tag no longer waiting is a
+            no-op: the mark is kept per channel, not per consumer, as a tag
+            settled by a cumulative ack is not remembered one by one).
         """
         consumer = self.owners.get(tag)
         if consumer is None:

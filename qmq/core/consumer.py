@@ -32,7 +32,7 @@ chooses):
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -105,7 +105,12 @@ class Consumer:
         self.credit = window
         self.paused = False
         self.owner = owner
-        self.unacked: dict[int, Message] = {} if ack_required else _NONE_UNACKED  # type: ignore[assignment]
+        # A cumulative ack pops from the front: an OrderedDict finds its first
+        # live entry at once, where a dict's iterator walks every hole left by
+        # earlier pops (quadratic over a long run of acks).
+        self.unacked: dict[int, Message] = (
+            (OrderedDict() if cumulative else {}) if ack_required else _NONE_UNACKED  # type: ignore[assignment]
+        )
         self.backlog: deque[Message] | None = None
         self.backlog_limit = 0
         self.private = False

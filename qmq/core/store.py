@@ -22,8 +22,10 @@ When the core calls the store:
   - B{declare_queue}, B{delete_queue}, B{declare_exchange},
     B{delete_exchange}, B{bind}, B{unbind}: durable topology changed.
   - B{recover}: once, before any listener starts: what the store kept.
-  - B{flush}: at the end of every reactor turn that called the store, so a
-    disk store writes (and syncs) a whole turn's records at once.
+  - B{flush}: at the end of every reactor turn that called B{publish}, so a
+    disk store writes (and syncs) a whole turn's records at once. Other
+    records (settle, topology) wait for the next flush or for L{close}; a
+    disk store that must sync them sooner does it on its own schedule.
   - B{close}: at shutdown, after the listeners closed.
 
 The memory store (L{NullStore}) keeps nothing and answers every call at once;

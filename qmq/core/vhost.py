@@ -78,6 +78,8 @@ class VirtualHost:
             return existing
         exchange = EXCHANGE_CLASSES[type](name, durable, auto_delete)
         self.exchanges[name] = exchange
+        if durable and self.broker is not None and not name.startswith("amq."):
+            self.broker.store.declare_exchange(self, exchange)
         return exchange
 
     def exchange(self, name: str) -> Exchange:
@@ -205,6 +207,8 @@ class VirtualHost:
             if q.bindings is None:
                 q.bindings = []
             q.bindings.append((ex, routing_key, arguments))
+            if q.store is not None and ex.durable:
+                q.store.bind(self, q, ex, routing_key, arguments)
 
     def unbind(
         self, queue: str, exchange: str, routing_key: str = "", arguments: dict | None = None
@@ -217,6 +221,8 @@ class VirtualHost:
                 if b[0] is ex and b[1] == routing_key and b[2] == arguments:
                     del q.bindings[i]
                     break
+            if q.store is not None and ex.durable:
+                q.store.unbind(self, q, ex, routing_key, arguments)
             self.maybe_auto_delete_exchange(ex)
 
     def maybe_auto_delete_exchange(self, exchange: Exchange) -> None:

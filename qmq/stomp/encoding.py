@@ -40,6 +40,9 @@ def _escaped(text: str, version: str) -> str:
         # STOMP 1.0 has no escapes: a line break would end the header (or the
         # header block) early and let a publisher forge headers or frames.
         return text.replace("\r", " ").replace("\n", " ")
+    if version == "1.1" and "\r" in text:
+        # STOMP 1.1 escapes LF but not CR (a 1.2 sender's "\r").
+        text = text.replace("\r", " ")
     return escape_header(text, version)
 
 
