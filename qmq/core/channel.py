@@ -132,7 +132,8 @@ class Channel:
             if queue is None:
                 raise NotFound(
                     f"Queue {name!r} does not exist; names starting with 'amq.' are reserved "
-                    "for the broker and are not created on demand (its owner may have gone)."
+                    "for the broker and are not created on demand (its owner may have gone).",
+                    "no such queue",
                 )
             return queue
         return vhost.declare_queue(name, on_demand=True)
@@ -210,8 +211,9 @@ class Channel:
         kind = dest.kind
         if kind == "control":
             raise DestinationError(
-                "Cannot subscribe to a control destination: control destinations answer a "
-                "SEND with a receipt."
+                "Control destinations answer a SEND with a receipt; they cannot be "
+                "subscribed to.",
+                "cannot subscribe to a control destination",
             )
         if kind == "queue":
             queue = self.named_queue(dest.name)
@@ -392,7 +394,8 @@ class Channel:
         raise DestinationError(
             f"Unknown control destination '/control/{path}'; QMQ answers "
             "/control/count-msgs/queue/NAME, /control/count-subscribers/queue/NAME, "
-            "/control/count-subscribers/topic/NAME and /control/memory."
+            "/control/count-subscribers/topic/NAME and /control/memory.",
+            "unknown control destination",
         )
 
     # -- the end -------------------------------------------------------------------

@@ -30,6 +30,9 @@ class DestinationError(BrokerError):
 
     code = 404
 
+    def __init__(self, message: str, short: str = "unknown destination") -> None:
+        super().__init__(message, short)
+
 
 class Destination(NamedTuple):
     """A parsed destination.

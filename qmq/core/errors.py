@@ -11,15 +11,19 @@ from __future__ import annotations
 class BrokerError(Exception):
     """Base class of every error the core raises on a client's request.
 
-    @ivar message: a short human-readable reason.
+    @ivar message: a human-readable reason (a sentence).
+    @ivar short: a few words naming the error, for a protocol's short
+        error field (a STOMP ERROR's C{message} header), or C{""} to use
+        C{message} there too.
     @ivar code: the AMQP 0-9-1 reply code closest to this error.
     """
 
     code = 541
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, short: str = "") -> None:
         super().__init__(message)
         self.message = message
+        self.short = short
 
 
 class NotFound(BrokerError):

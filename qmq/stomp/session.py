@@ -48,7 +48,7 @@ from twisted.python.failure import Failure
 from qmq import __version__
 from qmq.core.broker import Broker
 from qmq.core.channel import Channel
-from qmq.core.destination import DestinationError, parse_destination
+from qmq.core.destination import parse_destination
 from qmq.core.errors import BrokerError
 from qmq.core.vhost import VirtualHost
 from qmq.stomp.encoding import VERSION_INDEX, VERSIONS, encode_message_headers, relay_block
@@ -210,11 +210,10 @@ class StompSession:
     def _failed(self, frame: Frame, e: StompError | BrokerError) -> None:
         """Answer a failed frame with an ERROR (carrying its receipt-id) and close."""
         receipt = getattr(e, "receipt", None) or frame.headers.get("receipt")
-        detail = e.detail if isinstance(e, StompError) else e.message
-        message = e.message
-        if isinstance(e, DestinationError):
-            message = "unknown destination"
-        self.error(message, detail, receipt)
+        if isinstance(e, StompError):
+            self.error(e.message, e.detail, receipt)
+        else:
+            self.error(e.short or e.message, e.message, receipt)
 
     def _handle(self, frame: Frame) -> None:
         """The careful path for one frame: checks, dispatch, errors."""
