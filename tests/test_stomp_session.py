@@ -1555,7 +1555,7 @@ class ErrorTests(SessionTestCase):
         c.publish("/queue/a", b"x" * 101)
         self.assertError(c, "max_body_size")
         d = self.client()
-        d.send("SEND", {"destination": "/queue/a", "content-length": "1000"})
+        d.raw(b"SEND\ndestination:/queue/a\ncontent-length:1000\n\n")
         self.assertError(d, "max_body_size")
         self.assertNotIn("a", self.vhost.queues)
 

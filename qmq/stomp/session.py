@@ -291,7 +291,10 @@ class StompSession:
         """Send an ERROR frame and close the connection."""
         if self.closed:
             return
-        headers = [("message", message.replace("\n", " ")), ("content-type", "text/plain")]
+        headers = [
+            ("message", message.replace("\n", " ").replace("\r", " ")),
+            ("content-type", "text/plain"),
+        ]
         if receipt is not None:
             headers.append(("receipt-id", receipt))
         if self.connected and self.version != "1.0":
