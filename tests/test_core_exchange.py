@@ -156,7 +156,8 @@ class TopicExchangeTests(SynchronousTestCase):
         """Unbinding everything leaves an empty trie."""
         ex = TopicExchange("t")
         q, r = Queue(None, "q"), Queue(None, "r")
-        patterns = [p for p, _, _ in TOPIC_CASES]
+        # a.#.#.b is a.#.b and #.# is # (runs of # collapse): one binding each.
+        patterns = [p for p, _, _ in TOPIC_CASES if p not in ("#.#", "a.#.#.b")]
         for p in patterns:
             ex.bind(q, p, None)
             ex.bind(r, p, None)

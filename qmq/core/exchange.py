@@ -1,35 +1,86 @@
 # -*- test-case-name: tests.test_core_exchange -*-
-"""Exchange types: direct, fanout, topic, headers, and the default exchange.
+"""Exchange types: direct, fanout, topic and headers.
 
-An exchange maps a publish (routing key, headers) to the list of queues
-bound to it that match. Each type keeps an index suited to its matching
-rule, so routing cost does not grow with the number of bindings that do not
-match:
+An exchange maps a publish (routing key, headers) to the targets bound to
+it that match. A target is a queue or a live consumer (an auto-ack
+subscriber bound straight to the exchange, see L{qmq.core.channel}); an
+exchange only hashes a target and tells targets apart by identity, and
+never calls it. Each type keeps an index suited to its matching rule, so
+that routing cost does not grow with the bindings that do not match, and
+so that binding and unbinding cost O(1) whatever the number of bindings
+(insertion-ordered dicts throughout: a list's C{in} or C{remove} would make
+unbinding 40,000 targets take half a minute):
 
-  - direct: a dict from routing key to queues.
-  - fanout: every bound queue.
+  - direct: routing key -> targets.
+  - fanout: target -> how many bindings it has (one per routing key).
   - topic: a trie over the dot-separated words of the binding patterns, with
     C{*} (exactly one word), C{#} (zero or more words) and, as in ocamlmq, a
     final word ending in C{*} (C{foo*}, C{a.b*}) that matches any key whose
-    remaining text starts with what precedes the star. Results are cached
-    per routing key until the bindings change.
-  - headers: C{x-match} C{all} (default) or C{any} over binding arguments.
+    remaining text starts with what precedes the star. Consecutive C{#}
+    words mean no more than one, so they are collapsed (C{a.#.#.b} names
+    the same binding as C{a.#.b}).
+  - headers: C{x-match} C{all} (default) or C{any} over binding arguments,
+    keyed by the binding's whole specification.
 
-C{route} returns a sequence of distinct queues (a queue bound twice gets
-one copy).
+Routing a publish is the hot path. C{route} returns a sequence of distinct
+targets (a target bound twice gets one copy) that the caller must treat as
+read-only: direct and fanout exchanges keep it as a tuple built on the first
+route after a change (building it costs no more than delivering to it), and
+the topic exchange caches its answer per routing key until the bindings
+change.
+
+The topic matcher walks the key one word at a time carrying the set of trie
+nodes still alive (a simulation of the pattern automaton: a C{#} node stays
+alive and absorbs any number of words). That set never holds a node twice,
+so a route costs at most (trie nodes) x (key words) steps, whatever the
+patterns: a pattern of 600 C{#} words cannot cost 5e9 calls, nor a deep one
+overflow the stack. Topic exchanges also cap the words of a pattern or a
+key (L{TopicExchange.max_words}, configured as C{limits.max_topic_words})
+and their length in characters (L{TopicExchange.max_key_length},
+C{limits.max_routing_key_length}); breaking either raises
+L{PreconditionFailed}.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from qmq.core.errors import PreconditionFailed
 
 if TYPE_CHECKING:
-    from qmq.core.queue import Queue
+    from qmq.core.message import Message
+
+__all__ = [
+    "EXCHANGE_CLASSES",
+    "EXCHANGE_TYPES",
+    "Binding",
+    "DirectExchange",
+    "Exchange",
+    "FanoutExchange",
+    "HeadersExchange",
+    "Target",
+    "TopicExchange",
+]
 
 EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
 _EMPTY: tuple = ()
+
+
+class Target(Hashable, Protocol):
+    """What a binding points at: a L{qmq.core.queue.Queue} or a live consumer.
+
+    Exchanges hash targets and compare them by identity only; the virtual
+    host delivers to them.
+    """
+
+    def publish(self, message: Message) -> Any:
+        """Take C{message}."""
+
+
+#: One binding as L{Exchange.bindings} lists it: the target, the routing key
+#: and the arguments as they were given to L{Exchange.bind}.
+Binding = tuple[Target, str, dict | None]
 
 
 class Exchange:
@@ -39,6 +90,7 @@ class Exchange:
     @ivar type: one of L{EXCHANGE_TYPES}.
     @ivar durable: survives a restart.
     @ivar auto_delete: deleted when its last binding goes.
+    @ivar binding_count: how many bindings it has.
     @ivar deleted: set once it has been deleted (frontends cache exchanges).
     """
 
@@ -54,138 +106,293 @@ class Exchange:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} bindings={self.binding_count}>"
 
-    def bind(self, queue: Queue, routing_key: str, arguments: dict | None) -> bool:
-        """Add a binding; return False if it already existed."""
+    def bind(self, target: Target, routing_key: str, arguments: dict | None) -> bool:
+        """Add a binding.
+
+        @param target: a queue or a live consumer.
+        @param routing_key: the binding key (a pattern for a topic exchange).
+        @param arguments: binding arguments (the headers to match for a
+            headers exchange; kept but unused by the other types).
+        @return: False if the binding existed already (then nothing changes,
+            and the arguments first given stay).
+        @raise PreconditionFailed: the key or the arguments are invalid.
+        """
         raise NotImplementedError
 
-    def unbind(self, queue: Queue, routing_key: str, arguments: dict | None) -> bool:
-        """Remove a binding; return False if it did not exist."""
+    def unbind(self, target: Target, routing_key: str, arguments: dict | None) -> bool:
+        """Remove a binding.
+
+        @param target: as given to L{bind}.
+        @param routing_key: as given to L{bind}.
+        @param arguments: as given to L{bind} (only a headers exchange
+            tells bindings apart by their arguments).
+        @return: False if there was no such binding.
+        """
         raise NotImplementedError
 
     def route(self, routing_key: str, headers: dict | None) -> tuple | list:
-        """The queues a publish with this key and headers goes to."""
+        """The targets a publish with this key and headers goes to.
+
+        @param routing_key: the publish's routing key.
+        @param headers: the message's headers (strings), or None.
+        @return: distinct targets, in a sequence the caller must not change
+            (the exchange may return it again).
+        @raise PreconditionFailed: the key breaks a limit (topic exchanges).
+        """
+        raise NotImplementedError
+
+    def bindings(self) -> list[Binding]:
+        """Every binding, as C{(target, routing_key, arguments)}.
+
+        @return: a new list, so the caller may unbind while walking it.
+        """
         raise NotImplementedError
 
 
 class DirectExchange(Exchange):
-    """Routes to the queues bound with exactly the routing key."""
+    """Routes to the targets bound with exactly the routing key.
+
+    @ivar cache_size: most routing keys without a binding whose (empty)
+        route is kept.
+    """
 
     type = "direct"
+    cache_size = 10_000
 
     def __init__(self, name: str, durable: bool = True, auto_delete: bool = False) -> None:
         super().__init__(name, durable, auto_delete)
-        self._by_key: dict[str, list[Queue]] = {}
+        # routing key -> target -> binding arguments.
+        self._by_key: dict[str, dict[Target, dict | None]] = {}
+        # routing key -> its targets as a tuple, for route() to hand out
+        # (empty for a key routed but not bound); a key is dropped on change
+        # and rebuilt by its next route.
+        self._routes: dict[str, tuple] = {}
 
-    def bind(self, queue: Queue, routing_key: str, arguments: dict | None) -> bool:
-        queues = self._by_key.setdefault(routing_key, [])
-        if queue in queues:
+    def bind(self, target: Target, routing_key: str, arguments: dict | None) -> bool:
+        targets = self._by_key.get(routing_key)
+        if targets is None:
+            targets = self._by_key[routing_key] = {}
+        elif target in targets:
             return False
-        queues.append(queue)
+        targets[target] = arguments
+        self._routes.pop(routing_key, None)
         self.binding_count += 1
         return True
 
-    def unbind(self, queue: Queue, routing_key: str, arguments: dict | None) -> bool:
-        queues = self._by_key.get(routing_key)
-        if not queues or queue not in queues:
+    def unbind(self, target: Target, routing_key: str, arguments: dict | None) -> bool:
+        targets = self._by_key.get(routing_key)
+        if targets is None or target not in targets:
             return False
-        queues.remove(queue)
-        if not queues:
+        del targets[target]
+        if not targets:
             del self._by_key[routing_key]
+        self._routes.pop(routing_key, None)
         self.binding_count -= 1
         return True
 
     def route(self, routing_key: str, headers: dict | None) -> tuple | list:
-        return self._by_key.get(routing_key, _EMPTY)
+        targets = self._routes.get(routing_key)
+        if targets is None:
+            targets = self._refresh(routing_key)
+        return targets
+
+    def _refresh(self, routing_key: str) -> tuple:
+        """Build and keep the route of C{routing_key}, bound or not."""
+        routes = self._routes
+        if len(routes) >= len(self._by_key) + self.cache_size:
+            # Unbound keys (publishers choose them) have filled it: start
+            # again; bound keys are rebuilt as they are next routed.
+            routes.clear()
+        bound = self._by_key.get(routing_key)
+        targets = routes[routing_key] = tuple(bound) if bound else _EMPTY
+        return targets
+
+    def bindings(self) -> list[Binding]:
+        return [
+            (target, key, arguments)
+            for key, targets in self._by_key.items()
+            for target, arguments in targets.items()
+        ]
 
 
 class FanoutExchange(Exchange):
-    """Routes to every bound queue, whatever the key."""
+    """Routes to every bound target, whatever the key."""
 
     type = "fanout"
 
     def __init__(self, name: str, durable: bool = True, auto_delete: bool = False) -> None:
         super().__init__(name, durable, auto_delete)
-        self._queues: list[Queue] = []
-        self._keys: dict[tuple[Queue, str], None] = {}
+        # (target, routing key) -> binding arguments.
+        self._keys: dict[tuple[Target, str], dict | None] = {}
+        # target -> how many routing keys bind it: it leaves the route with
+        # its last binding.
+        self._counts: dict[Target, int] = {}
+        # The distinct targets as a tuple, built by route(); a change empties
+        # it (a falsy marker costs route() less than a None test).
+        self._route: tuple = _EMPTY
 
-    def bind(self, queue: Queue, routing_key: str, arguments: dict | None) -> bool:
-        if (queue, routing_key) in self._keys:
+    def bind(self, target: Target, routing_key: str, arguments: dict | None) -> bool:
+        entry = (target, routing_key)
+        if entry in self._keys:
             return False
-        self._keys[(queue, routing_key)] = None
-        if queue not in self._queues:
-            self._queues.append(queue)
+        self._keys[entry] = arguments
+        counts = self._counts
+        count = counts.get(target, 0)
+        counts[target] = count + 1
+        if not count:
+            self._route = _EMPTY
         self.binding_count += 1
         return True
 
-    def unbind(self, queue: Queue, routing_key: str, arguments: dict | None) -> bool:
-        if (queue, routing_key) not in self._keys:
+    def unbind(self, target: Target, routing_key: str, arguments: dict | None) -> bool:
+        entry = (target, routing_key)
+        if entry not in self._keys:
             return False
-        del self._keys[(queue, routing_key)]
-        if not any(q is queue for q, _ in self._keys):
-            self._queues.remove(queue)
+        del self._keys[entry]
+        counts = self._counts
+        count = counts[target] - 1
+        if count:
+            counts[target] = count
+        else:
+            del counts[target]
+            self._route = _EMPTY
         self.binding_count -= 1
         return True
 
     def route(self, routing_key: str, headers: dict | None) -> tuple | list:
-        return self._queues
+        return self._route or self._refresh()
+
+    def _refresh(self) -> tuple:
+        """Build and keep the route (every bound target)."""
+        targets = self._route = tuple(self._counts)
+        return targets
+
+    def bindings(self) -> list[Binding]:
+        return [(target, key, arguments) for (target, key), arguments in self._keys.items()]
 
 
 class _Node:
-    """A trie node: one word of a topic pattern."""
+    """A trie node: one word of a topic pattern.
 
-    __slots__ = ("children", "star", "hash", "queues", "prefixes")
+    @ivar children: literal word -> node.
+    @ivar star: the node for a C{*} word.
+    @ivar hash: the node for a C{#} word.
+    @ivar targets: the targets of the patterns that end here: target ->
+        (routing key, arguments) as bound.
+    @ivar prefixes: the targets of the patterns whose final C{foo*} word
+        follows here: C{foo} -> target -> (routing key, arguments).
+    """
+
+    __slots__ = ("children", "star", "hash", "targets", "prefixes")
 
     def __init__(self) -> None:
         self.children: dict[str, _Node] | None = None
         self.star: _Node | None = None
         self.hash: _Node | None = None
-        self.queues: list[Queue] | None = None
-        self.prefixes: list[tuple[str, Queue]] | None = None
+        self.targets: dict[Target, tuple[str, dict | None]] | None = None
+        self.prefixes: dict[str, dict[Target, tuple[str, dict | None]]] | None = None
 
     def empty(self) -> bool:
-        return not (self.children or self.star or self.hash or self.queues or self.prefixes)
+        return not (self.children or self.star or self.hash or self.targets or self.prefixes)
 
 
 class TopicExchange(Exchange):
-    """Routes by pattern over dot-separated words (see the module doc)."""
+    """Routes by pattern over dot-separated words (see the module doc).
+
+    @cvar DEFAULT_MAX_WORDS: the default of L{max_words}. Matching costs at
+        most (pattern words) x (key words) steps per pattern, so this keeps
+        an adversary's pattern cheap; 32 dot-separated words is far more
+        than any real topic hierarchy uses.
+    @cvar DEFAULT_MAX_KEY_LENGTH: the default of L{max_key_length}: 255, a
+        routing key's limit in AMQP 0-9-1 (a short string).
+    @ivar max_words: most words in a binding pattern or a routing key
+        (configured as C{limits.max_topic_words}); an instance may override
+        the class's value at any time before it routes.
+    @ivar max_key_length: most characters in a binding pattern or a routing
+        key (configured as C{limits.max_routing_key_length}).
+    @ivar cache_size: most routing keys whose route is cached.
+    @ivar steps: trie nodes the matcher has expanded, over all uncached
+        routes: a measure of routing work, for tests and diagnostics.
+    """
 
     type = "topic"
+    DEFAULT_MAX_WORDS = 32
+    DEFAULT_MAX_KEY_LENGTH = 255
+    max_words = DEFAULT_MAX_WORDS
+    max_key_length = DEFAULT_MAX_KEY_LENGTH
     cache_size = 10_000
 
     def __init__(self, name: str, durable: bool = True, auto_delete: bool = False) -> None:
         super().__init__(name, durable, auto_delete)
         self._root = _Node()
         self._cache: dict[str, tuple] = {}
+        self.steps = 0
+
+    def _check(self, what: str, text: str, words: int) -> None:
+        """Refuse a pattern or key past L{max_words} or L{max_key_length}.
+
+        @param what: C{"topic pattern"} or C{"routing key"}, for the message.
+        @param text: the pattern or key.
+        @param words: how many words it has.
+        @raise PreconditionFailed: it breaks a limit; the message names the
+            limit and its configuration key.
+        """
+        if words > self.max_words:
+            raise PreconditionFailed(
+                f"{what} has {words} words; the limit is {self.max_words} "
+                "(limits.max_topic_words)"
+            )
+        if len(text) > self.max_key_length:
+            raise PreconditionFailed(
+                f"{what} has {len(text)} characters; the limit is {self.max_key_length} "
+                "(limits.max_routing_key_length)"
+            )
 
     @staticmethod
     def _split_pattern(routing_key: str) -> tuple[list[str], str | None]:
-        """The words of a binding pattern, and the prefix of a final C{foo*} word."""
+        """The words of a binding pattern, and the prefix of a final C{foo*} word.
+
+        Runs of C{#} are collapsed to one, for bind and unbind alike, so that
+        C{a.#.#.b} and C{a.#.b} name the same trie node.
+        """
         words = routing_key.split(".")
         last = words[-1]
+        prefix = None
         if len(last) > 1 and last.endswith("*"):
-            return words[:-1], last[:-1]
-        return words, None
+            prefix = last[:-1]
+            del words[-1]
+        if "#.#" in routing_key:
+            collapsed: list[str] = []
+            for w in words:
+                if w != "#" or not collapsed or collapsed[-1] != "#":
+                    collapsed.append(w)
+            words = collapsed
+        return words, prefix
 
-    def bind(self, queue: Queue, routing_key: str, arguments: dict | None) -> bool:
+    def bind(self, target: Target, routing_key: str, arguments: dict | None) -> bool:
+        # str.count: a pattern of a million words is refused without
+        # splitting it first.
+        self._check("topic pattern", routing_key, routing_key.count(".") + 1)
         words, prefix = self._split_pattern(routing_key)
         node = self._root
         for w in words:
             node = self._child(node, w)
         if prefix is not None:
-            entry = (prefix, queue)
             if node.prefixes is None:
-                node.prefixes = []
-            elif entry in node.prefixes:
-                return False
-            node.prefixes.append(entry)
+                node.prefixes = {}
+            targets = node.prefixes.get(prefix)
+            if targets is None:
+                targets = node.prefixes[prefix] = {}
         else:
-            if node.queues is None:
-                node.queues = []
-            elif queue in node.queues:
-                return False
-            node.queues.append(queue)
+            targets = node.targets
+            if targets is None:
+                targets = node.targets = {}
+        if target in targets:
+            return False
+        targets[target] = (routing_key, arguments)
         self.binding_count += 1
-        self._cache = {}
+        if self._cache:
+            self._cache = {}
         return True
 
     @staticmethod
@@ -205,7 +412,9 @@ class TopicExchange(Exchange):
             child = node.children[word] = _Node()
         return child
 
-    def unbind(self, queue: Queue, routing_key: str, arguments: dict | None) -> bool:
+    def unbind(self, target: Target, routing_key: str, arguments: dict | None) -> bool:
+        # No limit checked: a binding made before a limit was lowered can
+        # still go, and an over-long pattern merely fails to be found.
         words, prefix = self._split_pattern(routing_key)
         path: list[tuple[_Node, str]] = []
         node: _Node | None = self._root
@@ -222,18 +431,23 @@ class TopicExchange(Exchange):
                 return False
         assert node is not None
         if prefix is not None:
-            entry = (prefix, queue)
-            if not node.prefixes or entry not in node.prefixes:
+            prefixes = node.prefixes
+            targets = prefixes.get(prefix) if prefixes else None
+            if targets is None or target not in targets:
                 return False
-            node.prefixes.remove(entry)
-            if not node.prefixes:
-                node.prefixes = None
+            del targets[target]
+            if not targets:
+                assert prefixes is not None
+                del prefixes[prefix]
+                if not prefixes:
+                    node.prefixes = None
         else:
-            if not node.queues or queue not in node.queues:
+            targets = node.targets
+            if not targets or target not in targets:
                 return False
-            node.queues.remove(queue)
-            if not node.queues:
-                node.queues = None
+            del targets[target]
+            if not targets:
+                node.targets = None
         # Prune empty nodes so the trie's memory follows its bindings.
         while path and node.empty():
             parent, w = path.pop()
@@ -248,96 +462,215 @@ class TopicExchange(Exchange):
                     parent.children = None
             node = parent
         self.binding_count -= 1
-        self._cache = {}
+        if self._cache:
+            self._cache = {}
         return True
 
     def route(self, routing_key: str, headers: dict | None) -> tuple | list:
         cached = self._cache.get(routing_key)
         if cached is not None:
             return cached
-        found: dict[Queue, None] = {}
+        # Limits are checked on a miss only, to keep hits as cheap as they
+        # were: a cached key passed them when it was cached, and the limits
+        # are set when the exchange is made and not lowered while it routes
+        # (a key cached before a limit was lowered would pass until the
+        # cache is next dropped).
         words = routing_key.split(".")
-        self._match(self._root, words, 0, len(words), found)
-        result = tuple(found)
+        if len(words) > self.max_words or len(routing_key) > self.max_key_length:
+            self._check("routing key", routing_key, len(words))
+        result = self._match(routing_key, words)
         cache = self._cache
         if len(cache) >= self.cache_size:
             cache.clear()
         cache[routing_key] = result
         return result
 
-    def _match(self, node: _Node, words: list[str], i: int, n: int, found: dict) -> None:
-        if node.prefixes is not None and i < n:
-            rest = ".".join(words[i:])
-            for prefix, queue in node.prefixes:
-                if rest.startswith(prefix):
-                    found[queue] = None
-        if node.hash is not None:
-            # '#' swallows zero or more words.
-            for j in range(i, n + 1):
-                self._match(node.hash, words, j, n, found)
-        if i == n:
-            if node.queues is not None:
-                for q in node.queues:
-                    found[q] = None
-            return
-        if node.children is not None:
-            child = node.children.get(words[i])
-            if child is not None:
-                self._match(child, words, i + 1, n, found)
-        if node.star is not None:
-            self._match(node.star, words, i + 1, n, found)
+    def _match(self, key: str, words: list[str]) -> tuple:
+        """The distinct targets of the patterns that match C{key}.
+
+        Iterative, one word at a time, carrying the trie nodes reached by
+        the words consumed so far: C{alive}, the nodes reached by a literal
+        word or a C{*}, and C{hashes}, the C{#} nodes reached (with zero
+        words as soon as their parent is), which stay alive to the end since
+        they absorb any number of words. A node has one parent, so distinct
+        parents reach distinct nodes: C{alive} never holds a node twice
+        without being a set, and C{hashes} is a dict because a C{#} node's
+        parent may be reached at several positions. Each step thus expands
+        at most every node of the trie once. The final C{foo*} words are
+        tried against the rest of the key at each position.
+
+        @param key: the routing key.
+        @param words: C{key.split(".")}.
+        """
+        found: dict[Target, Any] = {}
+        root = self._root
+        alive = [root]
+        hashes: dict[_Node, None] = {}
+        if root.hash is not None:
+            hashes[root.hash] = None
+        steps = 0
+        start = 0  # where the current word starts in key
+        for word in words:
+            if hashes:
+                alive.extend(hashes)
+            elif not alive:
+                break
+            steps += len(alive)
+            after = []
+            for node in alive:
+                prefixes = node.prefixes
+                if prefixes is not None:
+                    for prefix, targets in prefixes.items():
+                        # The rest of the key, without slicing it.
+                        if key.startswith(prefix, start):
+                            found.update(targets)
+                children = node.children
+                if children is not None:
+                    child = children.get(word)
+                    if child is not None:
+                        after.append(child)
+                        # Never a '#' under a '#' (collapsed): one level.
+                        hash_ = child.hash
+                        if hash_ is not None:
+                            hashes[hash_] = None
+                star = node.star
+                if star is not None:
+                    after.append(star)
+                    hash_ = star.hash
+                    if hash_ is not None:
+                        hashes[hash_] = None
+            alive = after
+            start += len(word) + 1
+        else:
+            alive.extend(hashes)
+            steps += len(alive)
+            for node in alive:
+                targets = node.targets
+                if targets is not None:
+                    found.update(targets)
+        self.steps += steps
+        return tuple(found)
+
+    def bindings(self) -> list[Binding]:
+        result: list[Binding] = []
+        stack = [self._root]
+        while stack:
+            node = stack.pop()
+            if node.targets is not None:
+                result.extend((t, key, args) for t, (key, args) in node.targets.items())
+            if node.prefixes is not None:
+                for targets in node.prefixes.values():
+                    result.extend((t, key, args) for t, (key, args) in targets.items())
+            if node.children is not None:
+                stack.extend(node.children.values())
+            if node.star is not None:
+                stack.append(node.star)
+            if node.hash is not None:
+                stack.append(node.hash)
+        return result
+
+
+def _header_value(name: str, value: object) -> str:
+    """A binding argument's value as the message header it matches.
+
+    Message headers are strings, so a binding value matches the header
+    whose text is: the string itself, C{true}/C{false} for a boolean, the
+    decimal digits of an integer. Any other type (a float, whose text is
+    ambiguous, a date, a list) is refused rather than guessed.
+
+    @raise PreconditionFailed: C{value} is of another type.
+    """
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):  # before int: a bool is an int
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    raise PreconditionFailed(
+        f"headers binding argument {name!r} must be a string, an integer or a boolean, "
+        f"not {type(value).__name__} (write it as a string)"
+    )
 
 
 class HeadersExchange(Exchange):
-    """Routes on message headers: C{x-match: all} (default) or C{any}."""
+    """Routes on message headers: C{x-match: all} (default) or C{any}.
+
+    Arguments whose name starts with C{x-} are not matched. See
+    L{_header_value} for how a binding value compares with a header.
+    """
 
     type = "headers"
 
     def __init__(self, name: str, durable: bool = True, auto_delete: bool = False) -> None:
         super().__init__(name, durable, auto_delete)
-        self._bindings: list[tuple[Queue, str, dict, bool]] = []
+        # (target, routing key, frozenset of (header, value), any) ->
+        # (target, ((header, value), ...), any, routing key, arguments).
+        self._bindings: dict[tuple, tuple] = {}
 
     @staticmethod
-    def _spec(arguments: dict | None) -> tuple[dict, bool]:
-        args = dict(arguments or {})
-        mode = args.pop("x-match", "all")
+    def _spec(arguments: dict | None) -> tuple[tuple[tuple[str, str], ...], bool]:
+        """The headers to match and whether any one is enough.
+
+        @raise PreconditionFailed: a bad C{x-match} or argument value.
+        """
+        if not arguments:
+            return (), False
+        mode = arguments.get("x-match", "all")
         if mode not in ("all", "any"):
             raise PreconditionFailed(f"x-match must be 'all' or 'any', got {mode!r}")
-        # Message headers are strings: compare binding values as strings too.
-        return {k: str(v) for k, v in args.items() if not k.startswith("x-")}, mode == "any"
+        match = tuple(
+            (k, _header_value(k, v)) for k, v in arguments.items() if not k.startswith("x-")
+        )
+        return match, mode == "any"
 
-    def bind(self, queue: Queue, routing_key: str, arguments: dict | None) -> bool:
+    def bind(self, target: Target, routing_key: str, arguments: dict | None) -> bool:
         match, any_ = self._spec(arguments)
-        entry = (queue, routing_key, match, any_)
-        if entry in self._bindings:
+        key = (target, routing_key, frozenset(match), any_)
+        if key in self._bindings:
             return False
-        self._bindings.append(entry)
+        self._bindings[key] = (target, match, any_, routing_key, arguments)
         self.binding_count += 1
         return True
 
-    def unbind(self, queue: Queue, routing_key: str, arguments: dict | None) -> bool:
+    def unbind(self, target: Target, routing_key: str, arguments: dict | None) -> bool:
         match, any_ = self._spec(arguments)
-        entry = (queue, routing_key, match, any_)
-        if entry not in self._bindings:
+        if self._bindings.pop((target, routing_key, frozenset(match), any_), None) is None:
             return False
-        self._bindings.remove(entry)
         self.binding_count -= 1
         return True
 
     def route(self, routing_key: str, headers: dict | None) -> tuple | list:
-        headers = headers or {}
-        found: dict[Queue, None] = {}
-        for queue, _key, match, any_ in self._bindings:
+        if headers is None:
+            headers = {}
+        get = headers.get
+        found: dict[Target, None] = {}
+        for target, match, any_, _key, _arguments in self._bindings.values():
+            if target in found:
+                continue
+            # The values in match are strings: a missing header (None) never
+            # equals one.
             if any_:
-                ok = any(headers.get(k, _MISSING) == v for k, v in match.items()) if match else True
+                ok = not match
+                for k, v in match:
+                    if get(k) == v:
+                        ok = True
+                        break
             else:
-                ok = all(headers.get(k, _MISSING) == v for k, v in match.items())
+                ok = True
+                for k, v in match:
+                    if get(k) != v:
+                        ok = False
+                        break
             if ok:
-                found[queue] = None
+                found[target] = None
         return tuple(found)
 
+    def bindings(self) -> list[Binding]:
+        return [
+            (target, key, arguments)
+            for target, _match, _any, key, arguments in self._bindings.values()
+        ]
 
-_MISSING = object()
 
 EXCHANGE_CLASSES: dict[str, type[Exchange]] = {
     "direct": DirectExchange,
