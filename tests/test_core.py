@@ -268,6 +268,15 @@ class VirtualHostQueueTests(CoreTestCase):
         self.assertRaises(
             PreconditionFailed, self.vhost.declare_queue, "q", arguments={"x-overflow": "reject-all"}
         )
+        for name, bad in (
+            ("x-max-length-bytes", -1),
+            ("x-expires", 0),
+            ("x-delivery-limit", "never"),
+        ):
+            e = self.assertRaises(
+                PreconditionFailed, self.vhost.declare_queue, "q", arguments={name: bad}
+            )
+            self.assertIn(name, e.message)
         self.assertNotIn("q", self.vhost.queues)
         self.assertRaises(NotFound, self.vhost.queue, "q")
 
@@ -589,8 +598,10 @@ class MaxLengthTests(CoreTestCase):
         """drop-head (the default) discards the oldest ready message."""
         q = self.vhost.declare_queue("q", arguments={"x-max-length": "3"})
         self.assertEqual((q.max_length, q.overflow), (3, "drop-head"))
+        self.assertEqual((q.policy.max_length, q.policy.overflow), (3, "drop-head"))
         self.publish("q", b"1", b"2", b"3", b"4", b"5")
         self.assertEqual([m.body for m in q.messages()], [b"3", b"4", b"5"])
+        self.assertEqual((q.dropped, q.ready_bytes), (2, 3))
 
     def test_reject_publish(self) -> None:
         q = self.vhost.declare_queue(

@@ -1,39 +1,238 @@
-# -*- test-case-name: tests.test_core -*-
+# -*- test-case-name: tests.test_core_queue,tests.test_core -*-
 """Queues: ordered buffers of messages handed to consumers within credit.
 
-A queue keeps its ready messages in a list with a moving head (cheaper in
-memory than a deque for the millions of small queues QMQ aims to hold: an
-empty list is 56 bytes, an empty deque over 600) and its consumers in a list
-served round robin.
+A queue keeps its never-delivered ready messages in a list with a moving
+head (cheaper in memory than a deque for the millions of small queues QMQ
+aims to hold: an empty list is 56 bytes, an empty deque over 600) and its
+consumers in a list served round robin. Messages given back wait in a
+min-heap by message id that sits I{in} that list, at the head, while it has
+any (see L{Queue.requeue}); so "is anything waiting?" stays one test of
+that list on every hot path.
 
 Delivery rules:
 
-  - A published message goes straight to a ready consumer when the queue is
-    empty (the fast path); otherwise it waits at the tail.
+  - A published message goes straight to a ready consumer when nothing at
+    all waits in the queue (the fast path); otherwise it waits at the tail.
   - A consumer is ready while it has credit and is not paused.
   - B{Requeue rule}: a message given back (nack with requeue, or its
     consumer went away without acking) returns to the B{head} of the queue,
     ahead of every message never delivered, and requeued messages keep their
     original publish order among themselves. It is delivered again marked
-    redelivered, with its delivery count raised by one.
-  - Bounded queues (C{max_length}) apply their overflow policy:
-    C{drop-head} discards the oldest ready message, C{reject-publish} refuses
-    the new one with L{ResourceLimit}.
+    redelivered, with its delivery count raised by one. Each message given
+    back costs O(log n), however many wait.
+  - What a queue may hold and for how long is its L{QueuePolicy}, one frozen
+    object shared by every queue with the same settings (a million queues
+    declared alike hold one policy between them):
+
+      - C{x-max-length} (messages) and C{x-max-length-bytes} (body bytes)
+        bound the B{ready} messages, requeued ones included. When a publish
+        would cross a bound, C{x-overflow} decides: C{drop-head} (the
+        default) discards messages from the head (the oldest requeued one
+        first) until the new one fits, and discards the new one instead if
+        it can never fit; C{reject-publish} refuses it with
+        L{ResourceLimit}. A message given back is put back whatever the
+        bounds.
+      - C{x-delivery-limit}: a message that would be given back more often
+        than this is discarded instead of requeued.
+      - C{x-expires} (milliseconds): a queue unused that long (no consumer,
+        no L{Queue.get}, not redeclared: L{Queue.touch}) is reported to its
+        virtual host, which deletes it (see L{Queue._expired}).
+
+Every message that leaves a queue for good without an ack goes through
+L{Queue._discard}, the one place where a dead-letter exchange will receive
+them. For a persistent message on a durable queue (one with a C{store}) the
+queue tells the store when it leaves for good (C{settle}) and when it is
+given back (C{requeue}); messages that are not persistent never reach the
+store, and that test is the only cost they pay.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import functools
+import itertools
+from dataclasses import dataclass, field, replace
+from heapq import heappop, heappush
+from typing import TYPE_CHECKING, Any
 
 from qmq.core.errors import PreconditionFailed, ResourceLimit
 
 if TYPE_CHECKING:
+    from twisted.internet.interfaces import IDelayedCall
+
     from qmq.core.consumer import Consumer
     from qmq.core.message import Message
+    from qmq.core.store import MessageStore
     from qmq.core.vhost import VirtualHost
 
 OVERFLOW_POLICIES = ("drop-head", "reject-publish")
 _NO_CONSUMERS: tuple = ()
+
+#: Why a message was discarded (L{Queue._discard}), in RabbitMQ's dead-letter
+#: words where it has one, and what the store is told for each.
+DISCARD_REASONS = {
+    "rejected": "drop",  # nacked without requeue
+    "maxlen": "drop",  # drop-head overflow (x-max-length, x-max-length-bytes)
+    "delivery_limit": "drop",  # given back more often than x-delivery-limit
+    "purge": "purge",
+    "delete": "delete",  # the queue was deleted with it
+}
+# Discards that a limit of the queue caused, counted in Queue.dropped.
+_LIMIT_REASONS = ("maxlen", "delivery_limit")
+
+# A tie-breaker for requeued messages with equal ids (the same message
+# published twice to one queue), so that the heap never compares messages.
+_requeue_order = itertools.count()
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePolicy:
+    """What a queue may hold and for how long (see the module docstring).
+
+    Policies are shared: build them with L{QueuePolicy.shared},
+    L{QueuePolicy.from_arguments} or L{QueuePolicy.merge}, which return one
+    object for equal settings.
+
+    @ivar max_length: most ready messages (C{x-max-length}), or None.
+    @ivar max_bytes: most body bytes of ready messages
+        (C{x-max-length-bytes}), or None.
+    @ivar overflow: what a full queue does with a publish (C{x-overflow}):
+        C{"drop-head"} or C{"reject-publish"}.
+    @ivar expires: milliseconds a queue may stay unused before it is
+        reported expired (C{x-expires}), or None.
+    @ivar delivery_limit: most times a message may be given back; past it the
+        message is discarded (C{x-delivery-limit}), or None.
+    @ivar bounded: whether C{max_length} or C{max_bytes} is set (derived; the
+        publish path reads this one flag).
+    """
+
+    max_length: int | None = None
+    max_bytes: int | None = None
+    overflow: str = "drop-head"
+    expires: int | None = None
+    delivery_limit: int | None = None
+    bounded: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "bounded", self.max_length is not None or self.max_bytes is not None)
+
+    @staticmethod
+    def shared(
+        max_length: int | None = None,
+        max_bytes: int | None = None,
+        overflow: str = "drop-head",
+        expires: int | None = None,
+        delivery_limit: int | None = None,
+    ) -> QueuePolicy:
+        """The shared policy with these settings."""
+        return _shared_policy(max_length, max_bytes, overflow, expires, delivery_limit)
+
+    def merge(self, **changes: Any) -> QueuePolicy:
+        """The shared policy with C{changes} applied to this one."""
+        p = replace(self, **changes)
+        return _shared_policy(p.max_length, p.max_bytes, p.overflow, p.expires, p.delivery_limit)
+
+    @classmethod
+    def from_arguments(
+        cls, arguments: dict | None, defaults: QueuePolicy | None = None
+    ) -> QueuePolicy:
+        """The policy of a queue declared with C{arguments}.
+
+        Arguments given override C{defaults} (the virtual host's defaults for
+        queues created on demand, a frontend's bounded backlog); settings
+        not given keep the default. C{x-delivery-limit} of -1 turns a
+        default limit off, as in RabbitMQ 4.
+
+        @raise PreconditionFailed: an argument has a bad value; the message
+            names it.
+        """
+        base = defaults if defaults is not None else DEFAULT_POLICY
+        if not arguments:
+            return base
+        changes: dict[str, Any] = {}
+        for argument, name, minimum in _INTEGER_ARGUMENTS:
+            value = arguments.get(argument)
+            if value is not None:
+                changes[name] = _integer(argument, value, minimum)
+        if changes.get("delivery_limit") == -1:
+            changes["delivery_limit"] = None
+        overflow = arguments.get("x-overflow")
+        if overflow is not None:
+            if overflow not in OVERFLOW_POLICIES:
+                raise PreconditionFailed(
+                    f"x-overflow must be one of {', '.join(OVERFLOW_POLICIES)}, got {overflow!r}"
+                )
+            changes["overflow"] = overflow
+        return base.merge(**changes) if changes else base
+
+
+# Argument, policy field, smallest value allowed.
+_INTEGER_ARGUMENTS = (
+    ("x-max-length", "max_length", 0),
+    ("x-max-length-bytes", "max_bytes", 0),
+    ("x-expires", "expires", 1),
+    ("x-delivery-limit", "delivery_limit", -1),
+)
+
+
+_EXPECTED = {
+    1: "a positive integer",
+    0: "a non-negative integer",
+    -1: "a non-negative integer, or -1 for no limit",
+}
+
+
+def _integer(argument: str, value: object, minimum: int) -> int:
+    # Arguments come as TOML values or as STOMP header strings: accept an
+    # int or a string of one, never a bool (an int to Python) or a float.
+    n = None
+    if value.__class__ is int:
+        n = value
+    elif isinstance(value, str):
+        try:
+            n = int(value)
+        except ValueError:
+            pass
+    if n is None or n < minimum:  # type: ignore[operator]
+        what = _EXPECTED[minimum]
+        raise PreconditionFailed(f"{argument} must be {what}, got {value!r}")
+    return n  # type: ignore[return-value]
+
+
+# Bounded: a client declaring queues with ever new limits makes at worst
+# equal policies that are not the same object, never a leak.
+@functools.lru_cache(maxsize=1024)
+def _shared_policy(
+    max_length: int | None,
+    max_bytes: int | None,
+    overflow: str,
+    expires: int | None,
+    delivery_limit: int | None,
+) -> QueuePolicy:
+    return QueuePolicy(max_length, max_bytes, overflow, expires, delivery_limit)
+
+
+#: The policy of a queue declared with no arguments and no defaults.
+DEFAULT_POLICY = QueuePolicy.shared()
+
+
+class _Requeued(list):
+    """The min-heap of messages given back: C{(id, tie-breaker, message)}.
+
+    It sits in the queue's list at the head while it holds any message.
+    """
+
+    __slots__ = ()
+
+
+class _Rare:
+    """Per-queue state most queues never need, made on first use so that an
+    idle queue pays one pointer for all of it."""
+
+    __slots__ = ("expiry", "dropped")
+
+    def __init__(self) -> None:
+        self.expiry: IDelayedCall | None = None
+        self.dropped = 0
 
 
 class Queue:
@@ -43,11 +242,15 @@ class Queue:
     @ivar durable: survives a broker restart (with the commit-log store).
     @ivar exclusive_owner: the session that owns an exclusive queue, or None.
     @ivar auto_delete: deleted when its last consumer goes away.
+    @ivar arguments: the arguments it was declared with, or None.
     @ivar consumers: attached consumers, served round robin.
     @ivar bindings: (exchange, routing key, arguments) it is bound with.
     @ivar deleted: set once the queue has been deleted.
-    @ivar max_length: most ready messages held, or None for unbounded.
-    @ivar overflow: the policy when C{max_length} is reached.
+    @ivar policy: its L{QueuePolicy} (limits, overflow, expiry, delivery
+        limit), shared with every queue that has the same settings.
+    @ivar store: the store keeping its persistent messages: set by the
+        virtual host for a durable queue; None keeps the store off the hot
+        path.
     """
 
     __slots__ = (
@@ -60,11 +263,13 @@ class Queue:
         "consumers",
         "bindings",
         "deleted",
-        "max_length",
-        "overflow",
+        "policy",
+        "store",
         "_items",
         "_head",
         "_rr",
+        "_bytes",
+        "_rare",
     )
 
     def __init__(
@@ -75,49 +280,88 @@ class Queue:
         exclusive_owner: object = None,
         auto_delete: bool = False,
         arguments: dict | None = None,
+        policy: QueuePolicy | None = None,
+        store: MessageStore | None = None,
     ) -> None:
+        """
+        @param policy: the policy before C{arguments} apply (defaults);
+            arguments given override it.
+        @param store: see L{store}.
+        @raise PreconditionFailed: bad arguments.
+        """
         self.name = name
         self.vhost = vhost
         self.durable = durable
         self.exclusive_owner = exclusive_owner
         self.auto_delete = auto_delete
         self.arguments = arguments or None
+        self.policy = QueuePolicy.from_arguments(arguments, policy)
+        self.store = store
         # A shared empty tuple until the first consumer: most of a million
         # idle queues never have one, and an empty list costs 56 bytes.
         self.consumers: list[Consumer] | tuple = _NO_CONSUMERS
         self.bindings: list | None = None
         self.deleted = False
-        self.max_length: int | None = None
-        self.overflow = "drop-head"
-        self._items: list[Message | None] = []
+        # Never-delivered messages from _head on, preceded at _head by a
+        # _Requeued heap while messages given back wait (see the module
+        # docstring); the slots before _head are None. The list is empty
+        # exactly when nothing waits (taking the last message resets it), so
+        # the hot paths test "anything waiting?" as the list's truth: no
+        # len() call, no _head read.
+        self._items: list[Any] = []
         self._head = 0
         self._rr = 0
-        if arguments:
-            self._apply_arguments(arguments)
+        self._bytes = 0
+        self._rare: _Rare | None = None
+        if self.policy.expires is not None:
+            self._arm_expiry()
 
-    def _apply_arguments(self, arguments: dict) -> None:
-        max_length = arguments.get("x-max-length")
-        if max_length is not None:
-            try:
-                max_length = int(max_length)
-            except (TypeError, ValueError):
-                max_length = -1
-            if max_length < 0:
-                raise PreconditionFailed(
-                    f"x-max-length must be a non-negative integer, got {arguments['x-max-length']!r}"
-                )
-            self.max_length = max_length
-        overflow = arguments.get("x-overflow")
-        if overflow is not None:
-            if overflow not in OVERFLOW_POLICIES:
-                raise PreconditionFailed(
-                    f"x-overflow must be one of {', '.join(OVERFLOW_POLICIES)}, got {overflow!r}"
-                )
-            self.overflow = overflow
+    # -- policy ------------------------------------------------------------
+
+    @property
+    def max_length(self) -> int | None:
+        """Most ready messages held (C{policy.max_length}), or None."""
+        return self.policy.max_length
+
+    @max_length.setter
+    def max_length(self, value: int | None) -> None:
+        # For callers that bound a queue after making it; passing a policy
+        # to the constructor is better.
+        self.policy = self.policy.merge(max_length=value)
+
+    @property
+    def overflow(self) -> str:
+        """What a full queue does with a publish (C{policy.overflow})."""
+        return self.policy.overflow
+
+    @overflow.setter
+    def overflow(self, value: str) -> None:
+        if value not in OVERFLOW_POLICIES:
+            raise ValueError(f"overflow must be one of {', '.join(OVERFLOW_POLICIES)}, got {value!r}")
+        self.policy = self.policy.merge(overflow=value)
+
+    # -- counts ------------------------------------------------------------
 
     def __len__(self) -> int:
         """The number of messages ready for delivery (not counting unacked ones)."""
-        return len(self._items) - self._head
+        items = self._items
+        head = self._head
+        n = len(items) - head
+        if n and items[head].__class__ is _Requeued:
+            n += len(items[head]) - 1
+        return n
+
+    @property
+    def ready_bytes(self) -> int:
+        """Body bytes of the ready messages (requeued ones included)."""
+        return self._bytes
+
+    @property
+    def dropped(self) -> int:
+        """Messages this queue discarded because of its limits (overflow,
+        delivery limit) since it was made."""
+        rare = self._rare
+        return rare.dropped if rare is not None else 0
 
     def __repr__(self) -> str:
         return f"<Queue {self.name!r} ready={len(self)} consumers={len(self.consumers)}>"
@@ -130,20 +374,76 @@ class Queue:
         @raise ResourceLimit: the queue is full and rejects publishes.
         """
         items = self._items
-        if self._head == len(items) and self.consumers:
-            consumer = self._ready_consumer()
-            if consumer is not None:
-                if consumer.ack_required:
-                    consumer.credit -= 1
-                consumer.deliver(message, self)
-                return
-        if self.max_length is not None and len(items) - self._head >= self.max_length:
-            if self.overflow == "reject-publish":
-                raise ResourceLimit(f"queue {self.name!r} is full ({self.max_length} messages)")
-            if self.max_length == 0:
-                return
-            self._pop()
+        if not items:
+            consumers = self.consumers
+            if consumers:
+                # One consumer is the common case: testing it here saves
+                # the _ready_consumer call on the hottest path.
+                if len(consumers) == 1:
+                    c = consumers[0]
+                    if c.credit <= 0 or c.paused:
+                        c = None
+                else:
+                    c = self._ready_consumer()
+                if c is not None:
+                    if c.ack_required:
+                        c.credit -= 1
+                    c.deliver(message, self)
+                    return
+        if self.policy.bounded and not self._make_room(message):
+            return
         items.append(message)
+        self._bytes += len(message.body)
+
+    def would_refuse(self, message: Message) -> bool:
+        """Whether L{publish} would raise L{ResourceLimit} for C{message} now
+        (checked for every queue of a fan-out before any gets it)."""
+        policy = self.policy
+        if not policy.bounded or policy.overflow != "reject-publish":
+            return False
+        if not self._items and self._ready_consumer() is not None:
+            return False
+        return self._full(len(message.body))
+
+    def _full(self, size: int) -> bool:
+        """Whether a message of C{size} body bytes would cross a bound."""
+        policy = self.policy
+        max_length = policy.max_length
+        if max_length is not None and len(self) >= max_length:
+            return True
+        max_bytes = policy.max_bytes
+        return max_bytes is not None and self._bytes + size > max_bytes
+
+    def _make_room(self, message: Message) -> bool:
+        """Apply the overflow policy before C{message} is kept.
+
+        @return: whether C{message} is to be kept (False: it was discarded,
+            since it can never fit).
+        @raise ResourceLimit: the queue is full and rejects publishes.
+        """
+        size = len(message.body)
+        if not self._full(size):
+            return True
+        policy = self.policy
+        if policy.overflow == "reject-publish":
+            if policy.max_length is not None and len(self) >= policy.max_length:
+                raise ResourceLimit(f"queue {self.name!r} is full ({policy.max_length} messages)")
+            raise ResourceLimit(f"queue {self.name!r} is full ({policy.max_bytes} bytes)")
+        max_bytes = policy.max_bytes
+        if policy.max_length == 0 or (max_bytes is not None and size > max_bytes):
+            # Emptying the queue would not make room: lose only this one.
+            self._discard(message, "maxlen")
+            return False
+        while self._full(size):
+            self._discard(self._pop(), "maxlen")
+        return True
+
+    def restore(self, messages: list[Message]) -> None:
+        """Put back messages a store recovered, in queue order (at start)."""
+        self._items.extend(messages)
+        self._bytes += sum(len(m.body) for m in messages)
+
+    # -- delivery ---------------------------------------------------------
 
     def _ready_consumer(self) -> Consumer | None:
         consumers = self.consumers
@@ -165,9 +465,16 @@ class Queue:
         return None
 
     def _pop(self) -> Message:
+        """Take the message at the head (a waiting one must exist)."""
         items = self._items
         head = self._head
         message = items[head]
+        if message.__class__ is _Requeued:
+            heap = message
+            message = heappop(heap)[2]
+            if heap:
+                self._bytes -= len(message.body)
+                return message
         items[head] = None
         head += 1
         if head == len(items):
@@ -177,36 +484,79 @@ class Queue:
             del items[:head]
             head = 0
         self._head = head
-        return message  # type: ignore[return-value]
+        self._bytes -= len(message.body)
+        return message
 
     def drain(self) -> None:
         """Hand waiting messages to ready consumers until one side runs out."""
+        # _pop is inlined for never-delivered messages (a call per message
+        # saved); state is read again every turn since a consumer's deliver
+        # may publish, get, settle or leave. The list itself is never
+        # replaced, only cleared in place, so holding it is safe.
         items = self._items
-        while self._head < len(items):
-            consumer = self._ready_consumer()
-            if consumer is None:
-                return
-            message = self._pop()
-            if consumer.ack_required:
-                consumer.credit -= 1
-            consumer.deliver(message, self)
+        while items:
+            consumers = self.consumers
+            if len(consumers) == 1:
+                c = consumers[0]
+                if c.credit <= 0 or c.paused:
+                    return
+            else:
+                c = self._ready_consumer()
+                if c is None:
+                    return
+            head = self._head
+            message = items[head]
+            if message.__class__ is _Requeued:
+                message = self._pop()
+            else:
+                items[head] = None
+                head += 1
+                if head == len(items):
+                    items.clear()
+                    head = 0
+                elif head >= 1024 and head * 2 >= len(items):
+                    del items[:head]
+                    head = 0
+                self._head = head
+                self._bytes -= len(message.body)
+            if c.ack_required:
+                c.credit -= 1
+            c.deliver(message, self)
 
     def get(self) -> Message | None:
-        """Take the next ready message without a consumer (polling frontends)."""
-        if self._head == len(self._items):
+        """Take the next ready message without a consumer (polling frontends).
+
+        A get uses the queue: its expiry starts over.
+        """
+        rare = self._rare
+        if rare is not None and rare.expiry is not None:
+            self.touch()
+        if not self._items:
             return None
         return self._pop()
 
     def purge(self) -> int:
         """Drop every ready message; return how many were dropped."""
-        n = len(self)
-        self._items = []
+        gone = self._take_all()
+        if self.store is not None:
+            for m in gone:
+                self._discard(m, "purge")
+        return len(gone)
+
+    def _take_all(self) -> list[Message]:
+        """Empty the queue in place; return what was ready, in order."""
+        gone = self.messages()
+        self._items.clear()
         self._head = 0
-        return n
+        self._bytes = 0
+        return gone
 
     def messages(self) -> list[Message]:
-        """The ready messages, oldest first (a copy; for inspection and tests)."""
-        return [m for m in self._items[self._head :] if m is not None]
+        """The ready messages, in delivery order (a copy; for inspection and tests)."""
+        rest = self._items[self._head :]
+        if rest and rest[0].__class__ is _Requeued:
+            return [entry[2] for entry in sorted(rest[0])] + rest[1:]
+        return rest
 
     # -- consumers --------------------------------------------------------
 
@@ -215,13 +565,16 @@ class Queue:
         consumer.queue = self
         if self.consumers.__class__ is tuple:
             self.consumers = []
+            self._disarm_expiry()
         self.consumers.append(consumer)
         self.drain()
 
     def remove_consumer(self, consumer: Consumer, unacked: list[Message] = ()) -> None:  # type: ignore[assignment]
         """Detach C{consumer}; its C{unacked} messages go back to the queue.
 
-        An auto-delete queue is deleted when its last consumer leaves.
+        When the last consumer leaves, the virtual host is told
+        (C{queue_unused}: it deletes an auto-delete queue), and a queue with
+        an expiry policy starts counting.
         """
         try:
             self.consumers.remove(consumer)  # type: ignore[union-attr]
@@ -232,62 +585,170 @@ class Queue:
             self._rr = 0
         if unacked:
             self.requeue(unacked)
-        if self.auto_delete and not self.consumers and self.vhost is not None and not self.deleted:
-            self.vhost.delete_queue(self.name)
+        if not self.consumers and not self.deleted:
+            # Back to the shared tuple: an unused queue holds no list.
+            self.consumers = _NO_CONSUMERS
+            if self.vhost is not None:
+                self.vhost.queue_unused(self)
+            if not self.deleted and self.policy.expires is not None:
+                self._arm_expiry()
 
     # -- acknowledgements --------------------------------------------------
 
     def ack(self, consumer: Consumer, message: Message) -> None:
         """C{consumer} has processed C{message}: give its credit back."""
         consumer.credit += 1
-        if self._head < len(self._items):
+        if message.persistent:
+            store = self.store
+            if store is not None and not self.deleted:
+                store.settle(self, message, "ack")
+        if self._items:
             self.drain()
 
     def reject(self, consumer: Consumer, messages: list[Message], requeue: bool) -> None:
         """C{consumer} refuses C{messages}; requeue them or drop them."""
         consumer.credit += len(messages)
-        if requeue and not self.deleted:
+        if self.deleted:
+            return
+        if requeue:
             self.requeue(messages)
-        elif self._head < len(self._items):
+            return
+        for m in messages:
+            self._discard(m, "rejected")
+        if self._items:
             self.drain()
 
     def requeue(self, messages: list[Message]) -> None:
-        """Put delivered messages back at the head, in publish order (see module doc)."""
+        """Put delivered messages back at the head, in publish order (see
+        module doc), each with its delivery count raised; one given back more
+        often than the policy's delivery limit is discarded instead.
+
+        Each message costs O(log n): it goes into the heap at the head.
+        """
         if self.deleted:
             return
-        back = sorted((m.redelivery() for m in messages), key=_message_id)
+        limit = self.policy.delivery_limit
+        store = self.store
+        heap = None
+        added = 0
+        for m in messages:
+            if limit is not None and m.delivery_count >= limit:
+                self._discard(m, "delivery_limit")
+                continue
+            m = m.redelivery()
+            if heap is None:
+                heap = self._requeued_heap()
+            heappush(heap, (m.id, next(_requeue_order), m))
+            added += len(m.body)
+            if store is not None and m.persistent:
+                store.requeue(self, m)
+        self._bytes += added
+        if heap is not None:
+            self.drain()
+
+    def _requeued_heap(self) -> _Requeued:
+        """The heap at the head, put there if there is none."""
         items = self._items
         head = self._head
-        # Messages requeued earlier and still waiting sit at the head: merge
-        # with those older than the newest one coming back, so that requeued
-        # messages keep their publish order whenever they were given back.
-        end = head
-        last = back[-1].id if back else 0
-        while end < len(items) and items[end].delivery_count and items[end].id < last:
-            end += 1
-        if end > head:
-            back = sorted(back + items[head:end], key=_message_id)
-            head = end
-        n = len(back)
-        if head >= n:
-            items[head - n : head] = back
-            self._head = head - n
+        if head < len(items):
+            first = items[head]
+            if first.__class__ is _Requeued:
+                return first
+        heap = _Requeued()
+        if head:
+            # The slot before the head is free (None): O(1).
+            head -= 1
+            items[head] = heap
+            self._head = head
         else:
-            self._items = back + items[head:]
-            self._head = 0
-        self.drain()
+            # O(n), but only once per compaction of the list: the heap's
+            # slot is freed by moving the head past it.
+            items.insert(0, heap)
+        return heap
+
+    # -- leaving for good --------------------------------------------------
+
+    def _discard(self, message: Message, reason: str) -> None:
+        """C{message} leaves this queue for good without an ack, for C{reason}
+        (a key of L{DISCARD_REASONS}).
+
+        Every such message passes here: a dead-letter exchange is to be
+        added here, once. (A purge or delete of a queue with no store skips
+        it, as neither is dead-lettered.)
+        """
+        store = self.store
+        if store is not None and message.persistent:
+            store.settle(self, message, DISCARD_REASONS[reason])
+        if reason in _LIMIT_REASONS:
+            self._rare_state().dropped += 1
 
     def detach_all(self) -> list[Consumer]:
         """Mark deleted and detach every consumer; return them (the vhost tells them)."""
         self.deleted = True
+        self._disarm_expiry()
         consumers = list(self.consumers)
         self.consumers = _NO_CONSUMERS
         for c in consumers:
             c.queue = None
-        self._items = []
-        self._head = 0
+        gone = self._take_all()
+        if self.store is not None:
+            for m in gone:
+                self._discard(m, "delete")
         return consumers
 
+    # -- expiry ------------------------------------------------------------
+    #
+    # One DelayedCall per queue that is unused and has an expiry policy,
+    # made when it becomes unused, cancelled when a consumer comes, pushed
+    # back (DelayedCall.reset, O(1) in the reactor) by a get or a redeclare.
+    # Queues without the policy, and queues in use, cost nothing; a sweep
+    # over a million queues would be a stall, and a timer heap kept by the
+    # virtual host would save memory only while very many expiring queues
+    # sit unused at once (a DelayedCall is ~380 bytes).
 
-def _message_id(m: Message) -> int:
-    return m.id
+    def touch(self) -> None:
+        """The queue was used (redeclared, polled): its expiry starts over."""
+        rare = self._rare
+        if rare is not None and rare.expiry is not None:
+            expires = self.policy.expires
+            if expires is None:  # the policy changed under it
+                self._disarm_expiry()
+            else:
+                rare.expiry.reset(expires / 1000.0)
+
+    def _arm_expiry(self) -> None:
+        vhost = self.vhost
+        expires = self.policy.expires
+        if vhost is None or vhost.broker is None or expires is None or self.deleted:
+            return
+        rare = self._rare_state()
+        if rare.expiry is None:
+            rare.expiry = vhost.broker.clock.callLater(expires / 1000.0, self._expired)
+        else:
+            rare.expiry.reset(expires / 1000.0)
+
+    def _disarm_expiry(self) -> None:
+        rare = self._rare
+        if rare is not None:
+            if rare.expiry is not None:
+                rare.expiry.cancel()
+                rare.expiry = None
+            if not rare.dropped:
+                self._rare = None
+
+    def _expired(self) -> None:
+        """Unused for C{policy.expires}: the virtual host decides (it deletes
+        the queue, or keeps one that still holds messages: then it is looked
+        at again one period later)."""
+        self._rare.expiry = None  # type: ignore[union-attr]
+        if self.deleted or self.consumers:
+            return
+        self.vhost.queue_expired(self)  # type: ignore[union-attr]
+        if not self.deleted and not self.consumers:
+            self._arm_expiry()
+
+    def _rare_state(self) -> _Rare:
+        rare = self._rare
+        if rare is None:
+            rare = self._rare = _Rare()
+        return rare
