@@ -19,12 +19,18 @@ Starting the service creates the data directory and binds the listeners (in
 C{privilegedStartService}, so C{twistd --uid} can bind low ports first), one
 log line per listener with its address.
 
+Every listener's factory shares the service's one
+L{qmq.connections.ConnectionRegistry}: it caps the connections per listener
+and per client address (the C{[connections]} settings) and knows every open
+connection, whatever protocol it speaks.
+
 Stopping it (twistd does so on SIGTERM and SIGINT) is graceful and ordered:
 
     1. the listeners stop: no new connections are accepted;
-    2. only then is each factory's C{shutdown()} called, which sends every
-       client an ERROR frame and closes it; the Deferreds are awaited, up to
-       C{shutdown_timeout} seconds (the factory aborts stragglers).
+    2. only then is the registry's C{shutdown()} called, once, which tells
+       every client of every listener that the broker is going away (STOMP:
+       an ERROR frame) and closes it; it is awaited, up to
+       C{shutdown_timeout} seconds, after which the stragglers are aborted.
 
 L{MultiService} alone would stop its children in reverse order without
 waiting for one before the next, so L{BrokerService.stopService} sequences
@@ -47,6 +53,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from qmq.config import ConfigError, Settings
+from qmq.connections import ConnectionRegistry, ConnectionSettings
 from qmq.core.broker import Broker
 from qmq.core.errors import BrokerError
 
@@ -54,15 +61,24 @@ __all__ = ["PROTOCOLS", "BrokerService", "Listener", "StartupError", "make_servi
 
 log = Logger()
 
-#: A protocol's factory builder: (broker, settings, clock) -> factory.  The
-#: factory must have C{shutdown(reason, timeout) -> Deferred}.
-FactoryBuilder = Callable[[Broker, Settings, Any], Factory]
+#: A protocol's factory builder: (broker, settings, clock, registry,
+#: listener name) -> factory.  The factory asks the registry to admit each
+#: new connection under the listener's name, adds the connections it makes
+#: and removes them once lost (see L{qmq.connections}).
+FactoryBuilder = Callable[[Broker, Settings, Any, ConnectionRegistry, str], Factory]
 
 
-def _stomp_factory(broker: Broker, settings: Settings, clock: Any) -> Factory:
-    from qmq.stomp.protocol import StompFactory
+def _stomp_factory(
+    broker: Broker, settings: Settings, clock: Any, registry: ConnectionRegistry, listener: str
+) -> Factory:
+    from qmq.stomp.protocol import StompFactory  # noqa: PLC0415
 
-    return StompFactory(broker, settings.stomp, clock=clock)
+    return StompFactory(broker, settings.stomp, clock=clock, registry=registry, listener=listener)
+
+
+def _connection_settings(settings: Settings) -> ConnectionSettings:
+    # Settings without a [connections] table (made by hand) get the defaults.
+    return getattr(settings, "connections", None) or ConnectionSettings()
 
 
 #: The wire protocols a listen spec may name, by the C{PROTOCOL} part.
@@ -177,13 +193,25 @@ class BrokerService(MultiService):
     @ivar settings: the settings it was built from.
     @ivar listeners: the L{Listener}s, in the order of C{settings.listen}.
     @ivar clock: the reactor it runs on.
+    @ivar connections: the registry every listener's connections are in.
     """
 
-    def __init__(self, broker: Broker, settings: Settings, clock: Any) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        settings: Settings,
+        clock: Any,
+        connections: ConnectionRegistry | None = None,
+    ) -> None:
         super().__init__()
         self.broker = broker
         self.settings = settings
         self.clock = clock
+        self.connections = (
+            connections
+            if connections is not None
+            else ConnectionRegistry(_connection_settings(settings), clock)
+        )
         self.listeners: list[Listener] = []
         self._prepared = False
 
@@ -244,16 +272,12 @@ class BrokerService(MultiService):
         log.info("QMQ stopping: no longer accepting connections")
         self._prepared = False
         yield super().stopService()
-        timeout = self.settings.shutdown_timeout
-        shutdowns = [
-            defer.maybeDeferred(listener.factory.shutdown, "broker shutting down", timeout=timeout)
-            for listener in self.listeners
-            if hasattr(listener.factory, "shutdown")
-        ]
-        results = yield defer.DeferredList(shutdowns, consumeErrors=True)
-        for ok, failure in results:
-            if not ok:
-                log.failure("while closing connections", failure)
+        try:
+            yield self.connections.shutdown(
+                "broker shutting down", timeout=self.settings.shutdown_timeout
+            )
+        except Exception:
+            log.failure("while closing connections")
         log.info("QMQ stopped")
 
 
@@ -319,6 +343,7 @@ def make_service(settings: Settings, reactor: Any = None) -> BrokerService:
     _declare(broker, settings)
     service = BrokerService(broker, settings, reactor)
     source = settings.listen_source
+    names: set[str] = set()
     for index, spec in enumerate(settings.listen):
         key = f"listen[{index}]" if source != "--listen" else ""
         protocol, _, description = spec.partition(":")
@@ -332,6 +357,10 @@ def make_service(settings: Settings, reactor: Any = None) -> BrokerService:
             endpoint = serverFromString(reactor, description)
         except Exception as e:
             raise ConfigError(source, key, f"cannot use endpoint {description!r}: {e}") from None
-        factory = builder(broker, settings, reactor)
+        # The spec names the listener in the registry's caps and logs; the
+        # same spec twice (port 0) still makes two listeners with two caps.
+        name = spec if spec not in names else f"{spec} #{index}"
+        names.add(name)
+        factory = builder(broker, settings, reactor, service.connections, name)
         service.add_listener(Listener(protocol, spec, endpoint, factory))
     return service

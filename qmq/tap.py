@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 from twisted.application.service import IService, MultiService
 from twisted.python import usage
 
+import qmq
 from qmq import config
 from qmq.config import ConfigError
 from qmq.service import StartupError, make_service
@@ -95,6 +96,15 @@ Examples:
         self["listen"].append(spec)
 
     opt_listen.__doc__ = " ".join((opt_listen.__doc__ or "").split())
+
+    def opt_version(self) -> None:
+        """
+        Print QMQ's version and Twisted's, and exit.
+        """
+        from twisted import copyright  # noqa: PLC0415
+
+        sys.stdout.write(f"QMQ version: {qmq.__version__}\nTwisted version: {copyright.version}\n")
+        sys.exit(0)
 
     def opt_print_default_config(self) -> None:
         """

@@ -18,6 +18,7 @@ from twisted.internet.testing import StringTransport, StringTransportWithDisconn
 from twisted.trial.unittest import SynchronousTestCase
 
 from qmq import __version__
+from qmq.connections import ConnectionSettings
 from qmq.core.broker import Broker
 from qmq.stomp.frame import Frame, StompParser, encode_frame
 from qmq.stomp.protocol import StompFactory
@@ -1695,6 +1696,11 @@ class ShutdownTests(SessionTestCase):
         self.assertIsNone(self.successResultOf(d))
 
     def test_shutdown_aborts_after_timeout(self) -> None:
+        """A connection still open at the shutdown timeout is aborted then.
+
+        (Its own close grace, longer here, would abort it later.)
+        """
+        self.factory.registry.settings = ConnectionSettings(close_grace=60)
         lingering = self.client(transport=StringTransport())
         d = self.factory.shutdown(timeout=5)
         self.clock.advance(4.9)

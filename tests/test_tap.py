@@ -23,10 +23,14 @@ from twisted.plugin import getPlugins
 from twisted.python import usage
 from twisted.python.failure import Failure
 from twisted.trial import unittest
+from zope.interface import implementer
 
+import qmq
 from qmq import config, tap
 from qmq.config import ConfigError, Settings
+from qmq.connections import ConnectionRegistry, ConnectionSettings
 from qmq.service import BrokerService, Listener, StartupError, make_service
+from qmq.transport import IConnection
 from tests.integration.certs import TestPKI
 
 
@@ -117,6 +121,21 @@ class OptionsTests(unittest.TestCase):
             str(e), '--listen: expected PROTOCOL:ENDPOINT (e.g. "stomp:tcp:61613"), got "61613"'
         )
 
+    def test_version(self) -> None:
+        """
+        C{twistd qmq --version} prints QMQ's version, then Twisted's.
+        """
+        from twisted import copyright
+
+        stdout = io.StringIO()
+        self.patch(sys, "stdout", stdout)
+        e = self.assertRaises(SystemExit, self.parse, "--version")
+        self.assertEqual(e.code, 0)
+        self.assertEqual(
+            stdout.getvalue(),
+            f"QMQ version: {qmq.__version__}\nTwisted version: {copyright.version}\n",
+        )
+
     def test_printDefaultConfig(self) -> None:
         """
         C{--print-default-config} prints the embedded default.
@@ -172,7 +191,7 @@ class OptionsTests(unittest.TestCase):
 
 class FakeFactory(Factory):
     """
-    A protocol factory whose C{shutdown} records when it was called.
+    A protocol factory for listeners that never get a connection.
     """
 
     protocol = Protocol
@@ -181,9 +200,26 @@ class FakeFactory(Factory):
         self.events = events
         self.name = name
 
-    def shutdown(self, reason: str = "", timeout: float = 0) -> defer.Deferred[None]:
-        self.events.append(f"shutdown {self.name} ({reason}, {timeout})")
-        return defer.succeed(None)
+
+@implementer(IConnection)
+class FakeConnection:
+    """
+    A connection in the registry that records its shutdown and goes away.
+    """
+
+    def __init__(self, registry: ConnectionRegistry, events: list[str], name: str) -> None:
+        self.registry = registry
+        self.events = events
+        self.name = name
+        self.peer_host = "127.0.0.1"
+
+    def shutdown(self, reason: str) -> None:
+        self.events.append(f"shutdown {self.name} ({reason})")
+        self.registry.remove(self)
+
+    def abort(self) -> None:
+        self.events.append(f"abort {self.name}")
+        self.registry.remove(self)
 
 
 class FakePort:
@@ -265,6 +301,24 @@ class ServiceTests(unittest.TestCase):
             ],
         )
         self.assertTrue(self.messages()[0].startswith("QMQ starting: data directory "))
+
+    def test_sharedRegistry(self) -> None:
+        """
+        Every listener's factory registers its connections in the service's
+        one registry, under the listener's spec (the same spec twice gets two
+        names), with the C{[connections]} settings.
+        """
+        settings = self.settings(listen=["stomp:tcp:0", "stomp:tcp:1", "stomp:tcp:0"])
+        svc = make_service(settings, self.reactor)
+        factories = [listener.factory for listener in svc.listeners]
+        for factory in factories:
+            self.assertIs(factory.registry, svc.connections)
+        self.assertEqual(
+            [factory.listener for factory in factories],
+            ["stomp:tcp:0", "stomp:tcp:1", "stomp:tcp:0 #2"],
+        )
+        self.assertEqual(svc.connections.settings, ConnectionSettings())
+        self.assertIs(svc.connections.clock, self.reactor)
 
     def test_defaultListener(self) -> None:
         """
@@ -391,7 +445,8 @@ durable = false
     def test_shutdownOrder(self):
         """
         Stopping stops every listener and waits for the ports to close, and
-        only then asks each factory to shut down, with the configured timeout.
+        only then shuts down the connections of every listener, once, through
+        the shared registry.
         """
         events: list[str] = []
         svc = BrokerService(None, self.settings("shutdown_timeout = 3"), self.reactor)  # type: ignore[arg-type]
@@ -399,6 +454,7 @@ durable = false
             svc.add_listener(
                 Listener("stomp", name, FakeEndpoint(events, name), FakeFactory(events, name))
             )
+            svc.connections.add(FakeConnection(svc.connections, events, f"conn-{name}"), name)
         svc.startService()
         self.assertEqual([listener.port.name for listener in svc.listeners], ["a", "b"])
         yield svc.stopService()
@@ -409,32 +465,57 @@ durable = false
                 "stop listening a",
                 "closed b",
                 "closed a",
-                "shutdown a (broker shutting down, 3.0)",
-                "shutdown b (broker shutting down, 3.0)",
+                "shutdown conn-a (broker shutting down)",
+                "shutdown conn-b (broker shutting down)",
             ],
         )
         self.assertEqual(
             self.messages()[-2:], ["QMQ stopping: no longer accepting connections", "QMQ stopped"]
         )
+        self.assertEqual(self.reactor.getDelayedCalls(), [])
+
+    @defer.inlineCallbacks
+    def test_shutdownTimeout(self):
+        """
+        Connections still open C{shutdown_timeout} seconds after they were
+        told are aborted, and the service stops.
+        """
+        events: list[str] = []
+        svc = BrokerService(None, self.settings("shutdown_timeout = 3"), self.reactor)  # type: ignore[arg-type]
+        svc.add_listener(Listener("stomp", "a", FakeEndpoint(events, "a"), FakeFactory(events, "a")))
+        stuck = FakeConnection(svc.connections, events, "stuck")
+        stuck.shutdown = events.append  # type: ignore[method-assign]  # and stays
+        svc.connections.add(stuck, "a")
+        svc.startService()
+        d = svc.stopService()
+        yield FakePort(events, "wait").stopListening()  # the ports close
+        self.assertNoResult(d)
+        self.reactor.advance(2.9)
+        self.assertNoResult(d)
+        self.reactor.advance(0.1)
+        yield d
+        self.assertIn("broker shutting down", events)
+        self.assertEqual(events[-1], "abort stuck")
 
     @defer.inlineCallbacks
     def test_shutdownFailureLogged(self):
         """
-        A factory whose shutdown fails does not stop the others; the failure
-        is logged.
+        A connection whose shutdown fails is aborted and does not stop the
+        others; the failure is logged.
         """
         events: list[str] = []
         svc = BrokerService(None, self.settings(), self.reactor)  # type: ignore[arg-type]
-        broken = FakeFactory(events, "broken")
-        broken.shutdown = lambda *a, **k: defer.fail(RuntimeError("oops"))  # type: ignore[method-assign]
-        svc.add_listener(Listener("stomp", "x", FakeEndpoint(events, "x"), broken))
-        svc.add_listener(
-            Listener("stomp", "y", FakeEndpoint(events, "y"), FakeFactory(events, "y"))
-        )
+        svc.add_listener(Listener("stomp", "x", FakeEndpoint(events, "x"), FakeFactory(events, "x")))
+        broken = FakeConnection(svc.connections, events, "broken")
+        broken.shutdown = lambda reason: 1 / 0  # type: ignore[method-assign,assignment]
+        svc.connections.add(broken, "x")
+        svc.connections.add(FakeConnection(svc.connections, events, "y"), "x")
         svc.startService()
         yield svc.stopService()
-        self.assertIn("shutdown y (broker shutting down, 10.0)", events)
-        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+        self.assertIn("abort broken", events)
+        self.assertIn("shutdown y (broker shutting down)", events)
+        self.assertEqual(len(self.flushLoggedErrors(ZeroDivisionError)), 1)
+        self.assertEqual(len(svc.connections), 0)
 
     def test_lateListenFailure(self) -> None:
         """

@@ -1,0 +1,136 @@
+# -*- test-case-name: tests.integration.test_tcp_writes -*-
+"""The one place where QMQ relies on Twisted's internals.
+
+Twisted's public API is enough for everything QMQ does, except two hot
+paths where going around it was measured to matter. Both live here, each
+behind a check that falls back to the public API (and logs once) if the
+internals they rely on are gone, and each is pinned by tests
+(C{tests/integration/test_tcp_writes.py}) that fail loudly when a Twisted
+upgrade changes them:
+
+  - L{direct_writer}: send a batch straight to a TCP socket when Twisted's
+    transport has nothing pending. It reads three private fields of
+    C{twisted.internet.tcp.Server} (L{TCP_BUFFER_FIELDS}): the data waiting
+    to be written is C{dataBuffer[offset:]} plus C{_tempDataLen} bytes not
+    yet joined into it.
+  - L{hold_batches_per_read}: make a TLS connection flush the broker's
+    write batch once per TCP read rather than once per TLS record, by
+    wrapping the C{dataReceived} of the connection's
+    L{TLSMemoryBIOProtocol} instance (the TCP transport looks that method
+    up on every read).
+
+Nothing else in QMQ may touch a private attribute of Twisted; a new trick of
+this kind goes here, with its check, its fallback and its test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet import tcp
+from twisted.logger import Logger
+from twisted.protocols.tls import TLSMemoryBIOProtocol
+
+__all__ = ["TCP_BUFFER_FIELDS", "direct_writer", "hold_batches_per_read"]
+
+log = Logger()
+
+#: The private fields of C{tcp.Server} that L{direct_writer} reads.
+TCP_BUFFER_FIELDS = ("_tempDataLen", "dataBuffer", "offset")
+
+_warned: set[str] = set()
+
+
+def _warn_once(what: str, problem: str) -> None:
+    if what in _warned:
+        return
+    _warned.add(what)
+    log.warn(
+        "Twisted internals changed: {what} falls back to the public API "
+        "(slower, still correct): {problem}",
+        what=what,
+        problem=problem,
+    )
+
+
+def direct_writer(transport: Any) -> Callable[[bytes], None]:
+    """A write function for C{transport} that skips a reactor turn when it can.
+
+    Twisted's TCP transport buffers every write and sends it on the next
+    reactor iteration, after registering the socket for writability and
+    before unregistering it: two C{epoll_ctl} calls and a loop turn for every
+    batch. The broker already writes one batch per turn, so when nothing is
+    pending in the transport this sends the batch at once and leaves only
+    what the kernel did not take to Twisted's buffering (and to its
+    producer/consumer back-pressure).
+
+    @param transport: a connection's transport.
+    @return: the direct writer for Twisted's own TCP server transport;
+        C{transport.write} for any other (TLS, unix sockets, test
+        transports), and for a TCP transport whose private fields are
+        missing (a Twisted that changed them).
+    """
+    write: Callable[[bytes], None] = transport.write
+    if type(transport) is not tcp.Server:
+        return write
+    missing = [name for name in TCP_BUFFER_FIELDS if not hasattr(transport, name)]
+    if missing:
+        _warn_once("direct_writer", f"tcp.Server has no {', '.join(missing)}")
+        return write
+    sock = transport.getHandle()
+
+    def send(data: bytes) -> None:
+        if (
+            transport._tempDataLen
+            or len(transport.dataBuffer) > transport.offset
+            or not transport.connected
+            or transport.disconnecting
+        ):
+            write(data)
+            return
+        try:
+            sent = sock.send(data)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            write(data)  # let Twisted meet the error and close the connection
+            return
+        if sent < len(data):
+            write(data[sent:])
+
+    return send
+
+
+def hold_batches_per_read(tls: Any, batcher: Any) -> bool:
+    """Batch writes over a whole TCP read of a TLS connection.
+
+    Twisted's TLS layer hands the decrypted bytes of one TCP read to the
+    protocol one TLS record (at most 16 KiB) at a time, so the broker would
+    flush its deliveries, and encrypt them, once per record. Holding the
+    write batcher around the TLS layer's own C{dataReceived} makes that one
+    flush (and one TLS write) per TCP read, as over plain TCP.
+
+    @param tls: a connection's transport.
+    @param batcher: the broker's L{qmq.core.batch.WriteBatcher}.
+    @return: whether the hold is in place (C{False} for a transport that is
+        not Twisted's memory-BIO TLS, or one whose C{dataReceived} is gone).
+    """
+    if not isinstance(tls, TLSMemoryBIOProtocol):
+        return False
+    inner = getattr(tls, "dataReceived", None)
+    if not callable(inner):
+        _warn_once("hold_batches_per_read", "TLSMemoryBIOProtocol has no dataReceived")
+        return False
+    hold = batcher.hold
+    release = batcher.release
+
+    def dataReceived(data: bytes) -> None:
+        hold()
+        try:
+            inner(data)
+        finally:
+            release()
+
+    tls.dataReceived = dataReceived
+    return True
