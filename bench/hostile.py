@@ -721,17 +721,17 @@ class Ctx:
         return False
 
     def broker_idle(self, timeout: float, busy: float = 0.6) -> bool:
-        """True once the broker used less than ``busy`` of a core over one second
-        (it finished the work an attack left in its buffers)."""
+        """True once the broker used less than ``busy`` of a core over half a
+        second (it finished the work an attack left in its buffers)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
                 c0 = cpu_seconds(self.pid, tree=False)
-                time.sleep(1.0)
+                time.sleep(0.5)
                 c1 = cpu_seconds(self.pid, tree=False)
             except (OSError, TypeError):
                 return False
-            if c1 - c0 < busy:
+            if c1 - c0 < busy / 2:
                 return True
         return False
 
