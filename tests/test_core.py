@@ -25,8 +25,10 @@ from qmq.core.exchange import (
     HeadersExchange,
     TopicExchange,
 )
+from qmq.core.limits import LimitSettings
 from qmq.core.message import Message
-from qmq.core.queue import Queue
+from qmq.core.queue import DEFAULT_POLICY, Queue, QueuePolicy
+from qmq.core.store import NullStore, Recovery
 
 
 class RecordingConsumer(Consumer):
@@ -635,6 +637,250 @@ class MaxLengthTests(CoreTestCase):
         q.add_consumer(c)
         self.publish("q", b"kept")
         self.assertEqual(c.bodies(), [b"kept"])
+
+
+class LimitsTests(SynchronousTestCase):
+    """The broker's L{LimitSettings} reach every topic exchange and the frontends."""
+
+    def test_defaults(self) -> None:
+        """Without limits, a broker has L{LimitSettings}'s defaults."""
+        broker = Broker(Clock())
+        self.assertEqual(broker.limits, LimitSettings())
+        self.assertEqual(broker.max_unfinished_bytes, LimitSettings().max_unfinished_bytes)
+        topic = broker.default_vhost.exchange("amq.topic")
+        self.assertEqual((topic.max_words, topic.max_key_length), (32, 255))
+
+    def test_topic_words(self) -> None:
+        """
+        A pattern with more words than C{limits.max_topic_words} is refused
+        on C{amq.topic}, on a declared topic exchange and in a virtual host
+        added later; one at the limit is accepted.
+        """
+        broker = Broker(Clock(), limits=LimitSettings(max_topic_words=3))
+        vhost = broker.default_vhost
+        vhost.declare_queue("q")
+        vhost.declare_exchange("events", "topic")
+        other = broker.add_vhost("other")
+        other.declare_queue("q")
+        for where, exchange in [(vhost, "amq.topic"), (vhost, "events"), (other, "amq.topic")]:
+            where.bind("q", exchange, "a.*.#")
+            e = self.assertRaises(PreconditionFailed, where.bind, "q", exchange, "a.b.c.d")
+            self.assertIn("limits.max_topic_words", e.message)
+            self.assertIn("the limit is 3", e.message)
+
+    def test_routing_key_length(self) -> None:
+        """A key longer than C{limits.max_routing_key_length} is refused."""
+        broker = Broker(Clock(), limits=LimitSettings(max_routing_key_length=8))
+        vhost = broker.default_vhost
+        vhost.declare_queue("q")
+        vhost.bind("q", "amq.topic", "abcdefgh")
+        e = self.assertRaises(PreconditionFailed, vhost.bind, "q", "amq.topic", "abcdefghi")
+        self.assertIn("limits.max_routing_key_length", e.message)
+
+    def test_other_exchange_types_untouched(self) -> None:
+        """Only topic exchanges have word limits: a long direct key binds."""
+        broker = Broker(Clock(), limits=LimitSettings(max_topic_words=1))
+        vhost = broker.default_vhost
+        vhost.declare_queue("q")
+        vhost.bind("q", "amq.direct", "a.b.c")
+        self.assertEqual(len(vhost.route("amq.direct", "a.b.c")), 1)
+
+    def test_max_unfinished_bytes(self) -> None:
+        broker = Broker(Clock(), limits=LimitSettings(max_unfinished_bytes=1234))
+        self.assertEqual(broker.max_unfinished_bytes, 1234)
+
+
+class QueueDefaultsTests(CoreTestCase):
+    """
+    L{VirtualHost.queue_defaults} apply to queues created on demand, not to
+    queues declared with their own arguments.
+    """
+
+    ARGUMENTS = {
+        "x-max-length": 2,
+        "x-max-length-bytes": 1000,
+        "x-overflow": "reject-publish",
+        "x-expires": 60_000,
+        "x-delivery-limit": 5,
+    }
+
+    def test_none_by_default(self) -> None:
+        """A virtual host starts with no defaults: on-demand queues are unbounded."""
+        self.assertIs(self.vhost.queue_defaults, DEFAULT_POLICY)
+        q = self.vhost.declare_queue("q", on_demand=True)
+        self.assertIs(q.policy, DEFAULT_POLICY)
+
+    def test_set(self) -> None:
+        policy = self.vhost.set_queue_defaults(self.ARGUMENTS)
+        self.assertEqual(policy, QueuePolicy(2, 1000, "reject-publish", 60_000, 5))
+        self.assertIs(self.vhost.queue_defaults, policy)
+        self.assertIs(self.vhost.set_queue_defaults(None), DEFAULT_POLICY)
+
+    def test_bad_value(self) -> None:
+        e = self.assertRaises(
+            PreconditionFailed, self.vhost.set_queue_defaults, {"x-overflow": "explode"}
+        )
+        self.assertIn("x-overflow", e.message)
+
+    def test_on_demand(self) -> None:
+        """An on-demand queue gets every default."""
+        self.vhost.set_queue_defaults(self.ARGUMENTS)
+        q = self.vhost.declare_queue("q", on_demand=True)
+        self.assertEqual(
+            (
+                q.policy.max_length,
+                q.policy.max_bytes,
+                q.policy.overflow,
+                q.policy.expires,
+                q.policy.delivery_limit,
+            ),
+            (2, 1000, "reject-publish", 60_000, 5),
+        )
+
+    def test_on_demand_arguments_override(self) -> None:
+        """Arguments given with an on-demand declaration override the defaults."""
+        self.vhost.set_queue_defaults(self.ARGUMENTS)
+        q = self.vhost.declare_queue("q", on_demand=True, arguments={"x-max-length": 7})
+        self.assertEqual((q.policy.max_length, q.policy.max_bytes), (7, 1000))
+
+    def test_declared_queue_keeps_its_arguments(self) -> None:
+        """A queue declared (not on demand) gets none of the defaults."""
+        self.vhost.set_queue_defaults(self.ARGUMENTS)
+        plain = self.vhost.declare_queue("plain")
+        self.assertIs(plain.policy, DEFAULT_POLICY)
+        own = self.vhost.declare_queue("own", arguments={"x-max-length": 9})
+        self.assertEqual(own.policy, QueuePolicy(max_length=9))
+
+    def test_reject_publish(self) -> None:
+        """
+        With C{x-overflow = reject-publish}, a publish past the default
+        length is refused and the queue keeps what it had.
+        """
+        self.vhost.set_queue_defaults(self.ARGUMENTS)
+        q = self.vhost.declare_queue("q", on_demand=True)
+        self.publish("q", b"1", b"2")
+        e = self.assertRaises(ResourceLimit, self.publish, "q", b"3")
+        self.assertIn("'q' is full", e.message)
+        self.assertEqual([m.body for m in q.messages()], [b"1", b"2"])
+
+    def test_max_bytes(self) -> None:
+        """The default byte bound holds too."""
+        self.vhost.set_queue_defaults({"x-max-length-bytes": 10, "x-overflow": "reject-publish"})
+        q = self.vhost.declare_queue("q", on_demand=True)
+        self.publish("q", b"x" * 6)
+        self.assertRaises(ResourceLimit, self.publish, "q", b"x" * 6)
+        self.assertEqual(len(q), 1)
+
+    def test_expires(self) -> None:
+        """The default C{x-expires} deletes an unused, empty on-demand queue."""
+        self.vhost.set_queue_defaults({"x-expires": 5000})
+        self.vhost.declare_queue("q", on_demand=True)
+        self.clock.advance(4.9)
+        self.assertIn("q", self.vhost.queues)
+        self.clock.advance(0.2)
+        self.assertNotIn("q", self.vhost.queues)
+
+    def test_existing_queues_keep_their_policy(self) -> None:
+        q = self.vhost.declare_queue("q", on_demand=True)
+        self.vhost.set_queue_defaults(self.ARGUMENTS)
+        self.assertIs(self.vhost.declare_queue("q", on_demand=True).policy, DEFAULT_POLICY)
+        self.assertIs(q.policy, DEFAULT_POLICY)
+
+
+class RecordingStore(NullStore):
+    """A store that records topology calls and recovers what it is given."""
+
+    def __init__(self, recovery: Recovery | None = None) -> None:
+        self.recovery = recovery or Recovery()
+        self.calls: list[tuple] = []
+
+    def recover(self) -> Recovery:
+        self.calls.append(("recover",))
+        return self.recovery
+
+    def declare_queue(self, vhost, queue) -> None:
+        self.calls.append(("declare_queue", vhost.name, queue.name))
+
+    def declare_exchange(self, vhost, exchange) -> None:
+        self.calls.append(("declare_exchange", vhost.name, exchange.name))
+
+    def close(self) -> str:
+        self.calls.append(("close",))
+        return "closed"
+
+
+class RecoverTests(SynchronousTestCase):
+    """L{Broker.recover} after the declarations."""
+
+    def test_declarations_reach_the_store(self) -> None:
+        """Durable declarations reach the store; non-durable ones and amq.* do not."""
+        store = RecordingStore()
+        broker = Broker(Clock(), store=store)
+        vhost = broker.default_vhost
+        vhost.declare_exchange("events", "fanout")
+        vhost.declare_queue("kept")
+        vhost.declare_queue("lost", durable=False)
+        self.assertEqual(
+            store.calls,
+            [("declare_exchange", "/", "events"), ("declare_queue", "/", "kept")],
+        )
+        self.assertIs(vhost.queues["kept"].store, store)
+        self.assertIsNone(vhost.queues["lost"].store)
+
+    def test_declared_first_wins(self) -> None:
+        """
+        A queue declared before recovery keeps its declared arguments; the
+        store's messages go back into it; message ids continue.
+        """
+        kept = Message(7, "", "q", None, b"old", 1.0, True)
+        store = RecordingStore(
+            Recovery(
+                next_message_id=100,
+                queues=[("/", "q", {"x-max-length": 1})],
+                messages={("/", "q"): [kept]},
+            )
+        )
+        broker = Broker(Clock(), store=store)
+        declared = broker.default_vhost.declare_queue("q", arguments={"x-max-length": 5})
+        broker.recover()
+        self.assertIs(broker.default_vhost.queues["q"], declared)
+        self.assertEqual(declared.policy.max_length, 5)
+        self.assertEqual([m.body for m in declared.messages()], [b"old"])
+        self.assertEqual(broker.new_message("", "q", None, b"").id, 100)
+
+    def test_recovered_queue_on_demand(self) -> None:
+        """
+        A kept queue nobody declared was made by a client: it gets its
+        virtual host's on-demand defaults, its own arguments over them.
+        """
+        store = RecordingStore(Recovery(queues=[("/", "a", None), ("/", "b", {"x-max-length": 9})]))
+        broker = Broker(Clock(), store=store)
+        broker.default_vhost.set_queue_defaults({"x-max-length": 3, "x-max-length-bytes": 10})
+        broker.recover()
+        a, b = broker.default_vhost.queues["a"], broker.default_vhost.queues["b"]
+        self.assertEqual((a.policy.max_length, a.policy.max_bytes), (3, 10))
+        self.assertEqual((b.policy.max_length, b.policy.max_bytes), (9, 10))
+        self.assertTrue(a.durable)
+
+    def test_recovered_exchange_conflict(self) -> None:
+        """A kept exchange of another type than declared is refused."""
+        store = RecordingStore(Recovery(exchanges=[("/", "events", "topic", False)]))
+        broker = Broker(Clock(), store=store)
+        broker.default_vhost.declare_exchange("events", "fanout")
+        self.assertRaises(PreconditionFailed, broker.recover)
+
+    def test_recovered_topic_exchange_limits(self) -> None:
+        """A recovered topic exchange gets the broker's topic limits."""
+        store = RecordingStore(Recovery(exchanges=[("/", "t", "topic", False)]))
+        broker = Broker(Clock(), store=store, limits=LimitSettings(max_topic_words=2))
+        broker.recover()
+        self.assertEqual(broker.default_vhost.exchange("t").max_words, 2)
+
+    def test_close(self) -> None:
+        """L{Broker.close} closes the store and returns what it returns."""
+        store = RecordingStore()
+        self.assertEqual(Broker(Clock(), store=store).close(), "closed")
+        self.assertEqual(store.calls, [("close",)])
 
 
 class Target:

@@ -10,6 +10,13 @@ gives it one (L{qmq.core.store}); without one it keeps nothing on disk
 At start the service declares what the configuration names, then calls
 L{Broker.recover}: what the store kept comes back (durable topology,
 messages, and the next message id, so ids never repeat across restarts).
+Declaring first means the configuration wins: a queue the configuration
+declares keeps the configuration's arguments, and recovery only puts its
+messages back; a durable declaration reaches the store as it is made.
+
+The broker-wide limits (L{LimitSettings}, the C{[limits]} table) are given
+at construction: every topic exchange of every virtual host gets the word
+and length limits, and frontends read L{Broker.max_unfinished_bytes}.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from qmq.core.batch import WriteBatcher
+from qmq.core.limits import LimitSettings
 from qmq.core.message import Message
 from qmq.core.store import MessageStore, NullStore
 from qmq.core.vhost import VirtualHost
@@ -55,13 +63,29 @@ class Broker:
     @ivar memory_alarm: the broker-wide memory alarm
         (L{qmq.core.alarm.MemoryAlarm}), or None when there is none.
     @ivar unfinished_bytes: bytes of frames still being received.
-    @ivar max_unfinished_bytes: the most allowed (0: no limit).
+    @ivar max_unfinished_bytes: the most allowed (0: no limit), from
+        C{limits.max_unfinished_bytes}.
+    @ivar limits: the broker-wide limits (L{LimitSettings}); virtual hosts
+        read the topic limits from here when they make a topic exchange.
     """
 
-    def __init__(self, clock: Any = None, store: MessageStore | None = None) -> None:
+    def __init__(
+        self,
+        clock: Any = None,
+        store: MessageStore | None = None,
+        limits: LimitSettings | None = None,
+    ) -> None:
+        """
+        @param clock: the C{IReactorTime}; the global reactor if None.
+        @param store: where durable messages go; L{NullStore} if None.
+        @param limits: the broker-wide limits; L{LimitSettings}'s defaults
+            if None.
+        """
         if clock is None:
             from twisted.internet import reactor as clock  # noqa: PLC0415
         self.clock = clock
+        # Before the first virtual host: its amq.topic reads the limits.
+        self.limits = limits if limits is not None else LimitSettings()
         self.store: MessageStore = store if store is not None else NullStore()
         self._store_flush = _StoreFlush(self.store)
         self.vhosts: dict[str, VirtualHost] = {}
@@ -72,7 +96,7 @@ class Broker:
         #: Bytes of frames still being received, over all connections, and
         #: the most allowed (0: no limit); frontends keep the count.
         self.unfinished_bytes = 0
-        self.max_unfinished_bytes = 256 * 1024 * 1024
+        self.max_unfinished_bytes = self.limits.max_unfinished_bytes
 
     def add_vhost(self, name: str) -> VirtualHost:
         """Create the virtual host C{name}, or return it if it exists."""
@@ -86,13 +110,25 @@ class Broker:
         return self.vhosts.get(name) if name is not None else self.default_vhost
 
     def recover(self) -> None:
-        """Bring back what the store kept (call once, before listening)."""
+        """Bring back what the store kept (call once, before listening).
+
+        Call it after the configuration's declarations: what they declared
+        exists already and is kept as declared (a kept exchange must have
+        the declared type, else L{PreconditionFailed}). A kept queue that
+        the configuration does not declare was made at runtime by a client,
+        so it comes back under its virtual host's defaults for queues made
+        on demand, its own arguments over them.
+
+        @raise BrokerError: what the store kept contradicts the declarations.
+        """
         recovery = self.store.recover()
         self.message_ids = itertools.count(recovery.next_message_id)
         for vhost_name, name, type_, auto_delete in recovery.exchanges:
             self.add_vhost(vhost_name).declare_exchange(name, type_, True, auto_delete)
         for vhost_name, name, arguments in recovery.queues:
-            self.add_vhost(vhost_name).declare_queue(name, durable=True, arguments=arguments)
+            self.add_vhost(vhost_name).declare_queue(
+                name, durable=True, arguments=arguments, on_demand=True
+            )
         for vhost_name, queue, exchange, key, arguments in recovery.bindings:
             self.add_vhost(vhost_name).bind(queue, exchange, key, arguments)
         for (vhost_name, queue_name), messages in recovery.messages.items():

@@ -11,16 +11,28 @@ Frontends do not call a virtual host directly: they go through a
 L{qmq.core.channel.Channel}, which resolves destination names and tags
 deliveries; the virtual host does the routing (L{VirtualHost.publish_to}:
 atomic, one store call per publish) and keeps the topology.
+
+Two settings come from the configuration through the service:
+
+  - the topic limits: every topic exchange made here (C{amq.topic} and
+    declared ones) gets C{max_words} and C{max_key_length} from the broker's
+    L{qmq.core.limits.LimitSettings} (C{limits.max_topic_words},
+    C{limits.max_routing_key_length});
+  - L{VirtualHost.queue_defaults}: the policy of queues a client makes by
+    naming them (C{declare_queue(..., on_demand=True)}), from the virtual
+    host's C{queue_defaults} table (L{VirtualHost.set_queue_defaults}).
+    Queues declared with arguments (configuration, a frontend's private
+    queues) do not get them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from qmq.core.errors import AccessRefused, NotFound, PreconditionFailed
-from qmq.core.exchange import EXCHANGE_CLASSES, EXCHANGE_TYPES, Exchange
-from qmq.core.queue import Queue
+from qmq.core.exchange import EXCHANGE_CLASSES, EXCHANGE_TYPES, Exchange, TopicExchange
+from qmq.core.queue import DEFAULT_POLICY, Queue, QueuePolicy
 
 if TYPE_CHECKING:
     from qmq.core.broker import Broker
@@ -40,6 +52,9 @@ class VirtualHost:
     @ivar name: its name (the default one is C{"/"}).
     @ivar exchanges: exchanges by name (the default exchange is not listed).
     @ivar queues: queues by name.
+    @ivar queue_defaults: the policy that queues created on demand start
+        from (their own arguments, if any, override it); no limits until
+        L{set_queue_defaults} says otherwise.
     """
 
     def __init__(self, broker: Broker | None, name: str) -> None:
@@ -47,11 +62,26 @@ class VirtualHost:
         self.name = name
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, Queue] = {}
+        self.queue_defaults: QueuePolicy = DEFAULT_POLICY
         for ex_name, ex_type in STANDARD_EXCHANGES:
             self.declare_exchange(ex_name, ex_type)
 
     def __repr__(self) -> str:
         return f"<VirtualHost {self.name!r} queues={len(self.queues)}>"
+
+    def set_queue_defaults(self, arguments: Mapping[str, Any] | None) -> QueuePolicy:
+        """Set the defaults of queues created on demand from queue arguments.
+
+        Queues that exist already keep their policy.
+
+        @param arguments: queue arguments by their core names
+            (C{x-max-length}, C{x-max-length-bytes}, C{x-overflow},
+            C{x-expires}, C{x-delivery-limit}); None or empty for no limits.
+        @return: the new L{queue_defaults}.
+        @raise PreconditionFailed: an argument has a bad value.
+        """
+        self.queue_defaults = QueuePolicy.from_arguments(dict(arguments or {}))
+        return self.queue_defaults
 
     # -- exchanges ---------------------------------------------------------
 
@@ -77,6 +107,10 @@ class VirtualHost:
                 )
             return existing
         exchange = EXCHANGE_CLASSES[type](name, durable, auto_delete)
+        if isinstance(exchange, TopicExchange) and self.broker is not None:
+            limits = self.broker.limits
+            exchange.max_words = limits.max_topic_words
+            exchange.max_key_length = limits.max_routing_key_length
         self.exchanges[name] = exchange
         if durable and self.broker is not None and not name.startswith("amq."):
             self.broker.store.declare_exchange(self, exchange)
@@ -124,8 +158,9 @@ class VirtualHost:
         """Create a queue, or return the existing one.
 
         @param on_demand: the queue is made because a client named it (not
-            declared in configuration): the virtual host's defaults for such
-            queues apply.
+            declared in configuration): it starts from L{queue_defaults},
+            and C{arguments} given override them. Ignored for a queue that
+            exists.
         @param backlog: for a private subscription queue, the most messages it
             holds (the oldest are dropped past it); 0 for unbounded.
         @raise AccessRefused: the queue is exclusive to another session.
@@ -138,7 +173,15 @@ class VirtualHost:
             return queue
         if not name:
             raise PreconditionFailed("a queue needs a name")
-        queue = Queue(self, name, durable, exclusive_owner, auto_delete, arguments)
+        queue = Queue(
+            self,
+            name,
+            durable,
+            exclusive_owner,
+            auto_delete,
+            arguments,
+            self.queue_defaults if on_demand else None,
+        )
         if backlog:
             # Bounded like x-max-length + drop-head, without an arguments
             # dict per subscription.
