@@ -1,15 +1,27 @@
-# -*- test-case-name: tests.test_tap -*-
+# -*- test-case-name: tests.test_service,tests.test_tap -*-
 """The broker as a Twisted service: settings in, a running broker out.
 
 L{make_service} turns L{Settings} into a L{BrokerService} (a
 L{MultiService}):
 
-    1. It builds the L{Broker} on the given reactor and applies the
-       configuration's declarations: virtual hosts, then in each its
-       exchanges, queues and bindings, in the order written.  A declaration
-       the core refuses (a L{BrokerError}) becomes a L{ConfigError} that names
-       the file and key it came from.
-    2. For each C{PROTOCOL:ENDPOINT} listen spec it builds that protocol's
+    1. It builds the message store that C{settings.store} names, from
+       L{STORES}, and the L{Broker} on the given reactor with that store and
+       the C{[limits]} settings (topic limits, the budget for unfinished
+       frames).
+    2. It applies the configuration's declarations: virtual hosts (each with
+       its C{queue_defaults}, the policy of queues clients create by naming
+       them), then in each its exchanges, queues and bindings, in the order
+       written; durable ones reach the store as they are declared.  A
+       declaration the core refuses (a L{BrokerError}) becomes a
+       L{ConfigError} that names the file and key it came from.
+    3. Only then does it call L{Broker.recover}: what the store kept comes
+       back into the declared topology (the configuration's declarations
+       win; see L{Broker.recover}).
+    4. It builds the broker-wide L{MemoryAlarm} from
+       C{limits.memory_high_watermark} and gives it to the broker (when the
+       mark is not 0), where every session's publisher flow control and the
+       C{/control/memory} destination find it.
+    5. For each C{PROTOCOL:ENDPOINT} listen spec it builds that protocol's
        factory from L{PROTOCOLS} and an endpoint with Twisted's
        C{serverFromString}, and adds a L{Listener} child service.  Every
        mistake (unknown protocol, bad endpoint string, missing TLS file) is
@@ -17,7 +29,8 @@ L{MultiService}):
 
 Starting the service creates the data directory and binds the listeners (in
 C{privilegedStartService}, so C{twistd --uid} can bind low ports first), one
-log line per listener with its address.
+log line per listener with its address, and then starts the memory alarm's
+sampling (the alarm logs its marks, and every time it is raised or cleared).
 
 Every listener's factory shares the service's one
 L{qmq.connections.ConnectionRegistry}: it caps the connections per listener
@@ -30,16 +43,23 @@ Stopping it (twistd does so on SIGTERM and SIGINT) is graceful and ordered:
     2. only then is the registry's C{shutdown()} called, once, which tells
        every client of every listener that the broker is going away (STOMP:
        an ERROR frame) and closes it; it is awaited, up to
-       C{shutdown_timeout} seconds, after which the stragglers are aborted.
+       C{shutdown_timeout} seconds, after which the stragglers are aborted;
+    3. the memory alarm stops sampling (stopping a raised alarm clears it,
+       which would let blocked publishers go on: so not before their
+       connections are closed);
+    4. the broker closes its store (L{Broker.close}), which a disk store
+       uses to write and sync what is pending; it is awaited, and a failure
+       is logged as one line, not a traceback.
 
 L{MultiService} alone would stop its children in reverse order without
 waiting for one before the next, so L{BrokerService.stopService} sequences
-the two steps itself.
+the steps itself.
 """
 
 from __future__ import annotations
 
 import gc
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -53,11 +73,25 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from qmq.config import ConfigError, Settings
-from qmq.connections import ConnectionRegistry, ConnectionSettings
+from qmq.connections import ConnectionRegistry
+from qmq.core import alarm as _alarm
+from qmq.core.alarm import MemoryAlarm, parse_memory_mark, total_memory
 from qmq.core.broker import Broker
 from qmq.core.errors import BrokerError
+from qmq.core.limits import LimitSettings
+from qmq.core.store import MessageStore
+from qmq.store.memory import MemoryStore
 
-__all__ = ["PROTOCOLS", "BrokerService", "Listener", "StartupError", "make_service"]
+__all__ = [
+    "PROTOCOLS",
+    "STORES",
+    "BrokerService",
+    "Listener",
+    "StartupError",
+    "build_memory_alarm",
+    "build_store",
+    "make_service",
+]
 
 log = Logger()
 
@@ -76,15 +110,84 @@ def _stomp_factory(
     return StompFactory(broker, settings.stomp, clock=clock, registry=registry, listener=listener)
 
 
-def _connection_settings(settings: Settings) -> ConnectionSettings:
-    # Settings without a [connections] table (made by hand) get the defaults.
-    return getattr(settings, "connections", None) or ConnectionSettings()
-
-
 #: The wire protocols a listen spec may name, by the C{PROTOCOL} part.
 PROTOCOLS: dict[str, FactoryBuilder] = {
     "stomp": _stomp_factory,
 }
+
+#: A message store's builder: settings -> the store the broker is given.
+#: It runs in L{make_service}, before the service starts (so before the
+#: service creates C{data_dir}): a store that keeps files makes its own
+#: directory under C{settings.data_dir}.  L{Broker.recover} is called right
+#: after the configuration's declarations, still in L{make_service}.
+StoreBuilder = Callable[[Settings], MessageStore]
+
+
+def _memory_store(settings: Settings) -> MessageStore:
+    return MemoryStore()
+
+
+#: The message stores that C{settings.store} may name.  A store is one line
+#: here (and its name in L{qmq.config.STORES}, which checks the key).
+STORES: dict[str, StoreBuilder] = {
+    "memory": _memory_store,
+}
+
+
+def build_store(settings: Settings) -> MessageStore:
+    """
+    Build the message store that C{settings.store} names.
+
+    @param settings: the settings.
+    @return: a new store (not yet recovered).
+    @raise ConfigError: no store has that name (settings made by hand; a
+        loaded configuration is checked against L{qmq.config.STORES}).
+    """
+    builder = STORES.get(settings.store)
+    if builder is None:
+        known = ", ".join(sorted(STORES))
+        raise ConfigError(
+            "", "store", f"unknown message store {settings.store!r} (expected one of: {known})"
+        )
+    return builder(settings)
+
+
+def build_memory_alarm(
+    limits: LimitSettings,
+    clock: Any,
+    read_rss: Callable[[], int] | None = None,
+    total: int | None = None,
+) -> MemoryAlarm:
+    """
+    Build the broker-wide memory alarm from the C{[limits]} settings.
+
+    The mark (C{limits.memory_high_watermark}) is turned into bytes with
+    L{parse_memory_mark} against L{total_memory} (RAM, or the cgroup limit
+    when smaller); the low-water mark is the alarm's default, 90% of it.  A
+    mark of 0 makes a disabled alarm (L{MemoryAlarm.enabled} is false).
+
+    @param limits: the broker-wide limits.
+    @param clock: the reactor the alarm samples on.
+    @param read_rss: returns the process's RSS in bytes; the real one
+        (L{qmq.core.alarm.current_rss}) if None.
+    @param total: the memory a fraction refers to, in bytes; L{total_memory}
+        if None.
+    @return: the alarm, not started.
+    @raise ConfigError: the mark cannot be used (naming
+        C{limits.memory_high_watermark}).
+    """
+    if total is None:
+        try:
+            total = total_memory()
+        except OSError:
+            total = 0  # a fraction is then refused, with the alarm's reason
+    try:
+        high = parse_memory_mark(limits.memory_high_watermark, total)
+    except ValueError as e:
+        raise ConfigError("", "limits.memory_high_watermark", str(e)) from None
+    return MemoryAlarm(
+        clock, high, read_rss=read_rss if read_rss is not None else _alarm.current_rss
+    )
 
 
 class StartupError(Exception):
@@ -194,6 +297,8 @@ class BrokerService(MultiService):
     @ivar listeners: the L{Listener}s, in the order of C{settings.listen}.
     @ivar clock: the reactor it runs on.
     @ivar connections: the registry every listener's connections are in.
+    @ivar memory_alarm: the memory alarm started and stopped with the
+        service (possibly disabled), or None.
     """
 
     def __init__(
@@ -202,6 +307,7 @@ class BrokerService(MultiService):
         settings: Settings,
         clock: Any,
         connections: ConnectionRegistry | None = None,
+        memory_alarm: MemoryAlarm | None = None,
     ) -> None:
         super().__init__()
         self.broker = broker
@@ -210,8 +316,9 @@ class BrokerService(MultiService):
         self.connections = (
             connections
             if connections is not None
-            else ConnectionRegistry(_connection_settings(settings), clock)
+            else ConnectionRegistry(settings.connections, clock)
         )
+        self.memory_alarm = memory_alarm
         self.listeners: list[Listener] = []
         self._prepared = False
 
@@ -241,6 +348,8 @@ class BrokerService(MultiService):
         """
         self._prepare()
         super().startService()
+        if self.memory_alarm is not None:
+            self.memory_alarm.start()
 
     def _prepare(self) -> None:
         if self._prepared:
@@ -255,19 +364,21 @@ class BrokerService(MultiService):
                 f"cannot create the data directory {str(data_dir)!r}: {e.strerror or e}"
             ) from None
         log.info(
-            "QMQ starting: data directory {data_dir}, {count} listener(s)",
+            "QMQ starting: data directory {data_dir}, {count} listener(s), {store} store",
             data_dir=str(data_dir.resolve()),
             count=len(self.listeners),
+            store=self.settings.store,
         )
 
     @defer.inlineCallbacks
     def stopService(self) -> Any:
         """
         Stop gracefully: stop accepting, then close every client with an
-        ERROR frame, then return.
+        ERROR frame, then stop the memory alarm, then close the store.
 
-        @return: a Deferred that fires once all is closed (at most
-            C{shutdown_timeout} seconds after the listeners are closed).
+        @return: a Deferred that fires once all is closed (the connections
+            at most C{shutdown_timeout} seconds after the listeners are
+            closed; then the store).
         """
         log.info("QMQ stopping: no longer accepting connections")
         self._prepared = False
@@ -278,6 +389,18 @@ class BrokerService(MultiService):
             )
         except Exception:
             log.failure("while closing connections")
+        if self.memory_alarm is not None:
+            self.memory_alarm.stop()
+        try:
+            yield defer.maybeDeferred(self.broker.close)
+        except Exception as e:
+            # A store's failure to close is news for the operator, not a
+            # traceback: say what failed.
+            log.error(
+                "QMQ could not close the {store} store: {error}",
+                store=self.settings.store,
+                error=str(e) or type(e).__name__,
+            )
         log.info("QMQ stopped")
 
 
@@ -285,6 +408,12 @@ def _declare(broker: Broker, settings: Settings) -> None:
     """Apply the configuration's declarations to the broker, in order."""
     for vhost_settings in settings.vhosts:
         vhost = broker.add_vhost(vhost_settings.name)
+        try:
+            vhost.set_queue_defaults(vhost_settings.queue_defaults)
+        except BrokerError as e:
+            raise ConfigError(
+                "", f"vhosts.{json.dumps(vhost_settings.name)}.queue_defaults", e.message
+            ) from None
         origin = ""
         try:
             for ex in vhost_settings.exchanges:
@@ -334,14 +463,26 @@ def make_service(settings: Settings, reactor: Any = None) -> BrokerService:
     @param reactor: the reactor to run on; the global one if L{None}.
     @return: the service; start it (or give it to twistd) to run the broker.
     @raise ConfigError: for a declaration the core refuses, an unknown
-        protocol or an endpoint string that cannot be used; the message names
-        the file (or C{--listen}) and the key.
+        protocol or an endpoint string that cannot be used (the message names
+        the file, or C{--listen}, and the key), an unknown store, a stored
+        topology that contradicts the declarations, or a memory mark that
+        cannot be used on this machine.
     """
     if reactor is None:
         from twisted.internet import reactor  # noqa: PLC0415
-    broker = Broker(clock=reactor)
+    broker = Broker(clock=reactor, store=build_store(settings), limits=settings.limits)
     _declare(broker, settings)
-    service = BrokerService(broker, settings, reactor)
+    try:
+        broker.recover()
+    except BrokerError as e:
+        raise ConfigError(
+            "",
+            "store",
+            f"what the {settings.store!r} store kept contradicts the configuration: {e.message}",
+        ) from None
+    alarm = build_memory_alarm(settings.limits, reactor)
+    broker.memory_alarm = alarm if alarm.enabled else None
+    service = BrokerService(broker, settings, reactor, memory_alarm=alarm)
     source = settings.listen_source
     names: set[str] = set()
     for index, spec in enumerate(settings.listen):

@@ -29,6 +29,7 @@ import qmq
 from qmq import config, tap
 from qmq.config import ConfigError, Settings
 from qmq.connections import ConnectionRegistry, ConnectionSettings
+from qmq.core.broker import Broker
 from qmq.service import BrokerService, Listener, StartupError, make_service
 from qmq.transport import IConnection
 from tests.integration.certs import TestPKI
@@ -449,7 +450,9 @@ durable = false
         the shared registry.
         """
         events: list[str] = []
-        svc = BrokerService(None, self.settings("shutdown_timeout = 3"), self.reactor)  # type: ignore[arg-type]
+        svc = BrokerService(
+            Broker(self.reactor), self.settings("shutdown_timeout = 3"), self.reactor
+        )
         for name in ("a", "b"):
             svc.add_listener(
                 Listener("stomp", name, FakeEndpoint(events, name), FakeFactory(events, name))
@@ -481,7 +484,9 @@ durable = false
         told are aborted, and the service stops.
         """
         events: list[str] = []
-        svc = BrokerService(None, self.settings("shutdown_timeout = 3"), self.reactor)  # type: ignore[arg-type]
+        svc = BrokerService(
+            Broker(self.reactor), self.settings("shutdown_timeout = 3"), self.reactor
+        )
         svc.add_listener(Listener("stomp", "a", FakeEndpoint(events, "a"), FakeFactory(events, "a")))
         stuck = FakeConnection(svc.connections, events, "stuck")
         stuck.shutdown = events.append  # type: ignore[method-assign]  # and stays
@@ -504,7 +509,7 @@ durable = false
         others; the failure is logged.
         """
         events: list[str] = []
-        svc = BrokerService(None, self.settings(), self.reactor)  # type: ignore[arg-type]
+        svc = BrokerService(Broker(self.reactor), self.settings(), self.reactor)
         svc.add_listener(Listener("stomp", "x", FakeEndpoint(events, "x"), FakeFactory(events, "x")))
         broken = FakeConnection(svc.connections, events, "broken")
         broken.shutdown = lambda reason: 1 / 0  # type: ignore[method-assign,assignment]
