@@ -102,7 +102,9 @@ DEFAULT_CONFIG_NAME = "qmq/default.toml"
 #: Exchange types that a declaration may name.
 EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
 
-#: Message stores that C{store} may name.  The commit log will add C{"log"}.
+#: Message stores that C{store} may name; each has its builder in
+#: L{qmq.service.STORES} (a test sees that the two agree).  The commit log
+#: will add C{"log"}.
 STORES = ("memory",)
 
 #: The settings sections: a top-level table name and the frozen dataclass
