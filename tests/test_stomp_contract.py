@@ -331,6 +331,34 @@ class LimitTests(ContractTestCase):
                   *(frame("SEND", b"x", destination="/queue/q", transaction="t") for _ in range(4)))
         self.assertEqual(t.frames()[-1].headers["message"], "transaction too large")
 
+    def test_subscription_id_length(self) -> None:
+        """An id longer than stomp.max_subscription_id is refused; one at
+        the limit is taken."""
+        s, t = self.session()
+        limit = self.settings.max_subscription_id
+        self.send(s, frame("SUBSCRIBE", destination="/queue/q", id="i" * limit, receipt="ok"))
+        self.assertEqual(t.frames()[-1].command, "RECEIPT")
+        self.send(s, frame("SUBSCRIBE", destination="/queue/q", id="j" * (limit + 1)))
+        error = t.frames()[-1]
+        self.assertEqual(error.headers["message"], "subscription id too long")
+        self.assertIn("stomp.max_subscription_id", error.body.decode())
+
+    def test_relayed_header_blocks_cache_bounded(self) -> None:
+        """The cache of relayed SEND header blocks keeps neither long blocks
+        nor more than a few dozen short ones, whatever a client sends."""
+        s, t = self.session()
+        reader = StompReader(s)
+        for i in range(200):
+            reader.data_received(b"SEND\ndestination:/topic/nobody\nx:%d\n\nb\x00" % i)
+        self.assertLessEqual(len(s._blocks), 64)
+        s._blocks.clear()
+        for i in range(10):
+            reader.data_received(
+                b"SEND\ndestination:/topic/nobody\nx:%d%s\n\nb\x00" % (i, b"h" * 4000)
+            )
+        self.assertEqual(s._blocks, {})
+        self.assertIsNone(t.closed)
+
     def test_unfinished_frames_budget(self) -> None:
         """Clients holding half-sent frames share one broker-wide budget."""
         self.broker.max_unfinished_bytes = 1000

@@ -33,7 +33,7 @@ from __future__ import annotations
 import secrets
 from typing import TYPE_CHECKING, Any
 
-from qmq.core.consumer import Consumer
+from qmq.core.consumer import BacklogBudget, Consumer
 from qmq.core.destination import Destination, DestinationError, parse_destination
 from qmq.core.errors import AccessRefused, NotFound, PreconditionFailed
 from qmq.core.message import Message
@@ -61,10 +61,23 @@ class Channel:
     @ivar owners: delivery tag -> the consumer it was delivered on.
     @ivar next_tag: the next delivery tag.
     @ivar temp_queues: temp-queue name -> its queue.
+    @ivar backlog_budget: the budget the backlogs of its live consumers
+        share, or None (each bounded only by its own C{backlog_limit}).
     """
 
-    def __init__(self, broker: Broker, vhost: VirtualHost, owner_name: str = "") -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        vhost: VirtualHost,
+        owner_name: str = "",
+        backlog_budget: int = 0,
+    ) -> None:
+        """
+        @param backlog_budget: most messages its live consumers' backlogs
+            hold together (0: no shared bound).
+        """
         self.broker = broker
+        self.backlog_budget = BacklogBudget(backlog_budget) if backlog_budget else None
         self.vhost = vhost
         self.owner_name = owner_name
         # Names of the channel's own queues carry a random token: they can be
@@ -250,6 +263,7 @@ class Channel:
         exchange.bind(consumer, dest.key, None)  # type: ignore[arg-type]
         consumer.exchange = exchange
         consumer.binding_key = dest.key
+        consumer.budget = self.backlog_budget
         self.consumers.add(consumer)
 
     def unsubscribe(self, consumer: Consumer, delete_durable: bool = False) -> None:
@@ -260,7 +274,7 @@ class Channel:
         exchange = consumer.exchange
         if exchange is not None:
             consumer.exchange = None
-            consumer.backlog = None
+            consumer.discard_backlog()
             if not exchange.deleted:
                 exchange.unbind(consumer, consumer.binding_key, None)  # type: ignore[arg-type]
                 self.vhost.maybe_auto_delete_exchange(exchange)
@@ -276,6 +290,7 @@ class Channel:
     def consumer_cancelled(self, consumer: Consumer) -> None:
         """The queue or exchange under C{consumer} was deleted by someone else."""
         self.consumers.discard(consumer)
+        consumer.discard_backlog()
         self._forget_unacked(consumer)
 
     def _forget_unacked(self, consumer: Consumer) -> list[Message]:

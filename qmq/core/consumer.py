@@ -48,6 +48,26 @@ UNLIMITED = 1 << 62
 _NONE_UNACKED: Mapping[int, Message] = MappingProxyType({})
 
 
+class BacklogBudget:
+    """How many messages the backlogs of one channel's live consumers hold together.
+
+    Each live consumer's backlog is bounded on its own, but a client with
+    thousands of subscriptions that stops reading would otherwise hold
+    thousands of full backlogs; the budget bounds their sum, per channel.
+
+    @ivar limit: most messages waiting over all the backlogs.
+    @ivar used: messages waiting now.
+    @ivar dropped: messages dropped because a backlog or the budget was full.
+    """
+
+    __slots__ = ("limit", "used", "dropped")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self.dropped = 0
+
+
 class Consumer:
     """A subscriber attached to one queue, or bound live to one exchange.
 
@@ -64,6 +84,8 @@ class Consumer:
     @ivar unacked: delivery tag -> message, in delivery order.
     @ivar backlog: messages waiting for a paused live consumer, or None.
     @ivar backlog_limit: most messages that backlog holds (0: unbounded).
+    @ivar budget: the L{BacklogBudget} its backlog shares with the other
+        live consumers of its channel, or None.
     @ivar private: its queue was made for it and is deleted with it.
     @ivar durable: its queue is a durable subscription's.
     """
@@ -81,6 +103,7 @@ class Consumer:
         "unacked",
         "backlog",
         "backlog_limit",
+        "budget",
         "private",
         "durable",
     )
@@ -113,6 +136,7 @@ class Consumer:
         )
         self.backlog: deque[Message] | None = None
         self.backlog_limit = 0
+        self.budget: BacklogBudget | None = None
         self.private = False
         self.durable = False
 
@@ -139,22 +163,50 @@ class Consumer:
         """A message routed to this live consumer by its exchange.
 
         Delivered at once, unless the consumer is paused: then it waits in a
-        backlog made on demand and bounded by C{backlog_limit}.
+        backlog made on demand, bounded by C{backlog_limit} and by the
+        budget shared with the channel's other live consumers. When either
+        is full the backlog's oldest message makes room (ActiveMQ's pending
+        message limit); a consumer with an empty backlog under a full
+        budget drops the new message. Either way the budget counts it.
         """
         backlog = self.backlog
         if backlog is None:
             if not self.paused:
                 self.deliver(message, None)
                 return
-            backlog = self.backlog = deque(maxlen=self.backlog_limit or None)
+            backlog = self.backlog = deque()
+        limit = self.backlog_limit
+        budget = self.budget
+        if budget is None:
+            if limit and len(backlog) >= limit:
+                backlog.popleft()
+        elif (limit and len(backlog) >= limit) or budget.used >= budget.limit:
+            budget.dropped += 1
+            if not backlog:
+                return
+            backlog.popleft()
+        else:
+            budget.used += 1
         backlog.append(message)
 
     def drain_backlog(self) -> None:
         """Deliver what waited while the consumer was paused."""
         backlog = self.backlog
+        delivered = 0
         while backlog and not self.paused:
             self.deliver(backlog.popleft(), None)
+            delivered += 1
+        if self.budget is not None:
+            self.budget.used -= delivered
         if not backlog:
+            self.backlog = None
+
+    def discard_backlog(self) -> None:
+        """Forget what waits (the consumer is going), giving its budget back."""
+        backlog = self.backlog
+        if backlog is not None:
+            if self.budget is not None:
+                self.budget.used -= len(backlog)
             self.backlog = None
 
     def resume(self) -> None:

@@ -228,11 +228,13 @@ class _Rare:
     """Per-queue state most queues never need, made on first use so that an
     idle queue pays one pointer for all of it."""
 
-    __slots__ = ("expiry", "dropped")
+    __slots__ = ("expiry", "dropped", "drain_call")
 
     def __init__(self) -> None:
         self.expiry: IDelayedCall | None = None
         self.dropped = 0
+        # The next turn's drain, while a drain stopped at its batch.
+        self.drain_call: IDelayedCall | None = None
 
 
 class Queue:
@@ -252,6 +254,10 @@ class Queue:
         virtual host for a durable queue; None keeps the store off the hot
         path.
     """
+
+    #: Most messages one L{drain} hands out before the rest waits for the
+    #: next reactor turn (about 5 ms of work here).
+    drain_batch = 2048
 
     __slots__ = (
         "name",
@@ -488,13 +494,25 @@ class Queue:
         return message
 
     def drain(self) -> None:
-        """Hand waiting messages to ready consumers until one side runs out."""
+        """Hand waiting messages to ready consumers until one side runs out.
+
+        One call hands out at most L{drain_batch} messages; if more could go,
+        the rest goes on the next reactor turn, so a consumer arriving at a
+        backlog of a million messages (whose client reads as fast as the
+        broker writes) does not hold the reactor, and every other client,
+        for seconds.
+        """
         # _pop is inlined for never-delivered messages (a call per message
         # saved); state is read again every turn since a consumer's deliver
         # may publish, get, settle or leave. The list itself is never
         # replaced, only cleared in place, so holding it is safe.
         items = self._items
+        budget = self.drain_batch if self.vhost is not None else -1
         while items:
+            if not budget:
+                self._drain_next_turn()
+                return
+            budget -= 1
             consumers = self.consumers
             if len(consumers) == 1:
                 c = consumers[0]
@@ -522,6 +540,17 @@ class Queue:
             if c.ack_required:
                 c.credit -= 1
             c.deliver(message, self)
+
+    def _drain_next_turn(self) -> None:
+        """Go on draining on the next reactor turn (once, however often asked)."""
+        rare = self._rare_state()
+        if rare.drain_call is None:
+            rare.drain_call = self.vhost.broker.clock.callLater(0, self._drain_later)  # type: ignore[union-attr]
+
+    def _drain_later(self) -> None:
+        self._rare.drain_call = None  # type: ignore[union-attr]
+        if not self.deleted:
+            self.drain()
 
     def get(self) -> Message | None:
         """Take the next ready message without a consumer (polling frontends).
@@ -643,7 +672,9 @@ class Queue:
             if store is not None and m.persistent:
                 store.requeue(self, m)
         self._bytes += added
-        if heap is not None:
+        # Even when every message given back was dropped: the consumer's
+        # credit came back and messages behind them may be waiting.
+        if self._items:
             self.drain()
 
     def _requeued_heap(self) -> _Requeued:
@@ -733,7 +764,10 @@ class Queue:
             if rare.expiry is not None:
                 rare.expiry.cancel()
                 rare.expiry = None
-            if not rare.dropped:
+            if self.deleted and rare.drain_call is not None:
+                rare.drain_call.cancel()
+                rare.drain_call = None
+            if not rare.dropped and rare.drain_call is None:
                 self._rare = None
 
     def _expired(self) -> None:

@@ -67,6 +67,10 @@ DURABLE_NAME_HEADERS = ("activemq.subscriptionName", "durable-subscription-name"
 # never piles up more than about this per connection before back-pressure.
 FLUSH_THRESHOLD = 128 * 1024
 _session_ids = itertools.count(1)
+# The cache of relayed SEND header blocks (see _publish): producers repeat a
+# few blocks; these bounds keep a hostile one from pinning megabytes.
+_CACHED_BLOCKS = 64
+_CACHED_BLOCK_SIZE = 2048
 
 
 class StompError(Exception):
@@ -518,7 +522,12 @@ class StompSession:
         self.vhost = vhost
         self.login = h.get("login")
         self.client_id = h.get("client-id")
-        self.channel = Channel(self.broker, vhost, self.client_id or self.login or "")
+        self.channel = Channel(
+            self.broker,
+            vhost,
+            self.client_id or self.login or "",
+            backlog_budget=self.settings.topic_backlog,
+        )
         self.connected = True
         if self._connect_timer is not None and self._connect_timer.active():
             self._connect_timer.cancel()
@@ -630,9 +639,11 @@ class StompSession:
             block = self._blocks.get(raw)
             if block is None:
                 block = relay_block(raw, message, text)
-                if block.__class__ is not tuple:  # re-encoded blocks depend on the message
+                # Re-encoded blocks depend on the message; long blocks are
+                # not worth keeping (and would let a client pin megabytes).
+                if block.__class__ is not tuple and len(raw) <= _CACHED_BLOCK_SIZE:
                     blocks = self._blocks
-                    if len(blocks) >= 256:
+                    if len(blocks) >= _CACHED_BLOCKS:
                         blocks.clear()
                     blocks[raw] = block
             message.cache = block
@@ -662,6 +673,12 @@ class StompSession:
             if self.version != "1.0":
                 self._require(frame, "id")
             sub_id = text
+        elif len(sub_id) > self.settings.max_subscription_id:
+            raise StompError(
+                "subscription id too long",
+                f"A subscription id has at most {self.settings.max_subscription_id} "
+                f"characters (stomp.max_subscription_id); this one has {len(sub_id)}.",
+            )
         if sub_id in self.subscriptions:
             raise StompError(
                 "duplicate subscription id", f"Subscription id {sub_id!r} is already in use."

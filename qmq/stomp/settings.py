@@ -34,10 +34,12 @@ class StompSettings:
     @ivar strict_vhost: if true, a C{host} header that names no virtual host
         is refused; if false it maps to the default virtual host.
     @ivar connect_timeout: seconds a new connection may take to send CONNECT.
-    @ivar topic_backlog: most messages a non-durable topic subscription holds
-        for a client that does not keep up; past it the oldest are dropped
-        (ActiveMQ's pending-message limit), so one stalled subscriber cannot
-        grow the broker's memory without bound. 0 means unbounded.
+    @ivar topic_backlog: most messages the non-durable, auto-ack topic
+        subscriptions of one connection hold, together, for a client that
+        does not keep up; past it each subscription's oldest are dropped
+        (ActiveMQ's pending-message limit), so a stalled client cannot grow
+        the broker's memory without bound, however many subscriptions it
+        has. 0 means unbounded.
     @ivar idle_timeout: seconds after which a client that sent nothing at
         all (not even a heart-beat) is closed, whatever heart-beats it
         negotiated; 0 turns it off.
@@ -45,6 +47,8 @@ class StompSettings:
         last; a client that leaves one unfinished longer is closed; 0 = off.
     @ivar max_subscriptions: most subscriptions one connection holds;
         0 = no limit.
+    @ivar max_subscription_id: most characters in a subscription's C{id}
+        (kept, and repeated in every MESSAGE, for as long as it lasts).
     @ivar max_transactions: most transactions one connection has open;
         0 = no limit.
     @ivar max_transaction_frames: most frames held in one connection's open
@@ -67,6 +71,7 @@ class StompSettings:
     idle_timeout: float = field(default=600.0, metadata={"min": 0})
     frame_timeout: float = field(default=120.0, metadata={"min": 0})
     max_subscriptions: int = field(default=10_000, metadata={"min": 0})
+    max_subscription_id: int = field(default=255, metadata={"min": 1})
     max_transactions: int = field(default=100, metadata={"min": 0})
     max_transaction_frames: int = field(default=10_000, metadata={"min": 0})
     max_transaction_bytes: int = field(default=64 * MiB, metadata={"min": 0})

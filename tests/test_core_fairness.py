@@ -1,0 +1,175 @@
+"""Tests that one client's backlog cannot hold the reactor or the memory.
+
+  - L{qmq.core.queue.Queue.drain} hands out at most C{drain_batch} messages
+    per call and goes on at the next reactor turn;
+  - the live consumers of one channel share a L{BacklogBudget}: a client with
+    thousands of topic subscriptions that stops reading holds at most the
+    budget's messages, not thousands of full backlogs.
+"""
+
+from __future__ import annotations
+
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+from qmq.core.broker import Broker
+from qmq.core.channel import Channel
+from tests.test_core_channel import Recorder
+
+
+class DrainBatchTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.broker = Broker(self.clock)
+        self.vhost = self.broker.default_vhost
+        self.channel = Channel(self.broker, self.vhost, "alice")
+        self.queue = self.vhost.declare_queue("q", durable=False)
+        # A class attribute (queues have no __dict__), patched for the test.
+        self.patch(type(self.queue), "drain_batch", 100)
+
+    def turn(self) -> None:
+        """One reactor turn: run what is due now, not what that schedules
+        (L{Clock.advance} would run those too)."""
+        due = list(self.clock.calls)
+        self.clock.calls.clear()
+        for call in due:
+            call.called = True
+            call.func(*call.args, **call.kw)
+
+    def publish(self, n: int) -> None:
+        for i in range(n):
+            self.vhost.publish(self.broker.new_message("", "q", None, b"%d" % i))
+
+    def test_backlog_drained_over_turns(self) -> None:
+        """A consumer arriving at 250 waiting messages gets 100 per turn, in order."""
+        self.publish(250)
+        c = Recorder(self.channel, ack_required=False)
+        self.channel.subscribe(c, "/queue/q")
+        self.assertEqual(len(c.got), 100)
+        self.turn()
+        self.assertEqual(len(c.got), 200)
+        self.turn()
+        self.assertEqual(c.bodies(), [b"%d" % i for i in range(250)])
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_one_continuation_however_often_asked(self) -> None:
+        """Publishes during a stopped drain deliver their own batch but
+        schedule no second continuation."""
+        self.publish(150)
+        c = Recorder(self.channel, ack_required=False)
+        self.channel.subscribe(c, "/queue/q")
+        self.publish(150)  # each publish drains another batch
+        self.assertEqual(len(self.clock.getDelayedCalls()), 1)
+        self.clock.advance(0)
+        self.clock.advance(0)
+        self.assertEqual(len(c.got), 300)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_deleted_queue_cancels_continuation(self) -> None:
+        self.publish(150)
+        c = Recorder(self.channel, ack_required=False)
+        self.channel.subscribe(c, "/queue/q")
+        self.assertEqual(len(self.clock.getDelayedCalls()), 1)
+        self.vhost.delete_queue("q")
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_credit_still_bounds(self) -> None:
+        """The batch never lets a consumer past its credit."""
+        self.publish(250)
+        c = Recorder(self.channel, ack_required=True, prefetch=30)
+        self.channel.subscribe(c, "/queue/q")
+        self.clock.advance(0)
+        self.assertEqual(len(c.got), 30)
+
+
+class BacklogBudgetTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.broker = Broker(self.clock)
+        self.vhost = self.broker.default_vhost
+        self.channel = Channel(self.broker, self.vhost, "alice", backlog_budget=10)
+
+    def send(self, key: str, body: bytes) -> None:
+        self.vhost.publish(self.broker.new_message("amq.topic", key, None, body))
+
+    def paused_subscribers(self, n: int, limit: int = 1000) -> list[Recorder]:
+        subs = []
+        for _ in range(n):
+            c = Recorder(self.channel, ack_required=False, backlog_limit=limit)
+            self.channel.subscribe(c, "/topic/k")
+            c.paused = True
+            subs.append(c)
+        return subs
+
+    def test_budget_bounds_the_sum(self) -> None:
+        """Three stalled subscriptions of one channel hold 10 messages
+        together, not 3 x 1000; the rest is counted as dropped."""
+        subs = self.paused_subscribers(3)
+        for i in range(100):
+            self.send("k", b"%d" % i)
+        budget = self.channel.backlog_budget
+        assert budget is not None
+        held = sum(len(c.backlog or ()) for c in subs)
+        self.assertEqual((held, budget.used), (10, 10))
+        self.assertEqual(budget.dropped, 300 - 10)
+        # Each still holds its newest: the oldest made room.
+        for c in subs:
+            self.assertEqual(c.backlog[-1].body, b"99")  # type: ignore[index]
+
+    def test_resume_gives_budget_back(self) -> None:
+        a, b = self.paused_subscribers(2)
+        for i in range(8):
+            self.send("k", b"%d" % i)
+        budget = self.channel.backlog_budget
+        assert budget is not None
+        self.assertEqual(budget.used, 10)
+        a.resume()
+        self.assertEqual(budget.used, len(b.backlog or ()))
+        self.assertEqual(a.bodies()[-1], b"7")
+        b.resume()
+        self.assertEqual(budget.used, 0)
+
+    def test_unsubscribe_gives_budget_back(self) -> None:
+        a, b = self.paused_subscribers(2)
+        for i in range(4):
+            self.send("k", b"%d" % i)
+        budget = self.channel.backlog_budget
+        assert budget is not None
+        self.assertEqual(budget.used, 8)
+        self.channel.unsubscribe(a)
+        self.assertEqual(budget.used, 4)
+        self.channel.close()
+        self.assertEqual(budget.used, 0)
+
+    def test_deleted_exchange_gives_budget_back(self) -> None:
+        """A live consumer cancelled by its exchange's deletion returns its share."""
+        self.vhost.declare_exchange("t", "topic")
+        c = Recorder(self.channel, ack_required=False, backlog_limit=100)
+        self.channel.subscribe(c, "/exchange/t/k")
+        c.paused = True
+        for i in range(4):
+            self.vhost.publish(self.broker.new_message("t", "k", None, b"%d" % i))
+        budget = self.channel.backlog_budget
+        assert budget is not None
+        self.assertEqual(budget.used, 4)
+        self.vhost.delete_exchange("t")
+        self.assertEqual((c.cancels, budget.used), (1, 0))
+
+    def test_other_channels_unaffected(self) -> None:
+        """The budget is per channel: another client's subscriber still gets everything."""
+        self.paused_subscribers(5)
+        other = Channel(self.broker, self.vhost, "bob", backlog_budget=10)
+        c = Recorder(other, ack_required=False)
+        other.subscribe(c, "/topic/k")
+        for i in range(50):
+            self.send("k", b"%d" % i)
+        self.assertEqual(len(c.got), 50)
+
+    def test_no_budget_keeps_per_consumer_limit(self) -> None:
+        channel = Channel(self.broker, self.vhost, "carol")
+        c = Recorder(channel, ack_required=False, backlog_limit=3)
+        channel.subscribe(c, "/topic/k")
+        c.paused = True
+        for i in range(5):
+            self.send("k", b"%d" % i)
+        self.assertEqual([m.body for m in c.backlog or ()], [b"2", b"3", b"4"])
