@@ -1675,9 +1675,17 @@ def attack_sub_id_bloat(ctx: Ctx) -> None:
             pad = "i" * 8000
             frames = [frame("SUBSCRIBE", {"id": f"{pad}{i}", "destination": f"/topic/hostile.{ctx.run}.sid.{i}"})
                       for i in range(n)]
-            send_frames(c, frames, d, batch=200)
-            c.send(frame("SEND", {"destination": "/queue/" + ctx.q("sid"), "receipt": "e"}, b"x"), d)
-            ok, why = wait_receipt(c, "e", d)
+            try:
+                send_frames(c, frames, d, batch=200)
+                c.send(frame("SEND", {"destination": "/queue/" + ctx.q("sid"), "receipt": "e"}, b"x"), d)
+                ok, why = wait_receipt(c, "e", d)
+            except WireError as e:
+                # Refused (an ERROR, then closed) while we were still sending.
+                with contextlib.suppress(OSError, WireError):
+                    c._pull()
+                err = error_of(c)
+                ok, why = False, (f"ERROR {err[1].get('message', '')}" if err else str(e))
+                r.note = f"refused: {why}"[:80]
             time.sleep(0.5)
             held = ctx.broker_rss() - rss0
             r.data.update(subscriptions=n, accepted_all=ok, outcome=why or "all accepted",
@@ -1765,8 +1773,16 @@ def attack_transactions(ctx: Ctx) -> None:
                        for _ in range(n - 1)]
             frames.append(frame("SEND", {"destination": "/queue/" + ctx.q("tx"), "transaction": "big",
                                          "receipt": "end"}, body))
-            send_frames(c, frames, d, batch=1000)
-            ok, why = wait_receipt(c, "end", d)
+            try:
+                send_frames(c, frames, d, batch=1000)
+                ok, why = wait_receipt(c, "end", d)
+            except WireError as e:
+                # The broker refused and closed while we were still sending:
+                # its ERROR may still wait in our receive buffer.
+                with contextlib.suppress(OSError, WireError):
+                    c._pull()
+                err = error_of(c)
+                ok, why = False, (f"ERROR {err[1].get('message', '')}" if err else str(e))
             peak = ctx.broker_rss()
             r.data.update(frames=n, accepted_all=ok, outcome=why or "all held",
                           rss_growth_mib=round(peak - rss0, 1))
