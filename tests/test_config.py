@@ -206,6 +206,7 @@ topic_backlog = 0
 idle_timeout = 0
 frame_timeout = 5
 max_subscriptions = 1
+max_subscription_id = 9
 max_transactions = 2
 max_transaction_frames = 3
 max_transaction_bytes = 4
@@ -268,6 +269,7 @@ queue_defaults = { x-expires = 1, x-delivery-limit = 1 }
                     idle_timeout=0.0,
                     frame_timeout=5.0,
                     max_subscriptions=1,
+                    max_subscription_id=9,
                     max_transactions=2,
                     max_transaction_frames=3,
                     max_transaction_bytes=4,
@@ -477,6 +479,7 @@ class ErrorTests(unittest.TestCase):
             "idle_timeout": ("-0.5", "expected a number >= 0, got -0.5"),
             "frame_timeout": ('"2m"', 'expected a number >= 0, got "2m"'),
             "max_subscriptions": ("-1", "expected an integer >= 0, got -1"),
+            "max_subscription_id": ("0", "expected an integer >= 1, got 0"),
             "max_transactions": ("1.0", "expected an integer >= 0, got 1.0"),
             "max_transaction_frames": ("-1", "expected an integer >= 0, got -1"),
             "max_transaction_bytes": ("{}", "expected an integer >= 0, got a table"),
