@@ -624,15 +624,14 @@ class DeliveryLimitTests(SynchronousTestCase):
         self.assertEqual(q.dropped, 1)
 
     def test_drop_past_limit_lets_the_next_one_through(self) -> None:
-        """BUG found at 6068c67 (qmq/core/queue.py, end of Queue.requeue),
-        fails there: when every message
-        a consumer gives back is past the delivery limit, requeue discards
-        them but drains only if it requeued one (C{if heap is not None}),
-        so the credit the nack gave back goes unused and the next waiting
-        message stalls: a consumer with prefetch 1 that nacks a poison
-        message never gets the one behind it, and publishes do not help
-        (they wait at the tail). Fix: drain whenever messages wait
-        (C{if self._items: self.drain()})."""
+        """A nack whose messages are all past the delivery limit still lets
+        the next waiting message through to the credit it gave back.
+
+        Regression: found while writing these tests, fails at 6068c67, fixed
+        in b20c060 (qmq/core/queue.py, end of Queue.requeue). Requeue drained
+        only if it had requeued a message, so a consumer with prefetch 1
+        that nacked a poison message never got the one behind it, and
+        publishes did not help (they wait at the tail)."""
         q = Queue(None, "q", arguments={"x-delivery-limit": 0})
         c = Taker(prefetch=1)
         q.add_consumer(c)
