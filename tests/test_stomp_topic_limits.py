@@ -71,16 +71,11 @@ class StompTopicLimitTests(SessionTestCase):
         self.assertEqual(sub.read(), [])
 
     def test_refused_subscription_leaves_no_queue(self) -> None:
-        """BUG (qmq/core/channel.py, Channel.subscribe): a topic subscription
-        that needs a queue (C{ack:client}, C{ack:client-individual}, or a
-        durable one) declares it before binding it; when the bind is
-        refused (a pattern past the limits) the queue stays, unbound and
-        never consumed, so never auto-deleted: C{amq.sub.TOKEN.ID} holds its
-        dead channel as exclusive owner, and C{durable.CLIENT.ID} reaches
-        the store. One refused SUBSCRIBE per connection leaks a queue per
-        connection. Fix: bind in a try block and, on failure, delete the
-        queue if this call created it (for the durable one, only if it did
-        not exist before), then re-raise."""
+        """A topic subscription that needs a queue (C{ack:client},
+        C{ack:client-individual}, or a durable one) and whose bind is
+        refused (a pattern past the limits) leaves no queue behind: it
+        would stay unbound and never consumed, never auto-deleted (a leak
+        per connection; a durable one would reach the store)."""
         before = set(self.vhost.queues)
         for mode in ("client", "client-individual"):
             c = self.client()

@@ -236,8 +236,9 @@ class Channel:
             exchange = vhost.exchange(dest.name)
             if durable_name is not None:
                 name = f"durable.{self.owner_name}.{durable_name}"
+                existed = name in vhost.queues
                 queue = vhost.declare_queue(name, durable=True, on_demand=True)
-                vhost.bind(name, exchange.name, dest.key)
+                self._bind_or_undo(queue, exchange, dest.key, made=not existed)
                 consumer.durable = True
             elif live and not consumer.ack_required:
                 self._bind_live(consumer, exchange, dest)
@@ -252,12 +253,23 @@ class Channel:
                     arguments=None,
                     backlog=consumer.backlog_limit,
                 )
-                vhost.bind(name, exchange.name, dest.key)
+                self._bind_or_undo(queue, exchange, dest.key, made=True)
                 consumer.private = True
         if queue.exclusive_owner is not None and queue.exclusive_owner is not self:
             raise AccessRefused(f"Queue {queue.name!r} belongs to another session.")
         self.consumers.add(consumer)
         queue.add_consumer(consumer)
+
+    def _bind_or_undo(self, queue: Queue, exchange: Exchange, key: str, made: bool) -> None:
+        """Bind C{queue}; if that is refused (a key past the limits), delete
+        the queue again when this subscription made it and it holds nothing,
+        so a refused SUBSCRIBE leaves no queue behind."""
+        try:
+            self.vhost.bind(queue.name, exchange.name, key)
+        except Exception:
+            if made and not len(queue) and not queue.deleted:
+                self.vhost.delete_queue(queue.name)
+            raise
 
     def _bind_live(self, consumer: Consumer, exchange: Exchange, dest: Destination) -> None:
         exchange.bind(consumer, dest.key, None)  # type: ignore[arg-type]
