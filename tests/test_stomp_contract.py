@@ -293,6 +293,16 @@ class MemoryAlarmTests(ContractTestCase):
         self.send(s, frame("SUBSCRIBE", destination="/queue/q", id="s"))
         self.assertTrue(t.reading)
 
+    def test_control_query_not_blocked(self) -> None:
+        """A monitor asking /control/memory during the alarm is answered and
+        still read: a control query publishes nothing."""
+        s, t = self.session()
+        self.alarm.active = True
+        self.send(s, frame("SEND", destination="/control/memory", receipt="m"))
+        self.assertTrue(t.reading)
+        [receipt] = t.frames()
+        self.assertEqual(receipt.command, "RECEIPT")
+
 
 class FakeAlarm:
     def __init__(self) -> None:

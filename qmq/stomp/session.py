@@ -557,9 +557,16 @@ class StompSession:
         if "destination" not in h:
             self._require(frame, "destination")
         alarm = self._alarm
-        if alarm is not None and alarm.active and not self._blocked:
+        if (
+            alarm is not None
+            and alarm.active
+            and not self._blocked
+            and not h["destination"].startswith("/control/")
+        ):
             # This frame was read already and is published; the next are not
-            # read until memory is back under the mark (publisher flow control).
+            # read until memory is back under the mark (publisher flow
+            # control). A control query (/control/memory) publishes nothing:
+            # a monitor asking about the alarm is not blocked by it.
             self._block()
         receipt = h.get("receipt")
         if "transaction" in h:
