@@ -302,9 +302,15 @@ class MemoryAlarmTests(ContractTestCase):
         self.assertTrue(t.reading)
         [receipt] = t.frames()
         self.assertEqual(receipt.command, "RECEIPT")
+        self.assertEqual(receipt.headers["memory-alarm"], "on")
 
 
 class FakeAlarm:
+    """What the session and /control/memory see of a L{MemoryAlarm}."""
+
+    rss = 900
+    high = 1000
+
     def __init__(self) -> None:
         self.active = False
         self.callbacks: list = []
