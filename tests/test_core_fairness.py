@@ -14,6 +14,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from qmq.core.broker import Broker
 from qmq.core.channel import Channel
+from qmq.core.errors import PreconditionFailed
 from tests.test_core_channel import Recorder
 
 
@@ -173,3 +174,27 @@ class BacklogBudgetTests(SynchronousTestCase):
         for i in range(5):
             self.send("k", b"%d" % i)
         self.assertEqual([m.body for m in c.backlog or ()], [b"2", b"3", b"4"])
+
+
+class QueueNameTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.broker = Broker(self.clock)
+        self.vhost = self.broker.default_vhost
+
+    def test_name_length(self) -> None:
+        """Names up to 255 characters; a longer one is refused, naming the limit."""
+        self.vhost.declare_queue("q" * 255)
+        e = self.assertRaises(PreconditionFailed, self.vhost.declare_queue, "q" * 256)
+        self.assertIn("the limit is 255", e.message)
+        self.assertNotIn("q" * 256, self.vhost.queues)
+
+    def test_redeclare_restarts_expiry(self) -> None:
+        """Redeclaring an unused queue is a use: its x-expires starts over."""
+        q = self.vhost.declare_queue("q", arguments={"x-expires": 2000})
+        self.clock.advance(1.5)
+        self.vhost.declare_queue("q")
+        self.clock.advance(1.5)
+        self.assertFalse(q.deleted)
+        self.clock.advance(0.6)
+        self.assertTrue(q.deleted)

@@ -38,6 +38,10 @@ if TYPE_CHECKING:
     from qmq.core.broker import Broker
     from qmq.core.message import Message
 
+#: Most characters in a queue name (AMQP 0-9-1's short string): clients
+#: name queues, and a name is kept for as long as its queue lives.
+MAX_QUEUE_NAME = 255
+
 STANDARD_EXCHANGES = (
     ("amq.direct", "direct"),
     ("amq.fanout", "fanout"),
@@ -170,9 +174,15 @@ class VirtualHost:
         if queue is not None:
             if queue.exclusive_owner is not None and queue.exclusive_owner is not exclusive_owner:
                 raise AccessRefused(f"queue {name!r} is exclusive to another session")
+            # A redeclare is a use: an x-expires countdown starts over.
+            queue.touch()
             return queue
         if not name:
             raise PreconditionFailed("a queue needs a name")
+        if len(name) > MAX_QUEUE_NAME:
+            raise PreconditionFailed(
+                f"queue name has {len(name)} characters; the limit is {MAX_QUEUE_NAME}"
+            )
         queue = Queue(
             self,
             name,
