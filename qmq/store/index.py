@@ -1,0 +1,438 @@
+# -*- test-case-name: tests.test_store_log -*-
+"""The commit log's index: what is live, and which segments may go.
+
+The store keeps this index in memory, on the reactor thread. It is built
+twice the same way: by replaying every record at start (recovery), and by
+applying each record as it is written. Each method applies one record and
+says whether it changes anything (a record that changes nothing, such as a
+settle of a message the queue does not hold, is not written).
+
+B{Live records.} A record is live while a restart still needs it:
+
+  - a publish, while at least one queue still holds the message and no
+    later copy of it was written (compaction copies live records forward);
+  - a requeue, while it is the newest one for its (queue, message) and the
+    queue still holds the message;
+  - a queue or exchange declaration, while the queue or exchange exists
+    and was not declared again with other arguments; a binding, while it
+    exists.
+
+Settles, deletions and unbindings are never live: they only cancel older
+records. Each segment counts its live records.
+
+B{When a segment may be deleted.} A segment with no live record may still
+hold records that cancel older ones (a settle of a message published two
+segments earlier): deleting it while that older segment is still on disk
+would bring the message back at the next start. So each segment remembers
+the oldest segment any of its records cancels (C{cancel_min}), and it may
+be deleted only once no segment from there up to itself remains
+(L{Index.collect}). Records that cancel nothing older than their own
+segment (the common case: a message settled soon after it was published)
+let segments go in any order.
+
+B{Memory.} Per stored message: one entry in its queue's dict (id to
+delivery count) and one in L{Index.where} (id to segment); a message held
+by several queues has one more in L{Index.refs}. Per durable queue: one
+L{QueueState}.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass
+
+from qmq.store.record import arguments_key
+
+
+class SegmentInfo:
+    """What the index knows of one segment.
+
+    @ivar live: its live records.
+    @ivar records: every record it holds (live or not).
+    @ivar cancel_min: the oldest segment its records cancel something in
+        (itself when they cancel nothing older).
+    """
+
+    __slots__ = ("number", "live", "records", "cancel_min")
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.live = 0
+        self.records = 0
+        self.cancel_min = number
+
+    def __repr__(self) -> str:
+        return (
+            f"<Segment {self.number} live={self.live}/{self.records} cancel_min={self.cancel_min}>"
+        )
+
+
+class QueueState:
+    """A durable queue as the index sees it.
+
+    @ivar ids: message id -> delivery count, of the messages it holds.
+    @ivar requeued: message id -> segment of its live requeue record, or None.
+    @ivar declared: segment of its live declaration, or None (a queue known
+        only from its messages, its declaration lost to damage).
+    @ivar arguments: its declared arguments.
+    @ivar bindings: keys (in L{Index.bindings}) of its bindings, or None.
+    """
+
+    __slots__ = ("ids", "requeued", "declared", "arguments", "bindings")
+
+    def __init__(self) -> None:
+        self.ids: dict[int, int] = {}
+        self.requeued: dict[int, int] | None = None
+        self.declared: int | None = None
+        self.arguments: dict | None = None
+        self.bindings: set | None = None
+
+
+@dataclass
+class Binding:
+    vhost: str
+    queue: str
+    exchange: str
+    key: str
+    arguments: dict | None
+    segment: int
+
+
+class Index:
+    """Live records, per queue and per segment (see the module docstring).
+
+    @ivar segments: segment number -> L{SegmentInfo}, in number order.
+    @ivar vhosts: vhost name -> queue name -> L{QueueState}.
+    @ivar where: message id -> segment of its live publish record.
+    @ivar refs: message id -> how many queues hold it, when more than one.
+    @ivar exchanges: (vhost, name) -> (type, auto_delete, segment).
+    @ivar bindings: (vhost, queue, exchange, key, arguments key) -> L{Binding}.
+    @ivar max_id: the highest message id seen.
+    @ivar dirty: a segment's live count fell to zero, or a segment went:
+        L{collect} may find something.
+    """
+
+    def __init__(self) -> None:
+        self.segments: dict[int, SegmentInfo] = {}
+        self.vhosts: dict[str, dict[str, QueueState]] = {}
+        self.where: dict[int, int] = {}
+        self.refs: dict[int, int] = {}
+        self.exchanges: dict[tuple[str, str], tuple[str, bool, int]] = {}
+        self.bindings: dict[tuple, Binding] = {}
+        self.max_id = 0
+        self.dirty = False
+
+    # -- segments -----------------------------------------------------------
+
+    def add_segment(self, number: int) -> SegmentInfo:
+        info = self.segments[number] = SegmentInfo(number)
+        return info
+
+    def _dead(self, segment: int) -> None:
+        """One live record of C{segment} died."""
+        info = self.segments[segment]
+        info.live -= 1
+        if not info.live:
+            self.dirty = True
+
+    def _cancels(self, segment: int, older: int) -> None:
+        """A record in C{segment} cancels one in C{older}."""
+        info = self.segments[segment]
+        if older < info.cancel_min:
+            info.cancel_min = older
+
+    def collect(self, active: int) -> list[int]:
+        """Remove and return the segments that may be deleted now (see the
+        module docstring), oldest first; never C{active}."""
+        self.dirty = False
+        existing = list(self.segments)
+        gone = []
+        for number in list(existing):
+            info = self.segments[number]
+            if info.live or number == active:
+                continue
+            # No segment remaining in [cancel_min, number): the first one at
+            # or after cancel_min is this one.
+            if existing[bisect_left(existing, info.cancel_min)] == number:
+                existing.remove(number)
+                del self.segments[number]
+                gone.append(number)
+        return gone
+
+    def compactable(self, below: int, ratio: float) -> int | None:
+        """The first segment under C{below} worth compacting: live records are
+        at most C{ratio} of its records, and once they are copied forward it
+        may be deleted."""
+        existing = list(self.segments)
+        for number in existing:
+            if number >= below:
+                break
+            info = self.segments[number]
+            if info.live and info.live <= ratio * info.records:
+                if existing[bisect_left(existing, info.cancel_min)] == number:
+                    return number
+        return None
+
+    def _queue(self, vhost: str, name: str) -> QueueState:
+        queues = self.vhosts.get(vhost)
+        if queues is None:
+            queues = self.vhosts[vhost] = {}
+        qs = queues.get(name)
+        if qs is None:
+            qs = queues[name] = QueueState()
+        return qs
+
+    # -- messages -----------------------------------------------------------
+
+    def publish(self, segment: int, message_id: int, vhost: str, queues: list[str]) -> int:
+        """A publish record of C{message_id} for C{queues}; return how many
+        queues took it. (A copy made by compaction comes after L{forget}.)"""
+        info = self.segments[segment]
+        info.records += 1
+        if message_id > self.max_id:
+            self.max_id = message_id
+        vqueues = self.vhosts.get(vhost)
+        if vqueues is None:
+            vqueues = self.vhosts[vhost] = {}
+        n = 0
+        for name in queues:
+            qs = vqueues.get(name)
+            if qs is None:
+                qs = vqueues[name] = QueueState()
+            ids = qs.ids
+            if message_id not in ids:
+                ids[message_id] = 0
+                n += 1
+        if n:
+            self.where[message_id] = segment
+            info.live += 1
+            if n > 1:
+                self.refs[message_id] = n
+        return n
+
+    def _unref(self, segment: int, message_id: int) -> bool:
+        """A queue let C{message_id} go, by a record in C{segment}; return
+        whether no queue holds it any more."""
+        self._cancels(segment, self.where[message_id])
+        refs = self.refs.get(message_id)
+        if refs is not None:
+            if refs > 2:
+                self.refs[message_id] = refs - 1
+            else:
+                del self.refs[message_id]
+            return False
+        self._dead(self.where.pop(message_id))
+        return True
+
+    def settle(self, segment: int, vhost: str, queue: str, message_id: int) -> bool:
+        """A settle record: C{queue} let C{message_id} go for good. Return
+        False (write nothing) if the queue did not hold it.
+
+        """
+        vqueues = self.vhosts.get(vhost)
+        if vqueues is None:
+            return False
+        qs = vqueues.get(queue)
+        if qs is None or message_id not in qs.ids:
+            return False
+        del qs.ids[message_id]
+        requeued = qs.requeued
+        if requeued:
+            rseg = requeued.pop(message_id, None)
+            if rseg is not None:
+                self._dead(rseg)
+        self.segments[segment].records += 1
+        self._unref(segment, message_id)
+        return True
+
+    def requeue(self, segment: int, vhost: str, queue: str, message_id: int, count: int) -> bool:
+        """A requeue record: C{message_id} is back in C{queue}, delivered
+        C{count} times. Return False if the queue does not hold it.
+
+        """
+        vqueues = self.vhosts.get(vhost)
+        if vqueues is None:
+            return False
+        qs = vqueues.get(queue)
+        if qs is None or message_id not in qs.ids:
+            return False
+        qs.ids[message_id] = count
+        requeued = qs.requeued
+        if requeued is None:
+            requeued = qs.requeued = {}
+        old = requeued.get(message_id)
+        if old is not None:
+            self._dead(old)
+        requeued[message_id] = segment
+        info = self.segments[segment]
+        info.live += 1
+        info.records += 1
+        return True
+
+    def forget(self, segment: int, message_id: int, vhost: str, queues: list[str]) -> None:
+        """Drop C{message_id} from C{queues} before a copy of its publish
+        record (written in C{segment}) replaces the old one."""
+        if message_id not in self.where:
+            return
+        self._cancels(segment, self.where[message_id])
+        vqueues = self.vhosts.get(vhost, {})
+        for name in queues:
+            qs = vqueues.get(name)
+            if qs is not None and qs.ids.pop(message_id, None) is not None and qs.requeued:
+                rseg = qs.requeued.pop(message_id, None)
+                if rseg is not None:
+                    self._dead(rseg)
+        self.refs.pop(message_id, None)
+        self._dead(self.where.pop(message_id))
+
+    def holders(self, message_id: int, vhost: str, queues: list[str]) -> list[tuple[str, int]]:
+        """C{(queue, delivery count)} of those of C{queues} that hold C{message_id}."""
+        vqueues = self.vhosts.get(vhost, {})
+        held = []
+        for name in queues:
+            qs = vqueues.get(name)
+            if qs is not None:
+                count = qs.ids.get(message_id)
+                if count is not None:
+                    held.append((name, count))
+        return held
+
+    # -- topology -----------------------------------------------------------
+
+    def declare_queue(
+        self, segment: int, vhost: str, name: str, arguments: dict | None, force: bool = False
+    ) -> bool:
+        """A queue declaration; False if it is declared alike already.
+
+        @param force: write it even so (compaction moves it forward).
+        """
+        vqueues = self.vhosts.get(vhost)
+        qs = vqueues.get(name) if vqueues is not None else None
+        if qs is not None and qs.declared is not None and qs.arguments == arguments and not force:
+            return False
+        if qs is None:
+            qs = self._queue(vhost, name)
+        elif qs.declared is not None:
+            self._dead(qs.declared)
+            self._cancels(segment, qs.declared)
+        qs.declared = segment
+        qs.arguments = arguments
+        info = self.segments[segment]
+        info.live += 1
+        info.records += 1
+        return True
+
+    def delete_queue(self, segment: int, vhost: str, name: str) -> list[int] | None:
+        """A queue deletion; return the ids no queue holds any more, or None
+        if the queue was unknown (nothing to write).
+
+        """
+        vqueues = self.vhosts.get(vhost)
+        if vqueues is None or name not in vqueues:
+            return None
+        qs = vqueues.pop(name)
+        self.segments[segment].records += 1
+        gone = [mid for mid in qs.ids if self._unref(segment, mid)]
+        if qs.requeued:
+            for rseg in qs.requeued.values():
+                self._dead(rseg)
+        if qs.declared is not None:
+            self._dead(qs.declared)
+            self._cancels(segment, qs.declared)
+        if qs.bindings:
+            for key in qs.bindings:
+                b = self.bindings.pop(key)
+                self._dead(b.segment)
+                self._cancels(segment, b.segment)
+        return gone
+
+    def declare_exchange(
+        self,
+        segment: int,
+        vhost: str,
+        name: str,
+        type_: str,
+        auto_delete: bool,
+        force: bool = False,
+    ) -> bool:
+        key = (vhost, name)
+        old = self.exchanges.get(key)
+        if old is not None and old[0] == type_ and old[1] == auto_delete and not force:
+            return False
+        if old is not None:
+            self._dead(old[2])
+            self._cancels(segment, old[2])
+        self.exchanges[key] = (type_, auto_delete, segment)
+        info = self.segments[segment]
+        info.live += 1
+        info.records += 1
+        return True
+
+    def delete_exchange(self, segment: int, vhost: str, name: str) -> bool:
+        old = self.exchanges.get((vhost, name))
+        if old is None:
+            return False
+        del self.exchanges[(vhost, name)]
+        self.segments[segment].records += 1
+        self._dead(old[2])
+        self._cancels(segment, old[2])
+        for key in [k for k in self.bindings if k[0] == vhost and k[2] == name]:
+            self._drop_binding(segment, key)
+        return True
+
+    def bind(
+        self,
+        segment: int,
+        vhost: str,
+        queue: str,
+        exchange: str,
+        routing_key: str,
+        arguments: dict | None,
+        force: bool = False,
+    ) -> bool:
+        key = (vhost, queue, exchange, routing_key, arguments_key(arguments))
+        old = self.bindings.get(key)
+        if old is not None and not force:
+            return False
+        if old is not None:
+            self._dead(old.segment)
+            self._cancels(segment, old.segment)
+        self.bindings[key] = Binding(vhost, queue, exchange, routing_key, arguments, segment)
+        qs = self._queue(vhost, queue)
+        if qs.bindings is None:
+            qs.bindings = set()
+        qs.bindings.add(key)
+        info = self.segments[segment]
+        info.live += 1
+        info.records += 1
+        return True
+
+    def unbind(
+        self,
+        segment: int,
+        vhost: str,
+        queue: str,
+        exchange: str,
+        routing_key: str,
+        arguments: dict | None,
+    ) -> bool:
+        key = (vhost, queue, exchange, routing_key, arguments_key(arguments))
+        if key not in self.bindings:
+            return False
+        self.segments[segment].records += 1
+        self._drop_binding(segment, key)
+        return True
+
+    def _drop_binding(self, segment: int, key: tuple) -> None:
+        b = self.bindings.pop(key)
+        self._dead(b.segment)
+        self._cancels(segment, b.segment)
+        qs = self.vhosts.get(b.vhost, {}).get(b.queue)
+        if qs is not None and qs.bindings:
+            qs.bindings.discard(key)
+
+    # -- counts ---------------------------------------------------------------
+
+    def live_messages(self) -> int:
+        """Messages some queue still holds."""
+        return len(self.where)

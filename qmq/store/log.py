@@ -1,0 +1,856 @@
+# -*- test-case-name: tests.test_store_log -*-
+"""The commit-log store: durable queues in append-only segment files.
+
+How a record travels (all of it on the reactor thread, except the write):
+
+  1. The core calls L{CommitLogStore.publish} (or settle, requeue, a
+     topology call). The store asks its L{Index} whether the record changes
+     anything, encodes it (L{qmq.store.record}) and appends the bytes to the
+     current L{_Batch}. With C{fsync="always"} a publish returns a Deferred
+     that the batch will fire; otherwise None.
+  2. At the end of the reactor turn the broker calls L{flush}: the batch
+     goes to the B{one} writer thread, which writes it with one C{write}
+     per segment touched and, for C{always}, one C{fdatasync} (group
+     commit: every publish of the turn, from every connection, shares
+     them). A batch holding only settles or topology is flushed by the
+     store itself on the next turn.
+  3. Back on the reactor thread the batch's Deferreds fire, in publish
+     order. While a batch is being written the next turns' records gather
+     in the next batch: one batch in flight at a time, so syncs never
+     overtake each other.
+
+With C{fsync="interval"} batches are written every turn and synced at
+most C{interval_ms} apart; with C{"never"} the operating system decides
+(a killed broker loses nothing written, a machine that loses power may).
+
+Segments roll at C{segment_size}. A segment is deleted (after the batch
+that made it unneeded is synced) once nothing in it is live and nothing
+in it cancels a record still on disk (L{qmq.store.index}); an old segment
+whose live records are a small part of it is compacted: they are copied
+forward and it goes.
+
+At start L{recover} (or the first call that changes anything) reads every
+segment in order and replays it into the index; damage is logged and kept
+in L{CommitLogStore.problems} (see L{qmq.store.segment}).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.logger import Logger
+
+from qmq.core.message import Message
+from qmq.core.store import Recovery
+from qmq.store.index import Index
+from qmq.store.record import (
+    FRAME_SIZE,
+    RECORD_BIND,
+    RECORD_DECLARE_EXCHANGE,
+    RECORD_DECLARE_QUEUE,
+    RECORD_DELETE_EXCHANGE,
+    RECORD_DELETE_QUEUE,
+    RECORD_PUBLISH,
+    RECORD_REQUEUE,
+    RECORD_SETTLE,
+    RECORD_UNBIND,
+    RecordError,
+    arguments_key,
+    decode_publish,
+    decode_requeue,
+    decode_settle,
+    decode_topology,
+    encode_publish,
+    encode_requeue,
+    encode_settle,
+    encode_topology,
+)
+from qmq.store.segment import (
+    HEADER_SIZE,
+    Problem,
+    SegmentReader,
+    SegmentWriter,
+    encode_header,
+    list_segments,
+    read_segment,
+    segment_name,
+    sync_directory,
+    truncate,
+)
+
+if TYPE_CHECKING:
+    from qmq.core.exchange import Exchange
+    from qmq.core.queue import Queue
+    from qmq.core.vhost import VirtualHost
+
+FSYNC_POLICIES = ("always", "interval", "never")
+MiB = 1024 * 1024
+#: How far message ids jump after damage hid some records (see L{_open}).
+ID_JUMP = 1 << 32
+
+_log = Logger()
+
+
+class StoreFailed(Exception):
+    """The store could not write: what it was asked to keep may be lost."""
+
+
+class _Batch:
+    """Records on their way to disk together.
+
+    @ivar parts: C{[segment, header or None, chunks]} in order; a header
+        means the segment file is created by this part.
+    @ivar waiters: Deferreds fired once the batch is written (and synced).
+    @ivar deletes: segments to delete after the batch is synced.
+    @ivar sync: whether to fdatasync after writing.
+    """
+
+    __slots__ = ("parts", "waiters", "deletes", "sync")
+
+    def __init__(self) -> None:
+        self.parts: list[list] = []
+        self.waiters: list[Deferred] = []
+        self.deletes: list[int] = []
+        self.sync = False
+
+    def __bool__(self) -> bool:
+        return bool(self.parts or self.waiters or self.deletes or self.sync)
+
+
+class CommitLogStore:
+    """A L{qmq.core.store.MessageStore} on an append-only segmented log.
+
+    @ivar directory: the data directory (made if missing).
+    @ivar problems: damage found at start (L{qmq.store.segment.Problem}).
+    """
+
+    def __init__(
+        self,
+        directory: str,
+        fsync: str = "always",
+        interval_ms: int = 100,
+        segment_size: int = 64 * MiB,
+        compact_ratio: float = 0.25,
+        compact_interval: float = 1.0,
+        reactor: Any = None,
+        io: Callable[..., Deferred] | None = None,
+        datasync: Callable[[int], None] = os.fdatasync,
+    ) -> None:
+        """
+        @param fsync: C{"always"} (a publish's Deferred fires after its
+            fdatasync), C{"interval"} (sync at most C{interval_ms} apart),
+            or C{"never"}.
+        @param segment_size: a segment is closed once it holds this many
+            bytes (a record is never split, so it may hold a little more).
+        @param compact_ratio: an old segment whose live records are at most
+            this part of its records is compacted.
+        @param compact_interval: seconds between looks for segments to
+            compact.
+        @param reactor: for timers and the writer thread's results; the
+            global reactor by default.
+        @param io: C{io(f, *args)} runs C{f} off the reactor thread and
+            returns a Deferred of its result; by default a dedicated
+            one-thread pool. Tests pass a synchronous one.
+        @param datasync: what syncs a file descriptor (tests count calls).
+        """
+        if fsync not in FSYNC_POLICIES:
+            raise ValueError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, got {fsync!r}")
+        if segment_size < 4096:
+            raise ValueError(f"segment_size must be at least 4096 bytes, got {segment_size}")
+        if reactor is None:
+            from twisted.internet import reactor  # noqa: PLC0415
+        self.directory = directory
+        self.fsync = fsync
+        self.interval = interval_ms / 1000.0
+        self.segment_size = segment_size
+        self.compact_ratio = compact_ratio
+        self.compact_interval = compact_interval
+        self._reactor = reactor
+        self._io = io
+        self._pool: Any = None
+        self._writer = SegmentWriter(directory, datasync)
+        self._always = fsync == "always"
+        self.problems: list[Problem] = []
+        self._index = Index()
+        self._opened = False
+        self._recovery: Recovery | None = None
+        self._active = 0
+        self._active_size = 0
+        self._active_records = 0
+        self._pending_header: bytes | None = None
+        self._sealed = 0
+        self._batch = _Batch()
+        self._chunks: list[bytes] | None = None
+        self._inflight: _Batch | None = None
+        self._flush_wanted = False
+        self._flush_call: Any = None
+        self._sync_call: Any = None
+        self._compact_call: Any = None
+        self._compacting: int | None = None
+        self._failed: StoreFailed | None = None
+        self._closing = False
+        self._closed: Deferred | None = None
+        self._vhost_names: dict[str, bytes] = {}
+        #: Writes and syncs done, for tests and figures.
+        self.writes = 0
+
+    # -- start ----------------------------------------------------------------
+
+    def recover(self) -> Recovery:
+        """What the log kept (replayed on the first call; see L{_open})."""
+        self._open()
+        recovery, self._recovery = self._recovery, None
+        return recovery if recovery is not None else Recovery(self._next_id())
+
+    def _next_id(self) -> int:
+        return self._index.max_id + 1
+
+    def _open(self) -> None:
+        """Read every segment, rebuild the index and the recovery, cut a torn
+        tail, and choose the segment to append to."""
+        if self._opened:
+            return
+        self._opened = True
+        os.makedirs(self.directory, exist_ok=True)
+        index = self._index
+        replay = _Replay(index)
+        segments = list_segments(self.directory)
+        floor = 1
+        append_to = None
+        for i, (number, path) in enumerate(segments):
+            last = i == len(segments) - 1
+            data = read_segment(path)
+            reader = SegmentReader(path, data, last)
+            index.add_segment(number)
+            replay.segment(number, data, reader)
+            for problem in reader.problems:
+                _log.warn("commit log: {problem}", problem=str(problem))
+            self.problems.extend(reader.problems)
+            if reader.header is not None and reader.header.crc_ok:
+                floor = max(floor, reader.header.id_floor)
+            if reader.cut is not None:
+                if reader.cut == 0:
+                    os.unlink(path)
+                    sync_directory(self.directory)
+                    del index.segments[number]
+                    continue
+                truncate(path, reader.cut)
+                _log.warn("commit log: {path} cut at offset {offset}", path=path, offset=reader.cut)
+            if last and reader.clean and reader.end < self.segment_size:
+                append_to = (number, reader.end, index.segments[number].records)
+        index.max_id = max(index.max_id, floor - 1)
+        if any(p.kind != "torn" for p in self.problems):
+            # Records that could not be read may hold higher message ids
+            # than any read: jump well past them, as ids never repeat.
+            index.max_id += ID_JUMP
+        index.dirty = True
+        if append_to is not None:
+            self._active, self._active_size, self._active_records = append_to
+            self._pending_header = None
+        else:
+            self._active = segments[-1][0] + 1 if segments else 0
+            index.add_segment(self._active)
+            self._active_size = HEADER_SIZE
+            self._pending_header = encode_header(self._active, index.max_id + 1)
+        self._sealed = self._active
+        self._recovery = replay.recovery()
+        self._recovery.next_message_id = self._next_id()
+        if self.compact_interval:
+            self._compact_call = self._reactor.callLater(self.compact_interval, self._compact_tick)
+
+    # -- the batch ------------------------------------------------------------
+
+    def _place(self) -> list[bytes]:
+        """The chunk list the next record goes into (in the active segment,
+        rolled first if it is full)."""
+        if self._active_size >= self.segment_size and self._active_records:
+            self._roll()
+        chunks = self._chunks
+        if chunks is None:
+            chunks = self._chunks = []
+            self._batch.parts.append([self._active, self._pending_header, chunks])
+            self._pending_header = None
+        return chunks
+
+    def _roll(self) -> None:
+        """Start the next segment (its file is made by the next write)."""
+        number = self._active + 1
+        self._index.add_segment(number)
+        self._index.dirty = True  # the old one may be deletable now
+        self._active = number
+        self._active_size = HEADER_SIZE
+        self._active_records = 0
+        self._pending_header = encode_header(number, self._index.max_id + 1)
+        self._chunks = None
+
+    def _append(self, record: bytes) -> None:
+        """Append a whole record that is not a publish (the segment was
+        chosen by the caller through L{_place})."""
+        self._chunks.append(record)  # type: ignore[union-attr]
+        self._active_size += len(record)
+        self._active_records += 1
+        self._want_flush()
+
+    def _want_flush(self) -> None:
+        """Records other than publishes go out on the next turn (the broker
+        flushes only for publishes)."""
+        if self._inflight is not None:
+            self._flush_wanted = True
+        elif self._flush_call is None and not self._closing:
+            self._flush_call = self._reactor.callLater(0, self._scheduled_flush)
+
+    def _scheduled_flush(self) -> None:
+        self._flush_call = None
+        self.flush()
+
+    def _vhost(self, vhost: VirtualHost | str) -> tuple[str, bytes]:
+        name = vhost if vhost.__class__ is str else vhost.name  # type: ignore[union-attr]
+        encoded = self._vhost_names.get(name)  # type: ignore[arg-type]
+        if encoded is None:
+            encoded = self._vhost_names[name] = name.encode()  # type: ignore[union-attr]
+        return name, encoded  # type: ignore[return-value]
+
+    # -- MessageStore ---------------------------------------------------------
+
+    def publish(self, vhost: VirtualHost, message: Message, queues: Sequence[Queue]) -> Any:
+        if not self._opened:
+            self._open()
+        if self._failed is not None:
+            return fail(self._failed) if self._always else None
+        vname, vbytes = self._vhost(vhost)
+        names = [q.name for q in queues]
+        body = message.body
+        head = encode_publish(
+            message.id,
+            message.timestamp,
+            0.0,
+            0,
+            message.persistent,
+            vbytes,
+            message.exchange,
+            message.routing_key,
+            message.headers,
+            body,
+            [n.encode() for n in names],
+        )
+        chunks = self._place()
+        if self._index.publish(self._active, message.id, vname, names):
+            chunks.append(head)
+            chunks.append(body)
+            self._active_size += len(head) + len(body)
+            self._active_records += 1
+        if self._always:
+            d: Deferred = Deferred()
+            self._batch.waiters.append(d)
+            return d
+        return None
+
+    def settle(self, queue: Queue, message: Message, reason: str) -> None:
+        if not self._opened:
+            self._open()
+        vname, vbytes = self._vhost(queue.vhost)  # type: ignore[arg-type]
+        chunks = self._place()
+        if self._index.settle(self._active, vname, queue.name, message.id):
+            record = encode_settle(vbytes, queue.name.encode(), message.id, reason)
+            chunks.append(record)
+            self._active_size += len(record)
+            self._active_records += 1
+            self._want_flush()
+
+    def requeue(self, queue: Queue, message: Message) -> None:
+        if not self._opened:
+            self._open()
+        vname, vbytes = self._vhost(queue.vhost)  # type: ignore[arg-type]
+        chunks = self._place()
+        count = message.delivery_count
+        if self._index.requeue(self._active, vname, queue.name, message.id, count):
+            record = encode_requeue(vbytes, queue.name.encode(), message.id, count)
+            chunks.append(record)
+            self._active_size += len(record)
+            self._active_records += 1
+            self._want_flush()
+
+    def declare_queue(self, vhost: VirtualHost, queue: Queue) -> None:
+        self._declare_queue(vhost.name, queue.name, queue.arguments)
+
+    def _declare_queue(
+        self, vhost: str, name: str, arguments: dict | None, force: bool = False
+    ) -> None:
+        self._open()
+        self._place()
+        if self._index.declare_queue(self._active, vhost, name, arguments, force):
+            self._append(
+                encode_topology(
+                    RECORD_DECLARE_QUEUE, {"vhost": vhost, "queue": name, "arguments": arguments}
+                )
+            )
+
+    def delete_queue(self, vhost: VirtualHost, queue: Queue) -> None:
+        self._open()
+        self._place()
+        if self._index.delete_queue(self._active, vhost.name, queue.name) is not None:
+            self._append(
+                encode_topology(RECORD_DELETE_QUEUE, {"vhost": vhost.name, "queue": queue.name})
+            )
+
+    def declare_exchange(self, vhost: VirtualHost, exchange: Exchange) -> None:
+        self._declare_exchange(vhost.name, exchange.name, exchange.type, exchange.auto_delete)
+
+    def _declare_exchange(
+        self, vhost: str, name: str, type_: str, auto_delete: bool, force: bool = False
+    ) -> None:
+        self._open()
+        self._place()
+        if self._index.declare_exchange(self._active, vhost, name, type_, auto_delete, force):
+            self._append(
+                encode_topology(
+                    RECORD_DECLARE_EXCHANGE,
+                    {"vhost": vhost, "exchange": name, "type": type_, "auto_delete": auto_delete},
+                )
+            )
+
+    def delete_exchange(self, vhost: VirtualHost, exchange: Exchange) -> None:
+        self._open()
+        self._place()
+        if self._index.delete_exchange(self._active, vhost.name, exchange.name):
+            self._append(
+                encode_topology(
+                    RECORD_DELETE_EXCHANGE, {"vhost": vhost.name, "exchange": exchange.name}
+                )
+            )
+
+    def bind(
+        self, vhost: VirtualHost, queue: Queue, exchange: Exchange, key: str, arguments: dict | None
+    ) -> None:
+        self._bind(vhost.name, queue.name, exchange.name, key, arguments)
+
+    def _bind(
+        self,
+        vhost: str,
+        queue: str,
+        exchange: str,
+        key: str,
+        arguments: dict | None,
+        force: bool = False,
+    ) -> None:
+        self._open()
+        self._place()
+        if self._index.bind(self._active, vhost, queue, exchange, key, arguments, force):
+            self._append(
+                encode_topology(
+                    RECORD_BIND,
+                    {
+                        "vhost": vhost,
+                        "queue": queue,
+                        "exchange": exchange,
+                        "key": key,
+                        "arguments": arguments,
+                    },
+                )
+            )
+
+    def unbind(
+        self, vhost: VirtualHost, queue: Queue, exchange: Exchange, key: str, arguments: dict | None
+    ) -> None:
+        self._open()
+        self._place()
+        if self._index.unbind(self._active, vhost.name, queue.name, exchange.name, key, arguments):
+            self._append(
+                encode_topology(
+                    RECORD_UNBIND,
+                    {
+                        "vhost": vhost.name,
+                        "queue": queue.name,
+                        "exchange": exchange.name,
+                        "key": key,
+                        "arguments": arguments,
+                    },
+                )
+            )
+
+    # -- writing --------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Hand the batch to the writer thread, or, while a batch is being
+        written, have it follow as soon as that one is done."""
+        if self._inflight is not None:
+            self._flush_wanted = True
+            return
+        self._submit()
+
+    def _submit(self) -> None:
+        batch = self._batch
+        if self._index.dirty:
+            batch.deletes.extend(self._index.collect(self._active))
+        if not batch:
+            return
+        if self._always and batch.parts:
+            batch.sync = True
+        self._batch = _Batch()
+        self._chunks = None
+        self._flush_wanted = False
+        if self._failed is not None:
+            self._fail_batch(batch, self._failed)
+            return
+        self._inflight = batch
+        self._run(self._write_batch, batch).addCallbacks(
+            self._written, self._write_failed, callbackArgs=(batch,), errbackArgs=(batch,)
+        )
+
+    def _run(self, f: Callable, *args: Any) -> Deferred:
+        """Run C{f} in the writer thread."""
+        if self._io is None:
+            from twisted.internet.threads import deferToThreadPool  # noqa: PLC0415
+            from twisted.python.threadpool import ThreadPool  # noqa: PLC0415
+
+            self._pool = ThreadPool(1, 1, name="qmq-commit-log")
+            self._pool.start()
+            self._reactor.addSystemEventTrigger("after", "shutdown", self._stop_pool)
+            pool, reactor = self._pool, self._reactor
+            self._io = lambda f, *a: deferToThreadPool(reactor, pool, f, *a)
+        return self._io(f, *args)
+
+    def _stop_pool(self) -> None:
+        if self._pool is not None:
+            self._pool.stop()
+            self._pool = None
+
+    def _write_batch(self, batch: _Batch) -> None:
+        """In the writer thread: one write per segment part, one sync."""
+        writer = self._writer
+        for number, header, chunks in batch.parts:
+            if writer.number != number:
+                writer.open(number, header)
+            if chunks:
+                writer.write(b"".join(chunks))
+                self.writes += 1
+        if batch.sync or batch.deletes:
+            writer.sync()
+        if batch.deletes:
+            for number in sorted(batch.deletes):
+                writer.remove(number)
+            sync_directory(self.directory)
+
+    def _written(self, _: None, batch: _Batch) -> None:
+        self._inflight = None
+        if batch.parts:
+            self._sealed = max(self._sealed, batch.parts[-1][0])
+        for d in batch.waiters:
+            d.callback(None)
+        if (
+            self.fsync == "interval"
+            and batch.parts
+            and not batch.sync
+            and self._sync_call is None
+            and not self._closing
+        ):
+            self._sync_call = self._reactor.callLater(self.interval, self._sync_due)
+        if self._flush_wanted or (self._closing and self._batch):
+            self._submit()
+
+    def _sync_due(self) -> None:
+        self._sync_call = None
+        self._batch.sync = True
+        self.flush()
+
+    def _write_failed(self, failure: Any, batch: _Batch) -> None:
+        self._inflight = None
+        _log.failure("commit log: a write failed; the store takes no more records", failure)
+        self._failed = StoreFailed(f"commit log write failed: {failure.getErrorMessage()}")
+        self._fail_batch(batch, self._failed)
+        if self._batch:
+            self._submit()
+
+    def _fail_batch(self, batch: _Batch, error: Exception) -> None:
+        for d in batch.waiters:
+            d.errback(error)
+
+    # -- space ----------------------------------------------------------------
+
+    def _compact_tick(self) -> None:
+        self._compact_call = None
+        self.compact()
+        if not self._closing:
+            self._compact_call = self._reactor.callLater(self.compact_interval, self._compact_tick)
+
+    def compact(self) -> Deferred | None:
+        """Copy the live records of the first sparse segment forward, so it
+        can go; return a Deferred that fires when the copies are queued, or
+        None if no segment needs it. An active segment that is full of dead
+        records is rolled, so it can go too."""
+        if self._compacting is not None or self._closing or self._failed is not None:
+            return None
+        index = self._index
+        info = index.segments.get(self._active)
+        if info is not None and not info.live and self._active_size >= self.segment_size // 4:
+            self._roll()
+            self._place()
+            self._want_flush()
+        number = index.compactable(self._sealed, self.compact_ratio)
+        if number is None:
+            if index.dirty:
+                self._want_flush()
+            return None
+        self._compacting = number
+        path = os.path.join(self.directory, segment_name(number))
+        d = self._run(read_segment, path)
+        d.addCallback(self._copy_forward, number, path)
+
+        def done(result: Any) -> Any:
+            self._compacting = None
+            return result
+
+        d.addBoth(done)
+        d.addErrback(
+            lambda f: _log.failure("commit log: compaction of {path} failed", f, path=path)
+        )
+        return d
+
+    def _copy_forward(self, data: bytes, number: int, path: str) -> None:
+        """Rewrite the live records of segment C{number} (read as C{data})
+        at the head of the log."""
+        index = self._index
+        reader = SegmentReader(path, data, last=False)
+        copied = 0
+        for type_, start, end in reader.records():
+            try:
+                copied += self._copy_record(number, type_, data, start, end)
+            except (RecordError, KeyError, TypeError) as e:
+                _log.warn("commit log: compaction of {path}: {error}", path=path, error=e)
+        info = index.segments.get(number)
+        if info is not None and info.live:
+            _log.warn(
+                "commit log: {path} still has {live} live records after compaction",
+                path=path,
+                live=info.live,
+            )
+        index.dirty = True
+        self._want_flush()
+
+    def _copy_record(self, number: int, type_: int, data: bytes, start: int, end: int) -> int:
+        index = self._index
+        if type_ == RECORD_PUBLISH:
+            p = decode_publish(data, start, end)
+            if index.where.get(p.id) != number:
+                return 0
+            holders = index.holders(p.id, p.vhost, p.queues)
+            chunks = self._place()
+            vname, vbytes = self._vhost(p.vhost)
+            names = [name for name, _ in holders]
+            head = encode_publish(
+                p.id, p.timestamp, p.expiry, p.priority, p.persistent, vbytes,
+                p.exchange, p.routing_key, p.headers, p.body, [n.encode() for n in names],
+            )  # fmt: skip
+            index.forget(self._active, p.id, vname, p.queues)
+            index.publish(self._active, p.id, vname, names)
+            chunks.append(head)
+            chunks.append(p.body)
+            self._active_size += len(head) + len(p.body)
+            self._active_records += 1
+            for name, count in holders:
+                if count:
+                    self._place()
+                    index.requeue(self._active, vname, name, p.id, count)
+                    self._append(encode_requeue(vbytes, name.encode(), p.id, count))
+            return 1
+        if type_ == RECORD_REQUEUE:
+            vhost, queue, mid, _ = decode_requeue(data, start, end)
+            qs = index.vhosts.get(vhost, {}).get(queue)
+            if qs is None or not qs.requeued or qs.requeued.get(mid) != number:
+                return 0
+            count = qs.ids[mid]
+            self._place()
+            index.requeue(self._active, vhost, queue, mid, count)
+            self._append(encode_requeue(vhost.encode(), queue.encode(), mid, count))
+            return 1
+        if type_ == RECORD_DECLARE_QUEUE:
+            f = decode_topology(data, start, end)
+            qs = index.vhosts.get(f["vhost"], {}).get(f["queue"])
+            if qs is None or qs.declared != number:
+                return 0
+            self._declare_queue(f["vhost"], f["queue"], qs.arguments, force=True)
+            return 1
+        if type_ == RECORD_DECLARE_EXCHANGE:
+            f = decode_topology(data, start, end)
+            ex = index.exchanges.get((f["vhost"], f["exchange"]))
+            if ex is None or ex[2] != number:
+                return 0
+            self._declare_exchange(f["vhost"], f["exchange"], ex[0], ex[1], force=True)
+            return 1
+        if type_ == RECORD_BIND:
+            f = decode_topology(data, start, end)
+            key = (
+                f["vhost"],
+                f["queue"],
+                f["exchange"],
+                f["key"],
+                arguments_key(f.get("arguments")),
+            )
+            b = index.bindings.get(key)
+            if b is None or b.segment != number:
+                return 0
+            self._bind(b.vhost, b.queue, b.exchange, b.key, b.arguments, force=True)
+            return 1
+        return 0
+
+    def disk_usage(self) -> int:
+        """Bytes of segment files in the directory."""
+        return sum(os.path.getsize(path) for _, path in list_segments(self.directory))
+
+    # -- stop -----------------------------------------------------------------
+
+    def close(self) -> Deferred:
+        """Write and sync what is pending, close the segment, stop the
+        writer thread. Returns a Deferred that fires when that is done."""
+        if self._closed is not None:
+            return self._closed
+        for name in ("_flush_call", "_sync_call", "_compact_call"):
+            call = getattr(self, name)
+            if call is not None and call.active():
+                call.cancel()
+            setattr(self, name, None)
+        if not self._opened:
+            self._closed = succeed(None)
+            return self._closed
+        self._closing = True
+        drained: Deferred = Deferred()
+        self._batch.waiters.append(drained)
+        self._batch.sync = True
+        self.flush()
+
+        def close_file(_: Any) -> Deferred:
+            return self._run(self._writer.close)
+
+        def stopped(result: Any) -> Any:
+            self._stop_pool()
+            return result
+
+        drained.addCallback(close_file)
+        drained.addBoth(stopped)
+        self._closed = drained
+        return drained
+
+
+class _Replay:
+    """Replays segments into an L{Index} at start and gathers the messages
+    and topology that come back (L{recovery})."""
+
+    def __init__(self, index: Index) -> None:
+        self.index = index
+        # Message id -> (message, vhost, queue names of its publish record):
+        # only messages some queue still holds.
+        self.messages: dict[int, tuple[Message, str, list[str]]] = {}
+        self.replayed = 0
+
+    def segment(self, number: int, data: bytes, reader: SegmentReader) -> None:
+        index = self.index
+        messages = self.messages
+        where = index.where
+        for type_, start, end in reader.records():
+            try:
+                if type_ == RECORD_PUBLISH:
+                    p = decode_publish(data, start, end)
+                    old = messages.pop(p.id, None)
+                    if old is not None:
+                        index.forget(number, p.id, old[1], old[2])
+                    if index.publish(number, p.id, p.vhost, p.queues):
+                        messages[p.id] = (
+                            Message(
+                                p.id,
+                                p.exchange,
+                                p.routing_key,
+                                p.headers,
+                                p.body,
+                                p.timestamp,
+                                p.persistent,
+                            ),
+                            p.vhost,
+                            p.queues,
+                        )
+                    self.replayed += 1
+                elif type_ == RECORD_SETTLE:
+                    vhost, queue, mid, _ = decode_settle(data, start, end)
+                    if index.settle(number, vhost, queue, mid) and mid not in where:
+                        messages.pop(mid, None)
+                elif type_ == RECORD_REQUEUE:
+                    vhost, queue, mid, count = decode_requeue(data, start, end)
+                    index.requeue(number, vhost, queue, mid, count)
+                else:
+                    self.topology(number, type_, decode_topology(data, start, end))
+            except (RecordError, KeyError, TypeError) as e:
+                reader.problems.append(
+                    Problem(
+                        reader.path,
+                        start - FRAME_SIZE,
+                        "corrupt",
+                        f"record does not decode ({e}), skipped",
+                    )
+                )
+
+    def topology(self, number: int, type_: int, f: dict) -> None:
+        index = self.index
+        if type_ == RECORD_DECLARE_QUEUE:
+            index.declare_queue(number, f["vhost"], f["queue"], f.get("arguments"))
+        elif type_ == RECORD_DELETE_QUEUE:
+            gone = index.delete_queue(number, f["vhost"], f["queue"])
+            for mid in gone or ():
+                self.messages.pop(mid, None)
+        elif type_ == RECORD_DECLARE_EXCHANGE:
+            index.declare_exchange(
+                number, f["vhost"], f["exchange"], f["type"], bool(f["auto_delete"])
+            )
+        elif type_ == RECORD_DELETE_EXCHANGE:
+            index.delete_exchange(number, f["vhost"], f["exchange"])
+        elif type_ == RECORD_BIND:
+            index.bind(number, f["vhost"], f["queue"], f["exchange"], f["key"], f.get("arguments"))
+        elif type_ == RECORD_UNBIND:
+            index.unbind(
+                number, f["vhost"], f["queue"], f["exchange"], f["key"], f.get("arguments")
+            )
+
+    def recovery(self) -> Recovery:
+        """The topology and messages to put back, and drop what replay kept."""
+        index = self.index
+        messages = self.messages
+        recovery = Recovery()
+        for (vhost, name), (type_, auto_delete, _) in index.exchanges.items():
+            recovery.exchanges.append((vhost, name, type_, auto_delete))
+        for vhost, queues in index.vhosts.items():
+            for name, qs in list(queues.items()):
+                if qs.declared is None:
+                    if not qs.ids and not qs.bindings:
+                        del queues[name]
+                        continue
+                    _log.warn(
+                        "commit log: queue {queue!r} in vhost {vhost!r} has messages but its "
+                        "declaration was lost; it is declared again with no arguments",
+                        queue=name,
+                        vhost=vhost,
+                    )
+                recovery.queues.append((vhost, name, qs.arguments))
+                if qs.ids:
+                    restored = []
+                    for mid in sorted(qs.ids):
+                        entry = messages.get(mid)
+                        if entry is None:
+                            continue
+                        m = entry[0]
+                        count = qs.ids[mid]
+                        if count:
+                            m = _with_count(m, count)
+                        restored.append(m)
+                    recovery.messages[(vhost, name)] = restored
+        for b in index.bindings.values():
+            recovery.bindings.append((b.vhost, b.queue, b.exchange, b.key, b.arguments))
+        self.messages = {}
+        return recovery
+
+
+def _with_count(message: Message, count: int) -> Message:
+    """A copy of C{message} delivered C{count} times already."""
+    m = message.redelivery()
+    m.delivery_count = count
+    return m
