@@ -26,6 +26,7 @@ setup(
         "autobahn>=24.4",
         "avro>=1.11",
     ],
+    entry_points={"console_scripts": ["qmq-store = qmq.store.tool:main_exit"]},
     extras_require={
         "test": ["stomp.py>=8.1", "trustme>=1.1", "hypothesis>=6.100", "ruff>=0.5", "sphinx>=7.2"],
         "bench": ["matplotlib>=3.8"],

@@ -47,7 +47,6 @@ from qmq.core.message import Message
 from qmq.core.store import Recovery
 from qmq.store.index import Index
 from qmq.store.record import (
-    FRAME_SIZE,
     RECORD_BIND,
     RECORD_DECLARE_EXCHANGE,
     RECORD_DECLARE_QUEUE,
@@ -55,19 +54,18 @@ from qmq.store.record import (
     RECORD_DELETE_QUEUE,
     RECORD_PUBLISH,
     RECORD_REQUEUE,
-    RECORD_SETTLE,
     RECORD_UNBIND,
     RecordError,
     arguments_key,
     decode_publish,
     decode_requeue,
-    decode_settle,
     decode_topology,
     encode_publish,
     encode_requeue,
     encode_settle,
     encode_topology,
 )
+from qmq.store.replay import Replay
 from qmq.store.segment import (
     HEADER_SIZE,
     Problem,
@@ -216,7 +214,7 @@ class CommitLogStore:
         self._opened = True
         os.makedirs(self.directory, exist_ok=True)
         index = self._index
-        replay = _Replay(index)
+        replay = Replay(index)
         segments = list_segments(self.directory)
         floor = 1
         append_to = None
@@ -667,21 +665,21 @@ class CommitLogStore:
             self._append(encode_requeue(vhost.encode(), queue.encode(), mid, count))
             return 1
         if type_ == RECORD_DECLARE_QUEUE:
-            f = decode_topology(data, start, end)
+            f = decode_topology(data, start, end, type_)
             qs = index.vhosts.get(f["vhost"], {}).get(f["queue"])
             if qs is None or qs.declared != number:
                 return 0
             self._declare_queue(f["vhost"], f["queue"], qs.arguments, force=True)
             return 1
         if type_ == RECORD_DECLARE_EXCHANGE:
-            f = decode_topology(data, start, end)
+            f = decode_topology(data, start, end, type_)
             ex = index.exchanges.get((f["vhost"], f["exchange"]))
             if ex is None or ex[2] != number:
                 return 0
             self._declare_exchange(f["vhost"], f["exchange"], ex[0], ex[1], force=True)
             return 1
         if type_ == RECORD_BIND:
-            f = decode_topology(data, start, end)
+            f = decode_topology(data, start, end, type_)
             key = (
                 f["vhost"],
                 f["queue"],
@@ -732,125 +730,3 @@ class CommitLogStore:
         drained.addBoth(stopped)
         self._closed = drained
         return drained
-
-
-class _Replay:
-    """Replays segments into an L{Index} at start and gathers the messages
-    and topology that come back (L{recovery})."""
-
-    def __init__(self, index: Index) -> None:
-        self.index = index
-        # Message id -> (message, vhost, queue names of its publish record):
-        # only messages some queue still holds.
-        self.messages: dict[int, tuple[Message, str, list[str]]] = {}
-        self.replayed = 0
-
-    def segment(self, number: int, data: bytes, reader: SegmentReader) -> None:
-        index = self.index
-        messages = self.messages
-        where = index.where
-        for type_, start, end in reader.records():
-            try:
-                if type_ == RECORD_PUBLISH:
-                    p = decode_publish(data, start, end)
-                    old = messages.pop(p.id, None)
-                    if old is not None:
-                        index.forget(number, p.id, old[1], old[2])
-                    if index.publish(number, p.id, p.vhost, p.queues):
-                        messages[p.id] = (
-                            Message(
-                                p.id,
-                                p.exchange,
-                                p.routing_key,
-                                p.headers,
-                                p.body,
-                                p.timestamp,
-                                p.persistent,
-                            ),
-                            p.vhost,
-                            p.queues,
-                        )
-                    self.replayed += 1
-                elif type_ == RECORD_SETTLE:
-                    vhost, queue, mid, _ = decode_settle(data, start, end)
-                    if index.settle(number, vhost, queue, mid) and mid not in where:
-                        messages.pop(mid, None)
-                elif type_ == RECORD_REQUEUE:
-                    vhost, queue, mid, count = decode_requeue(data, start, end)
-                    index.requeue(number, vhost, queue, mid, count)
-                else:
-                    self.topology(number, type_, decode_topology(data, start, end))
-            except (RecordError, KeyError, TypeError) as e:
-                reader.problems.append(
-                    Problem(
-                        reader.path,
-                        start - FRAME_SIZE,
-                        "corrupt",
-                        f"record does not decode ({e}), skipped",
-                    )
-                )
-
-    def topology(self, number: int, type_: int, f: dict) -> None:
-        index = self.index
-        if type_ == RECORD_DECLARE_QUEUE:
-            index.declare_queue(number, f["vhost"], f["queue"], f.get("arguments"))
-        elif type_ == RECORD_DELETE_QUEUE:
-            gone = index.delete_queue(number, f["vhost"], f["queue"])
-            for mid in gone or ():
-                self.messages.pop(mid, None)
-        elif type_ == RECORD_DECLARE_EXCHANGE:
-            index.declare_exchange(
-                number, f["vhost"], f["exchange"], f["type"], bool(f["auto_delete"])
-            )
-        elif type_ == RECORD_DELETE_EXCHANGE:
-            index.delete_exchange(number, f["vhost"], f["exchange"])
-        elif type_ == RECORD_BIND:
-            index.bind(number, f["vhost"], f["queue"], f["exchange"], f["key"], f.get("arguments"))
-        elif type_ == RECORD_UNBIND:
-            index.unbind(
-                number, f["vhost"], f["queue"], f["exchange"], f["key"], f.get("arguments")
-            )
-
-    def recovery(self) -> Recovery:
-        """The topology and messages to put back, and drop what replay kept."""
-        index = self.index
-        messages = self.messages
-        recovery = Recovery()
-        for (vhost, name), (type_, auto_delete, _) in index.exchanges.items():
-            recovery.exchanges.append((vhost, name, type_, auto_delete))
-        for vhost, queues in index.vhosts.items():
-            for name, qs in list(queues.items()):
-                if qs.declared is None:
-                    if not qs.ids and not qs.bindings:
-                        del queues[name]
-                        continue
-                    _log.warn(
-                        "commit log: queue {queue!r} in vhost {vhost!r} has messages but its "
-                        "declaration was lost; it is declared again with no arguments",
-                        queue=name,
-                        vhost=vhost,
-                    )
-                recovery.queues.append((vhost, name, qs.arguments))
-                if qs.ids:
-                    restored = []
-                    for mid in sorted(qs.ids):
-                        entry = messages.get(mid)
-                        if entry is None:
-                            continue
-                        m = entry[0]
-                        count = qs.ids[mid]
-                        if count:
-                            m = _with_count(m, count)
-                        restored.append(m)
-                    recovery.messages[(vhost, name)] = restored
-        for b in index.bindings.values():
-            recovery.bindings.append((b.vhost, b.queue, b.exchange, b.key, b.arguments))
-        self.messages = {}
-        return recovery
-
-
-def _with_count(message: Message, count: int) -> Message:
-    """A copy of C{message} delivered C{count} times already."""
-    m = message.redelivery()
-    m.delivery_count = count
-    return m

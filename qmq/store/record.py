@@ -344,14 +344,32 @@ def encode_topology(type_: int, fields: dict[str, Any]) -> bytes:
     return frame(type_, json.dumps(fields, separators=(",", ":"), default=str).encode())
 
 
-def decode_topology(data: bytes, start: int, end: int) -> dict[str, Any]:
-    """The JSON object of a topology payload."""
+#: The keys each topology record must have.
+TOPOLOGY_FIELDS = {
+    RECORD_DECLARE_QUEUE: ("vhost", "queue"),
+    RECORD_DELETE_QUEUE: ("vhost", "queue"),
+    RECORD_DECLARE_EXCHANGE: ("vhost", "exchange", "type", "auto_delete"),
+    RECORD_DELETE_EXCHANGE: ("vhost", "exchange"),
+    RECORD_BIND: ("vhost", "queue", "exchange", "key"),
+    RECORD_UNBIND: ("vhost", "queue", "exchange", "key"),
+}
+
+
+def decode_topology(data: bytes, start: int, end: int, type_: int) -> dict[str, Any]:
+    """The JSON object of a topology payload of C{type_}.
+
+    @raise RecordError: not a JSON object, or a key of L{TOPOLOGY_FIELDS}
+        is missing.
+    """
     try:
         fields = json.loads(bytes(data[start:end]))
     except ValueError as e:
         raise RecordError(f"bad topology record: {e}") from None
     if not isinstance(fields, dict):
         raise RecordError("a topology record is not a JSON object")
+    missing = [k for k in TOPOLOGY_FIELDS[type_] if k not in fields]
+    if missing:
+        raise RecordError(f"{RECORD_NAMES[type_]} record without {', '.join(missing)}")
     return fields
 
 
