@@ -423,6 +423,20 @@ class HeartbeatTests(SessionTestCase):
         self.clock.advance(self.settings.frame_timeout * 1.5)
         self.assertError(c, "frame timeout")
 
+    def test_busy_publisher_reads_ending_mid_frame(self) -> None:
+        """A publisher whose every read ends inside a frame (the usual case
+        under load) finishes each frame quickly: the deadline is per frame,
+        so it is never closed for it."""
+        c = self.client(heart_beat="0,0")
+        frame = b"SEND\ndestination:/queue/q\n\nbody\x00"
+        step = self.settings.frame_timeout / 4
+        c.raw(frame[:10])
+        for _ in range(20):
+            self.clock.advance(step)
+            c.raw(frame[10:] + frame[:10])  # finishes one frame, starts the next
+        self.assertTrue(c.open)
+        self.assertEqual(self.queue_len("q"), 20)
+
     def test_idle_timeout_counts_from_the_last_byte(self) -> None:
         """Bytes (even heart-beat EOLs) keep a client with heart-beat:0,0 open."""
         c = self.client(heart_beat="0,0")

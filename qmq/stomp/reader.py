@@ -67,7 +67,7 @@ class StompReader:
             if pending or session.unfinished:
                 # A frame is still arriving: its deadline and its share of
                 # the broker's budget for unfinished frames.
-                session.frame_progress(pending)
+                session.frame_progress(pending, bool(frames))
             session.frames_received(frames)
         finally:
             batcher.release()

@@ -186,8 +186,12 @@ class StompSession:
         """The client's bytes are not STOMP (or break a limit): ERROR and close."""
         self.error(e.message, e.detail)
 
-    def frame_progress(self, pending: int) -> None:
+    def frame_progress(self, pending: int, new_frame: bool = False) -> None:
         """The reader holds C{pending} bytes of an unfinished frame (0: none).
+
+        C{new_frame}: a frame was completed by this read, so the pending
+        bytes belong to a frame that started in it (a busy publisher's reads
+        seldom end on a frame boundary: its deadline must not carry over).
 
         Starts the frame's deadline (L{_watch}) and keeps the broker-wide
         count of unfinished-frame bytes, so many clients each holding a
@@ -201,7 +205,7 @@ class StompSession:
         if not pending:
             self.frame_started = None
             return
-        if self.frame_started is None:
+        if new_frame or self.frame_started is None:
             self.frame_started = self._seconds()
         limit = broker.max_unfinished_bytes
         if grew and limit and broker.unfinished_bytes > limit:
@@ -413,6 +417,8 @@ class StompSession:
             if not self.closed:
                 # Deadlines restart: the silence was the broker's doing.
                 self.last_read = self._seconds()
+                if self.frame_started is not None:
+                    self.frame_started = self.last_read
                 self.transport.resume_reading()
 
     # -- replies and receipts ----------------------------------------------------
@@ -493,7 +499,7 @@ class StompSession:
                             ("content-type", "text/plain"),
                         ],
                         f"Supported protocol versions are {', '.join(reversed(VERSIONS))}; "
-                        f"the client accepts {accept}.".encode(),
+                        f"the client accepts {excerpt(accept)}.".encode(),
                         "1.0",
                     )
                 )
