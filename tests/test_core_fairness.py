@@ -198,3 +198,17 @@ class QueueNameTests(SynchronousTestCase):
         self.assertFalse(q.deleted)
         self.clock.advance(0.6)
         self.assertTrue(q.deleted)
+
+    def test_durable_subscription_never_expires(self) -> None:
+        """The queue of a durable subscription ignores the vhost's default
+        x-expires (its client may stay away longer); other on-demand queues
+        keep it."""
+        self.vhost.set_queue_defaults({"x-expires": 1000})
+        channel = Channel(self.broker, self.vhost, "alice")
+        c = Recorder(channel, ack_required=True, prefetch=1)
+        channel.subscribe(c, "/topic/k", durable_name="feed")
+        channel.close()
+        plain = self.vhost.declare_queue("plain", on_demand=True)
+        self.clock.advance(10)
+        self.assertTrue(plain.deleted)
+        self.assertIn("durable.alice.feed", self.vhost.queues)

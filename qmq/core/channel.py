@@ -38,6 +38,7 @@ from qmq.core.destination import Destination, DestinationError, parse_destinatio
 from qmq.core.errors import AccessRefused, NotFound, PreconditionFailed
 from qmq.core.message import Message
 from qmq.core.queue import Queue
+from qmq.core.vhost import DURABLE_SUBSCRIPTION_PREFIX
 
 if TYPE_CHECKING:
     from qmq.core.broker import Broker
@@ -235,7 +236,7 @@ class Channel:
         else:
             exchange = vhost.exchange(dest.name)
             if durable_name is not None:
-                name = f"durable.{self.owner_name}.{durable_name}"
+                name = f"{DURABLE_SUBSCRIPTION_PREFIX}{self.owner_name}.{durable_name}"
                 existed = name in vhost.queues
                 queue = vhost.declare_queue(name, durable=True, on_demand=True)
                 self._bind_or_undo(queue, exchange, dest.key, made=not existed)

@@ -38,6 +38,10 @@ if TYPE_CHECKING:
     from qmq.core.broker import Broker
     from qmq.core.message import Message
 
+#: The queues of durable subscriptions are named C{durable.OWNER.NAME}
+#: (L{qmq.core.channel.Channel.subscribe}).
+DURABLE_SUBSCRIPTION_PREFIX = "durable."
+
 #: Most characters in a queue name (AMQP 0-9-1's short string): clients
 #: name queues, and a name is kept for as long as its queue lives.
 MAX_QUEUE_NAME = 255
@@ -190,7 +194,7 @@ class VirtualHost:
             exclusive_owner,
             auto_delete,
             arguments,
-            self.queue_defaults if on_demand else None,
+            self._on_demand_policy(name) if on_demand else None,
         )
         if backlog:
             # Bounded like x-max-length + drop-head, without an arguments
@@ -203,6 +207,16 @@ class VirtualHost:
             queue.store = store
             store.declare_queue(self, queue)
         return queue
+
+    def _on_demand_policy(self, name: str) -> QueuePolicy:
+        """The defaults of a queue made on demand: L{queue_defaults}, but a
+        durable subscription's queue (C{durable.OWNER.NAME}) never expires,
+        as ActiveMQ keeps an offline durable subscriber by default: its
+        client may stay away longer than any C{x-expires}."""
+        defaults = self.queue_defaults
+        if defaults.expires is not None and name.startswith(DURABLE_SUBSCRIPTION_PREFIX):
+            return defaults.merge(expires=None)
+        return defaults
 
     def queue(self, name: str) -> Queue:
         """The queue called C{name}. @raise NotFound: there is none."""
