@@ -39,6 +39,7 @@ L{QueueState}.
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from qmq.store.record import arguments_key
@@ -184,7 +185,7 @@ class Index:
 
     # -- messages -----------------------------------------------------------
 
-    def publish(self, segment: int, message_id: int, vhost: str, queues: list[str]) -> int:
+    def publish(self, segment: int, message_id: int, vhost: str, queues: Sequence[str]) -> int:
         """A publish record of C{message_id} for C{queues}; return how many
         queues took it. (A copy made by compaction comes after L{forget}.)"""
         info = self.segments[segment]
@@ -194,6 +195,18 @@ class Index:
         vqueues = self.vhosts.get(vhost)
         if vqueues is None:
             vqueues = self.vhosts[vhost] = {}
+        if len(queues) == 1:
+            # The common case, without the loop.
+            qs = vqueues.get(queues[0])
+            if qs is None:
+                qs = vqueues[queues[0]] = QueueState()
+            ids = qs.ids
+            if message_id in ids:
+                return 0
+            ids[message_id] = 0
+            self.where[message_id] = segment
+            info.live += 1
+            return 1
         n = 0
         for name in queues:
             qs = vqueues.get(name)
@@ -226,23 +239,39 @@ class Index:
 
     def settle(self, segment: int, vhost: str, queue: str, message_id: int) -> bool:
         """A settle record: C{queue} let C{message_id} go for good. Return
-        False (write nothing) if the queue did not hold it.
-
-        """
+        False (write nothing) if the queue did not hold it."""
         vqueues = self.vhosts.get(vhost)
         if vqueues is None:
             return False
         qs = vqueues.get(queue)
-        if qs is None or message_id not in qs.ids:
+        if qs is None or qs.ids.pop(message_id, -1) < 0:
             return False
-        del qs.ids[message_id]
         requeued = qs.requeued
         if requeued:
             rseg = requeued.pop(message_id, None)
             if rseg is not None:
                 self._dead(rseg)
-        self.segments[segment].records += 1
-        self._unref(segment, message_id)
+        segments = self.segments
+        info = segments[segment]
+        info.records += 1
+        # _unref, inlined (one settle per ack).
+        where = self.where
+        published = where[message_id]
+        if published < info.cancel_min:
+            info.cancel_min = published
+        refs = self.refs
+        if refs and message_id in refs:
+            n = refs[message_id]
+            if n > 2:
+                refs[message_id] = n - 1
+            else:
+                del refs[message_id]
+            return True
+        del where[message_id]
+        info = segments[published]
+        info.live -= 1
+        if not info.live:
+            self.dirty = True
         return True
 
     def requeue(self, segment: int, vhost: str, queue: str, message_id: int, count: int) -> bool:

@@ -192,6 +192,8 @@ class CommitLogStore:
         self._closing = False
         self._closed: Deferred | None = None
         self._vhost_names: dict[str, bytes] = {}
+        self._last_vhost: Any = None
+        self._last_vnames: tuple[str, bytes] = ("", b"")
         #: Writes and syncs done, for tests and figures.
         self.writes = 0
 
@@ -314,15 +316,29 @@ class CommitLogStore:
     # -- MessageStore ---------------------------------------------------------
 
     def publish(self, vhost: VirtualHost, message: Message, queues: Sequence[Queue]) -> Any:
-        if not self._opened:
-            self._open()
-        if self._failed is not None:
-            return fail(self._failed) if self._always else None
-        vname, vbytes = self._vhost(vhost)
-        names = [q.name for q in queues]
+        # The hot path: one call of encode_publish, one of the index, the
+        # checks of _place inlined, the vhost's encoded name cached.
+        if self._failed is not None or not self._opened:
+            if not self._opened:
+                self._open()
+            if self._failed is not None:
+                return fail(self._failed) if self._always else None
+        if vhost is self._last_vhost:
+            vname, vbytes = self._last_vnames
+        else:
+            vname, vbytes = self._last_vnames = self._vhost(vhost)
+            self._last_vhost = vhost
+        if len(queues) == 1:
+            name = queues[0].name
+            names = (name,)
+            encoded = (name.encode(),)
+        else:
+            names = tuple([q.name for q in queues])
+            encoded = tuple([n.encode() for n in names])
         body = message.body
-        head = encode_publish(
-            message.id,
+        mid = message.id
+        head, tail = encode_publish(
+            mid,
             message.timestamp,
             0.0,
             0,
@@ -332,13 +348,18 @@ class CommitLogStore:
             message.routing_key,
             message.headers,
             body,
-            [n.encode() for n in names],
+            encoded,
         )
-        chunks = self._place()
-        if self._index.publish(self._active, message.id, vname, names):
+        if self._active_size >= self.segment_size and self._active_records:
+            self._roll()
+        chunks = self._chunks
+        if chunks is None:
+            chunks = self._place()
+        if self._index.publish(self._active, mid, vname, names):
             chunks.append(head)
-            chunks.append(body)
-            self._active_size += len(head) + len(body)
+            if tail:
+                chunks.append(tail)
+            self._active_size += len(head) + len(tail)
             self._active_records += 1
         if self._always:
             d: Deferred = Deferred()
@@ -349,14 +370,25 @@ class CommitLogStore:
     def settle(self, queue: Queue, message: Message, reason: str) -> None:
         if not self._opened:
             self._open()
-        vname, vbytes = self._vhost(queue.vhost)  # type: ignore[arg-type]
-        chunks = self._place()
-        if self._index.settle(self._active, vname, queue.name, message.id):
-            record = encode_settle(vbytes, queue.name.encode(), message.id, reason)
+        vhost = queue.vhost
+        if vhost is self._last_vhost:
+            vname, vbytes = self._last_vnames
+        else:
+            vname, vbytes = self._vhost(vhost)  # type: ignore[arg-type]
+        if self._active_size >= self.segment_size and self._active_records:
+            self._roll()
+        chunks = self._chunks
+        if chunks is None:
+            chunks = self._place()
+        mid = message.id
+        name = queue.name
+        if self._index.settle(self._active, vname, name, mid):
+            record = encode_settle(vbytes, name.encode(), mid, reason)
             chunks.append(record)
             self._active_size += len(record)
             self._active_records += 1
-            self._want_flush()
+            if self._flush_call is None:
+                self._want_flush()
 
     def requeue(self, queue: Queue, message: Message) -> None:
         if not self._opened:
@@ -638,15 +670,16 @@ class CommitLogStore:
             chunks = self._place()
             vname, vbytes = self._vhost(p.vhost)
             names = [name for name, _ in holders]
-            head = encode_publish(
+            head, tail = encode_publish(
                 p.id, p.timestamp, p.expiry, p.priority, p.persistent, vbytes,
                 p.exchange, p.routing_key, p.headers, p.body, [n.encode() for n in names],
             )  # fmt: skip
             index.forget(self._active, p.id, vname, p.queues)
             index.publish(self._active, p.id, vname, names)
             chunks.append(head)
-            chunks.append(p.body)
-            self._active_size += len(head) + len(p.body)
+            if tail:
+                chunks.append(tail)
+            self._active_size += len(head) + len(tail)
             self._active_records += 1
             for name, count in holders:
                 if count:

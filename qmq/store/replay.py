@@ -24,6 +24,7 @@ from qmq.core.message import Message
 from qmq.core.store import Recovery
 from qmq.store.index import Index
 from qmq.store.record import (
+    FLAG_PERSISTENT,
     FRAME_SIZE,
     RECORD_BIND,
     RECORD_DECLARE_EXCHANGE,
@@ -35,7 +36,7 @@ from qmq.store.record import (
     RECORD_SETTLE,
     RECORD_UNBIND,
     RecordError,
-    decode_publish,
+    decode_publish_fields,
     decode_requeue,
     decode_settle,
     decode_topology,
@@ -65,26 +66,29 @@ class Replay:
         index = self.index
         messages = self.messages
         where = index.where
+        bodies = self.bodies
         for type_, start, end in reader.records():
             try:
                 if type_ == RECORD_PUBLISH:
-                    p = decode_publish(data, start, end, self.bodies)
-                    old = messages.pop(p.id, None)
-                    if old is not None:
-                        index.forget(number, p.id, old[1], old[2])
-                    if index.publish(number, p.id, p.vhost, p.queues):
-                        messages[p.id] = (
+                    (mid, ts, _, _, flags, vhost, exchange, key, headers, queues, body) = (
+                        decode_publish_fields(data, start, end, bodies)
+                    )
+                    if mid in messages:
+                        old = messages.pop(mid)
+                        index.forget(number, mid, old[1], old[2])
+                    if index.publish(number, mid, vhost, queues):
+                        messages[mid] = (
                             Message(
-                                p.id,
-                                p.exchange,
-                                p.routing_key,
-                                p.headers,
-                                p.body if self.bodies else b"",
-                                p.timestamp,
-                                p.persistent,
+                                mid,
+                                exchange,
+                                key,
+                                headers,
+                                body if bodies else b"",
+                                ts,
+                                flags & FLAG_PERSISTENT != 0,
                             ),
-                            p.vhost,
-                            p.queues,
+                            vhost,
+                            queues,
                         )
                     self.replayed += 1
                 elif type_ == RECORD_SETTLE:
