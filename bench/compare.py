@@ -193,6 +193,13 @@ class QMQ(Broker):
             key, cert = self._cert()
             cmd += ["--listen", f"stomp:ssl:{self.tls_port}:privateKey={key}:certKey={cert}"
                     ":interface=127.0.0.1:backlog=1024"]
+        if (self.source / "qmq" / "connections.py").exists():
+            # The load generator opens thousands of connections from one
+            # address: lift the per-address and per-listener caps (a QMQ
+            # without them, an older commit, takes no such table).
+            conf = self.workdir / "bench.toml"
+            conf.write_text("[connections]\nmax_per_address = 0\nmax_per_listener = 0\n")
+            cmd += ["--config", str(conf)]
         cmd += self.extra
         env = dict(os.environ, PYTHONPATH=str(self.source) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         log = open(self.workdir / "console.log", "ab")  # noqa: SIM115 - owned by the process
@@ -358,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
                 for s in scen:
                     busy = wait_quiet(b.pid, args.quiet_wait)
                     rec = {"rep": rep, **run_one(s, target, run.options_from(args, s), b.pid)}
+                    rec["broker"] = n  # qmq-base runs with qmq's profile
                     rec["busy_before_cores"] = busy
                     if b.pid and not Path(f"/proc/{b.pid}").exists():
                         rec.setdefault("error", "broker process died")
