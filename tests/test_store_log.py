@@ -809,3 +809,132 @@ class ThreadTests(TestCase):
         d = ds[-1].addCallback(check)
         d.addCallback(reopen)
         return d
+
+
+# A broker process for KillTests: the real reactor and writer thread, fsync
+# "always", producers that keep a window of publishes in flight and a
+# consumer that acks. It reports on stdout, one line per event, and only
+# after the event: "C id" once a publish's Deferred fired (the promise that
+# must survive a kill), "A id" just BEFORE an ack (so an ack the report
+# missed can never look like a loss), "R id id ..." at start (what came back).
+_CHILD = r"""
+import os, sys
+from twisted.internet import reactor
+from qmq.core.broker import Broker
+from qmq.core.consumer import Consumer
+from qmq.store.log import CommitLogStore
+
+directory, producers, window = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+out = []
+
+def emit(line):
+    out.append(line)
+    if len(out) == 1:
+        reactor.callLater(0, write)
+
+def write():
+    os.write(1, ("\n".join(out) + "\n").encode())
+    del out[:]
+
+store = CommitLogStore(directory, fsync="always", segment_size=64 * 1024, compact_interval=0.05)
+broker = Broker(reactor, store=store)
+broker.recover()
+vhost = broker.default_vhost
+queue = vhost.declare_queue("q")
+os.write(1, ("R " + " ".join(str(m.id) for m in queue.messages()) + "\n").encode())
+
+class Acker(Consumer):
+    # Acks on the next turn; every 300th delivery it goes away instead, its
+    # unacked messages given back (requeue records), and another comes.
+    delivered = 0
+    def __init__(self):
+        super().__init__(True, 50)
+        self.held = {}
+    def deliver(self, message, q):
+        self.held[message.id] = message
+        Acker.delivered += 1
+        if Acker.delivered % 300 == 0:
+            reactor.callLater(0, self.leave, q)
+        reactor.callLater(0, self.done, message, q)
+    def done(self, message, q):
+        if self.queue is q and self.held.pop(message.id, None) is not None:
+            emit("A %d" % message.id)
+            q.ack(self, message)
+    def leave(self, q):
+        if self.queue is q:
+            q.remove_consumer(self, list(self.held.values()))
+            q.add_consumer(Acker())
+
+def send():
+    m = broker.new_message("", "q", {"p": "1"}, b"x" * 200, persistent=True)
+    d = vhost.publish_to((queue,), m)
+    # Reported at once (not batched like acks): the report must never
+    # wait for anything the store does next.
+    d.addCallback(lambda _, i=m.id: (os.write(1, b"C %d\n" % i), send()))
+
+def start():
+    for _ in range(producers * window):
+        send()
+    queue.add_consumer(Acker())
+
+reactor.callWhenRunning(start)
+reactor.run()
+"""
+
+
+class KillTests(TestCase):
+    """SIGKILL a broker process at random points: every confirmed, unacked
+    message is back after each restart; ids never repeat."""
+
+    timeout = 120
+
+    def test_kill_9(self) -> None:
+        import signal
+        import subprocess
+        import sys
+        import time
+
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        script = self.mktemp() + ".py"
+        with open(script, "w") as f:
+            f.write(_CHILD)
+        directory = self.mktemp()
+        env = dict(os.environ, PYTHONPATH=root)
+        rng = random.Random(13)
+        confirmed: set[int] = set()
+        acked: set[int] = set()
+        seen_max = 0
+        cycles = 6
+        for cycle in range(cycles + 1):
+            child = subprocess.Popen(
+                [sys.executable, script, directory, "4", "25"],
+                stdout=subprocess.PIPE,
+                env=env,
+            )
+            if cycle < cycles:
+                time.sleep(rng.uniform(0.8, 2.0))
+                child.send_signal(signal.SIGKILL)
+            else:
+                time.sleep(1.0)
+                child.send_signal(signal.SIGKILL)
+            output, _ = child.communicate(timeout=60)
+            lines = output.decode().splitlines()
+            self.assertTrue(lines and lines[0].startswith("R"), output[:200])
+            recovered = [int(x) for x in lines[0].split()[1:]]
+            self.assertEqual(len(recovered), len(set(recovered)))
+            lost = confirmed - acked - set(recovered)
+            self.assertEqual(lost, set(), f"cycle {cycle}: {len(lost)} confirmed messages lost")
+            new = []
+            for line in lines[1:]:
+                kind, _, value = line.partition(" ")
+                if kind == "C":
+                    new.append(int(value))
+                elif kind == "A":
+                    acked.add(int(value))
+            if cycle < cycles:
+                self.assertTrue(new, f"cycle {cycle}: nothing confirmed")
+            # Ids go on above everything used before the kill.
+            self.assertTrue(all(i > seen_max for i in new), f"cycle {cycle}: an id repeated")
+            confirmed.update(new)
+            seen_max = max([seen_max, *new, *recovered])
+        self.assertGreater(len(confirmed), 1000)
