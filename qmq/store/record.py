@@ -422,6 +422,8 @@ def encode_topology(type_: int, fields: dict[str, Any]) -> bytes:
     return frame(type_, json.dumps(fields, separators=(",", ":"), default=str).encode())
 
 
+_scan_json = json.JSONDecoder().scan_once
+
 #: The keys each topology record must have.
 TOPOLOGY_FIELDS = {
     RECORD_DECLARE_QUEUE: ("vhost", "queue"),
@@ -440,7 +442,15 @@ def decode_topology(data: bytes, start: int, end: int, type_: int) -> dict[str, 
         is missing.
     """
     try:
-        fields = json.loads(bytes(data[start:end]))
+        text = bytes(data[start:end]).decode()
+        try:
+            # The C scanner alone: a third of json.loads (recovery reads one
+            # declaration per durable queue, a million of them at times).
+            fields, stop = _scan_json(text, 0)
+            if stop != len(text):
+                raise ValueError
+        except (StopIteration, ValueError):
+            fields = json.loads(text)  # whitespace, or the error message
     except ValueError as e:
         raise RecordError(f"bad topology record: {e}") from None
     if not isinstance(fields, dict):
