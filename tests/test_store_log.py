@@ -727,7 +727,8 @@ class ModelTests(StoreTestCase):
     def test_random(self) -> None:
         rng = random.Random(1234)
         names = ["a", "b", "c", "d"]
-        for seed in range(6):
+        deleted = compactions = 0
+        for seed in range(10):
             rng.seed(seed)
             self.dir = self.mktemp()
             self.start(compact_ratio=0.5)
@@ -761,11 +762,22 @@ class ModelTests(StoreTestCase):
                     name = rng.choice(sorted(self.takers))
                     t = self.takers.pop(name)
                     self.vhost.queue(name).remove_consumer(t, [m for m, _ in t.got])
-                elif op < 0.9:
+                elif op < 0.87:
                     self.store.compact()
+                elif op < 0.9:
+                    name = rng.choice(names)
+                    if rng.random() < 0.5:
+                        self.vhost.queue(name).purge()
+                    else:
+                        # Delivered messages go with it too.
+                        self.takers.pop(name, None)
+                        self.vhost.delete_queue(name)
+                        self.vhost.declare_queue(name)
                 elif op < 0.95:
                     self.turn()
                 else:
+                    deleted += self.store.deleted
+                    compactions += self.store.compactions
                     before = self.held()
                     self.restart(compact_ratio=0.5)
                     self.takers = {}
@@ -774,9 +786,14 @@ class ModelTests(StoreTestCase):
                 if rng.random() < 0.3:
                     self.turn()
             before = self.held()
+            deleted += self.store.deleted
+            compactions += self.store.compactions
             self.restart()
             self.assertEqual(self.held(), before)
             self.successResultOf(self.store.close())
+        # The runs did exercise space reclamation.
+        self.assertGreater(deleted, 50)
+        self.assertGreater(compactions, 10)
 
 
 class ThreadTests(TestCase):

@@ -160,14 +160,16 @@ class Index:
                 gone.append(number)
         return gone
 
-    def compactable(self, below: int, ratio: float) -> int | None:
-        """The first segment under C{below} worth compacting: live records are
-        at most C{ratio} of its records, and once they are copied forward it
-        may be deleted."""
+    def compactable(self, below: int, ratio: float, skip: set[int] = frozenset()) -> int | None:  # type: ignore[assignment]
+        """The first segment under C{below} (and not in C{skip}) worth
+        compacting: live records are at most C{ratio} of its records, and
+        once they are copied forward it may be deleted."""
         existing = list(self.segments)
         for number in existing:
             if number >= below:
                 break
+            if number in skip:
+                continue
             info = self.segments[number]
             if info.live and info.live <= ratio * info.records:
                 if existing[bisect_left(existing, info.cancel_min)] == number:

@@ -188,14 +188,18 @@ class CommitLogStore:
         self._sync_call: Any = None
         self._compact_call: Any = None
         self._compacting: int | None = None
+        self._stuck: set[int] = set()
         self._failed: StoreFailed | None = None
         self._closing = False
         self._closed: Deferred | None = None
         self._vhost_names: dict[str, bytes] = {}
         self._last_vhost: Any = None
         self._last_vnames: tuple[str, bytes] = ("", b"")
-        #: Writes and syncs done, for tests and figures.
+        #: Counts for tests and figures: writes done, segments deleted,
+        #: segments compacted.
         self.writes = 0
+        self.deleted = 0
+        self.compactions = 0
 
     # -- start ----------------------------------------------------------------
 
@@ -514,7 +518,9 @@ class CommitLogStore:
     def _submit(self) -> None:
         batch = self._batch
         if self._index.dirty:
-            batch.deletes.extend(self._index.collect(self._active))
+            gone = self._index.collect(self._active)
+            batch.deletes.extend(gone)
+            self.deleted += len(gone)
         if not batch:
             return
         if self._always and batch.parts:
@@ -619,7 +625,7 @@ class CommitLogStore:
             self._roll()
             self._place()
             self._want_flush()
-        number = index.compactable(self._sealed, self.compact_ratio)
+        number = index.compactable(self._sealed, self.compact_ratio, self._stuck)
         if number is None:
             if index.dirty:
                 self._want_flush()
@@ -644,6 +650,7 @@ class CommitLogStore:
         at the head of the log."""
         index = self._index
         reader = SegmentReader(path, data, last=False)
+        self.compactions += 1
         copied = 0
         for type_, start, end in reader.records():
             try:
@@ -652,6 +659,8 @@ class CommitLogStore:
                 _log.warn("commit log: compaction of {path}: {error}", path=path, error=e)
         info = index.segments.get(number)
         if info is not None and info.live:
+            # Not tried again (a bug, or damage the copy could not read).
+            self._stuck.add(number)
             _log.warn(
                 "commit log: {path} still has {live} live records after compaction",
                 path=path,
@@ -667,6 +676,8 @@ class CommitLogStore:
             if index.where.get(p.id) != number:
                 return 0
             holders = index.holders(p.id, p.vhost, p.queues)
+            if not holders:
+                return 0
             chunks = self._place()
             vname, vbytes = self._vhost(p.vhost)
             names = [name for name, _ in holders]
