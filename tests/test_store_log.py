@@ -24,6 +24,9 @@ from qmq.core.broker import Broker
 from qmq.core.consumer import Consumer
 from qmq.core.message import Message
 from qmq.core.queue import Queue
+from qmq.stomp.frame import Frame
+from qmq.stomp.session import StompSession
+from qmq.stomp.settings import StompSettings
 from qmq.store.log import CommitLogStore, StoreFailed
 from qmq.store.record import (
     FRAME,
@@ -41,6 +44,7 @@ from qmq.store.segment import (
     list_segments,
     read_segment,
 )
+from tests.test_stomp_contract import FakeTransport
 
 
 def sync_io(f, *args) -> Deferred:
@@ -954,3 +958,62 @@ class KillTests(TestCase):
             confirmed.update(new)
             seen_max = max([seen_max, *new, *recovered])
         self.assertGreater(len(confirmed), 1000)
+
+
+class StompTests(StoreTestCase):
+    """The STOMP session over the commit log: a RECEIPT only after the sync,
+    and what a client gets back after a restart."""
+
+    def session(self):
+        transport = FakeTransport()
+        session = StompSession(self.broker, StompSettings(), transport, clock=self.clock)
+        session.frames_received([Frame("CONNECT", {"accept-version": "1.2", "heart-beat": "0,0"})])
+        self.broker.batcher.flush_all()
+        self.assertEqual([f.command for f in transport.frames()], ["CONNECTED"])
+        return session, transport
+
+    def test_receipt_after_sync(self) -> None:
+        io = ManualIO()
+        self.restart(io=io)
+        self.vhost.declare_queue("d")
+        s, t = self.session()
+        headers = {"destination": "/queue/d", "persistent": "true", "x-app": "a:b"}
+        s.frames_received(
+            [
+                Frame("SEND", {**headers, "receipt": "1"}, b"one"),
+                Frame("SEND", {**headers, "receipt": "2"}, b"two"),
+            ]
+        )
+        self.broker.batcher.flush_all()
+        self.assertEqual(t.frames(), [])
+        self.assertEqual(len(io.jobs), 1)  # both SENDs in one batch
+        self.assertEqual(self.events, [])
+        io.run()
+        self.assertEqual(self.events, ["sync"])
+        self.broker.batcher.flush_all()
+        self.assertEqual([f.headers["receipt-id"] for f in t.frames()], ["1", "2"])
+        self.turn()
+        closed = self.store.close()
+        while io.jobs:
+            io.run()
+        self.successResultOf(closed)
+        self.start()
+        s, t = self.session()
+        s.frames_received(
+            [Frame("SUBSCRIBE", {"destination": "/queue/d", "id": "s", "ack": "client-individual"})]
+        )
+        self.broker.batcher.flush_all()
+        got = t.frames()
+        self.assertEqual([f.body for f in got], [b"one", b"two"])
+        self.assertEqual(got[0].headers["x-app"], "a:b")
+        self.assertEqual(got[0].headers["destination"], "/queue/d")
+        self.assertNotIn("redelivered", got[0].headers)
+        # Not acked, the connection drops: after a restart they are redelivered.
+        s.connection_lost()
+        self.restart()
+        s, t = self.session()
+        s.frames_received([Frame("SUBSCRIBE", {"destination": "/queue/d", "id": "s"})])
+        self.broker.batcher.flush_all()
+        got = t.frames()
+        self.assertEqual([f.body for f in got], [b"one", b"two"])
+        self.assertEqual(got[0].headers.get("redelivered"), "true")
