@@ -36,6 +36,7 @@ in L{CommitLogStore.problems} (see L{qmq.store.segment}).
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -218,6 +219,18 @@ class CommitLogStore:
         if self._opened:
             return
         self._opened = True
+        # Replay makes millions of objects that all live on: the cyclic
+        # collector would walk them again and again for nothing (a third of
+        # the time of recovering a million queues).
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            self._replay()
+        finally:
+            if enabled:
+                gc.enable()
+
+    def _replay(self) -> None:
         os.makedirs(self.directory, exist_ok=True)
         index = self._index
         replay = Replay(index)
@@ -703,7 +716,7 @@ class CommitLogStore:
             qs = index.vhosts.get(vhost, {}).get(queue)
             if qs is None or not qs.requeued or qs.requeued.get(mid) != number:
                 return 0
-            count = qs.ids[mid]
+            count = qs.count(mid) or 0
             self._place()
             index.requeue(self._active, vhost, queue, mid, count)
             self._append(encode_requeue(vhost.encode(), queue.encode(), mid, count))

@@ -141,7 +141,7 @@ class Replay:
         for vhost, queues in index.vhosts.items():
             for name, qs in list(queues.items()):
                 if qs.declared is None:
-                    if not qs.ids and not qs.bindings:
+                    if not len(qs) and not qs.bindings:
                         del queues[name]
                         continue
                     _log.warn(
@@ -151,14 +151,13 @@ class Replay:
                         vhost=vhost,
                     )
                 recovery.queues.append((vhost, name, qs.arguments))
-                if qs.ids:
+                if len(qs):
                     restored = []
-                    for mid in sorted(qs.ids):
+                    for mid, count in sorted(qs.items()):
                         entry = messages.get(mid)
                         if entry is None:
                             continue
                         m = entry[0]
-                        count = qs.ids[mid]
                         if count:
                             m = _with_count(m, count)
                         restored.append(m)

@@ -78,11 +78,11 @@ def cmd_count(directory: str, out: TextIO, args: argparse.Namespace) -> int:
     total = 0
     for vhost, queues in sorted(index.vhosts.items()):
         for name, qs in sorted(queues.items()):
-            if qs.declared is None and not qs.ids:
+            if qs.declared is None and not len(qs):
                 continue
-            redelivered = sum(1 for c in qs.ids.values() if c)
-            out.write(f"{vhost:<16} {name:<32} {len(qs.ids):>10} {redelivered:>11}\n")
-            total += len(qs.ids)
+            redelivered = sum(1 for _, c in qs.items() if c)
+            out.write(f"{vhost:<16} {name:<32} {len(qs):>10} {redelivered:>11}\n")
+            total += len(qs)
     out.write(
         f"{len(index.where)} live messages ({total} queue entries), next message id "
         f"{index.max_id + 1}, {len(index.exchanges)} exchanges, {len(index.bindings)} bindings"
