@@ -15,6 +15,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from qmq.core.broker import Broker
 from qmq.core.channel import Channel
 from qmq.core.errors import PreconditionFailed
+from qmq.core.expiry import ExpiryWheel
 from tests.test_core_channel import Recorder
 
 
@@ -212,3 +213,73 @@ class QueueNameTests(SynchronousTestCase):
         self.clock.advance(10)
         self.assertTrue(plain.deleted)
         self.assertIn("durable.alice.feed", self.vhost.queues)
+
+
+class _Item:
+    def __init__(self, log: list) -> None:
+        self.expiry_key: int | None = None
+        self.log = log
+
+    def expired(self) -> None:
+        self.log.append(self)
+
+
+class ExpiryWheelTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.wheel = ExpiryWheel(self.clock, tick=0.25)
+        self.fired: list[_Item] = []
+
+    def test_one_timer_per_tick(self) -> None:
+        """A thousand deadlines in one tick share one DelayedCall."""
+        items = [_Item(self.fired) for _ in range(1000)]
+        for i, item in enumerate(items):
+            self.wheel.schedule(item, 10.01 + i / 10_000)
+        self.assertEqual(len(self.clock.getDelayedCalls()), 1)
+        self.assertEqual(len(self.wheel), 1000)
+        self.clock.advance(10.25)
+        self.assertEqual(len(self.fired), 1000)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_never_early_at_most_a_tick_late(self) -> None:
+        item = _Item(self.fired)
+        self.clock.advance(0.1)
+        self.wheel.schedule(item, 1.0)  # due at 1.1: fires at 1.25
+        self.clock.advance(0.99)
+        self.assertEqual(self.fired, [])
+        self.clock.advance(0.16)
+        self.assertEqual(self.fired, [item])
+        self.assertIsNone(item.expiry_key)
+
+    def test_reschedule_and_cancel(self) -> None:
+        a, b = _Item(self.fired), _Item(self.fired)
+        self.wheel.schedule(a, 1)
+        self.wheel.schedule(b, 1)
+        self.wheel.schedule(a, 5)  # moved: its old bucket keeps b only
+        self.wheel.cancel(b)  # the bucket is empty: its timer goes
+        self.assertEqual(len(self.clock.getDelayedCalls()), 1)
+        self.clock.advance(2)
+        self.assertEqual(self.fired, [])
+        self.clock.advance(3)
+        self.assertEqual(self.fired, [a])
+        self.wheel.cancel(a)  # no longer scheduled: nothing to do
+        self.assertEqual(len(self.wheel), 0)
+
+    def test_failure_does_not_stop_the_bucket(self) -> None:
+        class Broken(_Item):
+            def expired(self) -> None:
+                raise RuntimeError("boom")
+
+        bad, good = Broken(self.fired), _Item(self.fired)
+        self.wheel.schedule(bad, 1)
+        self.wheel.schedule(good, 1)
+        self.clock.advance(1)
+        self.assertEqual(self.fired, [good])
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+
+    def test_stop(self) -> None:
+        item = _Item(self.fired)
+        self.wheel.schedule(item, 1)
+        self.wheel.stop()
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.assertIsNone(item.expiry_key)

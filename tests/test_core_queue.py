@@ -20,6 +20,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from qmq.core.broker import Broker
 from qmq.core.consumer import Consumer
 from qmq.core.errors import PreconditionFailed, ResourceLimit
+from qmq.core.expiry import ExpiryWheel
 from qmq.core.message import Message
 from qmq.core.queue import DEFAULT_POLICY, Queue, QueuePolicy
 from qmq.core.store import NullStore
@@ -57,6 +58,8 @@ class FakeVirtualHost:
 
     def __init__(self, clock: Clock) -> None:
         self.broker = FakeBroker(clock)
+        # A fine tick, so that tests can check deadlines to the millisecond.
+        self.expiry = ExpiryWheel(clock, tick=0.001)
         self.unused: list[Queue] = []
         self.expired: list[Queue] = []
 
@@ -817,7 +820,8 @@ class ExpiryTests(SynchronousTestCase):
 
     def test_subscribe_unsubscribe_many(self) -> None:
         """Distinct queues made on demand, each consumed once and left,
-        all go after their expiry: one timer each while unused, none after."""
+        all go after their expiry: one timer for all of them while unused
+        (the wheel's bucket, not a DelayedCall each), none after."""
         defaults = QueuePolicy.shared(expires=30_000)
         queues = []
         for i in range(300):
@@ -826,7 +830,8 @@ class ExpiryTests(SynchronousTestCase):
             q.add_consumer(c)
             q.remove_consumer(c)
             queues.append(q)
-        self.assertEqual(len(self.clock.getDelayedCalls()), 300)
+        self.assertEqual(len(self.clock.getDelayedCalls()), 1)
+        self.assertEqual(len(self.vhost.expiry), 300)
         self.clock.advance(30)
         self.assertEqual(len(self.vhost.expired), 300)
         self.assertTrue(all(q.deleted for q in queues))

@@ -36,7 +36,7 @@ Delivery rules:
         than this is discarded instead of requeued.
       - C{x-expires} (milliseconds): a queue unused that long (no consumer,
         no L{Queue.get}, not redeclared: L{Queue.touch}) is reported to its
-        virtual host, which deletes it (see L{Queue._expired}).
+        virtual host, which deletes it (see L{Queue.expired}).
 
 Every message that leaves a queue for good without an ack goes through
 L{Queue._discard}, the one place where a dead-letter exchange will receive
@@ -228,10 +228,9 @@ class _Rare:
     """Per-queue state most queues never need, made on first use so that an
     idle queue pays one pointer for all of it."""
 
-    __slots__ = ("expiry", "dropped", "drain_call")
+    __slots__ = ("dropped", "drain_call")
 
     def __init__(self) -> None:
-        self.expiry: IDelayedCall | None = None
         self.dropped = 0
         # The next turn's drain, while a drain stopped at its batch.
         self.drain_call: IDelayedCall | None = None
@@ -271,6 +270,7 @@ class Queue:
         "deleted",
         "policy",
         "store",
+        "expiry_key",
         "_items",
         "_head",
         "_rr",
@@ -319,6 +319,8 @@ class Queue:
         self._rr = 0
         self._bytes = 0
         self._rare: _Rare | None = None
+        # The bucket of the virtual host's ExpiryWheel this queue waits in.
+        self.expiry_key: int | None = None
         if self.policy.expires is not None:
             self._arm_expiry()
 
@@ -557,8 +559,7 @@ class Queue:
 
         A get uses the queue: its expiry starts over.
         """
-        rare = self._rare
-        if rare is not None and rare.expiry is not None:
+        if self.expiry_key is not None:
             self.touch()
         if not self._items:
             return None
@@ -729,52 +730,44 @@ class Queue:
 
     # -- expiry ------------------------------------------------------------
     #
-    # One DelayedCall per queue that is unused and has an expiry policy,
-    # made when it becomes unused, cancelled when a consumer comes, pushed
-    # back (DelayedCall.reset, O(1) in the reactor) by a get or a redeclare.
-    # Queues without the policy, and queues in use, cost nothing; a sweep
-    # over a million queues would be a stall, and a timer heap kept by the
-    # virtual host would save memory only while very many expiring queues
-    # sit unused at once (a DelayedCall is ~380 bytes).
+    # A queue that is unused and has an expiry policy waits in its virtual
+    # host's ExpiryWheel (qmq.core.expiry): one timer per quarter second of
+    # deadlines, not one DelayedCall (~380 bytes) per queue, since every
+    # queue a client creates has the policy by default and a million of
+    # them may sit unused. A consumer takes it out; a get or a redeclare
+    # moves its deadline (two dict operations).
 
     def touch(self) -> None:
         """The queue was used (redeclared, polled): its expiry starts over."""
-        rare = self._rare
-        if rare is not None and rare.expiry is not None:
-            expires = self.policy.expires
-            if expires is None:  # the policy changed under it
+        if self.expiry_key is not None:
+            if self.policy.expires is None:  # the policy changed under it
                 self._disarm_expiry()
             else:
-                rare.expiry.reset(expires / 1000.0)
+                self._arm_expiry()
 
     def _arm_expiry(self) -> None:
         vhost = self.vhost
         expires = self.policy.expires
-        if vhost is None or vhost.broker is None or expires is None or self.deleted:
+        if vhost is None or vhost.expiry is None or expires is None or self.deleted:
             return
-        rare = self._rare_state()
-        if rare.expiry is None:
-            rare.expiry = vhost.broker.clock.callLater(expires / 1000.0, self._expired)
-        else:
-            rare.expiry.reset(expires / 1000.0)
+        vhost.expiry.schedule(self, expires / 1000.0)
 
     def _disarm_expiry(self) -> None:
+        if self.expiry_key is not None:
+            self.vhost.expiry.cancel(self)  # type: ignore[union-attr]
         rare = self._rare
         if rare is not None:
-            if rare.expiry is not None:
-                rare.expiry.cancel()
-                rare.expiry = None
             if self.deleted and rare.drain_call is not None:
                 rare.drain_call.cancel()
                 rare.drain_call = None
             if not rare.dropped and rare.drain_call is None:
                 self._rare = None
 
-    def _expired(self) -> None:
-        """Unused for C{policy.expires}: the virtual host decides (it deletes
-        the queue, or keeps one that still holds messages: then it is looked
-        at again one period later)."""
-        self._rare.expiry = None  # type: ignore[union-attr]
+    def expired(self) -> None:
+        """Unused for C{policy.expires} (called by the virtual host's
+        L{qmq.core.expiry.ExpiryWheel}): the virtual host decides (it
+        deletes the queue, or keeps one that still holds messages: then it
+        is looked at again one period later)."""
         if self.deleted or self.consumers:
             return
         self.vhost.queue_expired(self)  # type: ignore[union-attr]

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from qmq.core.errors import AccessRefused, NotFound, PreconditionFailed
 from qmq.core.exchange import EXCHANGE_CLASSES, EXCHANGE_TYPES, Exchange, TopicExchange
+from qmq.core.expiry import ExpiryWheel
 from qmq.core.queue import DEFAULT_POLICY, Queue, QueuePolicy
 
 if TYPE_CHECKING:
@@ -63,6 +64,8 @@ class VirtualHost:
     @ivar queue_defaults: the policy that queues created on demand start
         from (their own arguments, if any, override it); no limits until
         L{set_queue_defaults} says otherwise.
+    @ivar expiry: the deadlines of its unused queues that have an expiry
+        policy (None without a broker).
     """
 
     def __init__(self, broker: Broker | None, name: str) -> None:
@@ -71,6 +74,8 @@ class VirtualHost:
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, Queue] = {}
         self.queue_defaults: QueuePolicy = DEFAULT_POLICY
+        # Deadlines of unused queues with an expiry policy.
+        self.expiry: ExpiryWheel | None = ExpiryWheel(broker.clock) if broker is not None else None
         for ex_name, ex_type in STANDARD_EXCHANGES:
             self.declare_exchange(ex_name, ex_type)
 
