@@ -427,6 +427,11 @@ class CommitLogStore:
         self, vhost: str, name: str, arguments: dict | None, force: bool = False
     ) -> None:
         self._open()
+        if not force:
+            # Declared alike already (every queue at recovery): nothing to do.
+            qs = self._index.vhosts.get(vhost, {}).get(name)
+            if qs is not None and qs.declared is not None and qs.arguments == arguments:
+                return
         self._place()
         if self._index.declare_queue(self._active, vhost, name, arguments, force):
             self._append(

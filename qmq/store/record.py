@@ -115,8 +115,8 @@ _SETTLE = struct.Struct("<QBHH")
 # Requeue payload: id, delivery count, vhost length, queue length; names.
 _REQUEUE = struct.Struct("<QIHH")
 
-# CRC of each type byte, the start of every record's checksum.
-_TYPE_CRC = [zlib.crc32(bytes([t])) for t in range(256)]
+#: CRC of each type byte, the start of every record's checksum.
+TYPE_CRC = _TYPE_CRC = [zlib.crc32(bytes([t])) for t in range(256)]
 
 _pack_frame = FRAME.pack
 _pack_publish = _PUBLISH.pack

@@ -41,7 +41,15 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from qmq.store.record import FRAME, FRAME_SIZE, MAGIC, MAX_RECORD, RECORD_NAMES, VERSION
+from qmq.store.record import (
+    FRAME,
+    FRAME_SIZE,
+    MAGIC,
+    MAX_RECORD,
+    RECORD_NAMES,
+    TYPE_CRC,
+    VERSION,
+)
 
 SUFFIX = ".seg"
 _HEADER = struct.Struct("<8sHHQQ")
@@ -169,6 +177,7 @@ class SegmentReader:
         crc32 = zlib.crc32
         view = memoryview(data)
         names = RECORD_NAMES
+        type_crc = TYPE_CRC
         while pos < size:
             if size - pos < FRAME_SIZE:
                 self._tail(pos, f"{size - pos} bytes, shorter than a record frame")
@@ -183,7 +192,7 @@ class SegmentReader:
                     self._unreadable(pos, length, type_)
                 return
             if type_ not in names:
-                if crc32(view[start:end], crc32(bytes((type_,)))) == crc:
+                if crc32(view[start:end], type_crc[type_]) == crc:
                     # A record of a newer kind, intact: this version ignores it.
                     self.problems.append(
                         Problem(path, pos, "corrupt", f"unknown record type {type_}, skipped")
@@ -192,7 +201,7 @@ class SegmentReader:
                     continue
                 self._unreadable(pos, length, type_)
                 return
-            if crc32(view[start:end], crc32(bytes((type_,)))) != crc:
+            if crc32(view[start:end], type_crc[type_]) != crc:
                 if end == size and self.last:
                     self._tail(pos, f"{names[type_]} record with a bad checksum at the end")
                     return
