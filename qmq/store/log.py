@@ -272,6 +272,9 @@ class CommitLogStore:
             index.add_segment(self._active)
             self._active_size = HEADER_SIZE
             self._pending_header = encode_header(self._active, index.max_id + 1)
+            # The new segment's header (its id floor) goes out with the first
+            # batch, even one that only deletes the old segments.
+            self._place()
         self._sealed = self._active
         self._recovery = replay.recovery()
         self._recovery.next_message_id = self._next_id()
