@@ -1015,3 +1015,39 @@ class StompTests(StoreTestCase):
         got = t.frames()
         self.assertEqual([f.body for f in got], [b"one", b"two"])
         self.assertEqual(got[0].headers.get("redelivered"), "true")
+
+
+class ReentryTests(StoreTestCase):
+    def test_flush_from_a_waiter(self) -> None:
+        """A publish Deferred's callback that publishes and flushes (a
+        frontend answering at once) starts the next batch; the batch after
+        it waits its turn: one batch in flight at a time."""
+        io = ManualIO()
+        self.restart(io=io)
+        q = self.vhost.declare_queue("q")
+
+        def again(_):
+            m = self.broker.new_message("", "q", None, b"2", persistent=True)
+            self.vhost.publish_to((q,), m)
+            self.store.flush()
+
+        d = self.vhost.publish_to(
+            (q,), self.broker.new_message("", "q", None, b"1", persistent=True)
+        )
+        d.addCallback(again)
+        self.store.flush()
+        self.vhost.publish_to((q,), self.broker.new_message("", "q", None, b"3", persistent=True))
+        self.store.flush()  # wanted after batch 1
+        io.run()
+        self.assertEqual(len(io.jobs), 1)
+        while io.jobs:
+            io.run()
+            self.assertLessEqual(len(io.jobs), 1)
+        self.turn()
+        closed = self.store.close()
+        while io.jobs:
+            io.run()
+        self.successResultOf(closed)
+        self.start()
+        # "2" was published last (from the callback), so it comes last.
+        self.assertEqual([x[1] for x in self.ready("q")], [b"1", b"3", b"2"])

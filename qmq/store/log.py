@@ -537,6 +537,7 @@ class CommitLogStore:
         self._submit()
 
     def _submit(self) -> None:
+        """Send the batch to the writer thread (none may be in flight)."""
         batch = self._batch
         if self._index.dirty:
             gone = self._index.collect(self._active)
@@ -605,7 +606,9 @@ class CommitLogStore:
             and not self._closing
         ):
             self._sync_call = self._reactor.callLater(self.interval, self._sync_due)
-        if self._flush_wanted or (self._closing and self._batch):
+        # (A waiter's callback may have flushed already: then that batch is
+        # in flight and this one waits its turn.)
+        if self._inflight is None and (self._flush_wanted or (self._closing and self._batch)):
             self._submit()
 
     def _sync_due(self) -> None:
@@ -618,7 +621,7 @@ class CommitLogStore:
         _log.failure("commit log: a write failed; the store takes no more records", failure)
         self._failed = StoreFailed(f"commit log write failed: {failure.getErrorMessage()}")
         self._fail_batch(batch, self._failed)
-        if self._batch:
+        if self._inflight is None and self._batch:
             self._submit()
 
     def _fail_batch(self, batch: _Batch, error: Exception) -> None:

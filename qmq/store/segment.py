@@ -329,7 +329,9 @@ class SegmentWriter:
                 self.number = None
 
     def remove(self, number: int) -> None:
-        """Delete segment C{number} (never the open one)."""
+        """Delete segment C{number}."""
+        if number == self.number:
+            self.close()  # never write on into a file already unlinked
         try:
             os.unlink(os.path.join(self.directory, segment_name(number)))
         except FileNotFoundError:
