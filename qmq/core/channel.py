@@ -193,7 +193,11 @@ class Channel:
         """
         queue = target[0]
         if queue is not None:
-            return self.vhost.publish_to((queue,), message)
+            # VirtualHost.publish_to for one queue, inlined (the hot path).
+            queue.publish(message)
+            if message.persistent and queue.store is not None:
+                return self.broker.store_publish(self.vhost, message, (queue,))
+            return None
         return self.vhost.publish_to(target[1].route(message.routing_key, message.headers), message)
 
     # -- consuming ---------------------------------------------------------------

@@ -48,6 +48,16 @@ UNLIMITED = 1 << 62
 _NONE_UNACKED: Mapping[int, Message] = MappingProxyType({})
 
 
+class _NeverRefuses:
+    """The policy a live consumer shows the virtual host's atomic publish."""
+
+    __slots__ = ()
+    rejects = False
+
+
+_NEVER_REFUSES = _NeverRefuses()
+
+
 class BacklogBudget:
     """How many messages the backlogs of one channel's live consumers hold together.
 
@@ -110,6 +120,9 @@ class Consumer:
 
     #: A consumer is never a durable queue: the store is never asked for it.
     store = None
+    #: As a target of an exchange, a live consumer never refuses a publish
+    #: (a queue's L{qmq.core.queue.QueuePolicy} says whether it may).
+    policy = _NEVER_REFUSES
 
     def __init__(
         self,

@@ -103,6 +103,11 @@ class QueuePolicy:
         message is discarded (C{x-delivery-limit}), or None.
     @ivar bounded: whether C{max_length} or C{max_bytes} is set (derived; the
         publish path reads this one flag).
+    @ivar length_room: C{max_length}, or a number no queue reaches (derived:
+        the publish path compares with it without a None test).
+    @ivar bytes_room: C{max_bytes}, likewise.
+    @ivar rejects: bounded with C{reject-publish}: a publish may be refused
+        (derived: an atomic fan-out asks only such queues first).
     """
 
     max_length: int | None = None
@@ -111,9 +116,16 @@ class QueuePolicy:
     expires: int | None = None
     delivery_limit: int | None = None
     bounded: bool = field(init=False, repr=False, compare=False)
+    length_room: int = field(init=False, repr=False, compare=False)
+    bytes_room: int = field(init=False, repr=False, compare=False)
+    rejects: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bounded", self.max_length is not None or self.max_bytes is not None)
+        never = 1 << 62
+        object.__setattr__(self, "length_room", never if self.max_length is None else self.max_length)
+        object.__setattr__(self, "bytes_room", never if self.max_bytes is None else self.max_bytes)
+        object.__setattr__(self, "rejects", self.bounded and self.overflow == "reject-publish")
 
     @staticmethod
     def shared(
@@ -398,16 +410,26 @@ class Queue:
                         c.credit -= 1
                     c.deliver(message, self)
                     return
-        if self.policy.bounded and not self._make_room(message):
-            return
+        size = len(message.body)
+        policy = self.policy
+        if policy.bounded and (
+            # The common case decided inline: clearly room for it. The list
+            # holds at least as many entries as ready messages unless a
+            # requeue heap (one entry, many messages) sits at its head.
+            len(items) >= policy.length_room
+            or self._bytes + size > policy.bytes_room
+            or (items and items[self._head].__class__ is _Requeued)
+        ):
+            if not self._make_room(message):
+                return
         items.append(message)
-        self._bytes += len(message.body)
+        self._bytes += size
 
     def would_refuse(self, message: Message) -> bool:
         """Whether L{publish} would raise L{ResourceLimit} for C{message} now
         (checked for every queue of a fan-out before any gets it)."""
         policy = self.policy
-        if not policy.bounded or policy.overflow != "reject-publish":
+        if not policy.rejects:
             return False
         if not self._items and self._ready_consumer() is not None:
             return False

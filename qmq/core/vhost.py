@@ -335,8 +335,10 @@ class VirtualHost:
         @raise ResourceLimit: a bounded queue refused it.
         """
         if len(targets) > 1:
+            # Only a bounded reject-publish queue can refuse (live consumers
+            # never do): ask those, without a call for the others.
             for t in targets:
-                if t.would_refuse(message):
+                if t.policy.rejects and t.would_refuse(message):
                     t.publish(message)  # raises ResourceLimit, naming the queue
         for t in targets:
             t.publish(message)

@@ -471,7 +471,11 @@ class StompSession:
         if extra is None:
             if "\\" in receipt or ":" in receipt or "\n" in receipt or "\r" in receipt:
                 receipt = escape_header(receipt, self.version)
-            self._reply(b"RECEIPT\nreceipt-id:%s\n\n\x00" % receipt.encode(), waiter)
+            data = b"RECEIPT\nreceipt-id:%s\n\n\x00" % receipt.encode()
+            if waiter is None and not self._waiting:
+                self.write_frame(data)  # _reply's first case, inlined
+            else:
+                self._reply(data, waiter)
         else:
             self._reply(
                 encode_frame("RECEIPT", [("receipt-id", receipt), *extra], b"", self.version), waiter
