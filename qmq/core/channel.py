@@ -115,15 +115,18 @@ class Channel:
         return target
 
     def _resolve_send(self, text: str) -> SendTarget:
-        dest = parse_destination(text)
-        kind = dest.kind
-        if kind == "queue":
+        if text.startswith("/queue/") and len(text) > 7:
+            # parse_destination's first case, inlined: a client naming a
+            # million queues resolves each once.
+            name = text[7:]
             # Publishing to an existing queue is allowed even if it is
             # exclusive to another channel (a /temp-queue/ reply-to).
-            queue = self.vhost.queues.get(dest.name)
+            queue = self.vhost.queues.get(name)
             if queue is None:
-                queue = self.named_queue(dest.name)
-            return (queue, None, "", dest.name, queue)
+                queue = self.named_queue(name)
+            return (queue, None, "", name, queue)
+        dest = parse_destination(text)
+        kind = dest.kind
         if kind == "temp-queue":
             queue = self.temp_queue(dest.name)
             return (queue, None, "", queue.name, queue)

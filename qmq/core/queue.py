@@ -333,8 +333,9 @@ class Queue:
         self._rare: _Rare | None = None
         # The bucket of the virtual host's ExpiryWheel this queue waits in.
         self.expiry_key: int | None = None
-        if self.policy.expires is not None:
-            self._arm_expiry()
+        expires = self.policy.expires
+        if expires is not None and vhost is not None and vhost.expiry is not None:
+            vhost.expiry.schedule(self, expires / 1000.0)  # _arm_expiry, inlined
 
     # -- policy ------------------------------------------------------------
 
