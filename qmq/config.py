@@ -17,8 +17,8 @@ The flow::
 3. The user's layer is merged over the default: tables merge key by key, any
    other value (a number, a string, an array) is replaced whole.
 4. The merged tree becomes L{Settings}: frozen dataclasses, each settings
-   section (C{[stomp]}, C{[connections]}, C{[limits]}) as the frozen
-   dataclass of the part of QMQ that owns it.
+   section (C{[stomp]}, C{[connections]}, C{[limits]}, C{[commit_log]}) as
+   the frozen dataclass of the part of QMQ that owns it.
 
 Every problem is raised as a L{ConfigError} whose message is ready to print,
 for instance::
@@ -28,7 +28,8 @@ for instance::
 B{Sections: each part of QMQ owns its table.}  A top-level table such as
 C{[stomp]} is a I{section}: L{SECTIONS} maps its name to a frozen dataclass
 that lives with the code it configures (L{qmq.stomp.settings.StompSettings},
-L{qmq.connections.ConnectionSettings}, L{qmq.core.limits.LimitSettings}).
+L{qmq.connections.ConnectionSettings}, L{qmq.core.limits.LimitSettings},
+L{qmq.store.settings.CommitLogSettings}).
 This module knows nothing of their fields: it derives each table's schema
 from the dataclass.
 
@@ -37,7 +38,8 @@ from the dataclass.
     C{str}, or a union of these (C{int | float | str}: the value keeps the
     type of the first member it is).
   - The field's C{metadata} gives the constraint:
-    C{{"min": N}} (C{>= N}), C{{"above": N}} (C{> N}),
+    C{{"min": N}} (C{>= N}), C{{"above": N}} (C{> N}), C{{"max": N}}
+    (C{<= N}; with C{min}: C{from MIN to MAX}),
     C{{"choices": ("a", "b")}} (one of them), C{{"parse": callable}} (called
     with the type-checked value, returns the value to keep, raises
     L{ValueError} whose message becomes the error's problem text), and
@@ -51,9 +53,9 @@ from the dataclass.
 
 Adding a frontend (or any other part with settings) is therefore its
 dataclass plus one line in L{SECTIONS}; its settings are then
-C{settings.section("NAME")}.  The three sections QMQ has today are also typed
+C{settings.section("NAME")}.  The four sections QMQ has today are also typed
 attributes of L{Settings} (C{settings.stomp}, C{settings.connections},
-C{settings.limits}).
+C{settings.limits}, C{settings.commit_log}).
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ from qmq.connections import ConnectionSettings
 from qmq.core.limits import LimitSettings
 from qmq.core.queue import OVERFLOW_POLICIES
 from qmq.stomp.settings import StompSettings
+from qmq.store.settings import CommitLogSettings
 
 __all__ = [
     "DEFAULT_CONFIG_NAME",
@@ -103,9 +106,9 @@ DEFAULT_CONFIG_NAME = "qmq/default.toml"
 EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
 
 #: Message stores that C{store} may name; each has its builder in
-#: L{qmq.service.STORES} (a test sees that the two agree).  The commit log
-#: will add C{"log"}.
-STORES = ("memory",)
+#: L{qmq.service.STORES} (a test sees that the two agree).  C{"log"} is the
+#: commit log (L{qmq.store.log}), set up by the C{[commit_log]} table.
+STORES = ("memory", "log")
 
 #: The settings sections: a top-level table name and the frozen dataclass
 #: that its keys fill (see the module docstring).  A new frontend adds its
@@ -114,6 +117,7 @@ SECTIONS: dict[str, type] = {
     "stomp": StompSettings,
     "connections": ConnectionSettings,
     "limits": LimitSettings,
+    "commit_log": CommitLogSettings,
 }
 
 #: The queue arguments of a queue created on demand (a client names a queue
@@ -175,9 +179,9 @@ class QueueDeclaration:
     A queue that exists when the broker starts.
 
     @ivar name: the queue's name.
-    @ivar durable: whether it is meant to survive a restart.  With the only
-        store today (C{store = "memory"}) nothing survives one: the queue is
-        declared again from the configuration, empty.
+    @ivar durable: whether it survives a restart with its persistent
+        messages (with C{store = "log"}; with C{"memory"} nothing survives
+        one: the queue is declared again from the configuration, empty).
     @ivar auto_delete: whether it goes away with its last consumer.
     @ivar arguments: optional queue arguments (limits, TTL, ...), passed to
         the core as they are.
@@ -253,6 +257,8 @@ class Settings:
     @ivar stomp: the STOMP frontend's settings (the C{[stomp]} section).
     @ivar connections: the connection registry's settings (C{[connections]}).
     @ivar limits: the broker-wide limits (C{[limits]}).
+    @ivar commit_log: the commit-log store's settings (C{[commit_log]}),
+        used when C{store} is C{"log"}.
     @ivar vhosts: the virtual hosts with their declarations.
     @ivar shutdown_timeout: seconds a graceful shutdown may take.
     @ivar other_sections: the settings of sections registered in
@@ -270,6 +276,7 @@ class Settings:
     stomp: StompSettings = field(default_factory=StompSettings)
     connections: ConnectionSettings = field(default_factory=ConnectionSettings)
     limits: LimitSettings = field(default_factory=LimitSettings)
+    commit_log: CommitLogSettings = field(default_factory=CommitLogSettings)
     vhosts: tuple[VirtualHostSettings, ...] = (VirtualHostSettings("/"),)
     shutdown_timeout: float = 10.0
     other_sections: Mapping[str, Any] = field(default_factory=_other_sections)
@@ -403,6 +410,18 @@ def _one_of(choices: tuple[str, ...]) -> Callable[[object, str], str]:
     return check
 
 
+def _store_name(value: object, key: str) -> str:
+    if isinstance(value, dict):
+        # [store] read as the commit log's settings: TOML cannot make one key
+        # both the store's name and a table.
+        raise _Invalid(
+            key,
+            "expected one of " + ", ".join(STORES) + ", got a table (the commit log's"
+            " settings are the [commit_log] table)",
+        )
+    return _one_of(STORES)(value, key)
+
+
 def _listen_specs(value: object, key: str) -> list[str]:
     expected = "a non-empty array of PROTOCOL:ENDPOINT strings"
     if not isinstance(value, list) or not value:
@@ -456,7 +475,7 @@ _KINDS: dict[type, tuple[str, Callable[[object], bool]]] = {
     str: ("a string", lambda v: isinstance(v, str)),
 }
 
-_METADATA = frozenset({"min", "above", "choices", "parse", "expected"})
+_METADATA = frozenset({"min", "above", "max", "choices", "parse", "expected"})
 
 
 def _bound(value: float) -> str:
@@ -478,6 +497,7 @@ class _FieldChecker:
     expected: str
     minimum: float | None = None
     above: float | None = None
+    maximum: float | None = None
     choices: tuple[Any, ...] | None = None
     parse: Callable[[Any], Any] | None = None
 
@@ -491,6 +511,8 @@ class _FieldChecker:
             if self.minimum is not None and value < self.minimum:
                 raise _fail(key, self.expected, value)
             if self.above is not None and value <= self.above:
+                raise _fail(key, self.expected, value)
+            if self.maximum is not None and value > self.maximum:
                 raise _fail(key, self.expected, value)
         if kind is float:
             value = float(value)
@@ -519,7 +541,7 @@ def _field_checker(cls: type, f: dataclasses.Field, annotation: Any) -> _FieldCh
     unknown = set(meta) - _METADATA
     if unknown:
         raise TypeError(f"qmq.config: unknown metadata {sorted(unknown)} on {where}")
-    minimum, above = meta.get("min"), meta.get("above")
+    minimum, above, maximum = meta.get("min"), meta.get("above"), meta.get("max")
     numeric = int in kinds or float in kinds
     if numeric and minimum is None and above is None and "parse" not in meta:
         # A count, a size or a duration: never negative unless a field says so.
@@ -537,8 +559,14 @@ def _field_checker(cls: type, f: dataclasses.Field, annotation: Any) -> _FieldCh
             if kind in (int, float):
                 if above is not None:
                     text += f" > {_bound(above)}"
+                    if maximum is not None:
+                        text += f" and <= {_bound(maximum)}"
+                elif minimum is not None and maximum is not None:
+                    text += f" from {_bound(minimum)} to {_bound(maximum)}"
                 elif minimum is not None:
                     text += f" >= {_bound(minimum)}"
+                elif maximum is not None:
+                    text += f" <= {_bound(maximum)}"
             descriptions.append(text)
         expected = " or ".join(descriptions)
     return _FieldChecker(
@@ -546,6 +574,7 @@ def _field_checker(cls: type, f: dataclasses.Field, annotation: Any) -> _FieldCh
         expected=meta.get("expected", expected),
         minimum=minimum,
         above=above,
+        maximum=maximum,
         choices=choices,
         parse=meta.get("parse"),
     )
@@ -691,7 +720,7 @@ def _vhosts(value: object, key: str) -> dict[str, dict[str, Any]]:
 _TOP_SCHEMA: _Schema = {
     "listen": _listen_specs,
     "data_dir": _directory,
-    "store": _one_of(STORES),
+    "store": _store_name,
     "shutdown_timeout": _number(above=0),
     "vhosts": _vhosts,
 }

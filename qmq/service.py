@@ -5,7 +5,9 @@ L{make_service} turns L{Settings} into a L{BrokerService} (a
 L{MultiService}):
 
     1. It builds the message store that C{settings.store} names, from
-       L{STORES}, and the L{Broker} on the given reactor with that store and
+       L{STORES} (C{"memory"}, or C{"log"}: the commit log in
+       C{DATA_DIR/log}, made here if missing, with the C{[commit_log]}
+       settings), and the L{Broker} on the given reactor with that store and
        the C{[limits]} settings (topic limits, the budget for unfinished
        frames).
     2. It applies the configuration's declarations: virtual hosts (each with
@@ -16,7 +18,12 @@ L{MultiService}):
        L{ConfigError} that names the file and key it came from.
     3. Only then does it call L{Broker.recover}: what the store kept comes
        back into the declared topology (the configuration's declarations
-       win; see L{Broker.recover}).
+       win; see L{Broker.recover}).  A store that cannot be read (a file it
+       cannot open, a newer format) is a L{ConfigError} naming C{store}.
+       When recovery brought anything back, one log line counts it and
+       L{freeze_gc} takes every object alive then out of the cyclic
+       collector's sight: a million recovered messages would otherwise be
+       walked again at every full collection.
     4. It builds the broker-wide L{MemoryAlarm} from
        C{limits.memory_high_watermark} and gives it to the broker (when the
        mark is not 0), where every session's publisher flow control and the
@@ -81,6 +88,7 @@ from qmq.core.errors import BrokerError
 from qmq.core.limits import LimitSettings
 from qmq.core.store import MessageStore
 from qmq.store.memory import MemoryStore
+from qmq.store.segment import UnsupportedVersion
 
 __all__ = [
     "PROTOCOLS",
@@ -90,6 +98,7 @@ __all__ = [
     "StartupError",
     "build_memory_alarm",
     "build_store",
+    "freeze_gc",
     "make_service",
 ]
 
@@ -115,33 +124,64 @@ PROTOCOLS: dict[str, FactoryBuilder] = {
     "stomp": _stomp_factory,
 }
 
-#: A message store's builder: settings -> the store the broker is given.
-#: It runs in L{make_service}, before the service starts (so before the
-#: service creates C{data_dir}): a store that keeps files makes its own
-#: directory under C{settings.data_dir}.  L{Broker.recover} is called right
-#: after the configuration's declarations, still in L{make_service}.
-StoreBuilder = Callable[[Settings], MessageStore]
+#: A message store's builder: (settings, reactor) -> the store the broker
+#: is given.  It runs in L{make_service}, before the service starts (so
+#: before the service creates C{data_dir}): a store that keeps files makes
+#: its own directory under C{settings.data_dir}.  L{Broker.recover} is
+#: called right after the configuration's declarations, still in
+#: L{make_service}.
+StoreBuilder = Callable[[Settings, Any], MessageStore]
+
+#: The commit log's directory, in C{data_dir}.
+LOG_DIRECTORY = "log"
 
 
-def _memory_store(settings: Settings) -> MessageStore:
+def _memory_store(settings: Settings, reactor: Any) -> MessageStore:
     return MemoryStore()
+
+
+def _log_store(settings: Settings, reactor: Any) -> MessageStore:
+    from qmq.store.log import CommitLogStore  # noqa: PLC0415
+
+    directory = Path(settings.data_dir) / LOG_DIRECTORY
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(
+            "",
+            "data_dir",
+            f"cannot create the commit-log directory {str(directory)!r}: {e.strerror or e}",
+        ) from None
+    options = settings.commit_log
+    return CommitLogStore(
+        str(directory),
+        fsync=options.fsync,
+        interval_ms=options.fsync_interval_ms,
+        segment_size=options.segment_size,
+        compact_ratio=options.compact_ratio,
+        reactor=reactor,
+    )
 
 
 #: The message stores that C{settings.store} may name.  A store is one line
 #: here (and its name in L{qmq.config.STORES}, which checks the key).
 STORES: dict[str, StoreBuilder] = {
     "memory": _memory_store,
+    "log": _log_store,
 }
 
 
-def build_store(settings: Settings) -> MessageStore:
+def build_store(settings: Settings, reactor: Any = None) -> MessageStore:
     """
     Build the message store that C{settings.store} names.
 
     @param settings: the settings.
+    @param reactor: the reactor the store's timers and threads report to;
+        the global one if L{None}.
     @return: a new store (not yet recovered).
     @raise ConfigError: no store has that name (settings made by hand; a
-        loaded configuration is checked against L{qmq.config.STORES}).
+        loaded configuration is checked against L{qmq.config.STORES}), or
+        the store's directory cannot be made (naming C{data_dir}).
     """
     builder = STORES.get(settings.store)
     if builder is None:
@@ -149,7 +189,9 @@ def build_store(settings: Settings) -> MessageStore:
         raise ConfigError(
             "", "store", f"unknown message store {settings.store!r} (expected one of: {known})"
         )
-    return builder(settings)
+    if reactor is None:
+        from twisted.internet import reactor  # noqa: PLC0415
+    return builder(settings, reactor)
 
 
 def build_memory_alarm(
@@ -453,6 +495,59 @@ def tune_gc() -> None:
     gc.set_threshold(max(GC_GEN0_THRESHOLD, gen0), gen1, gen2)
 
 
+def freeze_gc() -> None:
+    """
+    Move every object alive now out of the cyclic collector's sight
+    (C{gc.freeze()}).
+
+    Called once, after a recovery that brought something back: recovered
+    queues and messages live until consumed, hold no cycles to break, and a
+    million of them made each full collection walk a million objects for
+    nothing.  Frozen objects are still freed by reference counting when
+    their last reference goes; only a cycle among them would be kept.
+    """
+    gc.freeze()
+
+
+def _recover(broker: Broker, settings: Settings) -> bool:
+    """
+    Call L{Broker.recover} and say whether the store brought anything back
+    (a message, a queue, an exchange or a virtual host the configuration
+    had not made), logging what it did.
+    """
+
+    def counts() -> tuple[int, int, int]:
+        vhosts = broker.vhosts.values()
+        return (
+            len(broker.vhosts),
+            sum(len(v.queues) for v in vhosts),
+            sum(len(v.exchanges) for v in vhosts),
+        )
+
+    before = counts()
+    try:
+        broker.recover()
+    except BrokerError as e:
+        raise ConfigError(
+            "",
+            "store",
+            f"what the {settings.store!r} store kept contradicts the configuration: {e.message}",
+        ) from None
+    after = counts()
+    messages = sum(len(q) for v in broker.vhosts.values() for q in v.queues.values())
+    if after == before and not messages:
+        return False
+    log.info(
+        "QMQ recovered {messages} message(s), and {queues} queue(s) and {exchanges}"
+        " exchange(s) besides the configuration's, from the {store} store",
+        messages=messages,
+        queues=after[1] - before[1],
+        exchanges=after[2] - before[2],
+        store=settings.store,
+    )
+    return True
+
+
 def make_service(settings: Settings, reactor: Any = None) -> BrokerService:
     """
     Build the broker and its listeners from settings.
@@ -465,21 +560,21 @@ def make_service(settings: Settings, reactor: Any = None) -> BrokerService:
     @raise ConfigError: for a declaration the core refuses, an unknown
         protocol or an endpoint string that cannot be used (the message names
         the file, or C{--listen}, and the key), an unknown store, a stored
-        topology that contradicts the declarations, or a memory mark that
-        cannot be used on this machine.
+        topology that contradicts the declarations, a store that cannot be
+        made or read, or a memory mark that cannot be used on this machine.
     """
     if reactor is None:
         from twisted.internet import reactor  # noqa: PLC0415
-    broker = Broker(clock=reactor, store=build_store(settings), limits=settings.limits)
-    _declare(broker, settings)
+    broker = Broker(clock=reactor, store=build_store(settings, reactor), limits=settings.limits)
     try:
-        broker.recover()
-    except BrokerError as e:
-        raise ConfigError(
-            "",
-            "store",
-            f"what the {settings.store!r} store kept contradicts the configuration: {e.message}",
-        ) from None
+        # A durable declaration may be the store's first use, which reads
+        # what it kept: its errors can come from either step.
+        _declare(broker, settings)
+        recovered = _recover(broker, settings)
+    except (OSError, UnsupportedVersion) as e:
+        raise ConfigError("", "store", f"the {settings.store!r} store cannot start: {e}") from None
+    if recovered:
+        freeze_gc()
     alarm = build_memory_alarm(settings.limits, reactor)
     broker.memory_alarm = alarm if alarm.enabled else None
     service = BrokerService(broker, settings, reactor, memory_alarm=alarm)

@@ -23,6 +23,7 @@ from qmq.config import (
 from qmq.connections import ConnectionSettings
 from qmq.core.limits import LimitSettings
 from qmq.stomp.settings import StompSettings
+from qmq.store.settings import CommitLogSettings
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -98,17 +99,23 @@ class DefaultTests(unittest.TestCase):
 
     def test_sections(self) -> None:
         """
-        The three sections of today are registered and are typed attributes
+        The four sections of today are registered and are typed attributes
         of L{Settings}; L{Settings.section} finds them by name.
         """
         self.assertEqual(
             config.SECTIONS,
-            {"stomp": StompSettings, "connections": ConnectionSettings, "limits": LimitSettings},
+            {
+                "stomp": StompSettings,
+                "connections": ConnectionSettings,
+                "limits": LimitSettings,
+                "commit_log": CommitLogSettings,
+            },
         )
         settings = config.load_string("[limits]\nmax_topic_words = 5\n")
         self.assertIs(settings.section("stomp"), settings.stomp)
         self.assertIs(settings.section("connections"), settings.connections)
         self.assertIs(settings.section("limits"), settings.limits)
+        self.assertIs(settings.section("commit_log"), settings.commit_log)
         self.assertEqual(settings.limits.max_topic_words, 5)
         self.assertEqual(settings.other_sections, {})
         self.assertRaises(KeyError, settings.section, "amqp")
@@ -188,7 +195,7 @@ class LayeringTests(unittest.TestCase):
         text = """
 listen = ["stomp:tcp:61613"]
 data_dir = "/var/lib/qmq"
-store = "memory"
+store = "log"
 shutdown_timeout = 3
 
 [stomp]
@@ -223,6 +230,12 @@ max_topic_words = 8
 max_routing_key_length = 9
 max_unfinished_bytes = 0
 
+[commit_log]
+fsync = "never"
+fsync_interval_ms = 7
+segment_size = 8192
+compact_ratio = 0.5
+
 [vhosts."/".queue_defaults]
 x-overflow = "drop-head"
 x-max-length = 0
@@ -253,6 +266,7 @@ queue_defaults = { x-expires = 1, x-delivery-limit = 1 }
             Settings(
                 listen=["stomp:tcp:61613"],
                 data_dir=Path("/var/lib/qmq"),
+                store="log",
                 shutdown_timeout=3.0,
                 stomp=StompSettings(
                     max_body_size=1024,
@@ -285,6 +299,9 @@ queue_defaults = { x-expires = 1, x-delivery-limit = 1 }
                     max_topic_words=8,
                     max_routing_key_length=9,
                     max_unfinished_bytes=0,
+                ),
+                commit_log=CommitLogSettings(
+                    fsync="never", fsync_interval_ms=7, segment_size=8192, compact_ratio=0.5
                 ),
                 vhosts=(
                     VirtualHostSettings(
@@ -432,8 +449,8 @@ class ErrorTests(unittest.TestCase):
         """
         self.check(
             'lisen = ["stomp:tcp:1"]',
-            "qmq.toml: lisen: unknown key (expected one of: connections, data_dir, limits, listen,"
-            ' shutdown_timeout, stomp, store, vhosts); did you mean "listen"?',
+            "qmq.toml: lisen: unknown key (expected one of: commit_log, connections, data_dir,"
+            ' limits, listen, shutdown_timeout, stomp, store, vhosts); did you mean "listen"?',
         )
         self.check(
             "[limits]\nmax_topic_word = 1",
@@ -556,11 +573,73 @@ class ErrorTests(unittest.TestCase):
 
     def test_store(self) -> None:
         """
-        C{store} names a message store; only C{"memory"} exists today.
+        C{store} names a message store: C{"memory"} or C{"log"}.  A
+        C{[store]} table is refused with a pointer to C{[commit_log]}, and
+        TOML itself refuses C{store = "log"} with a C{[store]} table.
         """
         self.assertEqual(config.load_string('store = "memory"').store, "memory")
-        self.check('store = "log"', 'qmq.toml: store: expected one of memory, got "log"')
-        self.check("store = 1", "qmq.toml: store: expected one of memory, got 1")
+        self.assertEqual(config.load_string('store = "log"').store, "log")
+        self.check('store = "disk"', 'qmq.toml: store: expected one of memory, log, got "disk"')
+        self.check("store = 1", "qmq.toml: store: expected one of memory, log, got 1")
+        self.check(
+            '[store]\nfsync = "always"\n',
+            "qmq.toml: store: expected one of memory, log, got a table (the commit log's"
+            " settings are the [commit_log] table)",
+        )
+        e = self.assertRaises(
+            ConfigError, config.load_string, 'store = "log"\n[store]\nfsync = "always"\n', "q"
+        )
+        self.assertIn("invalid TOML", str(e))
+
+    def test_commitLog(self) -> None:
+        """
+        The C{[commit_log]} table: the fsync policy, its interval, the
+        segment size and the compaction ratio, merged over the defaults.
+        """
+        self.assertEqual(
+            config.load().commit_log,
+            CommitLogSettings("always", 100, 64 * 1024 * 1024, 0.25),
+        )
+        settings = config.load_string(
+            'store = "log"\n[commit_log]\nfsync = "interval"\nfsync_interval_ms = 5\n'
+            "segment_size = 4096\ncompact_ratio = 1\n"
+        )
+        self.assertEqual(settings.commit_log, CommitLogSettings("interval", 5, 4096, 1.0))
+        self.assertIs(type(settings.commit_log.compact_ratio), float)
+        settings = config.load_string("[commit_log]\ncompact_ratio = 0\n")
+        self.assertEqual(settings.commit_log, CommitLogSettings(compact_ratio=0.0))
+
+    def test_commitLogRanges(self) -> None:
+        """
+        Each C{[commit_log]} setting checks its type and range; the fsync
+        policies are the store's own.
+        """
+        from qmq.store.log import FSYNC_POLICIES
+        from qmq.store.settings import FSYNC_POLICIES as SETTINGS_POLICIES
+
+        self.assertEqual(SETTINGS_POLICIES, FSYNC_POLICIES)
+        policies = '"always", "interval" or "never"'
+        cases = {
+            "fsync": ('"sometimes"', f'expected {policies}, got "sometimes"'),
+            "fsync_interval_ms": ("0", "expected an integer >= 1, got 0"),
+            "segment_size": ("4095", "expected an integer >= 4096, got 4095"),
+            "compact_ratio": ("1.5", "expected a number from 0 to 1, got 1.5"),
+        }
+        self.assertEqual(set(cases), {f.name for f in dataclasses.fields(CommitLogSettings)})
+        for name, (value, problem) in cases.items():
+            self.check(
+                f"[commit_log]\n{name} = {value}", f"qmq.toml: commit_log.{name}: {problem}"
+            )
+        for text, problem in (
+            ("fsync = true", f"expected {policies}, got true"),
+            ("fsync_interval_ms = 1.5", "expected an integer >= 1, got 1.5"),
+            ('segment_size = "64MiB"', 'expected an integer >= 4096, got "64MiB"'),
+            ("compact_ratio = -0.1", "expected a number from 0 to 1, got -0.1"),
+        ):
+            name = text.partition(" ")[0]
+            self.check(
+                f"[commit_log]\n{text}", f"qmq.toml: commit_log.{name}: {problem}"
+            )
 
     def test_queueDefaults(self) -> None:
         """
@@ -735,6 +814,9 @@ class WidgetSettings:
     enabled: bool = True
     retries: int = 3
     delay: float = 1.0
+    share: float = field(default=0.5, metadata={"min": 0, "max": 1})
+    level: int = field(default=1, metadata={"above": 0, "max": 9})
+    cap: int = field(default=5, metadata={"max": 10})
 
 
 class SectionTests(unittest.TestCase):
@@ -781,13 +863,16 @@ class SectionTests(unittest.TestCase):
             "enabled": ("1", "expected true or false, got 1"),
             "retries": ("-1", "expected an integer >= 0, got -1"),
             "delay": ("0", "expected a number > 0, got 0"),
+            "share": ("1.01", "expected a number from 0 to 1, got 1.01"),
+            "level": ("10", "expected an integer > 0 and <= 9, got 10"),
+            "cap": ("11", "expected an integer from 0 to 10, got 11"),
         }
         for name, (value, problem) in cases.items():
             self.check(f"[widget]\n{name} = {value}", f"qmq.toml: widget.{name}: {problem}")
         self.check(
             "[widget]\nratios = 1",
-            "qmq.toml: widget.ratios: unknown key (expected one of: count, delay, enabled, mode,"
-            ' name, ratio, retries); did you mean "ratio"?',
+            "qmq.toml: widget.ratios: unknown key (expected one of: cap, count, delay, enabled,"
+            ' level, mode, name, ratio, retries, share); did you mean "ratio"?',
         )
 
     def test_unmappable(self) -> None:
