@@ -199,13 +199,12 @@ class VirtualHost:
             exclusive_owner,
             auto_delete,
             arguments,
-            self._on_demand_policy(name) if on_demand else None,
+            # A private subscription's backlog: bounded like x-max-length
+            # + drop-head, one shared policy, no arguments dict per queue.
+            QueuePolicy.shared(max_length=backlog, overflow="drop-head")
+            if backlog
+            else self._on_demand_policy(name) if on_demand else None,
         )
-        if backlog:
-            # Bounded like x-max-length + drop-head, without an arguments
-            # dict per subscription.
-            queue.max_length = backlog
-            queue.overflow = "drop-head"
         self.queues[name] = queue
         if durable and self.broker is not None:
             store = self.broker.store
