@@ -20,6 +20,7 @@ from zope.interface.verify import verifyObject
 
 from qmq.core.broker import Broker
 from qmq.core.store import NullStore
+from qmq.stomp import reader as reader_module
 from qmq.stomp.frame import Frame, StompParser
 from qmq.stomp.reader import StompReader
 from qmq.stomp.session import StompSession
@@ -391,3 +392,88 @@ class LimitTests(ContractTestCase):
         readers[0][0].connection_lost()
         readers[1][0].connection_lost()
         self.assertEqual(self.broker.unfinished_bytes, 0)
+
+
+class ReaderTurnBudgetTests(ContractTestCase):
+    """A read whose frames take longer than the turn's budget is acted on
+    over several reactor turns, in order, without reading meanwhile."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.ticks = 0.0
+
+        def now() -> float:
+            self.ticks += 0.001  # each look at the clock: 1 ms of work
+            return self.ticks
+
+        self.patch(reader_module, "_now", now)
+
+    def turn(self) -> None:
+        """One reactor turn: what is due now, not what that schedules."""
+        due = list(self.clock.calls)
+        self.clock.calls.clear()
+        for call in due:
+            call.called = True
+            call.func(*call.args, **call.kw)
+        self.broker.batcher.flush_all()
+
+    def sends(self, first: int, n: int) -> bytes:
+        return b"".join(
+            b"SEND\ndestination:/queue/q\nreceipt:%d\n\nx\x00" % i for i in range(first, first + n)
+        )
+
+    def receipts(self, t: FakeTransport) -> list[str]:
+        return [f.headers["receipt-id"] for f in t.frames() if f.command == "RECEIPT"]
+
+    def test_rest_waits_for_the_next_turn(self) -> None:
+        s, t = self.session()
+        reader = StompReader(s)
+        reader.data_received(self.sends(0, 200))
+        self.broker.batcher.flush_all()
+        first = self.receipts(t)
+        self.assertEqual(first, [str(i) for i in range(len(first))])
+        self.assertLess(len(first), 200)
+        self.assertFalse(t.reading)
+        # Bytes read meanwhile (the transport may deliver some) go after.
+        reader.data_received(self.sends(200, 5))
+        got = first
+        for _ in range(20):
+            if t.reading:
+                break
+            self.turn()
+            got += self.receipts(t)
+        self.assertEqual(got, [str(i) for i in range(205)])
+        self.assertTrue(t.reading)
+        self.assertEqual(len(self.vhost.queues["q"]), 205)
+
+    def test_small_reads_untouched(self) -> None:
+        """A read of at most one slice never looks at the clock."""
+        s, t = self.session()
+        StompReader(s).data_received(self.sends(0, reader_module.SLICE))
+        self.assertEqual(self.ticks, 0.0)
+        self.assertTrue(t.reading)
+
+    def test_alarm_keeps_reading_off(self) -> None:
+        """A session blocked by the memory alarm while frames wait stays
+        unread after they are done."""
+        alarm = FakeAlarm()
+        self.broker.memory_alarm = alarm
+        s, t = self.session()
+        reader = StompReader(s)
+        reader.data_received(self.sends(0, 200))
+        alarm.active = True
+        for _ in range(20):
+            self.turn()
+        self.assertEqual(len(self.vhost.queues["q"]), 200)
+        self.assertTrue(s.reading_blocked)
+        self.assertFalse(t.reading)
+        alarm.set(False)
+        self.assertTrue(t.reading)
+
+    def test_connection_lost_drops_what_waits(self) -> None:
+        s, t = self.session()
+        reader = StompReader(s)
+        reader.data_received(self.sends(0, 200))
+        reader.connection_lost()
+        s.connection_lost()
+        self.assertEqual(self.clock.getDelayedCalls(), [])

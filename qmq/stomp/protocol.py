@@ -145,6 +145,7 @@ class StompProtocol(Protocol):
                 timer.cancel()
         self._grace = self._handshake = None
         session = self.session
+        self.reader.connection_lost()
         session.connection_lost()
         factory = self.factory
         factory.registry.remove(self)

@@ -10,16 +10,36 @@ A transport that already has whole frames calls the session directly.
 The reader also keeps the broker's write batching honest: the session's
 output for one read is flushed once, when the read is done
 (L{qmq.core.batch.WriteBatcher.hold}/C{release} around it).
+
+And it keeps one read from holding the reactor: a read of 64 KiB may carry
+a thousand SUBSCRIBEs, or SENDs that each fan out to thousands of
+subscriptions, and acting on all of them at once would stall every other
+client for tens of milliseconds. The frames of a read are handed over in
+slices; once a read has taken more than L{TURN_BUDGET} seconds, the rest
+waits for the next reactor turn and the connection is not read meanwhile
+(its frames keep their order; other clients get their turn in between).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import time
+from typing import TYPE_CHECKING, Any
 
-from qmq.stomp.frame import FrameError, StompParser
+from qmq.stomp.frame import Frame, FrameError, StompParser
 
 if TYPE_CHECKING:
     from qmq.stomp.session import StompSession
+
+
+#: Seconds of work one read (or one continuation) may do before the rest of
+#: its frames waits for the next reactor turn.
+TURN_BUDGET = 0.005
+#: Frames handed to the session between two looks at the clock.
+SLICE = 16
+
+# The clock of the turn budget (real time, whatever the session's clock;
+# tests replace it).
+_now = time.perf_counter
 
 
 class StompReader:
@@ -29,7 +49,7 @@ class StompReader:
         settings; its escaping follows the session's negotiated version).
     """
 
-    __slots__ = ("session", "parser", "_batcher", "_seconds")
+    __slots__ = ("session", "parser", "_batcher", "_seconds", "_pending", "_later")
 
     def __init__(self, session: StompSession) -> None:
         self.session = session
@@ -42,6 +62,9 @@ class StompReader:
         )
         self._batcher = session.broker.batcher
         self._seconds = session.clock.seconds
+        # Frames read but not yet acted on (past a turn's budget), in order.
+        self._pending: list[Frame] | None = None
+        self._later: Any = None
 
     def data_received(self, data: bytes) -> None:
         """Bytes from the client: parse them and hand the session every whole frame."""
@@ -60,6 +83,9 @@ class StompReader:
             try:
                 frames = parser.feed(data)
             except FrameError as e:
+                # Whatever waits goes first, all of it: the error ends the
+                # connection.
+                self._drop_pending_into(e.frames)
                 session.frames_received(e.frames)
                 session.frame_error(e)
                 return
@@ -68,6 +94,64 @@ class StompReader:
                 # A frame is still arriving: its deadline and its share of
                 # the broker's budget for unfinished frames.
                 session.frame_progress(pending, bool(frames))
-            session.frames_received(frames)
+            if self._pending is not None:
+                # Read while earlier frames wait (the session resumed
+                # reading): these go after them.
+                self._pending.extend(frames)
+            elif len(frames) <= SLICE:
+                session.frames_received(frames)
+            else:
+                self._act(frames)
         finally:
             batcher.release()
+
+    def _act(self, frames: list[Frame]) -> None:
+        """Hand C{frames} to the session a slice at a time, within the turn's
+        budget; keep the rest for the next turn."""
+        session = self.session
+        start = _now()
+        n = len(frames)
+        i = 0
+        while i < n:
+            session.frames_received(frames[i : i + SLICE])
+            i += SLICE
+            if i < n and _now() - start > TURN_BUDGET:
+                if session.closed:
+                    return
+                self._pending = frames[i:]
+                session.transport.pause_reading()
+                self._later = session.clock.callLater(0, self._go_on)
+                return
+
+    def _go_on(self) -> None:
+        """Next turn: act on what waits; read again once nothing does."""
+        self._later = None
+        frames = self._pending
+        self._pending = None
+        session = self.session
+        if session.closed or not frames:
+            return
+        batcher = self._batcher
+        batcher.hold()
+        try:
+            self._act(frames)
+        finally:
+            batcher.release()
+        if self._pending is None and not session.closed and not session.reading_blocked:
+            session.transport.resume_reading()
+
+    def _drop_pending_into(self, frames: list[Frame]) -> None:
+        """Put the frames still waiting in front of C{frames}."""
+        if self._pending is not None:
+            frames[:0] = self._pending
+            self._pending = None
+            if self._later is not None:
+                self._later.cancel()
+                self._later = None
+
+    def connection_lost(self) -> None:
+        """The connection is gone: what waits is dropped."""
+        self._pending = None
+        if self._later is not None and self._later.active():
+            self._later.cancel()
+        self._later = None

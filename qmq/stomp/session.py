@@ -396,6 +396,12 @@ class StompSession:
         if not self.connected:
             self.error("connect timeout", "No CONNECT frame within the allowed time.")
 
+    @property
+    def reading_blocked(self) -> bool:
+        """Whether the session stopped reading its client (the memory alarm):
+        a transport that paused reading for its own reasons leaves it off."""
+        return self._blocked
+
     # -- publisher flow control (memory alarm) --------------------------------------
 
     def _block(self) -> None:
