@@ -1412,10 +1412,13 @@ def _flood(ctx: Ctx, dest: str, seconds: float, r: Result, body_size: int = 1024
                 if ctx.broker_rss() > rss_limit:
                     rss_hit = True
                     break
-        last = sent
-        sent += 1
-        c.send(frame("SEND", {"destination": dest, "receipt": "flast"}, b"R%012d" % last + pad), ctx.deadline(30))
-        pending["flast"] = last
+        if not c.eof:
+            last = sent
+            sent += 1
+            with contextlib.suppress(WireError):  # refused and closed meanwhile
+                c.send(frame("SEND", {"destination": dest, "receipt": "flast"}, b"R%012d" % last + pad),
+                       ctx.deadline(30))
+                pending["flast"] = last
         d = ctx.deadline(ctx.t(60, 30))
         while pending and time.monotonic() < d and not c.eof:
             with contextlib.suppress(WireError):
@@ -1504,7 +1507,13 @@ def _flood_report(ctx: Ctx, r: Result, f: dict[str, Any], dr: dict[str, Any], pe
     r.check(not f["rss_limit_hit"], f"flood stopped at the runner's RSS safety limit ({ctx.args.rss_limit} MiB): "
                                     "no back-pressure")
     r.check(dr["receipted_lost"] == 0, f"{dr['receipted_lost']} receipted messages never delivered")
-    r.check(f["receipts_missing"] == 0, f"{f['receipts_missing']} receipts never came")
+    if f["publisher_error"]:
+        # The broker refused the flood (a bounded queue's reject-publish): the
+        # SENDs after the refusal were never promised, so their receipts are
+        # not owed; what was receipted must still all be delivered.
+        r.note = f"publisher refused: {f['publisher_error']}"[:80]
+    else:
+        r.check(f["receipts_missing"] == 0, f"{f['receipts_missing']} receipts never came")
 
 
 def attack_durable_flood(ctx: Ctx) -> None:

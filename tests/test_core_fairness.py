@@ -283,3 +283,42 @@ class ExpiryWheelTests(SynchronousTestCase):
         self.wheel.stop()
         self.assertEqual(self.clock.getDelayedCalls(), [])
         self.assertIsNone(item.expiry_key)
+
+
+class CloseBatchTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.broker = Broker(self.clock)
+        self.vhost = self.broker.default_vhost
+        self.patch(Channel, "close_batch", 10)
+
+    def test_many_subscriptions_detached_over_turns(self) -> None:
+        """25 private-queue subscriptions: 10 detached per turn; meanwhile
+        the rest get nothing more; in the end every queue is gone."""
+        channel = Channel(self.broker, self.vhost, "alice")
+        subs = []
+        for i in range(25):
+            c = Recorder(channel, ack_required=True, prefetch=10)
+            channel.subscribe(c, "/exchange/amq.fanout/k", label=f"s{i}")
+            subs.append(c)
+        self.assertEqual(sum(n.startswith("amq.sub.") for n in self.vhost.queues), 25)
+        channel.close()
+        self.assertEqual(sum(n.startswith("amq.sub.") for n in self.vhost.queues), 15)
+        self.vhost.publish(self.broker.new_message("amq.fanout", "k", None, b"late"))
+        self.assertTrue(all(c.got == [] for c in subs))
+        self.clock.advance(0)
+        self.assertEqual(sum(n.startswith("amq.sub.") for n in self.vhost.queues), 0)
+        self.assertEqual(channel.owners, {})
+
+    def test_unacked_requeued(self) -> None:
+        """Unacked deliveries of a consumer detached in a later turn go back to their queue."""
+        self.vhost.declare_queue("work", durable=False)
+        for i in range(30):
+            self.vhost.publish(self.broker.new_message("", "work", None, b"%d" % i))
+        channel = Channel(self.broker, self.vhost, "alice")
+        subs = [Recorder(channel, ack_required=True, prefetch=1) for _ in range(20)]
+        for c in subs:
+            channel.subscribe(c, "/queue/work")
+        channel.close()
+        self.clock.advance(0)
+        self.assertEqual(len(self.vhost.queues["work"]), 30)

@@ -449,7 +449,7 @@ class ReaderTurnBudgetTests(ContractTestCase):
     def test_small_reads_untouched(self) -> None:
         """A read of at most one slice never looks at the clock."""
         s, t = self.session()
-        StompReader(s).data_received(self.sends(0, reader_module.SLICE))
+        StompReader(s).data_received(self.sends(0, reader_module.FIRST_SLICE))
         self.assertEqual(self.ticks, 0.0)
         self.assertTrue(t.reading)
 
