@@ -172,7 +172,16 @@ class StompProtocol(Protocol):
             # registered: unregister first, or the socket stays open.
             self._producing = False
             transport.unregisterProducer()  # type: ignore[union-attr]
-        transport.loseConnection()  # type: ignore[union-attr]
+        if ISSLTransport.providedBy(transport) or not hasattr(transport, "loseWriteConnection"):
+            transport.loseConnection()  # type: ignore[union-attr]
+        else:
+            # Plain TCP: send what was written (the ERROR) and a FIN, and
+            # keep reading (and discarding) until the client closes or the
+            # grace ends. Closing a socket whose client is still sending
+            # makes the kernel answer with a reset, and the client may lose
+            # the ERROR that explains why it was cut off.
+            transport.loseWriteConnection()  # type: ignore[union-attr]
+            transport.resumeProducing()  # type: ignore[union-attr]
         if not self._lost:  # some transports lose the connection at once
             self._grace = self.factory.clock.callLater(
                 self.factory.registry.settings.close_grace, self._grace_over
