@@ -477,3 +477,26 @@ class ReaderTurnBudgetTests(ContractTestCase):
         reader.connection_lost()
         s.connection_lost()
         self.assertEqual(self.clock.getDelayedCalls(), [])
+
+
+class ReleaseMemoryTests(ContractTestCase):
+    def test_big_unfinished_frame_gone_trims_once(self) -> None:
+        """Connections dropped while holding megabytes of unfinished frames
+        ask for one heap trim, shortly after; small ones never do."""
+        trims = []
+        self.broker.trim = lambda: trims.append(1)
+        for size in (2 << 20, 3 << 20, 100):
+            s, t = self.session()
+            reader = StompReader(s)
+            reader.data_received(
+                b"SEND\ndestination:/queue/q\ncontent-length:%d\n\n" % (size + 10) + b"x" * size
+            )
+            s.connection_lost()
+        self.assertEqual(trims, [])
+        self.clock.advance(1)
+        self.assertEqual(trims, [1])
+        s, t = self.session()
+        StompReader(s).data_received(b"SEND\ndestination:/queue/q\ncontent-length:900\n\nxx")
+        s.connection_lost()
+        self.clock.advance(1)
+        self.assertEqual(trims, [1])

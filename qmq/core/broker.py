@@ -22,9 +22,10 @@ and length limits, and frontends read L{Broker.max_unfinished_bytes}.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from qmq.core.alarm import trim_heap
 from qmq.core.batch import WriteBatcher
 from qmq.core.limits import LimitSettings
 from qmq.core.message import Message
@@ -97,6 +98,9 @@ class Broker:
         #: the most allowed (0: no limit); frontends keep the count.
         self.unfinished_bytes = 0
         self.max_unfinished_bytes = self.limits.max_unfinished_bytes
+        #: Gives free heap memory back to the OS (L{release_memory}); None: never.
+        self.trim: Callable[[], object] | None = trim_heap
+        self._trim_call: Any = None
 
     def add_vhost(self, name: str) -> VirtualHost:
         """Create the virtual host C{name}, or return it if it exists."""
@@ -159,6 +163,21 @@ class Broker:
             self.batcher.want_flush(flusher)
         return waiter
 
+    def release_memory(self) -> None:
+        """Large buffers were just freed (a connection holding megabytes of
+        an unfinished frame went): give the free heap back to the OS soon,
+        once however often asked, so that RSS follows what is held."""
+        if self.trim is not None and self._trim_call is None:
+            self._trim_call = self.clock.callLater(0.25, self._release_now)
+
+    def _release_now(self) -> None:
+        self._trim_call = None
+        if self.trim is not None:
+            self.trim()
+
     def close(self) -> Any:
         """Shut the store down (after every listener closed)."""
+        if self._trim_call is not None and self._trim_call.active():
+            self._trim_call.cancel()
+            self._trim_call = None
         return self.store.close()

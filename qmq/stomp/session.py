@@ -286,6 +286,8 @@ class StompSession:
         self._out.clear()
         if self.unfinished:
             self.broker.unfinished_bytes -= self.unfinished
+            if self.unfinished >= 1 << 20:
+                self.broker.release_memory()
             self.unfinished = 0
         self._waiting = None
         self._stop_timers()
