@@ -500,3 +500,14 @@ class ReleaseMemoryTests(ContractTestCase):
         s.connection_lost()
         self.clock.advance(1)
         self.assertEqual(trims, [1])
+
+    def test_closing_reader_drops_the_unfinished_frame(self) -> None:
+        """A reader told the connection is closing holds no partial frame
+        through the close grace."""
+        s, t = self.session()
+        reader = StompReader(s)
+        reader.data_received(b"SEND\ndestination:/queue/q\ncontent-length:9000\n\n" + b"x" * 5000)
+        self.assertGreater(reader.parser.pending_bytes, 5000)
+        reader.discard()
+        self.assertEqual(reader.parser.pending_bytes, 0)
+        self.assertEqual(reader.parser.feed(b"SEND\ndestination:/queue/q\n\nok\x00")[0].body, b"ok")

@@ -418,6 +418,18 @@ class StompParser:
         self._last_raw = None  # a kept parse may depend on the version
         self._last = None
 
+    def discard(self) -> None:
+        """
+        Forget the unfinished frame (the connection is closing: its bytes
+        are not wanted and should not be held through the close).
+        """
+        self._state = _IDLE
+        self._chunks = []
+        self._have = 0
+        self._tail = b""
+        self._last_raw = None
+        self._last = None
+
     @property
     def pending_bytes(self) -> int:
         """

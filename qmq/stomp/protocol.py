@@ -166,6 +166,7 @@ class StompProtocol(Protocol):
         if self._closing or self._lost:
             return
         self._closing = True
+        self.reader.discard()
         transport = self.transport
         if self._producing:
             # Twisted's TLS layer starts its close only once no producer is

@@ -160,6 +160,12 @@ class StompReader:
                 self._later.cancel()
                 self._later = None
 
+    def discard(self) -> None:
+        """The connection is closing: drop the unfinished frame and what
+        waits, rather than hold them through the close."""
+        self.parser.discard()
+        self.connection_lost()
+
     def connection_lost(self) -> None:
         """The connection is gone: what waits is dropped."""
         self._pending = None
