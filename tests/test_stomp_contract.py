@@ -407,6 +407,7 @@ class ReaderTurnBudgetTests(ContractTestCase):
             return self.ticks
 
         self.patch(reader_module, "_now", now)
+        self.patch(reader_module, "TURN_BUDGET", 0.005)
 
     def turn(self) -> None:
         """One reactor turn: what is due now, not what that schedules."""
@@ -425,9 +426,22 @@ class ReaderTurnBudgetTests(ContractTestCase):
     def receipts(self, t: FakeTransport) -> list[str]:
         return [f.headers["receipt-id"] for f in t.frames() if f.command == "RECEIPT"]
 
+    def test_heavy_read_marks_the_connection(self) -> None:
+        """A read that took longer than the budget makes the connection's
+        next reads sliced; a light sliced read makes it light again."""
+        s, t = self.session()
+        reader = StompReader(s)
+        self.patch(reader_module, "TURN_BUDGET", 0.0005)
+        reader.data_received(self.sends(0, 10))
+        self.assertTrue(reader.heavy)
+        self.patch(reader_module, "TURN_BUDGET", 1.0)
+        reader.data_received(self.sends(10, 10))
+        self.assertFalse(reader.heavy)
+
     def test_rest_waits_for_the_next_turn(self) -> None:
         s, t = self.session()
         reader = StompReader(s)
+        reader.heavy = True  # an earlier read took long
         reader.data_received(self.sends(0, 200))
         self.broker.batcher.flush_all()
         first = self.receipts(t)
@@ -460,6 +474,7 @@ class ReaderTurnBudgetTests(ContractTestCase):
         self.broker.memory_alarm = alarm
         s, t = self.session()
         reader = StompReader(s)
+        reader.heavy = True
         reader.data_received(self.sends(0, 200))
         alarm.active = True
         for _ in range(20):
@@ -473,7 +488,9 @@ class ReaderTurnBudgetTests(ContractTestCase):
     def test_connection_lost_drops_what_waits(self) -> None:
         s, t = self.session()
         reader = StompReader(s)
+        reader.heavy = True
         reader.data_received(self.sends(0, 200))
+        self.assertEqual(len(self.clock.getDelayedCalls()) > 0, True)
         reader.connection_lost()
         s.connection_lost()
         self.assertEqual(self.clock.getDelayedCalls(), [])

@@ -14,10 +14,12 @@ output for one read is flushed once, when the read is done
 And it keeps one read from holding the reactor: a read of 64 KiB may carry
 a thousand SUBSCRIBEs, or SENDs that each fan out to thousands of
 subscriptions, and acting on all of them at once would stall every other
-client for tens of milliseconds. The frames of a read are handed over in
-slices; once a read has taken more than L{TURN_BUDGET} seconds, the rest
-waits for the next reactor turn and the connection is not read meanwhile
-(its frames keep their order; other clients get their turn in between).
+client for tens of milliseconds. Once a read of a connection has taken more
+than L{TURN_BUDGET} seconds, its next reads are handed over in slices: past
+the budget, the rest waits for the next reactor turn and the connection is
+not read meanwhile (its frames keep their order; other clients get their
+turn in between). Light connections are not sliced, so they keep their
+write batching.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ if TYPE_CHECKING:
 
 #: Seconds of work one read (or one continuation) may do before the rest of
 #: its frames waits for the next reactor turn.
-TURN_BUDGET = 0.005
+TURN_BUDGET = 0.010
 #: Most frames handed to the session between two looks at the clock; the
 #: first slice of a read is smaller, and heavy frames (a SEND fanning out
 #: to thousands) shrink the slices down to one frame.
@@ -52,7 +54,7 @@ class StompReader:
         settings; its escaping follows the session's negotiated version).
     """
 
-    __slots__ = ("session", "parser", "_batcher", "_seconds", "_pending", "_later")
+    __slots__ = ("session", "parser", "_batcher", "_seconds", "_pending", "_later", "heavy")
 
     def __init__(self, session: StompSession) -> None:
         self.session = session
@@ -68,6 +70,10 @@ class StompReader:
         # Frames read but not yet acted on (past a turn's budget), in order.
         self._pending: list[Frame] | None = None
         self._later: Any = None
+        # Set once a read of this connection took longer than the turn's
+        # budget: its reads are then sliced (a light connection's are not,
+        # which would cost it write batching), until one is light again.
+        self.heavy = False
 
     def data_received(self, data: bytes) -> None:
         """Bytes from the client: parse them and hand the session every whole frame."""
@@ -103,8 +109,13 @@ class StompReader:
                 self._pending.extend(frames)
             elif len(frames) <= FIRST_SLICE:
                 session.frames_received(frames)
-            else:
+            elif self.heavy:
                 self._act(frames)
+            else:
+                start = _now()
+                session.frames_received(frames)
+                if _now() - start > TURN_BUDGET:
+                    self.heavy = True
         finally:
             batcher.release()
 
@@ -120,6 +131,8 @@ class StompReader:
             session.frames_received(frames[i : i + step])
             i += step
             if i >= n:
+                if _now() - start < TURN_BUDGET / 4:
+                    self.heavy = False
                 return
             spent = _now() - start
             if spent <= TURN_BUDGET:
