@@ -1051,3 +1051,19 @@ class ReentryTests(StoreTestCase):
         self.start()
         # "2" was published last (from the callback), so it comes last.
         self.assertEqual([x[1] for x in self.ready("q")], [b"1", b"3", b"2"])
+
+
+class LockTests(SynchronousTestCase):
+    def test_one_store_per_directory(self) -> None:
+        """A second store on a directory another one holds cannot start (it
+        would append to the same segments); once the first closes, it can."""
+        directory = self.mktemp()
+        first = CommitLogStore(directory, reactor=Clock(), io=sync_io, compact_interval=0)
+        first.recover()
+        second = CommitLogStore(directory, reactor=Clock(), io=sync_io, compact_interval=0)
+        e = self.assertRaises(OSError, second.recover)
+        self.assertIn("another process", str(e))
+        self.successResultOf(first.close())
+        third = CommitLogStore(directory, reactor=Clock(), io=sync_io, compact_interval=0)
+        third.recover()
+        self.successResultOf(third.close())

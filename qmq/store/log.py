@@ -36,6 +36,8 @@ in L{CommitLogStore.problems} (see L{qmq.store.segment}).
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import gc
 import os
 from collections.abc import Callable, Sequence
@@ -89,6 +91,9 @@ FSYNC_POLICIES = ("always", "interval", "never")
 MiB = 1024 * 1024
 #: How far message ids jump after damage hid some records (see L{_open}).
 ID_JUMP = 1 << 32
+
+#: The file a store holds locked while it is open (one broker per directory).
+LOCK_FILE = "LOCK"
 
 _log = Logger()
 
@@ -175,6 +180,7 @@ class CommitLogStore:
         self.problems: list[Problem] = []
         self._index = Index()
         self._opened = False
+        self._lock_fd: int | None = None
         self._recovery: Recovery | None = None
         self._active = 0
         self._active_size = 0
@@ -230,8 +236,33 @@ class CommitLogStore:
             if enabled:
                 gc.enable()
 
+    def _lock(self) -> None:
+        """Hold C{LOCK} in the directory for as long as the store is open:
+        a second broker pointed at the same data directory would append to
+        the same segments and damage them.
+
+        @raise OSError: another process holds it (the message says so).
+        """
+        fd = os.open(os.path.join(self.directory, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise OSError(
+                errno.EWOULDBLOCK,
+                f"another process (a broker, or qmq-store?) holds {self.directory!r}",
+            ) from None
+        self._lock_fd = fd
+
+    def _unlock(self) -> None:
+        fd = self._lock_fd
+        if fd is not None:
+            self._lock_fd = None
+            os.close(fd)  # releases the lock
+
     def _replay(self) -> None:
         os.makedirs(self.directory, exist_ok=True)
+        self._lock()
         index = self._index
         replay = Replay(index)
         segments = list_segments(self.directory)
@@ -792,6 +823,7 @@ class CommitLogStore:
 
         def stopped(result: Any) -> Any:
             self._stop_pool()
+            self._unlock()
             return result
 
         drained.addCallback(close_file)
