@@ -433,12 +433,7 @@ class MemoryAlarm:
                 log.info(
                     "Memory alarm cleared: RSS {rss_mib:.0f} MiB is below the low-water mark "
                     "{low_mib:.0f} MiB; publishers resume",
-                    rss=rss,
-                    high=self.high,
-                    low=self.low,
-                    rss_mib=rss / MiB,
-                    high_mib=self.high / MiB,
-                    low_mib=self.low / MiB,
+                    **self._marks(rss),
                 )
                 self._change(False)
         elif rss >= self.high:
@@ -447,15 +442,21 @@ class MemoryAlarm:
                 "Memory alarm raised: RSS {rss_mib:.0f} MiB reached the high-water mark "
                 "{high_mib:.0f} MiB; publishers are blocked until RSS falls below "
                 "{low_mib:.0f} MiB",
-                rss=rss,
-                high=self.high,
-                low=self.low,
-                rss_mib=rss / MiB,
-                high_mib=self.high / MiB,
-                low_mib=self.low / MiB,
+                **self._marks(rss),
             )
             self._change(True)
         return self.active
+
+    def _marks(self, rss: int) -> dict[str, float]:
+        """The figures a log line about the alarm carries (bytes and MiB)."""
+        return {
+            "rss": rss,
+            "high": self.high,
+            "low": self.low,
+            "rss_mib": rss / MiB,
+            "high_mib": self.high / MiB,
+            "low_mib": self.low / MiB,
+        }
 
     def _sample(self) -> int | None:
         try:

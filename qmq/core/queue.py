@@ -573,7 +573,10 @@ class Queue:
             rare.drain_call = self.vhost.broker.clock.callLater(0, self._drain_later)  # type: ignore[union-attr]
 
     def _drain_later(self) -> None:
-        self._rare.drain_call = None  # type: ignore[union-attr]
+        rare = self._rare
+        rare.drain_call = None  # type: ignore[union-attr]
+        if not rare.dropped:  # type: ignore[union-attr]
+            self._rare = None  # nothing else kept in it: an idle queue pays one pointer
         if not self.deleted:
             self.drain()
 
@@ -741,6 +744,10 @@ class Queue:
         """Mark deleted and detach every consumer; return them (the vhost tells them)."""
         self.deleted = True
         self._disarm_expiry()
+        rare = self._rare
+        if rare is not None and rare.drain_call is not None:
+            rare.drain_call.cancel()
+            rare.drain_call = None
         consumers = list(self.consumers)
         self.consumers = _NO_CONSUMERS
         for c in consumers:
@@ -778,13 +785,6 @@ class Queue:
     def _disarm_expiry(self) -> None:
         if self.expiry_key is not None:
             self.vhost.expiry.cancel(self)  # type: ignore[union-attr]
-        rare = self._rare
-        if rare is not None:
-            if self.deleted and rare.drain_call is not None:
-                rare.drain_call.cancel()
-                rare.drain_call = None
-            if not rare.dropped and rare.drain_call is None:
-                self._rare = None
 
     def expired(self) -> None:
         """Unused for C{policy.expires} (called by the virtual host's

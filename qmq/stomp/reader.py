@@ -168,19 +168,20 @@ class StompReader:
         """Put the frames still waiting in front of C{frames}."""
         if self._pending is not None:
             frames[:0] = self._pending
-            self._pending = None
-            if self._later is not None:
-                self._later.cancel()
-                self._later = None
+            self._forget_pending()
 
     def discard(self) -> None:
         """The connection is closing: drop the unfinished frame and what
         waits, rather than hold them through the close."""
         self.parser.discard()
-        self.connection_lost()
+        self._forget_pending()
 
     def connection_lost(self) -> None:
         """The connection is gone: what waits is dropped."""
+        self._forget_pending()
+
+    def _forget_pending(self) -> None:
+        """No frame waits any more, nor the next turn's call to act on them."""
         self._pending = None
         if self._later is not None and self._later.active():
             self._later.cancel()
