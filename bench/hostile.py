@@ -793,6 +793,15 @@ def send_frames(c: Conn, frames: list[bytes], deadline: float, batch: int = 1000
     return done
 
 
+def refused_while_sending(c: Conn, e: WireError) -> str:
+    """Why the broker cut ``c`` off while we were still sending: its ERROR
+    (which may still wait in our receive buffer), else the wire error."""
+    with contextlib.suppress(OSError, WireError):
+        c._pull()
+    err = error_of(c)
+    return f"ERROR {err[1].get('message', '')}" if err else str(e)
+
+
 def memory_alarm_on(ctx: Ctx) -> bool | None:
     """Ask the broker (/control/memory, QMQ's) whether its memory alarm is on;
     None if it does not say."""
@@ -1725,11 +1734,7 @@ def attack_sub_id_bloat(ctx: Ctx) -> None:
                 c.send(frame("SEND", {"destination": "/queue/" + ctx.q("sid"), "receipt": "e"}, b"x"), d)
                 ok, why = wait_receipt(c, "e", d)
             except WireError as e:
-                # Refused (an ERROR, then closed) while we were still sending.
-                with contextlib.suppress(OSError, WireError):
-                    c._pull()
-                err = error_of(c)
-                ok, why = False, (f"ERROR {err[1].get('message', '')}" if err else str(e))
+                ok, why = False, refused_while_sending(c, e)
                 r.note = f"refused: {why}"[:80]
             time.sleep(0.5)
             held = ctx.broker_rss() - rss0
@@ -1822,12 +1827,7 @@ def attack_transactions(ctx: Ctx) -> None:
                 send_frames(c, frames, d, batch=1000)
                 ok, why = wait_receipt(c, "end", d)
             except WireError as e:
-                # The broker refused and closed while we were still sending:
-                # its ERROR may still wait in our receive buffer.
-                with contextlib.suppress(OSError, WireError):
-                    c._pull()
-                err = error_of(c)
-                ok, why = False, (f"ERROR {err[1].get('message', '')}" if err else str(e))
+                ok, why = False, refused_while_sending(c, e)
             peak = ctx.broker_rss()
             r.data.update(frames=n, accepted_all=ok, outcome=why or "all held",
                           rss_growth_mib=round(peak - rss0, 1))
