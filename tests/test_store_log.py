@@ -207,6 +207,19 @@ class RoundTripTests(StoreTestCase):
             )
         self.assertEqual(self.store.problems, [])
 
+    def test_priority_and_expiry_survive(self) -> None:
+        """A message's priority and expiry time are in its record and come
+        back with it."""
+        self.vhost.declare_queue("q")
+        m = self.broker.new_message("", "q", None, b"x", persistent=True)
+        m.priority = 7
+        m.expires = 4102444800.5
+        self.vhost.publish(m)
+        self.turn()
+        self.restart()
+        (got,) = self.vhost.queue("q").messages()
+        self.assertEqual((got.id, got.priority, got.expires), (m.id, 7, 4102444800.5))
+
     def test_ids_continue(self) -> None:
         """Message ids after a restart are above every id used before, even
         once every message was acked and its segment deleted."""

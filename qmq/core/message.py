@@ -21,6 +21,10 @@ class Message:
     @ivar timestamp: seconds since the epoch, from the broker's clock.
     @ivar persistent: whether the publisher asked for the message to survive
         a restart (meaningful on durable queues).
+    @ivar priority: 0 (the default, lowest) to 9; higher is delivered first
+        where a queue honours priorities.
+    @ivar expires: when the message expires, seconds since the epoch; C{0.0}
+        means never.
     @ivar delivery_count: how many times this copy was delivered and given
         back; 0 for a first delivery.
     @ivar cache: a frontend's pre-encoded form of the headers (the STOMP
@@ -35,6 +39,8 @@ class Message:
         "body",
         "timestamp",
         "persistent",
+        "priority",
+        "expires",
         "delivery_count",
         "cache",
     )
@@ -48,6 +54,8 @@ class Message:
         body: bytes,
         timestamp: float = 0.0,
         persistent: bool = False,
+        priority: int = 0,
+        expires: float = 0.0,
     ) -> None:
         self.id = id
         self.exchange = exchange
@@ -56,6 +64,8 @@ class Message:
         self.body = body
         self.timestamp = timestamp
         self.persistent = persistent
+        self.priority = priority
+        self.expires = expires
         self.delivery_count = 0
         self.cache = None
 
@@ -69,6 +79,8 @@ class Message:
         m.body = self.body
         m.timestamp = self.timestamp
         m.persistent = self.persistent
+        m.priority = self.priority
+        m.expires = self.expires
         m.delivery_count = self.delivery_count + 1
         m.cache = self.cache
         return m

@@ -391,8 +391,8 @@ class CommitLogStore:
         head, tail = encode_publish(
             mid,
             message.timestamp,
-            0.0,
-            0,
+            message.expires,
+            message.priority,
             message.persistent,
             vbytes,
             message.exchange,

@@ -70,7 +70,7 @@ class Replay:
         for type_, start, end in reader.records():
             try:
                 if type_ == RECORD_PUBLISH:
-                    (mid, ts, _, _, flags, vhost, exchange, key, headers, queues, body) = (
+                    (mid, ts, expires, priority, flags, vhost, exchange, key, headers, queues, body) = (
                         decode_publish_fields(data, start, end, bodies)
                     )
                     if mid in messages:
@@ -86,6 +86,8 @@ class Replay:
                                 body if bodies else b"",
                                 ts,
                                 flags & FLAG_PERSISTENT != 0,
+                                priority,
+                                expires,
                             ),
                             vhost,
                             queues,
