@@ -76,8 +76,9 @@ from pathlib import Path
 from typing import Any
 
 from qmq.connections import ConnectionSettings
+from qmq.core.errors import PreconditionFailed
 from qmq.core.limits import LimitSettings
-from qmq.core.queue import OVERFLOW_POLICIES
+from qmq.core.queue import QUEUE_ARGUMENTS, QueueArgument, argument_name
 from qmq.stomp.settings import StompSettings
 from qmq.store.settings import CommitLogSettings
 
@@ -680,18 +681,35 @@ def _declarations(
     return check
 
 
-#: Queue arguments that C{queue_defaults} may set: the core's names.
-_QUEUE_DEFAULTS_SCHEMA: _Schema = {
-    "x-max-length": _integer(0),
-    "x-max-length-bytes": _integer(0),
-    "x-overflow": _one_of(OVERFLOW_POLICIES),
-    "x-expires": _integer(1),
-    "x-delivery-limit": _integer(1),
-}
+def _queue_argument(spec: QueueArgument) -> Callable[[object, str], Any]:
+    def check(value: object, key: str) -> Any:
+        if isinstance(value, bool | float | dict):
+            raise _fail(key, spec.expected, value)
+        try:
+            spec.parse(spec.name, value)
+        except PreconditionFailed:
+            raise _fail(key, spec.expected, value) from None
+        return list(value) if isinstance(value, list) else value
+
+    return check
+
+
+#: Queue arguments that C{queue_defaults} may set: the core's names
+#: (L{qmq.core.queue.QUEUE_ARGUMENTS}); each may also be written without its
+#: C{x-} prefix, and is kept under the core's name.
+_QUEUE_DEFAULTS_SCHEMA: _Schema = {name: _queue_argument(spec) for name, spec in QUEUE_ARGUMENTS.items()}
 
 
 def _queue_defaults_table(value: object, key: str) -> dict[str, Any]:
-    return _table(value, key, _QUEUE_DEFAULTS_SCHEMA)
+    if not isinstance(value, dict):
+        return _table(value, key, _QUEUE_DEFAULTS_SCHEMA)  # raises
+    result = {}
+    for name, item in value.items():
+        canonical = argument_name(name)
+        if canonical not in _QUEUE_DEFAULTS_SCHEMA:
+            _table({name: item}, key, _QUEUE_DEFAULTS_SCHEMA)  # raises, naming the key
+        result[canonical] = _QUEUE_DEFAULTS_SCHEMA[canonical](item, _join(key, name))
+    return result
 
 
 #: The keys of a virtual host that declare things (arrays of tables).

@@ -38,6 +38,11 @@ Delivery rules:
         no L{Queue.get}, not redeclared: L{Queue.touch}) is reported to its
         virtual host, which deletes it (see L{Queue.expired}).
 
+    Every argument a queue understands is listed once, in
+    L{QUEUE_ARGUMENTS} (name, policy field, parser); configuration and
+    frontends fill policies only through L{QueuePolicy.from_arguments}, so
+    an argument added there is accepted everywhere.
+
 Every message that leaves a queue for good without an ack goes through
 L{Queue._discard}, the one place where a dead-letter exchange will receive
 them. For a persistent message on a durable queue (one with a C{store}) the
@@ -50,7 +55,8 @@ from __future__ import annotations
 
 import functools
 import itertools
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
 from heapq import heappop, heappush
 from typing import TYPE_CHECKING, Any
 
@@ -86,7 +92,8 @@ _requeue_order = itertools.count()
 
 @dataclass(frozen=True, slots=True)
 class QueuePolicy:
-    """What a queue may hold and for how long (see the module docstring).
+    """What a queue may hold, for how long, and how it delivers (see the
+    module docstring and L{QUEUE_ARGUMENTS}).
 
     Policies are shared: build them with L{QueuePolicy.shared},
     L{QueuePolicy.from_arguments} or L{QueuePolicy.merge}, which return one
@@ -100,7 +107,20 @@ class QueuePolicy:
     @ivar expires: milliseconds a queue may stay unused before it is
         reported expired (C{x-expires}), or None.
     @ivar delivery_limit: most times a message may be given back; past it the
-        message is discarded (C{x-delivery-limit}), or None.
+        message is discarded or dead-lettered (C{x-delivery-limit}), or None.
+    @ivar max_priority: the highest message priority the queue honours
+        (C{x-max-priority}, 1 to 9), or None for a plain FIFO queue.
+    @ivar message_ttl: milliseconds a message may wait in the queue
+        (C{x-message-ttl}), or None.
+    @ivar ack_timeout: milliseconds a consumer may hold a message unacked
+        before it is taken back and redelivered (C{x-ack-timeout}), or None.
+    @ivar dead_letter_exchange: where discarded messages are republished
+        (C{x-dead-letter-exchange}; C{""} is the default exchange), or None.
+    @ivar dead_letter_routing_key: the routing key they get
+        (C{x-dead-letter-routing-key}), or None to keep their own.
+    @ivar redelivery_backoff: milliseconds a message given back waits before
+        it is ready again, by delivery count (the last repeats), or None
+        (C{x-redelivery-backoff}).
     @ivar bounded: whether C{max_length} or C{max_bytes} is set (derived; the
         publish path reads this one flag).
     @ivar length_room: C{max_length}, or a number no queue reaches (derived:
@@ -108,6 +128,8 @@ class QueuePolicy:
     @ivar bytes_room: C{max_bytes}, likewise.
     @ivar rejects: bounded with C{reject-publish}: a publish may be refused
         (derived: an atomic fan-out asks only such queues first).
+    @ivar ttl: C{message_ttl} in seconds, or 0.0 (derived).
+    @ivar ack_seconds: C{ack_timeout} in seconds, or 0.0 (derived).
     """
 
     max_length: int | None = None
@@ -115,10 +137,18 @@ class QueuePolicy:
     overflow: str = "drop-head"
     expires: int | None = None
     delivery_limit: int | None = None
+    max_priority: int | None = None
+    message_ttl: int | None = None
+    ack_timeout: int | None = None
+    dead_letter_exchange: str | None = None
+    dead_letter_routing_key: str | None = None
+    redelivery_backoff: tuple[int, ...] | None = None
     bounded: bool = field(init=False, repr=False, compare=False)
     length_room: int = field(init=False, repr=False, compare=False)
     bytes_room: int = field(init=False, repr=False, compare=False)
     rejects: bool = field(init=False, repr=False, compare=False)
+    ttl: float = field(init=False, repr=False, compare=False)
+    ack_seconds: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bounded", self.max_length is not None or self.max_bytes is not None)
@@ -126,33 +156,36 @@ class QueuePolicy:
         object.__setattr__(self, "length_room", never if self.max_length is None else self.max_length)
         object.__setattr__(self, "bytes_room", never if self.max_bytes is None else self.max_bytes)
         object.__setattr__(self, "rejects", self.bounded and self.overflow == "reject-publish")
+        ttl = self.message_ttl
+        # A TTL of 0 still expires (a message not deliverable at once is
+        # dropped): keep it above 0.0, which means "no TTL".
+        object.__setattr__(self, "ttl", 0.0 if ttl is None else max(ttl / 1000.0, 1e-9))
+        ack = self.ack_timeout
+        object.__setattr__(self, "ack_seconds", 0.0 if ack is None else ack / 1000.0)
 
     @staticmethod
-    def shared(
-        max_length: int | None = None,
-        max_bytes: int | None = None,
-        overflow: str = "drop-head",
-        expires: int | None = None,
-        delivery_limit: int | None = None,
-    ) -> QueuePolicy:
-        """The shared policy with these settings."""
-        return _shared_policy(max_length, max_bytes, overflow, expires, delivery_limit)
+    def shared(**settings: Any) -> QueuePolicy:
+        """The shared policy with these settings (field names, see the class)."""
+        return DEFAULT_POLICY.merge(**settings) if settings else DEFAULT_POLICY
 
     def merge(self, **changes: Any) -> QueuePolicy:
         """The shared policy with C{changes} applied to this one."""
         p = replace(self, **changes)
-        return _shared_policy(p.max_length, p.max_bytes, p.overflow, p.expires, p.delivery_limit)
+        return _shared_policy(*[getattr(p, name) for name in _POLICY_FIELDS])
 
     @classmethod
     def from_arguments(
-        cls, arguments: dict | None, defaults: QueuePolicy | None = None
+        cls, arguments: Mapping[str, Any] | None, defaults: QueuePolicy | None = None
     ) -> QueuePolicy:
         """The policy of a queue declared with C{arguments}.
 
         Arguments given override C{defaults} (the virtual host's defaults for
         queues created on demand, a frontend's bounded backlog); settings
-        not given keep the default. C{x-delivery-limit} of -1 turns a
-        default limit off, as in RabbitMQ 4.
+        not given keep the default. Each argument may be spelled with or
+        without its C{x-} prefix (L{argument_name}); arguments QMQ does not
+        know are kept with the queue but mean nothing to it, as in
+        RabbitMQ. C{x-delivery-limit} of -1 turns a default limit off, as in
+        RabbitMQ 4.
 
         @raise PreconditionFailed: an argument has a bad value; the message
             names it.
@@ -161,29 +194,38 @@ class QueuePolicy:
         if not arguments:
             return base
         changes: dict[str, Any] = {}
-        for argument, name, minimum in _INTEGER_ARGUMENTS:
-            value = arguments.get(argument)
-            if value is not None:
-                changes[name] = _integer(argument, value, minimum)
+        for key, value in arguments.items():
+            spec = QUEUE_ARGUMENTS.get(argument_name(key))
+            if spec is not None and value is not None:
+                changes[spec.field] = spec.parse(key, value)
         if changes.get("delivery_limit") == -1:
             changes["delivery_limit"] = None
-        overflow = arguments.get("x-overflow")
-        if overflow is not None:
-            if overflow not in OVERFLOW_POLICIES:
-                raise PreconditionFailed(
-                    f"x-overflow must be one of {', '.join(OVERFLOW_POLICIES)}, got {overflow!r}"
-                )
-            changes["overflow"] = overflow
         return base.merge(**changes) if changes else base
 
 
-# Argument, policy field, smallest value allowed.
-_INTEGER_ARGUMENTS = (
-    ("x-max-length", "max_length", 0),
-    ("x-max-length-bytes", "max_bytes", 0),
-    ("x-expires", "expires", 1),
-    ("x-delivery-limit", "delivery_limit", -1),
-)
+@dataclass(frozen=True)
+class QueueArgument:
+    """One queue argument: its name (RabbitMQ's spelling, C{x-...}), the
+    L{QueuePolicy} field it sets, and how a value is read.
+
+    Configuration (TOML queue declarations and C{queue_defaults}) and every
+    frontend (STOMP SUBSCRIBE headers) fill queue arguments through
+    L{QueuePolicy.from_arguments}, so an argument added to
+    L{QUEUE_ARGUMENTS} is accepted everywhere at once.
+
+    @ivar name: its name, e.g. C{x-max-priority}; C{max-priority} is
+        accepted too (L{argument_name}).
+    @ivar field: the L{QueuePolicy} field.
+    @ivar parse: C{(spelling, value) -> setting}; raises
+        L{PreconditionFailed} naming the argument.
+    @ivar expected: what a value must be, in words (for documentation and
+        errors).
+    """
+
+    name: str
+    field: str
+    parse: Callable[[str, object], Any]
+    expected: str
 
 
 _EXPECTED = {
@@ -193,38 +235,140 @@ _EXPECTED = {
 }
 
 
-def _integer(argument: str, value: object, minimum: int) -> int:
+def _integer_argument(minimum: int, maximum: int | None = None) -> Callable[[str, object], int]:
+    if maximum is not None:
+        expected = f"an integer from {minimum} to {maximum}"
+    else:
+        expected = _EXPECTED[minimum]
+
+    def parse(argument: str, value: object) -> int:
+        return _integer(argument, value, minimum, maximum, expected)
+
+    return parse
+
+
+def _string_argument(argument: str, value: object) -> str:
+    if not isinstance(value, str) or len(value) > 255:
+        raise PreconditionFailed(f"{argument} must be a string of at most 255 characters, got {value!r}")
+    return value
+
+
+def _overflow_argument(argument: str, value: object) -> str:
+    if value not in OVERFLOW_POLICIES:
+        raise PreconditionFailed(
+            f"{argument} must be one of {', '.join(OVERFLOW_POLICIES)}, got {value!r}"
+        )
+    return value  # type: ignore[return-value]
+
+
+#: The longest time a queue argument may give, in milliseconds (about 35 years).
+MAX_TIME_MS = 2**40
+
+#: Most steps of a redelivery backoff schedule, and the longest step (a day).
+MAX_BACKOFF_STEPS = 32
+MAX_BACKOFF_MS = 86_400_000
+
+
+def _backoff_argument(argument: str, value: object) -> tuple[int, ...] | None:
+    # A TOML array of integers, or a header string "1000,5000,30000".
+    items: list[object]
+    if isinstance(value, str):
+        items = [v.strip() for v in value.split(",")] if value.strip() else []
+    elif isinstance(value, list | tuple):
+        items = list(value)
+    else:
+        items = [value]
+    expected = (
+        f"a list of 1 to {MAX_BACKOFF_STEPS} delays in milliseconds (0 to {MAX_BACKOFF_MS}), "
+        'such as "1000,5000,30000"'
+    )
+    if not 1 <= len(items) <= MAX_BACKOFF_STEPS:
+        raise PreconditionFailed(f"{argument} must be {expected}, got {value!r}")
+    steps = tuple(_integer(argument, v, 0, MAX_BACKOFF_MS, expected) for v in items)
+    return steps if any(steps) else None
+
+
+#: Every queue argument QMQ understands, by name (see L{QueueArgument}).
+QUEUE_ARGUMENTS: dict[str, QueueArgument] = {
+    a.name: a
+    for a in (
+        QueueArgument("x-max-length", "max_length", _integer_argument(0), "an integer >= 0"),
+        QueueArgument("x-max-length-bytes", "max_bytes", _integer_argument(0), "an integer >= 0"),
+        QueueArgument(
+            "x-overflow", "overflow", _overflow_argument, "one of " + ", ".join(OVERFLOW_POLICIES)
+        ),
+        QueueArgument("x-expires", "expires", _integer_argument(1), "an integer >= 1"),
+        QueueArgument("x-delivery-limit", "delivery_limit", _integer_argument(-1), "an integer >= -1"),
+        QueueArgument(
+            "x-max-priority", "max_priority", _integer_argument(1, 9), "an integer from 1 to 9"
+        ),
+        QueueArgument(
+            "x-message-ttl", "message_ttl", _integer_argument(0, MAX_TIME_MS), "an integer >= 0"
+        ),
+        QueueArgument(
+            "x-ack-timeout", "ack_timeout", _integer_argument(1, MAX_TIME_MS), "an integer >= 1"
+        ),
+        QueueArgument(
+            "x-dead-letter-exchange", "dead_letter_exchange", _string_argument, "an exchange name"
+        ),
+        QueueArgument(
+            "x-dead-letter-routing-key", "dead_letter_routing_key", _string_argument, "a routing key"
+        ),
+        QueueArgument(
+            "x-redelivery-backoff",
+            "redelivery_backoff",
+            _backoff_argument,
+            "a list of delays in milliseconds",
+        ),
+    )
+}
+
+
+def argument_name(key: str) -> str:
+    """The name of queue argument C{key} as L{QUEUE_ARGUMENTS} knows it:
+    C{max-priority} and C{x-max-priority} are the same argument. A key
+    that names no argument is returned as it is."""
+    if key in QUEUE_ARGUMENTS:
+        return key
+    prefixed = "x-" + key
+    return prefixed if prefixed in QUEUE_ARGUMENTS else key
+
+
+def _integer(
+    argument: str,
+    value: object,
+    minimum: int,
+    maximum: int | None = None,
+    expected: str | None = None,
+) -> int:
     # Arguments come as TOML values or as STOMP header strings: accept an
     # int or a string of one, never a bool (an int to Python) or a float.
     n = None
     if value.__class__ is int:
         n = value
-    elif isinstance(value, str):
+    elif isinstance(value, str) and len(value) <= 19:
         try:
             n = int(value)
         except ValueError:
             pass
-    if n is None or n < minimum:  # type: ignore[operator]
-        what = _EXPECTED[minimum]
+    if n is None or n < minimum or (maximum is not None and n > maximum):  # type: ignore[operator]
+        what = expected or _EXPECTED[minimum]
         raise PreconditionFailed(f"{argument} must be {what}, got {value!r}")
     return n  # type: ignore[return-value]
+
+
+_POLICY_FIELDS = tuple(f.name for f in fields(QueuePolicy) if f.init)
 
 
 # Bounded: a client declaring queues with ever new limits makes at worst
 # equal policies that are not the same object, never a leak.
 @functools.lru_cache(maxsize=1024)
-def _shared_policy(
-    max_length: int | None,
-    max_bytes: int | None,
-    overflow: str,
-    expires: int | None,
-    delivery_limit: int | None,
-) -> QueuePolicy:
-    return QueuePolicy(max_length, max_bytes, overflow, expires, delivery_limit)
+def _shared_policy(*settings: Any) -> QueuePolicy:
+    return QueuePolicy(*settings)
 
 
 #: The policy of a queue declared with no arguments and no defaults.
-DEFAULT_POLICY = QueuePolicy.shared()
+DEFAULT_POLICY = _shared_policy(*[f.default for f in fields(QueuePolicy) if f.init])
 
 
 class _Requeued(list):
