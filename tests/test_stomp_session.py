@@ -1450,6 +1450,87 @@ class DurableTests(SessionTestCase):
         self.assertEqual(c.bodies(), [b"kept"])
 
 
+    def test_persistent_true_and_x_queue_name(self) -> None:
+        """persistent:true makes a subscription durable like durable:true;
+        RabbitMQ's x-queue-name then names it (the id does not)."""
+        c = self.client(login="carol")
+        c.subscribe("/topic/t", "id-1", persistent="true", **{"x-queue-name": "feed"})
+        self.assertIn("durable.carol.feed", self.vhost.queues)
+        c.close()
+        self.client().publish("/topic/t", b"kept")
+        c2 = self.client(login="carol")
+        c2.subscribe("/topic/t", "id-2", durable="true", **{"x-queue-name": "feed"})
+        self.assertEqual(c2.bodies(), [b"kept"])
+
+    def test_x_queue_name_alone_is_not_durable(self) -> None:
+        """x-queue-name without durable:true names no durable subscription
+        (RabbitMQ makes a non-durable queue then; QMQ names that one itself)."""
+        c = self.client(login="carol")
+        c.subscribe("/topic/t", "s", ack="client", **{"x-queue-name": "feed"})
+        self.assertFalse([n for n in self.vhost.queues if n.startswith("durable.")])
+
+    def test_owned_by_login_not_client_id(self) -> None:
+        """The owner is the user (login); the client id only tells apart one
+        user's clients, and another user naming the same client id and
+        subscription gets a subscription of its own."""
+        a = self.client(login="alice", **{"client-id": "app"})
+        a.subscribe("/topic/t", "d", durable="true")
+        self.assertIn("durable.alice.app:d", self.vhost.queues)
+        m = self.client(login="mallory", **{"client-id": "app"})
+        m.subscribe("/topic/t", "d", durable="true")
+        self.assertIn("durable.mallory.app:d", self.vhost.queues)
+
+    def test_other_user_cannot_read_by_queue_name(self) -> None:
+        """Nobody but its owner reads a durable subscription's queue by
+        naming it; the owner may."""
+        a = self.client(login="alice")
+        a.subscribe("/topic/t", "d", durable="true")
+        a.close()
+        self.client().publish("/topic/t", b"secret")
+        m = self.client(login="mallory")
+        m.subscribe("/queue/durable.alice.d", "steal", receipt="r")
+        error = self.assertError(m, "access refused (read)")
+        self.assertEqual(error.headers["receipt-id"], "r")
+        self.assertEqual(self.queue_len("durable.alice.d"), 1)
+        owner = self.client(login="alice")
+        owner.subscribe("/queue/durable.alice.d", "mine")
+        self.assertEqual(owner.bodies(), [b"secret"])
+
+    def test_other_user_cannot_write_or_create(self) -> None:
+        """Nor writes to it, nor makes one by naming it (a durable SUBSCRIBE
+        makes them)."""
+        a = self.client(login="alice")
+        a.subscribe("/topic/t", "d", durable="true")
+        m = self.client(login="mallory")
+        m.publish("/queue/durable.alice.d", b"forged")
+        self.assertError(m, "access refused (write)")
+        m2 = self.client(login="mallory")
+        m2.publish("/queue/durable.mallory.squat", b"x")
+        self.assertError(m2, "no such queue")
+        self.assertNotIn("durable.mallory.squat", self.vhost.queues)
+        self.assertEqual(a.read(), [])
+
+    def test_anonymous_cannot_read_a_users_subscription(self) -> None:
+        """A client without a login is not the owner of a user's subscription."""
+        a = self.client(login="alice")
+        a.subscribe("/topic/t", "d", durable="true")
+        anon = self.client()
+        anon.subscribe("/queue/durable.alice.d", "x")
+        self.assertError(anon, "access refused")
+
+    def test_dots_in_login_do_not_collide(self) -> None:
+        """A login with dots cannot pass for another owner: user "alice.d"
+        is not the owner of alice's subscription "d" and vice versa."""
+        a = self.client(login="alice")
+        a.subscribe("/topic/t", "x.y", durable="true")
+        self.assertIn("durable.alice.x.y", self.vhost.queues)
+        m = self.client(login="alice.x")
+        m.subscribe("/topic/t", "y", durable="true")
+        self.assertIn("durable.alice%2Ex.y", self.vhost.queues)
+        m.subscribe("/queue/durable.alice.x.y", "steal")
+        self.assertError(m, "access refused")
+
+
 class FlowControlTests(SessionTestCase):
     def test_pause_and_resume(self) -> None:
         """While the transport is paused no MESSAGE is written; resume sends the backlog."""

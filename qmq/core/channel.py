@@ -37,8 +37,8 @@ from qmq.core.consumer import BacklogBudget, Consumer
 from qmq.core.destination import Destination, DestinationError, parse_destination
 from qmq.core.errors import AccessRefused, NotFound, PreconditionFailed
 from qmq.core.message import Message
+from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX, check_queue_access, durable_queue_name
 from qmq.core.queue import Queue
-from qmq.core.vhost import DURABLE_SUBSCRIPTION_PREFIX
 
 if TYPE_CHECKING:
     from qmq.core.broker import Broker
@@ -57,8 +57,9 @@ class Channel:
 
     @ivar broker: the broker.
     @ivar vhost: the virtual host the client chose.
-    @ivar owner_name: who the client is (login or client id), naming its
-        durable subscriptions.
+    @ivar owner_name: who the client is (its user: until authentication,
+        the login it gave or its TLS identity), owning its durable
+        subscriptions (L{qmq.core.ownership}).
     @ivar owners: delivery tag -> the consumer it was delivered on.
     @ivar next_tag: the next delivery tag.
     @ivar temp_queues: temp-queue name -> its queue.
@@ -123,7 +124,9 @@ class Channel:
             # exclusive to another channel (a /temp-queue/ reply-to).
             queue = self.vhost.queues.get(name)
             if queue is None:
-                queue = self.named_queue(name)
+                queue = self.named_queue(name, "write")
+            elif name.startswith(DURABLE_SUBSCRIPTION_PREFIX):
+                check_queue_access(self.owner_name, name, "write")
             return (queue, None, "", name, queue)
         dest = parse_destination(text)
         kind = dest.kind
@@ -135,21 +138,26 @@ class Channel:
         exchange = self.vhost.exchange(dest.name)
         return (None, exchange, exchange.name, dest.key, exchange)
 
-    def named_queue(self, name: str) -> Queue:
+    def named_queue(self, name: str, operation: str = "read") -> Queue:
         """The queue a C{/queue/NAME} destination names, created on first use.
 
         Names starting with C{amq.} are the broker's own (private
         subscription queues, temp queues): they are never created on demand,
         so a reply to a requester that has gone away is refused instead of
-        leaving a stray queue behind.
+        leaving a stray queue behind. Nor are durable subscriptions' queues
+        (C{durable.OWNER.NAME}): a durable SUBSCRIBE makes them, and only
+        their owner may name them (L{check_queue_access}).
         """
         vhost = self.vhost
-        if name.startswith("amq."):
+        if name.startswith(DURABLE_SUBSCRIPTION_PREFIX):
+            check_queue_access(self.owner_name, name, operation)
+        if name.startswith(("amq.", DURABLE_SUBSCRIPTION_PREFIX)):
             queue = vhost.queues.get(name)
             if queue is None:
                 raise NotFound(
-                    f"Queue {name!r} does not exist; names starting with 'amq.' are reserved "
-                    "for the broker and are not created on demand (its owner may have gone).",
+                    f"Queue {name!r} does not exist; names starting with 'amq.' or 'durable.' "
+                    "are reserved for the broker and are not created on demand (its owner may "
+                    "have gone).",
                     "no such queue",
                 )
             return queue
@@ -243,7 +251,7 @@ class Channel:
         else:
             exchange = vhost.exchange(dest.name)
             if durable_name is not None:
-                name = f"{DURABLE_SUBSCRIPTION_PREFIX}{self.owner_name}.{durable_name}"
+                name = durable_queue_name(self.owner_name, durable_name)
                 existed = name in vhost.queues
                 queue = vhost.declare_queue(name, durable=True, on_demand=True)
                 self._bind_or_undo(queue, exchange, dest.key, made=not existed)
@@ -304,6 +312,8 @@ class Channel:
         if queue is None:
             return
         queue.remove_consumer(consumer, unacked)
+        if delete_durable and consumer.durable:
+            check_queue_access(self.owner_name, queue.name, "delete")
         if (consumer.private or (delete_durable and consumer.durable)) and not queue.deleted:
             self.vhost.delete_queue(queue.name)
 

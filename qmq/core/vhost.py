@@ -33,19 +33,18 @@ from typing import TYPE_CHECKING, Any
 from qmq.core.errors import AccessRefused, NotFound, PreconditionFailed
 from qmq.core.exchange import EXCHANGE_CLASSES, EXCHANGE_TYPES, Exchange, TopicExchange
 from qmq.core.expiry import ExpiryWheel
+from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX
 from qmq.core.queue import DEFAULT_POLICY, Queue, QueuePolicy
 
 if TYPE_CHECKING:
     from qmq.core.broker import Broker
     from qmq.core.message import Message
 
-#: The queues of durable subscriptions are named C{durable.OWNER.NAME}
-#: (L{qmq.core.channel.Channel.subscribe}).
-DURABLE_SUBSCRIPTION_PREFIX = "durable."
-
 #: Most characters in a queue name (AMQP 0-9-1's short string): clients
 #: name queues, and a name is kept for as long as its queue lives.
 MAX_QUEUE_NAME = 255
+
+__all__ = ["DURABLE_SUBSCRIPTION_PREFIX", "MAX_QUEUE_NAME", "VirtualHost"]
 
 STANDARD_EXCHANGES = (
     ("amq.direct", "direct"),

@@ -50,6 +50,7 @@ from qmq.core.broker import Broker
 from qmq.core.channel import Channel
 from qmq.core.destination import parse_destination
 from qmq.core.errors import BrokerError
+from qmq.core.ownership import escape_name
 from qmq.core.vhost import VirtualHost
 from qmq.stomp.encoding import VERSION_INDEX, VERSIONS, encode_message_headers, relay_block
 from qmq.stomp.frame import Frame, FrameError, encode_frame, escape_header, excerpt
@@ -62,7 +63,12 @@ log = Logger()
 
 ACK_MODES = ("auto", "client", "client-individual")
 PREFETCH_HEADERS = ("prefetch-count", "activemq.prefetchSize", "prefetch")
+# Headers whose value names a durable subscription on their own (ActiveMQ);
+# RabbitMQ's x-queue-name names it when durable:true or persistent:true
+# makes it durable (alone it would name a non-durable queue, whose name QMQ
+# chooses itself).
 DURABLE_NAME_HEADERS = ("activemq.subscriptionName", "durable-subscription-name")
+DURABLE_FLAG_HEADERS = ("durable", "persistent")
 # Flush a connection's buffer early once it holds this much, so one turn
 # never piles up more than about this per connection before back-pressure.
 FLUSH_THRESHOLD = 128 * 1024
@@ -543,7 +549,7 @@ class StompSession:
         self.channel = Channel(
             self.broker,
             vhost,
-            self.client_id or self.login or "",
+            self._owner_name(),
             backlog_budget=self.settings.topic_backlog,
         )
         self.connected = True
@@ -567,6 +573,20 @@ class StompSession:
             send=send_ms,
             recv=recv_ms,
         )
+
+    def _owner_name(self) -> str:
+        """Who the client is, for what it owns (durable subscriptions): its
+        login, else its verified TLS identity, else C{""} (anonymous).
+
+        Until authentication exists the login is not checked; the
+        authentication work puts the authenticated user here.
+        """
+        if self.login:
+            return self.login
+        identity = getattr(self.transport, "identity", None)
+        if identity is not None:
+            return identity.common_name or identity.subject or identity.fingerprint
+        return ""
 
     # -- SEND ----------------------------------------------------------------------------
 
@@ -716,6 +736,9 @@ class StompSession:
             )
         prefetch = self._prefetch(h) if mode != "auto" else None
         durable_name = self._durable_name(h, sub_id)
+        if durable_name is not None and self.client_id:
+            # ActiveMQ keys a durable subscription by client id and name.
+            durable_name = f"{escape_name(self.client_id)}:{durable_name}"
         sub = Subscription(self, sub_id, text, mode, prefetch)
         channel = self.channel
         assert channel is not None
@@ -747,10 +770,10 @@ class StompSession:
             value = h.get(name)
             if value:
                 return value
-        for name in ("durable", "persistent"):
+        for name in DURABLE_FLAG_HEADERS:
             value = h.get(name)
             if value is not None and parse_bool(value, name):
-                return sub_id
+                return h.get("x-queue-name") or sub_id
         return None
 
     def stomp_UNSUBSCRIBE(self, frame: Frame) -> None:

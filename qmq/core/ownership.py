@@ -1,0 +1,71 @@
+# -*- test-case-name: tests.test_core_ownership -*-
+"""Who owns a queue, and the one check of who may use one by name.
+
+Durable topic subscriptions keep a queue while their client is away, named::
+
+    durable.OWNER.NAME
+
+OWNER is the user the subscription belongs to (the channel's
+C{owner_name}), with C{%}, C{.} and C{:} percent-encoded so that the owner
+is always the text between the first two dots; NAME is the subscription's
+name (for STOMP, C{CLIENT-ID:NAME} when the client sent a C{client-id}).
+
+L{check_queue_access} is the one place that decides whether a client may
+read (consume), write (send to) or delete a queue it names: today it keeps
+a durable subscription's queue to its owner; the authorization work
+tightens it here (permissions per user and virtual host), and every
+frontend gets the tighter rule, since every frontend names queues through a
+L{qmq.core.channel.Channel}, which asks this function.
+"""
+
+from __future__ import annotations
+
+from qmq.core.errors import AccessRefused
+
+#: The queues of durable subscriptions are named C{durable.OWNER.NAME}.
+DURABLE_SUBSCRIPTION_PREFIX = "durable."
+
+#: What a client may do to a queue it names.
+OPERATIONS = ("read", "write", "delete")
+
+_ESCAPES = str.maketrans({"%": "%25", ".": "%2E", ":": "%3A"})
+
+
+def escape_name(text: str) -> str:
+    """C{text} with C{%}, C{.} and C{:} percent-encoded (a name part
+    that cannot be confused with its neighbours)."""
+    return text.translate(_ESCAPES)
+
+
+def durable_queue_name(owner: str, name: str) -> str:
+    """The queue of durable subscription C{name} owned by C{owner}."""
+    return f"{DURABLE_SUBSCRIPTION_PREFIX}{escape_name(owner)}.{name}"
+
+
+def durable_queue_owner(queue_name: str) -> str | None:
+    """The owner (escaped as in the name) of a durable subscription's queue,
+    or None if C{queue_name} is not one."""
+    if not queue_name.startswith(DURABLE_SUBSCRIPTION_PREFIX):
+        return None
+    owner, dot, _ = queue_name[len(DURABLE_SUBSCRIPTION_PREFIX) :].partition(".")
+    return owner if dot else None
+
+
+def check_queue_access(owner: str, queue_name: str, operation: str) -> None:
+    """May the client C{owner} do C{operation} (one of L{OPERATIONS}) to
+    the queue C{queue_name}, which it named?
+
+    A durable subscription's queue is its owner's alone: nobody else reads,
+    writes or deletes it. Every other queue is open to all (until the
+    authorization work adds permissions here).
+
+    @raise AccessRefused: it may not; the message names the operation and
+        the queue.
+    """
+    queue_owner = durable_queue_owner(queue_name)
+    if queue_owner is not None and queue_owner != escape_name(owner):
+        raise AccessRefused(
+            f"Queue {queue_name!r} is another user's durable subscription: "
+            f"{operation} refused.",
+            f"access refused ({operation})",
+        )
