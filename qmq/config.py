@@ -226,6 +226,10 @@ class VirtualHostSettings:
     A virtual host and what is declared in it, in the order declared.
 
     @ivar name: the virtual host's name (C{"/"} is the default one).
+    @ivar allow_create: whether clients may create queues by naming them
+        (a SEND or SUBSCRIBE to a C{/queue/} that does not exist); when
+        false only declared queues (and the broker's own: temporary,
+        topic subscription, durable subscription queues) exist.
     @ivar queue_defaults: the queue arguments of queues created on demand
         (a client names a queue that does not exist, a durable topic
         subscription's queue), by argument name (C{x-max-length}, ...).
@@ -239,6 +243,7 @@ class VirtualHostSettings:
     queues: tuple[QueueDeclaration, ...] = ()
     bindings: tuple[BindingDeclaration, ...] = ()
     queue_defaults: Mapping[str, Any] = field(default_factory=_queue_defaults)
+    allow_create: bool = True
 
 
 def _other_sections() -> dict[str, Any]:
@@ -618,11 +623,19 @@ _EXCHANGE_SCHEMA: _Schema = {
 }
 _EXCHANGE_REQUIRED = {"name": "a non-empty string", "type": "one of " + ", ".join(EXCHANGE_TYPES)}
 
+def _queue_arguments(value: object, key: str) -> dict[str, Any]:
+    # A declared queue's arguments are checked like queue_defaults (the
+    # core's names, each by the core's own parser: defined below).
+    if not isinstance(value, dict):
+        raise _fail(key, "a table of arguments", value)
+    return _queue_defaults_table(value, key)
+
+
 _QUEUE_SCHEMA: _Schema = {
     "name": _name,
     "durable": _boolean,
     "auto_delete": _boolean,
-    "arguments": _arguments,
+    "arguments": _queue_arguments,
 }
 _QUEUE_REQUIRED = {"name": "a non-empty string"}
 
@@ -720,6 +733,7 @@ _VHOST_SCHEMA: _Schema = {
     "queues": _declarations(_QUEUE_SCHEMA, _QUEUE_REQUIRED, "name"),
     "bindings": _declarations(_BINDING_SCHEMA, _BINDING_REQUIRED, None),
     "queue_defaults": _queue_defaults_table,
+    "allow_create": _boolean,
 }
 
 
@@ -819,6 +833,7 @@ def _build(tree: Mapping[str, Any]) -> Settings:
                 # "/" has the embedded default's table merged under it; any
                 # other virtual host starts from the same defaults.
                 queue_defaults={**QUEUE_DEFAULTS, **vhost.get("queue_defaults", {})},
+                allow_create=vhost.get("allow_create", True),
             )
         )
     values: dict[str, Any] = {"vhosts": tuple(vhosts)}

@@ -450,6 +450,7 @@ def _declare(broker: Broker, settings: Settings) -> None:
     """Apply the configuration's declarations to the broker, in order."""
     for vhost_settings in settings.vhosts:
         vhost = broker.add_vhost(vhost_settings.name)
+        vhost.allow_create = vhost_settings.allow_create
         try:
             vhost.set_queue_defaults(vhost_settings.queue_defaults)
         except BrokerError as e:

@@ -467,8 +467,8 @@ class ErrorTests(unittest.TestCase):
         )
         self.check(
             '[vhosts."/"]\nqueue = []',
-            'qmq.toml: vhosts."/".queue: unknown key (expected one of: bindings, exchanges,'
-            ' queue_defaults, queues); did you mean "queues"?',
+            'qmq.toml: vhosts."/".queue: unknown key (expected one of: allow_create, bindings,'
+            ' exchanges, queue_defaults, queues); did you mean "queues"?',
         )
         self.check(
             '[vhosts."/".queue_defaults]\nx-max-len = 1',
@@ -760,14 +760,64 @@ class ErrorTests(unittest.TestCase):
             'qmq.toml: vhosts."/".queues[0].arguments: expected a table of arguments, got 1',
         )
         self.check(
-            '[[vhosts."/".queues]]\nname = "q"\narguments = { "x-y" = [1] }',
-            'qmq.toml: vhosts."/".queues[0].arguments.x-y: expected a string, number or'
-            " boolean, got an array",
+            '[[vhosts."/".queues]]\nname = "q"\narguments = { "x-max-length" = [1] }',
+            'qmq.toml: vhosts."/".queues[0].arguments.x-max-length: expected an integer >= 0,'
+            " got an array",
         )
         self.check(
             '[[vhosts."/".queues]]\nname = "q"\nauto_delete = 1',
             'qmq.toml: vhosts."/".queues[0].auto_delete: expected true or false, got 1',
         )
+
+    def test_queueArguments(self) -> None:
+        """
+        A declared queue's arguments are the core's, checked by the core when
+        the file is loaded: an unknown one or a bad value names the file and
+        the argument.
+        """
+        e = self.assertRaises(
+            ConfigError,
+            config.load_string,
+            '[[vhosts."/".queues]]\nname = "q"\narguments = { x-max-lenght = 5 }',
+            "qmq.toml",
+        )
+        self.assertTrue(
+            str(e).startswith(
+                'qmq.toml: vhosts."/".queues[0].arguments.x-max-lenght: unknown key (expected'
+                " one of: x-ack-timeout, "
+            ),
+            str(e),
+        )
+        self.assertIn('did you mean "x-max-length"?', str(e))
+        self.check(
+            '[[vhosts."/".queues]]\nname = "q"\narguments = { x-max-length = -1 }',
+            'qmq.toml: vhosts."/".queues[0].arguments.x-max-length: expected an integer >= 0,'
+            " got -1",
+        )
+        self.check(
+            '[[vhosts."/".queues]]\nname = "q"\narguments = { x-overflow = "drop-tail" }',
+            'qmq.toml: vhosts."/".queues[0].arguments.x-overflow: expected one of drop-head,'
+            ' reject-publish, got "drop-tail"',
+        )
+        settings = config.load_string(
+            '[[vhosts."/".queues]]\nname = "q"\n'
+            'arguments = { max-length = 5, x-redelivery-backoff = [10, 20] }'
+        )
+        self.assertEqual(
+            settings.vhosts[0].queues[0].arguments,
+            {"x-max-length": 5, "x-redelivery-backoff": [10, 20]},
+        )
+
+    def test_allowCreate(self) -> None:
+        """
+        allow_create is a boolean per virtual host, true unless set.
+        """
+        self.check(
+            '[vhosts."/"]\nallow_create = "no"',
+            'qmq.toml: vhosts."/".allow_create: expected true or false, got "no"',
+        )
+        settings = config.load_string('[vhosts."/"]\nallow_create = false\n[vhosts.b]\n')
+        self.assertEqual([v.allow_create for v in settings.vhosts], [False, True])
 
     def test_bindings(self) -> None:
         """

@@ -333,6 +333,27 @@ class DestinationTests(ChannelTestCase):
         queue = self.vhost.declare_queue("amq.foo", durable=False)
         self.assertIs(self.channel.send_target("/queue/amq.foo")[0], queue)
 
+    def test_allow_create_false(self) -> None:
+        """A virtual host that does not allow creation refuses a SEND or a
+        SUBSCRIBE naming a queue that does not exist (NotFound, short
+        "no such queue"); queues that exist, temp queues, private and
+        durable subscription queues still work."""
+        self.vhost.allow_create = False
+        self.vhost.declare_queue("declared")
+        for attempt in (
+            lambda: self.channel.send_target("/queue/x"),
+            lambda: self.channel.subscribe(self.consumer(), "/queue/x"),
+        ):
+            with self.assertRaises(NotFound) as e:
+                attempt()
+            self.assertEqual(e.exception.short, "no such queue")
+            self.assertIn("allow_create", e.exception.message)
+        self.assertNotIn("x", self.vhost.queues)
+        self.assertIs(self.channel.send_target("/queue/declared")[0], self.vhost.queues["declared"])
+        self.channel.send_target("/temp-queue/r")
+        self.channel.subscribe(self.consumer(), "/topic/t", label="s")
+        self.channel.subscribe(self.consumer(), "/topic/t", durable_name="d")
+
     def test_topic(self) -> None:
         """C{/topic/a.b} is exchange amq.topic with routing key a.b."""
         topic = self.vhost.exchange("amq.topic")

@@ -161,6 +161,16 @@ class Channel:
                     "no such queue",
                 )
             return queue
+        if not vhost.allow_create:
+            queue = vhost.queues.get(name)
+            if queue is None:
+                raise NotFound(
+                    f"Queue {name!r} does not exist, and virtual host {vhost.name!r} does not "
+                    "let clients create queues (allow_create = false): only queues declared "
+                    "in the configuration can be used.",
+                    "no such queue",
+                )
+            return queue
         return vhost.declare_queue(name, on_demand=True)
 
     def temp_queue(self, name: str) -> Queue:

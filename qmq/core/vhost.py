@@ -65,7 +65,12 @@ class VirtualHost:
         L{set_queue_defaults} says otherwise.
     @ivar expiry: the deadlines of its unused queues that have an expiry
         policy (None without a broker).
+    @ivar allow_create: whether a client may create a queue by naming it
+        (L{qmq.core.channel.Channel.named_queue}); the configuration's
+        C{allow_create}.
     """
+
+    allow_create = True
 
     def __init__(self, broker: Broker | None, name: str) -> None:
         self.broker = broker

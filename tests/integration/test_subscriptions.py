@@ -56,3 +56,83 @@ class DurableSubscriptionTests(BrokerTestCase):
                 assert not b.rec.errors, b.rec.errors
 
         return self.in_thread(scenario)
+
+
+SHOP = """
+[vhosts.shop]
+allow_create = false
+exchanges = [{ name = "orders", type = "fanout" }]
+queues = [
+    { name = "billing" },
+    { name = "shipping", arguments = { x-max-length = 100, x-overflow = "reject-publish" } },
+]
+bindings = [
+    { queue = "billing", exchange = "orders" },
+    { queue = "shipping", exchange = "orders" },
+]
+"""
+
+
+def shop_client(test):
+    """A stomp.py client of virtual host "shop" (stomp.py sends its own
+    host header: set through its transport's vhost)."""
+    c = test.client("1.2")
+    c.conn.transport.vhost = "shop"
+    c.connect()
+    return c
+
+
+class DeclaredTopologyTests(BrokerTestCase):
+    """A virtual host declared in TOML: a fanout exchange copying to two
+    declared queues, and no queue creation by clients."""
+
+    def setUp(self):
+        d = super().setUp()
+
+        def declare(port):
+            from qmq.config import load_string
+            from qmq.service import _declare
+
+            _declare(self.broker, load_string(SHOP, "shop.toml"))
+            return port
+
+        return d.addCallback(declare)
+
+    def test_fanout_and_allow_create(self):
+        def scenario():
+            c = shop_client(self)
+            c.conn.send("/exchange/orders", "order 1", receipt="o1")
+            c.rec.wait_receipt("o1")
+            assert c.count("billing") == 1 and c.count("shipping") == 1
+            c.conn.subscribe("/queue/billing", id="b")
+            c.conn.subscribe("/queue/shipping", id="s")
+            [b] = c.rec.wait_messages(1, "b")
+            [s] = c.rec.wait_messages(1, "s")
+            assert b.body == s.body == "order 1", (b, s)
+            # A queue nobody declared cannot be made by naming it.
+            c.conn.send("/queue/typo", "lost?", receipt="typo")
+            [error] = c.rec.wait(lambda: c.rec.errors, "ERROR")
+            assert error.headers["message"] == "no such queue", error.headers
+            assert error.headers["receipt-id"] == "typo", error.headers
+            assert "allow_create = false" in error.body, error.body
+            d = shop_client(self)
+            d.conn.subscribe("/queue/typo2", id="t")
+            [error] = d.rec.wait(lambda: d.rec.errors, "ERROR")
+            assert error.headers["message"] == "no such queue", error.headers
+            # Topic subscriptions still work (their queues are the broker's own).
+            t = shop_client(self)
+            t.conn.subscribe("/topic/news", id="n", ack="client", headers={"receipt": "n"})
+            t.rec.wait_receipt("n")
+            t.conn.send("/topic/news", "hello", receipt="h")
+            [n] = t.rec.wait_messages(1, "n")
+            assert n.body == "hello"
+            assert not t.rec.errors
+
+        d = self.in_thread(scenario)
+
+        def check(_):
+            shop = self.broker.vhost("shop")
+            self.assertNotIn("typo", shop.queues)
+            self.assertNotIn("typo2", shop.queues)
+
+        return d.addCallback(check)
