@@ -18,11 +18,11 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from qmq.core.broker import Broker
 from qmq.core.channel import Channel
-from qmq.core.consumer import Consumer
+from qmq.core.consumer import Consumer, SubscriberBuffer
 from qmq.core.destination import DestinationError
-from qmq.core.errors import AccessRefused, NotFound, ResourceLimit
+from qmq.core.errors import AccessRefused, NotFound, PreconditionFailed, ResourceLimit
 from qmq.core.message import Message
-from qmq.core.queue import Queue
+from qmq.core.queue import CUT_CONSUMERS, Queue
 from qmq.core.store import NullStore, Recovery
 
 START = 1000.0
@@ -1182,3 +1182,81 @@ class ControlTests(ChannelTestCase):
         for path in ("", "nope", "count-msgs/topic/k", "memory/x"):
             with self.assertRaises(DestinationError, msg=path):
                 self.channel.control(path)
+
+
+class _Buffered(Recorder):
+    """A consumer with a buffer that records why it was cut off, and whose
+    frontend detaches it at once (as the STOMP session closes its channel)."""
+
+    def __init__(self, channel: Channel, messages: int = 0, size: int = 0, **kwargs: Any) -> None:
+        super().__init__(channel, **kwargs)
+        self.buffer = SubscriberBuffer(messages, size)
+        self.reasons: list[str] = []
+
+    def overrun(self, reason: str) -> None:
+        self.reasons.append(reason)
+        self.channel.unsubscribe(self)
+
+
+class SubscriberBufferTests(ChannelTestCase):
+    def test_live_cut_once_others_served(self) -> None:
+        """A paused live consumer past its buffer is cut off once; the same
+        publish still reaches the consumer bound after it."""
+        slow = _Buffered(self.channel, messages=2, ack_required=False)
+        self.channel.subscribe(slow, "/topic/t")
+        other = self.open("bob")
+        fast = self.consumer(other, ack_required=False)
+        other.subscribe(fast, "/topic/t")
+        slow.paused = True
+        for i in range(5):
+            self.send("/topic/t", b"%d" % i)
+        self.assertEqual(len(slow.reasons), 1)
+        self.assertIn("buffer-messages 2", slow.reasons[0])
+        self.assertEqual(fast.bodies(), [b"%d" % i for i in range(5)])
+        self.assertTrue(slow.buffer.cut)
+        self.assertIsNone(slow.backlog)
+        slow.resume()
+        self.assertTrue(slow.paused, "a cut consumer stays paused")
+        self.assertEqual(slow.got, [])
+
+    def test_budget_cuts_buffered(self) -> None:
+        """The channel's shared budget cuts a buffered consumer off (an
+        unbuffered one drops instead), and the budget is given back."""
+        channel = Channel(self.broker, self.vhost, "carol", backlog_budget=3)
+        self.addCleanup(channel.close)
+        plain = self.consumer(channel, ack_required=False)
+        buffered = _Buffered(channel, size=10**6, ack_required=False)
+        channel.subscribe(plain, "/topic/a")
+        channel.subscribe(buffered, "/topic/b")
+        channel.pause()
+        for i in range(3):
+            self.send("/topic/a", b"%d" % i)
+        self.send("/topic/b", b"x")
+        self.assertEqual(len(buffered.reasons), 1)
+        self.assertIn("its connection holds 3", buffered.reasons[0])
+        self.assertEqual(channel.backlog_budget.used, 3)
+
+    def test_private_queue_policy(self) -> None:
+        """A buffered consumer that acks gets a private queue bounded by the
+        smaller of its buffer and its backlog limit, overflow cut-consumers."""
+        c = _Buffered(self.channel, messages=50, size=1000, backlog_limit=20)
+        self.channel.subscribe(c, "/topic/t", label="s")
+        policy = c.queue.policy
+        self.assertEqual(
+            (policy.max_length, policy.max_bytes, policy.overflow), (20, 1000, CUT_CONSUMERS)
+        )
+        c.paused = True
+        for _ in range(20):
+            self.send("/topic/t", b"y")
+        queue = c.queue
+        self.send("/topic/t", b"over")
+        self.assertEqual(len(c.reasons), 1)
+        self.assertIn("at most 20", c.reasons[0])
+        self.assertTrue(queue.deleted)
+
+    def test_refused_on_queues(self) -> None:
+        for text, durable in (("/queue/q", None), ("/temp-queue/r", None), ("/topic/t", "d")):
+            with self.assertRaises(PreconditionFailed) as e:
+                self.channel.subscribe(_Buffered(self.channel, messages=1), text, durable)
+            self.assertEqual(e.exception.short, "buffer not allowed here")
+        self.assertEqual(set(self.vhost.queues), set())

@@ -38,7 +38,7 @@ from qmq.core.destination import Destination, DestinationError, parse_destinatio
 from qmq.core.errors import AccessRefused, NotFound, PreconditionFailed
 from qmq.core.message import Message
 from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX, check_queue_access, durable_queue_name
-from qmq.core.queue import Queue
+from qmq.core.queue import CUT_CONSUMERS, Queue, QueuePolicy
 
 if TYPE_CHECKING:
     from qmq.core.broker import Broker
@@ -254,6 +254,13 @@ class Channel:
                 "subscribed to.",
                 "cannot subscribe to a control destination",
             )
+        if consumer.buffer is not None and (kind in ("queue", "temp-queue") or durable_name):
+            raise PreconditionFailed(
+                "A subscriber's buffer (buffer-messages, buffer-bytes) bounds what is held for "
+                "it alone: it applies to non-durable topic and exchange subscriptions, not to "
+                "a queue (shared, or kept for a durable subscription), whose own bounds apply.",
+                "buffer not allowed here",
+            )
         if kind == "queue":
             queue = self.named_queue(dest.name)
         elif kind == "temp-queue":
@@ -278,6 +285,7 @@ class Channel:
                     exclusive_owner=self,
                     arguments=None,
                     backlog=consumer.backlog_limit,
+                    policy=_buffer_policy(consumer),
                 )
                 self._bind_or_undo(queue, exchange, dest.key, made=True)
                 consumer.private = True
@@ -489,6 +497,21 @@ class Channel:
             vhost.delete_queue(queue.name)
         self.temp_queues.clear()
         self._targets.clear()
+
+
+def _buffer_policy(consumer: Consumer) -> QueuePolicy | None:
+    """The policy of the private queue of a C{consumer} that states a
+    buffer: its bounds (the smaller of its own and its C{backlog_limit}),
+    and past them it is cut off (L{CUT_CONSUMERS}); None without a buffer."""
+    buffer = consumer.buffer
+    if buffer is None:
+        return None
+    limits = [n for n in (buffer.messages, consumer.backlog_limit) if n]
+    return QueuePolicy.shared(
+        max_length=min(limits) if limits else None,
+        max_bytes=buffer.bytes or None,
+        overflow=CUT_CONSUMERS,
+    )
 
 
 __all__ = ["Channel", "DestinationError", "PreconditionFailed", "SendTarget"]

@@ -28,6 +28,15 @@ chooses):
     and calls L{publish}; while the consumer is paused, messages wait in a
     backlog made on demand and bounded by C{backlog_limit} (the oldest go
     first, ActiveMQ's pending-message limit), drained by L{drain_backlog}.
+
+A consumer may state a buffer (L{SubscriberBuffer}, the QMQ notes'
+per-subscriber buffer: STOMP's C{buffer-messages} and C{buffer-bytes}): how
+far behind it may fall. What is held for it alone counts (a live consumer's
+backlog, the private queue of a topic subscription that acks); a consumer
+that would hold more is not dropped from silently but cut off: the core
+calls its L{Consumer.overrun} once, with the reason, and the frontend ends
+its client (a STOMP ERROR naming the reason). Everyone else keeps going: the
+message it could not take is lost to it alone.
 """
 
 from __future__ import annotations
@@ -78,6 +87,27 @@ class BacklogBudget:
         self.dropped = 0
 
 
+class SubscriberBuffer:
+    """How far behind one consumer may fall before it is cut off.
+
+    @ivar messages: most messages held for it (0: no bound of its own).
+    @ivar bytes: most body bytes held for it (0: no bound of its own).
+    @ivar held: body bytes a live consumer's backlog holds now.
+    @ivar cut: set once it was cut off (it takes nothing more).
+    """
+
+    __slots__ = ("messages", "bytes", "held", "cut")
+
+    def __init__(self, messages: int = 0, bytes: int = 0) -> None:
+        self.messages = messages
+        self.bytes = bytes
+        self.held = 0
+        self.cut = False
+
+    def __repr__(self) -> str:
+        return f"<SubscriberBuffer messages={self.messages} bytes={self.bytes} held={self.held}>"
+
+
 class Consumer:
     """A subscriber attached to one queue, or bound live to one exchange.
 
@@ -98,6 +128,8 @@ class Consumer:
         live consumers of its channel, or None.
     @ivar private: its queue was made for it and is deleted with it.
     @ivar durable: its queue is a durable subscription's.
+    @ivar buffer: its L{SubscriberBuffer}, or None (then a full backlog
+        drops its oldest message instead of cutting it off).
     """
 
     __slots__ = (
@@ -116,6 +148,7 @@ class Consumer:
         "budget",
         "private",
         "durable",
+        "buffer",
     )
 
     #: A consumer is never a durable queue: the store is never asked for it.
@@ -152,6 +185,7 @@ class Consumer:
         self.budget: BacklogBudget | None = None
         self.private = False
         self.durable = False
+        self.buffer: SubscriberBuffer | None = None
 
     def deliver(self, message: Message, queue: Queue | None) -> None:
         """Hand C{message} to the client. Called by the core only.
@@ -165,6 +199,15 @@ class Consumer:
 
     def cancelled(self) -> None:
         """The queue or exchange was deleted under this consumer; it is detached already."""
+
+    def overrun(self, reason: str) -> None:
+        """It fell further behind than its L{buffer} allows (called once, by
+        the core, from inside a publish): the frontend cuts its client off,
+        naming C{reason}. It is marked cut already and takes nothing more.
+
+        The frontend may detach it (close the client's channel) from here;
+        the publish going on skips it.
+        """
 
     # -- live consumers ------------------------------------------------------
 
@@ -188,6 +231,9 @@ class Consumer:
                 self.deliver(message, None)
                 return
             backlog = self.backlog = deque()
+        if self.buffer is not None:
+            self._publish_buffered(message, backlog, self.buffer)
+            return
         limit = self.backlog_limit
         budget = self.budget
         if budget is None:
@@ -202,13 +248,66 @@ class Consumer:
             budget.used += 1
         backlog.append(message)
 
+    def _publish_buffered(
+        self, message: Message, backlog: deque[Message], buffer: SubscriberBuffer
+    ) -> None:
+        """L{publish} to a paused consumer with a buffer: held, or, when any
+        bound would be crossed (its own, C{backlog_limit}, the channel's
+        budget), the consumer is cut off rather than dropped from."""
+        if buffer.cut:
+            return
+        size = len(message.body)
+        n = len(backlog)
+        budget = self.budget
+        if buffer.messages and n >= buffer.messages:
+            reason = f"it holds {n} messages it has not read (buffer-messages {buffer.messages})"
+        elif buffer.bytes and buffer.held + size > buffer.bytes:
+            reason = (
+                f"it holds {buffer.held} bytes it has not read and a message of {size} more "
+                f"(buffer-bytes {buffer.bytes})"
+            )
+        elif self.backlog_limit and n >= self.backlog_limit:
+            reason = f"it holds {n} messages it has not read (the broker's limit)"
+        elif budget is not None and budget.used >= budget.limit:
+            reason = f"its connection holds {budget.used} messages it has not read (the broker's limit)"
+        else:
+            backlog.append(message)
+            buffer.held += size
+            if budget is not None:
+                budget.used += 1
+            return
+        if budget is not None:
+            budget.dropped += 1
+        self.cut_off(reason)
+
+    def cut_off(self, reason: str) -> None:
+        """Mark it cut (paused for good, its backlog gone) and tell the
+        frontend (L{overrun}), once."""
+        buffer = self.buffer
+        if buffer is None:
+            buffer = self.buffer = SubscriberBuffer()
+        if buffer.cut:
+            return
+        buffer.cut = True
+        self.paused = True
+        self.discard_backlog()
+        self.overrun(reason)
+
     def drain_backlog(self) -> None:
         """Deliver what waited while the consumer was paused."""
         backlog = self.backlog
         delivered = 0
-        while backlog and not self.paused:
-            self.deliver(backlog.popleft(), None)
-            delivered += 1
+        buffer = self.buffer
+        if buffer is None:
+            while backlog and not self.paused:
+                self.deliver(backlog.popleft(), None)
+                delivered += 1
+        else:
+            while backlog and not self.paused:
+                message = backlog.popleft()
+                buffer.held -= len(message.body)
+                self.deliver(message, None)
+                delivered += 1
         if self.budget is not None:
             self.budget.used -= delivered
         if not backlog:
@@ -220,10 +319,14 @@ class Consumer:
         if backlog is not None:
             if self.budget is not None:
                 self.budget.used -= len(backlog)
+            if self.buffer is not None:
+                self.buffer.held = 0
             self.backlog = None
 
     def resume(self) -> None:
         """The frontend can take deliveries again: deliver what is waiting."""
+        if self.buffer is not None and self.buffer.cut:
+            return
         self.paused = False
         queue = self.queue
         if queue is not None:

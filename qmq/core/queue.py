@@ -71,6 +71,11 @@ if TYPE_CHECKING:
     from qmq.core.vhost import VirtualHost
 
 OVERFLOW_POLICIES = ("drop-head", "reject-publish")
+#: The overflow of a subscriber's own queue when the subscriber stated a
+#: buffer (L{qmq.core.consumer.SubscriberBuffer}): a publish that finds it
+#: full cuts the subscriber off (L{qmq.core.consumer.Consumer.cut_off}) and
+#: is lost to it alone. The core sets it; no argument names it.
+CUT_CONSUMERS = "cut-consumers"
 _NO_CONSUMERS: tuple = ()
 
 #: Why a message was discarded (L{Queue._discard}), in RabbitMQ's dead-letter
@@ -604,6 +609,20 @@ class Queue:
             if policy.max_length is not None and len(self) >= policy.max_length:
                 raise ResourceLimit(f"queue {self.name!r} is full ({policy.max_length} messages)")
             raise ResourceLimit(f"queue {self.name!r} is full ({policy.max_bytes} bytes)")
+        if policy.overflow == CUT_CONSUMERS:
+            # A subscriber's own queue past its buffer: the subscriber is
+            # cut off, the publisher and everyone else go on.
+            if policy.max_length is not None and len(self) >= policy.max_length:
+                reason = f"it holds {len(self)} messages it has not taken (at most {policy.max_length})"
+            else:
+                reason = (
+                    f"it holds {self._bytes} bytes it has not taken and a message of {size} "
+                    f"more (at most {policy.max_bytes})"
+                )
+            self._discard(message, "maxlen")
+            for consumer in list(self.consumers):
+                consumer.cut_off(reason)
+            return False
         max_bytes = policy.max_bytes
         if policy.max_length == 0 or (max_bytes is not None and size > max_bytes):
             # Emptying the queue would not make room: lose only this one.

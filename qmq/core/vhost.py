@@ -171,6 +171,7 @@ class VirtualHost:
         exclusive_owner: object = None,
         on_demand: bool = False,
         backlog: int = 0,
+        policy: QueuePolicy | None = None,
     ) -> Queue:
         """Create a queue, or return the existing one.
 
@@ -180,6 +181,8 @@ class VirtualHost:
             exists.
         @param backlog: for a private subscription queue, the most messages it
             holds (the oldest are dropped past it); 0 for unbounded.
+        @param policy: the policy to start from, over C{backlog} and
+            C{on_demand} (a private queue whose subscriber states a buffer).
         @raise AccessRefused: the queue is exclusive to another session.
         @raise PreconditionFailed: bad arguments.
         """
@@ -205,7 +208,9 @@ class VirtualHost:
             arguments,
             # A private subscription's backlog: bounded like x-max-length
             # + drop-head, one shared policy, no arguments dict per queue.
-            QueuePolicy.shared(max_length=backlog, overflow="drop-head")
+            policy
+            if policy is not None
+            else QueuePolicy.shared(max_length=backlog, overflow="drop-head")
             if backlog
             else self._on_demand_policy(name) if on_demand else None,
         )

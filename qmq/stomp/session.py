@@ -48,6 +48,7 @@ from twisted.python.failure import Failure
 from qmq import __version__
 from qmq.core.broker import Broker
 from qmq.core.channel import Channel
+from qmq.core.consumer import SubscriberBuffer
 from qmq.core.destination import parse_destination
 from qmq.core.errors import BrokerError
 from qmq.core.ownership import escape_name
@@ -740,6 +741,9 @@ class StompSession:
             # ActiveMQ keys a durable subscription by client id and name.
             durable_name = f"{escape_name(self.client_id)}:{durable_name}"
         sub = Subscription(self, sub_id, text, mode, prefetch)
+        buffer = self._buffer(h)
+        if buffer is not None:
+            sub.buffer = buffer
         channel = self.channel
         assert channel is not None
         channel.subscribe(sub, text, durable_name, label=sub_id)
@@ -756,6 +760,18 @@ class StompSession:
                 "too many subscriptions",
                 f"A connection may hold at most {cap} subscriptions (stomp.max_subscriptions).",
             )
+
+    @staticmethod
+    def _buffer(h: dict[str, str]) -> SubscriberBuffer | None:
+        """The subscriber's buffer (C{buffer-messages}, C{buffer-bytes}), or None."""
+        messages = h.get("buffer-messages")
+        size = h.get("buffer-bytes")
+        if messages is None and size is None:
+            return None
+        return SubscriberBuffer(
+            parse_int(messages, "buffer-messages", 1) if messages is not None else 0,
+            parse_int(size, "buffer-bytes", 1) if size is not None else 0,
+        )
 
     def _prefetch(self, h: dict[str, str]) -> int | None:
         for name in PREFETCH_HEADERS:
@@ -792,6 +808,23 @@ class StompSession:
         delete = sub.durable and self._durable_name(h, sub_id) is not None  # type: ignore[arg-type]
         channel.unsubscribe(sub, delete_durable=delete)
         self._receipt(frame)
+
+    def subscription_overrun(self, sub: Subscription, reason: str) -> None:
+        """C{sub} fell further behind than its buffer allows: cut the
+        client off with an ERROR naming why (the QMQ notes' slow subscriber;
+        the topic and its other subscribers go on)."""
+        log.info(
+            "stomp slow consumer cut off session={session} peer={peer} subscription={sub!r}: {reason}",
+            session=self.id,
+            peer=self.peer,
+            sub=sub.id,
+            reason=reason,
+        )
+        self.error(
+            "slow consumer",
+            f"Subscription {sub.id!r} ({sub.destination}) fell too far behind: {reason}. "
+            "The connection is cut off; the messages it did not read are lost to it.",
+        )
 
     def subscription_cancelled(self, sub: Subscription) -> None:
         """The queue or exchange under C{sub} was deleted by someone else."""

@@ -89,3 +89,6 @@ class Subscription(Consumer):
 
     def cancelled(self) -> None:
         self.session.subscription_cancelled(self)
+
+    def overrun(self, reason: str) -> None:
+        self.session.subscription_overrun(self, reason)

@@ -6,7 +6,54 @@ stops reading).
 
 from __future__ import annotations
 
-from tests.integration.test_stomppy import BrokerTestCase
+import socket
+import time
+
+from tests.integration.test_stomppy import TIMEOUT, BrokerTestCase
+
+
+class RawClient:
+    """A STOMP client on a bare socket, so a test decides when it reads
+    (stomp.py always reads). Its receive buffer is small, so the broker
+    meets back-pressure soon once it stops reading."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        self.sock.settimeout(TIMEOUT)
+        self.sock.connect(("127.0.0.1", port))
+        self.data = b""
+
+    def send(self, command: str, headers: dict[str, str], body: bytes = b"") -> None:
+        lines = "".join(f"{k}:{v}\n" for k, v in headers.items())
+        self.sock.sendall(f"{command}\n{lines}\n".encode() + body + b"\x00")
+
+    def read_until(self, marker: bytes) -> None:
+        deadline = time.monotonic() + TIMEOUT
+        while marker not in self.data:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {marker!r}")
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise AssertionError(f"connection closed before {marker!r}")
+            self.data += chunk
+
+    def read_to_end(self) -> bytes:
+        """Everything until the broker closes (bounded in time); a reset
+        after the broker's close grace counts as the end too."""
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:
+            try:
+                chunk = self.sock.recv(1 << 20)
+            except ConnectionResetError:
+                return self.data
+            if not chunk:
+                return self.data
+            self.data += chunk
+        raise AssertionError("the broker did not close the connection")
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 class DurableSubscriptionTests(BrokerTestCase):
@@ -136,3 +183,73 @@ class DeclaredTopologyTests(BrokerTestCase):
             self.assertNotIn("typo2", shop.queues)
 
         return d.addCallback(check)
+
+
+class SubscriberBufferTests(BrokerTestCase):
+    def setUp(self):
+        d = super().setUp()
+
+        def patient(port):
+            # The stalled client reads what it was sent only once the flood
+            # is over: give it that long before the broker aborts it.
+            from qmq.connections import ConnectionRegistry, ConnectionSettings
+
+            self.factory.registry.settings = ConnectionSettings(close_grace=30.0)
+            assert isinstance(self.factory.registry, ConnectionRegistry)
+            return port
+
+        return d.addCallback(patient)
+
+    def test_stalled_reader_cut_fast_reader_gets_everything(self):
+        """A raw socket subscriber with buffer-bytes stops reading; the
+        publisher floods the topic. The stalled one is cut off with ERROR
+        "slow consumer"; a stomp.py subscriber on the same topic receives
+        every message, in order, and the publisher every receipt."""
+        count, body = 3000, b"x" * 8192
+        figures = {}
+
+        def scenario():
+            slow = RawClient(self.port_number)
+            self.addCleanup(slow.close)
+            slow.send("CONNECT", {"accept-version": "1.2", "host": "/", "heart-beat": "0,0"})
+            slow.read_until(b"CONNECTED")
+            slow.send(
+                "SUBSCRIBE",
+                {"destination": "/topic/flood", "id": "slow", "buffer-bytes": "200000", "receipt": "r"},
+            )
+            slow.read_until(b"receipt-id:r")
+            # From here on the slow client reads nothing.
+            fast = self.client("1.2")
+            fast.connect()
+            fast.conn.subscribe("/topic/flood", id="fast", headers={"receipt": "f"})
+            fast.rec.wait_receipt("f")
+            pub = self.client("1.2")
+            pub.connect()
+            started = time.monotonic()
+            for i in range(count):
+                headers = {"n": str(i)}
+                if i == count - 1:
+                    headers["receipt"] = "last"
+                pub.conn.send("/topic/flood", body, headers=headers)
+            pub.rec.wait_receipt("last")
+            got = fast.rec.wait(
+                lambda: len(fast.rec.messages) >= count and fast.rec.messages, f"{count} messages"
+            )
+            figures["fast subscriber, s"] = time.monotonic() - started
+            assert [int(m.headers["n"]) for m in got] == list(range(count))
+            assert not pub.rec.errors and not fast.rec.errors, (pub.rec.errors, fast.rec.errors)
+            # Only the fast subscriber is left on the topic.
+            receipt = "subs"
+            fast.conn.send("/control/count-subscribers/topic/flood", "", receipt=receipt)
+            assert fast.rec.wait_receipt(receipt)["num-subscribers"] == "1"
+            data = slow.read_to_end()
+            assert b"\nmessage:slow consumer\n" in data, data[-500:]
+            error = data[data.rindex(b"ERROR\n") :]
+            assert b"buffer-bytes 200000" in error, error
+            # It got a part of the flood, then the ERROR, then nothing.
+            figures["slow subscriber got"] = data.count(b"MESSAGE\n")
+            assert figures["slow subscriber got"] < count
+
+        d = self.in_thread(scenario)
+        d.addCallback(lambda _: print(f"\n  figures: {figures}"))
+        return d
