@@ -17,7 +17,9 @@ setup(
     python_requires=">=3.11",
     package_dir={"": "."},
     packages=find_packages(include=["qmq", "qmq.*"]) + ["twisted.plugins"],
-    package_data={"qmq": ["default.toml"], "twisted.plugins": ["qmq_plugin.py", "qmq_endpoints.py"]},
+    package_data={
+        "qmq": ["default.toml", "web/static/*", "web/examples/*"],         "twisted.plugins": ["qmq_plugin.py", "qmq_endpoints.py"],
+    },
     include_package_data=True,
     install_requires=[
         "twisted[tls]>=24.7",

@@ -81,6 +81,7 @@ from qmq.core.limits import LimitSettings
 from qmq.core.queue import QUEUE_ARGUMENTS, QueueArgument, argument_name
 from qmq.stomp.settings import StompSettings
 from qmq.store.settings import CommitLogSettings
+from qmq.web.settings import WebSettings
 
 __all__ = [
     "DEFAULT_CONFIG_NAME",
@@ -119,6 +120,7 @@ SECTIONS: dict[str, type] = {
     "connections": ConnectionSettings,
     "limits": LimitSettings,
     "commit_log": CommitLogSettings,
+    "web": WebSettings,
 }
 
 #: The queue arguments of a queue created on demand (a client names a queue

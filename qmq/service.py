@@ -119,9 +119,20 @@ def _stomp_factory(
     return StompFactory(broker, settings.stomp, clock=clock, registry=registry, listener=listener)
 
 
+def _http_factory(
+    broker: Broker, settings: Settings, clock: Any, registry: ConnectionRegistry, listener: str
+) -> Factory:
+    from qmq.web.site import HttpFactory, WebContext  # noqa: PLC0415
+
+    return HttpFactory(WebContext(broker, clock, settings, registry, listener))
+
+
 #: The wire protocols a listen spec may name, by the C{PROTOCOL} part.
+#: C{http} is the web site (STOMP over WebSocket, the browser client, and
+#: whatever else L{qmq.web.site.MOUNTS} holds).
 PROTOCOLS: dict[str, FactoryBuilder] = {
     "stomp": _stomp_factory,
+    "http": _http_factory,
 }
 
 #: A message store's builder: (settings, reactor) -> the store the broker

@@ -24,6 +24,7 @@ from qmq.connections import ConnectionSettings
 from qmq.core.limits import LimitSettings
 from qmq.stomp.settings import StompSettings
 from qmq.store.settings import CommitLogSettings
+from qmq.web.settings import WebSettings
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -109,6 +110,7 @@ class DefaultTests(unittest.TestCase):
                 "connections": ConnectionSettings,
                 "limits": LimitSettings,
                 "commit_log": CommitLogSettings,
+                "web": WebSettings,
             },
         )
         settings = config.load_string("[limits]\nmax_topic_words = 5\n")
@@ -117,7 +119,8 @@ class DefaultTests(unittest.TestCase):
         self.assertIs(settings.section("limits"), settings.limits)
         self.assertIs(settings.section("commit_log"), settings.commit_log)
         self.assertEqual(settings.limits.max_topic_words, 5)
-        self.assertEqual(settings.other_sections, {})
+        self.assertEqual(settings.other_sections, {"web": WebSettings()})
+        self.assertIs(settings.section("web"), settings.other_sections["web"])
         self.assertRaises(KeyError, settings.section, "amqp")
 
     def test_everySectionFieldMapped(self) -> None:
@@ -450,7 +453,7 @@ class ErrorTests(unittest.TestCase):
         self.check(
             'lisen = ["stomp:tcp:1"]',
             "qmq.toml: lisen: unknown key (expected one of: commit_log, connections, data_dir,"
-            ' limits, listen, shutdown_timeout, stomp, store, vhosts); did you mean "listen"?',
+            ' limits, listen, shutdown_timeout, stomp, store, vhosts, web); did you mean "listen"?',
         )
         self.check(
             "[limits]\nmax_topic_word = 1",
@@ -900,7 +903,7 @@ class SectionTests(unittest.TestCase):
             settings.section("widget"),
             WidgetSettings(count=3, ratio="auto", mode="safe", enabled=False, delay=2.0),
         )
-        self.assertEqual(settings.other_sections, {"widget": settings.section("widget")})
+        self.assertEqual(settings.other_sections["widget"], settings.section("widget"))
         self.assertEqual(config.load().section("widget"), WidgetSettings())
         self.assertEqual(config.load(), Settings())
         self.assertEqual(Settings().section("widget"), WidgetSettings())

@@ -1,0 +1,523 @@
+# -*- test-case-name: tests.test_web_site -*-
+"""The HTTP listener: one C{twisted.web} site that every web frontend shares.
+
+C{--listen http:tcp:8080:interface=127.0.0.1} (or C{http:ssl:...},
+C{http:qmqtls:...}) makes one L{HttpFactory}. On one port it serves::
+
+    /stomp, /ws     STOMP over WebSocket (L{qmq.web.websocket})
+    /qmq.js         QMQ's browser client (an ES module)
+    /examples/      the example pages, when [web] examples = true
+    /sockjs         STOMP over SockJS (qmq.web.sockjs)
+    /api, /metrics  the JSON/Avro HTTP API and the metrics (qmq.web.api)
+
+The contract for a part mounted here is small. It is one entry in
+L{MOUNTS}: a path segment and a function that takes the listener's
+L{WebContext} and returns the C{twisted.web} resource to mount there (or
+L{None}: not mounted, a 404). Everything a resource needs of the broker is
+in the context: the broker, the clock, the settings (its own section through
+C{ctx.settings.section(NAME)}), the connection registry, and the cred portal
+(L{None} until authentication exists). Errors are answered with
+L{json_error}: a 4xx or 5xx status and a JSON body
+C{{"error": ..., "detail": ...}}, never an HTML page or a traceback.
+
+A connection's life, as this module sees it:
+
+    1. L{HttpFactory.buildProtocol} asks the broker's
+       L{qmq.connections.ConnectionRegistry} whether this listener may take
+       one more connection from this address, exactly as the STOMP listener
+       does. If not, the client gets a L{RefusedHttpProtocol}: a C{503} with
+       a JSON body, and the connection is closed.
+    2. Otherwise the site's HTTP channel is wrapped in an L{HttpConnection},
+       which is the connection as the registry sees it (added when made,
+       removed when lost) for the whole life of the socket, also after a
+       WebSocket upgrade hands the socket from the HTTP channel to a STOMP
+       session: the upgrade replaces the wrapped protocol, not the wrapper.
+       Over TLS the handshake must finish within C{handshake_timeout}
+       seconds or the connection is aborted.
+    3. Requests: L{QMQRequest} refuses a body larger than
+       C{[web] max_request_body} (C{413}, then the connection is closed), and
+       a failure inside a resource becomes a C{500} with a JSON body. A
+       kept-alive connection idle for C{[web] idle_timeout} seconds is
+       closed (Twisted's own timeout, which does not run while a request is
+       being answered).
+    4. At a graceful shutdown the registry calls L{HttpConnection.shutdown}:
+       a WebSocket carrying STOMP sends its client an C{ERROR} and closes;
+       a plain HTTP connection is closed once what was written is flushed.
+       Either is aborted if it has not gone C{close_grace} seconds later.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from twisted.internet.interfaces import IHandshakeListener, ISSLTransport
+from twisted.internet.protocol import Protocol
+from twisted.logger import Logger
+from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
+from twisted.python.failure import Failure
+from twisted.web import http, server
+from twisted.web.resource import Resource
+from zope.interface import implementer
+
+from qmq import __version__
+from qmq.connections import ConnectionRegistry
+from qmq.core.broker import Broker
+from qmq.tls import PeerIdentity, peer_identity
+from qmq.transport import IConnection
+from qmq.web.settings import WebSettings
+
+__all__ = [
+    "MOUNTS",
+    "HttpConnection",
+    "HttpFactory",
+    "JsonError",
+    "QMQRequest",
+    "RefusedHttpProtocol",
+    "StaticFile",
+    "WebContext",
+    "build_root",
+    "build_site",
+    "json_error",
+]
+
+log = Logger()
+
+#: Where the site's own files are (C{qmq.js}, the example pages).
+STATIC = Path(__file__).parent / "static"
+EXAMPLES = Path(__file__).parent / "examples"
+
+
+@dataclass
+class WebContext:
+    """What a resource mounted on the site may use of the broker.
+
+    @ivar broker: the broker.
+    @ivar clock: the reactor (C{IReactorTime}; the real reactor in the
+        service, a L{twisted.internet.task.Clock} in tests).
+    @ivar settings: the whole configuration (L{qmq.config.Settings});
+        a part reads its own table with C{settings.section(NAME)}.
+    @ivar connections: the broker's connection registry (caps, shutdown).
+    @ivar listener: this listener's name in the registry (its listen spec).
+    @ivar portal: the C{twisted.cred} portal that authenticates clients, or
+        L{None} while QMQ has no authentication.
+    """
+
+    broker: Broker
+    clock: Any
+    settings: Any
+    connections: ConnectionRegistry
+    listener: str = "http"
+    portal: Any = None
+
+    @property
+    def web(self) -> WebSettings:
+        """The C{[web]} settings."""
+        return self.settings.section("web")
+
+
+#: A mount: the context in, the resource to put at its path out (or None).
+MountBuilder = Callable[[WebContext], "Resource | None"]
+
+
+def _stomp(ctx: WebContext) -> Resource:
+    from qmq.web.websocket import stomp_resource  # noqa: PLC0415
+
+    return stomp_resource(ctx)
+
+
+def _client(ctx: WebContext) -> Resource:
+    return StaticFile(str(STATIC / "qmq.js"))
+
+
+def _examples(ctx: WebContext) -> Resource | None:
+    if not ctx.web.examples:
+        return None
+    return StaticFile(str(EXAMPLES))
+
+
+#: The site's paths: the first segment -> what builds the resource there.
+#: A part of QMQ that serves HTTP adds one line here (see the module
+#: docstring); C{/ws} is the same resource as C{/stomp} (RabbitMQ's path).
+MOUNTS: dict[str, MountBuilder] = {
+    "stomp": _stomp,
+    "ws": _stomp,
+    "qmq.js": _client,
+    "examples": _examples,
+}
+
+
+def json_error(request: Any, code: int, error: str, detail: str = "") -> bytes:
+    """Answer C{request} with status C{code} and a JSON problem body.
+
+    @param request: the request.
+    @param code: the HTTP status (4xx, 5xx).
+    @param error: a short reason (C{"not found"}).
+    @param detail: what the client can do about it.
+    @return: the body, for a C{render_*} method to return.
+    """
+    request.setResponseCode(code)
+    request.setHeader(b"content-type", b"application/json")
+    request.setHeader(b"cache-control", b"no-store")
+    return json.dumps({"error": error, "detail": detail or error}).encode() + b"\n"
+
+
+class JsonError(Resource):
+    """A resource that answers every request with one JSON error."""
+
+    isLeaf = True
+
+    def __init__(self, code: int, error: str, detail: str = "") -> None:
+        super().__init__()
+        self.code = code
+        self.error = error
+        self.detail = detail
+
+    def render(self, request: Any) -> bytes:
+        return json_error(request, self.code, self.error, self.detail)
+
+
+def _not_found(request: Any) -> JsonError:
+    path = request.path.decode("utf-8", "replace")[:200]
+    return JsonError(404, "not found", f"Nothing is served at {path}.")
+
+
+class Root(Resource):
+    """The site's root: the mounts, a JSON index at C{/}, JSON 404s."""
+
+    def __init__(self, ctx: WebContext) -> None:
+        super().__init__()
+        self.ctx = ctx
+
+    def getChild(self, path: bytes, request: Any) -> Resource:
+        if path == b"":
+            return self
+        return _not_found(request)
+
+    def render_GET(self, request: Any) -> bytes:
+        request.setHeader(b"content-type", b"application/json")
+        paths = sorted("/" + name.decode() for name in self.children)
+        return json.dumps({"server": "QMQ", "version": __version__, "paths": paths}).encode()
+
+    def render(self, request: Any) -> bytes:
+        if request.method in (b"GET", b"HEAD"):
+            return super().render(request)
+        request.setHeader(b"allow", b"GET, HEAD")
+        return json_error(request, 405, "method not allowed", "/ answers GET only.")
+
+
+def build_root(ctx: WebContext) -> Resource:
+    """The site's root resource with every mount of L{MOUNTS} that is on.
+
+    @param ctx: the listener's context.
+    @return: the root.
+    """
+    root = Root(ctx)
+    for name, build in MOUNTS.items():
+        resource = build(ctx)
+        if resource is not None:
+            root.putChild(name.encode(), resource)
+    return root
+
+
+class StaticFile(Resource):
+    """A file, or a directory of files, of the site's own (the client, the
+    example pages).
+
+    Small files only, read when asked for (no cooperator, no ranges);
+    revalidated on every use (C{no-cache}, with C{Last-Modified}):
+    C{/qmq.js} keeps its URL across versions, so a browser must not run a
+    stale copy. Names are plain file names (no hidden files, no
+    sub-directories, no C{..}); directories are not listed.
+    """
+
+    isLeaf = True
+
+    #: Content types by suffix; any other file is not served.
+    TYPES = {
+        ".js": b"text/javascript; charset=utf-8",
+        ".mjs": b"text/javascript; charset=utf-8",
+        ".html": b"text/html; charset=utf-8",
+        ".css": b"text/css; charset=utf-8",
+        ".json": b"application/json",
+        ".png": b"image/png",
+        ".svg": b"image/svg+xml",
+        ".txt": b"text/plain; charset=utf-8",
+    }
+    #: The largest file served.
+    MAX_SIZE = 4 * 1024 * 1024
+
+    def __init__(self, path: str | Path, index: str = "index.html") -> None:
+        super().__init__()
+        self.path = Path(path)
+        self.index = index
+
+    def _file(self, request: Any) -> Path | None:
+        segments = [s.decode("utf-8", "replace") for s in request.postpath]
+        if self.path.is_file():
+            return self.path if not any(segments) else None
+        if not segments or segments == [""]:
+            segments = [self.index]
+        if len(segments) != 1:
+            return None
+        name = segments[0]
+        if not name or name.startswith(".") or "/" in name or "\\" in name:
+            return None
+        candidate = self.path / name
+        return candidate if candidate.is_file() else None
+
+    def render(self, request: Any) -> bytes:
+        if request.method not in (b"GET", b"HEAD"):
+            request.setHeader(b"allow", b"GET, HEAD")
+            return json_error(request, 405, "method not allowed", "Files answer GET only.")
+        path = self._file(request)
+        kind = self.TYPES.get(path.suffix) if path is not None else None
+        if path is None or kind is None:
+            return _not_found(request).render(request)
+        try:
+            stat = path.stat()
+            if stat.st_size > self.MAX_SIZE:
+                return _not_found(request).render(request)
+            request.setHeader(b"content-type", kind)
+            request.setHeader(b"cache-control", b"no-cache")
+            request.setHeader(b"x-content-type-options", b"nosniff")
+            if request.setLastModified(stat.st_mtime) == http.CACHED:
+                return b""
+            return path.read_bytes()
+        except OSError:
+            return _not_found(request).render(request)
+
+
+class QMQRequest(server.Request):
+    """A request whose body is capped and whose failures answer in JSON."""
+
+    _refused = False
+    _received = 0
+
+    def _limit(self) -> int:
+        site = getattr(self.channel, "site", None)
+        web = getattr(site, "web_settings", None)
+        return web.max_request_body if web is not None else WebSettings.max_request_body
+
+    def gotLength(self, length: int | None) -> None:
+        if length is not None and length > self._limit():
+            self._refuse(length)
+            return
+        super().gotLength(length)
+
+    def handleContentChunk(self, data: bytes) -> None:
+        if self._refused:
+            return
+        self._received += len(data)
+        if self._received > self._limit():
+            self._refuse(None)
+            return
+        super().handleContentChunk(data)
+
+    def _refuse(self, length: int | None) -> None:
+        """Answer 413 at once, before the body is read, and close."""
+        self._refused = True
+        limit = self._limit()
+        size = f"{length} bytes" if length is not None else "more"
+        body = json.dumps(
+            {
+                "error": "request body too large",
+                "detail": f"The body has {size}; this broker takes at most {limit} "
+                "([web] max_request_body).",
+            }
+        ).encode()
+        transport = self.channel.transport
+        if transport is None:
+            return
+        transport.write(
+            b"HTTP/1.1 413 Content Too Large\r\ncontent-type: application/json\r\n"
+            b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        transport.loseConnection()
+
+    def processingFailed(self, reason: Failure) -> None:
+        log.failure("while answering {method} {uri}", reason,
+                    method=self.method.decode("ascii", "replace"),
+                    uri=self.uri.decode("ascii", "replace")[:200])
+        if self.finished or self.startedWriting:
+            self.loseConnection()
+            return
+        body = json_error(self, 500, "internal error", "The broker failed to answer; see its log.")
+        self.setHeader(b"content-length", b"%d" % len(body))
+        self.write(body)
+        self.finish()
+
+
+def build_site(ctx: WebContext) -> server.Site:
+    """The listener's C{twisted.web} site (the root of L{build_root}).
+
+    @param ctx: the listener's context.
+    @return: the site, on the context's clock.
+    """
+    web = ctx.web
+    site = server.Site(build_root(ctx), timeout=web.idle_timeout, reactor=ctx.clock)
+    site.requestFactory = QMQRequest
+    site.displayTracebacks = False
+    site.noisy = False
+    site.web_settings = web  # read by QMQRequest for its body cap
+    return site
+
+
+def _abort(transport: Any) -> None:
+    abort = getattr(transport, "abortConnection", None)
+    if abort is not None:
+        abort()
+    else:
+        transport.loseConnection()
+
+
+@implementer(IConnection, IHandshakeListener)
+class HttpConnection(ProtocolWrapper):
+    """One connection of an C{http:} listener, as the registry sees it.
+
+    It wraps the site's HTTP channel, and after a WebSocket upgrade the
+    protocol that took the socket over (the upgrade replaces the wrapped
+    protocol, so this object stays the connection for its whole life).
+
+    @ivar peer_host: the client's address (for the per-address cap).
+    @ivar identity: the client's verified TLS identity, once known.
+    """
+
+    factory: HttpFactory
+
+    def __init__(self, factory: HttpFactory, wrapped: Protocol, peer_host: str) -> None:
+        super().__init__(factory, wrapped)
+        self.peer_host = peer_host
+        self.identity: PeerIdentity | None = None
+        self._handshake: Any = None
+        self._grace: Any = None
+        self._lost = False
+
+    def connectionMade(self) -> None:
+        ctx = self.factory.ctx
+        ctx.connections.add(self, ctx.listener)
+        if ISSLTransport.providedBy(self.transport):
+            self._handshake = ctx.clock.callLater(
+                ctx.connections.settings.handshake_timeout, self._handshake_timeout
+            )
+
+    def handshakeCompleted(self) -> None:
+        """The TLS handshake is done: stop its clock, read who the client is."""
+        timer, self._handshake = self._handshake, None
+        if timer is not None and timer.active():
+            timer.cancel()
+        self.identity = peer_identity(self.transport)
+        wrapped = self.wrappedProtocol
+        if IHandshakeListener.providedBy(wrapped):
+            wrapped.handshakeCompleted()
+
+    def _handshake_timeout(self) -> None:
+        self._handshake = None
+        log.info("tls handshake timeout protocol=http peer={peer}", peer=self.peer_host)
+        self.abort()
+
+    def connectionLost(self, reason: Failure) -> None:  # type: ignore[override]
+        self._lost = True
+        for timer in (self._handshake, self._grace):
+            if timer is not None and timer.active():
+                timer.cancel()
+        self._handshake = self._grace = None
+        self.factory.ctx.connections.remove(self)
+        super().connectionLost(reason)
+
+    # IConnection
+    def shutdown(self, reason: str) -> None:
+        """The broker is going away: tell the client if its protocol can, close."""
+        wrapped = self.wrappedProtocol
+        if IConnection.providedBy(wrapped):
+            wrapped.shutdown(reason)
+            return
+        if self._lost:
+            return
+        self.transport.loseConnection()  # type: ignore[union-attr]
+        if not self._lost and self._grace is None:
+            ctx = self.factory.ctx
+            self._grace = ctx.clock.callLater(ctx.connections.settings.close_grace, self.abort)
+
+    def abort(self) -> None:
+        """Drop the connection now."""
+        if not self._lost:
+            _abort(self.transport)
+
+
+class RefusedHttpProtocol(Protocol):
+    """A connection the registry refused: a 503 with a JSON body, then closed."""
+
+    def __init__(self, factory: HttpFactory, detail: str) -> None:
+        self.factory = factory
+        self.detail = detail
+        self._grace: Any = None
+        self._lost = False
+
+    def connectionMade(self) -> None:
+        body = json.dumps({"error": "too many connections", "detail": self.detail}).encode()
+        transport = self.transport
+        transport.write(  # type: ignore[union-attr]
+            b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+            b"connection: close\r\nretry-after: 1\r\ncontent-length: %d\r\n\r\n%s"
+            % (len(body), body)
+        )
+        transport.loseConnection()  # type: ignore[union-attr]
+        if not self._lost:
+            ctx = self.factory.ctx
+            self._grace = ctx.clock.callLater(
+                ctx.connections.settings.close_grace, _abort, transport
+            )
+
+    def dataReceived(self, data: bytes) -> None:
+        pass  # the answer is already on its way
+
+    def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
+        self._lost = True
+        if self._grace is not None and self._grace.active():
+            self._grace.cancel()
+        self._grace = None
+
+
+class HttpFactory(WrappingFactory):
+    """The factory of an C{http:} listener: the site, behind the registry's caps.
+
+    @ivar ctx: the listener's L{WebContext}.
+    @ivar site: the C{twisted.web} site it serves.
+    """
+
+    protocol = HttpConnection  # type: ignore[assignment]
+    noisy = False
+
+    def __init__(self, ctx: WebContext) -> None:
+        self.ctx = ctx
+        self.site = build_site(ctx)
+        super().__init__(self.site)
+
+    @property
+    def listener(self) -> str:
+        return self.ctx.listener
+
+    def buildProtocol(self, addr: Any) -> Protocol | None:  # type: ignore[override]
+        host = getattr(addr, "host", None) or ""
+        refusal = self.ctx.connections.admit(self.ctx.listener, host)
+        if refusal is not None:
+            return RefusedHttpProtocol(self, refusal)
+        channel = self.site.buildProtocol(addr)
+        if channel is None:
+            return None
+        return HttpConnection(self, channel, host)
+
+    def registerProtocol(self, p: Any) -> None:
+        pass  # the registry counts connections; no second book
+
+    def unregisterProtocol(self, p: Any) -> None:
+        pass
+
+    @property
+    def connections(self) -> Any:
+        """This listener's open connections (a live view)."""
+        return self.ctx.connections.connections(self.ctx.listener)

@@ -1,0 +1,395 @@
+# -*- test-case-name: tests.test_web_websocket,tests.integration.test_websocket -*-
+"""STOMP over WebSocket: autobahn carries the very session STOMP over TCP uses.
+
+The site mounts one L{WebSocketResource} (autobahn's Twisted integration)
+at C{/stomp} and at C{/ws}. A client's upgrade request reaches
+L{StompWebSocketProtocol.onConnect}, which checks its C{Origin} against the
+C{[web] allowed_origins} list (the broker's own origin is always allowed;
+a request without an C{Origin} is not from a browser and is not checked)
+and picks the subprotocol: the first of C{v12.stomp}, C{v11.stomp},
+C{v10.stomp} the client offers, or none if it offers none. A client that
+offers only other subprotocols is refused (400).
+
+Once open, the connection is an L{qmq.transport.ITransport} for a
+L{qmq.stomp.session.StompSession}, exactly as a TCP connection is:
+
+  - B{In.} WebSocket message boundaries mean nothing to STOMP here: the
+    payload of every data frame, text or binary, is fed as it arrives to the
+    session's L{qmq.stomp.reader.StompReader}, so one message may carry
+    several STOMP frames, a frame may span messages, and a heart-beat is a
+    message holding an end-of-line. Nothing is buffered per message (the
+    reader's limits, deadlines and share of the broker's budget for
+    unfinished frames apply as over TCP). The whole socket read is one
+    batch: the broker's write batcher is held around it, so a read of many
+    SENDs becomes one write per receiving connection.
+  - B{Out.} Each STOMP frame is one WebSocket message (what every STOMP
+    client expects), written unmasked by L{encode_messages}, a batch in one
+    socket write; a text message when the frame is valid UTF-8 and
+    C{[web] frame_type} is C{auto}, binary otherwise.
+  - B{Flow.} The protocol is the socket's streaming producer: a full write
+    buffer pauses the session's deliveries; the session's
+    C{pause_reading} (the memory alarm, the reader's turn budget) pauses the
+    socket.
+  - B{Liveness.} STOMP heart-beats work as over TCP; autobahn sends
+    WebSocket pings every C{[web] ping_interval} seconds and drops a client
+    that does not answer within C{ping_timeout}.
+  - B{Close.} C{close(reason)} unregisters the producer (Twisted's TLS
+    layer does not close while one is registered), sends a WebSocket close
+    (1000, the reason) after the session's last frame, and aborts the
+    connection if the client has not let it go C{close_grace} seconds later.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import struct
+from typing import Any
+
+from autobahn.twisted.resource import WebSocketResource
+from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
+from autobahn.websocket.protocol import WebSocketProtocol
+from autobahn.websocket.types import ConnectionDeny, ConnectionRequest
+from twisted.internet.interfaces import IPushProducer, ISSLTransport
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from qmq.stomp.reader import StompReader
+from qmq.stomp.session import StompSession
+from qmq.tls import PeerIdentity
+from qmq.transport import IConnection, ITransport
+from qmq.twisted_internals import direct_writer, hold_batches_per_read
+from qmq.web.site import WebContext
+
+__all__ = [
+    "SUBPROTOCOLS",
+    "StompWebSocketFactory",
+    "StompWebSocketProtocol",
+    "encode_messages",
+    "origin_allowed",
+    "stomp_resource",
+]
+
+log = Logger()
+
+#: The subprotocols QMQ speaks, in order of preference.
+SUBPROTOCOLS = ("v12.stomp", "v11.stomp", "v10.stomp")
+
+_TEXT = 0x81  # FIN + opcode 1
+_BINARY = 0x82  # FIN + opcode 2
+_HEADERS = {
+    opcode: [bytes((opcode, n)) for n in range(126)] for opcode in (_TEXT, _BINARY)
+}
+_MEDIUM = struct.Struct("!BBH").pack
+_LARGE = struct.Struct("!BBQ").pack
+
+
+def _is_text(frame: bytes) -> bool:
+    if frame.isascii():
+        return True
+    try:
+        frame.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def encode_messages(frames: list[bytes], frame_type: str = "auto") -> bytes:
+    """Unmasked WebSocket messages (server to client), one per STOMP frame.
+
+    @param frames: encoded STOMP frames (or heart-beat end-of-lines).
+    @param frame_type: C{"auto"} (text if the frame is valid UTF-8, else
+        binary), C{"text"} or C{"binary"}.
+    @return: the bytes to write.
+    """
+    out = []
+    append = out.append
+    for frame in frames:
+        if frame_type == "auto":
+            opcode = _TEXT if _is_text(frame) else _BINARY
+        else:
+            opcode = _TEXT if frame_type == "text" else _BINARY
+        n = len(frame)
+        if n < 126:
+            append(_HEADERS[opcode][n])
+        elif n < 65536:
+            append(_MEDIUM(opcode, 126, n))
+        else:
+            append(_LARGE(opcode, 127, n))
+        append(frame)
+    return b"".join(out)
+
+
+def _normal_origin(origin: str) -> str:
+    return origin.strip().rstrip("/").lower()
+
+
+def origin_allowed(origin: str | None, host: str | None, secure: bool, patterns: tuple[str, ...]) -> bool:
+    """May a page from C{origin} open a WebSocket to this broker?
+
+    @param origin: the request's C{Origin} header, or L{None} or C{""} (none:
+        not a browser, allowed).
+    @param host: the request's C{Host} header (the broker's own origin is
+        always allowed).
+    @param secure: whether the request came over TLS.
+    @param patterns: the C{allowed_origins} patterns (C{*}, C{?} wildcards).
+    @return: whether it may.
+    """
+    if not origin:
+        return True  # autobahn reports a missing header as ""
+    origin = _normal_origin(origin)
+    if host:
+        own = ("https://" if secure else "http://") + host.strip().lower()
+        if origin == own:
+            return True
+    for pattern in patterns:
+        if pattern == "*" or fnmatch.fnmatchcase(origin, _normal_origin(pattern)):
+            return True
+    return False
+
+
+class _ClockTimer:
+    """autobahn's timer interface (txaio's C{IBatchedTimer}) on our clock.
+
+    autobahn takes its timers (handshake and ping timeouts) from txaio's
+    global event loop; the broker's clock is injected instead, so that
+    tests drive them with a L{twisted.internet.task.Clock} and the service
+    with the reactor it was given.
+    """
+
+    def __init__(self, clock: Any) -> None:
+        self._clock = clock
+
+    def call_later(self, delay: float, fun: Any, *args: Any, **kwargs: Any) -> Any:
+        return self._clock.callLater(delay, fun, *args, **kwargs)
+
+
+@implementer(ITransport, IConnection, IPushProducer)
+class StompWebSocketProtocol(WebSocketServerProtocol):
+    """One STOMP-over-WebSocket connection: the session's L{ITransport}."""
+
+    factory: StompWebSocketFactory
+    heartbeats = True
+    session: StompSession | None = None
+    reader: StompReader | None = None
+
+    peer_host = ""
+    identity: PeerIdentity | None = None
+    _write: Any = None
+    _producing = False
+    _closing = False
+    _lost = False
+    _grace: Any = None
+    _frame_type = "auto"
+
+    # -- the upgrade ----------------------------------------------------------
+
+    def onConnect(self, request: ConnectionRequest) -> str | None:
+        ctx = self.factory.ctx
+        web = ctx.web
+        secure = ISSLTransport.providedBy(self.transport)
+        host = request.headers.get("host")
+        if not origin_allowed(request.origin, host, secure, web.origins):
+            log.info("websocket refused protocol=stomp peer={peer} origin={origin!r}",
+                     peer=self.peer, origin=request.origin)
+            raise ConnectionDeny(
+                403,
+                f"Origin {request.origin[:200]} may not open a WebSocket here "
+                "(add it to [web] allowed_origins).",
+            )
+        offered = request.protocols
+        if not offered:
+            return None
+        for name in SUBPROTOCOLS:
+            if name in offered:
+                return name
+        raise ConnectionDeny(
+            400,
+            "None of the offered subprotocols is spoken here; offer "
+            + ", ".join(SUBPROTOCOLS) + " or none.",
+        )
+
+    def onOpen(self) -> None:
+        ctx = self.factory.ctx
+        transport = self.transport
+        self._frame_type = ctx.web.frame_type
+        self.peer_host = getattr(transport, "peer_host", "") or _host(transport)
+        self.identity = getattr(transport, "identity", None)
+        raw = getattr(transport, "transport", transport)  # under the HttpConnection
+        self._write = direct_writer(raw)
+        if ISSLTransport.providedBy(raw):
+            hold_batches_per_read(raw, ctx.broker.batcher)
+        self._batcher = ctx.broker.batcher
+        # The HTTP channel that answered the upgrade is still the socket's
+        # producer; the socket is ours now.
+        transport.unregisterProducer()
+        transport.registerProducer(self, True)
+        self._producing = True
+        self.session = session = StompSession(ctx.broker, ctx.settings.stomp, self, clock=ctx.clock)
+        self.reader = StompReader(session)
+        self.onMessageFrameData = self.reader.data_received  # type: ignore[method-assign]
+        log.info("connection open protocol=stomp+websocket peer={peer} session={session}",
+                 peer=self.peer, session=session.id)
+
+    # -- in ---------------------------------------------------------------------
+
+    def dataReceived(self, data: bytes) -> None:
+        # One socket read is one batch, however many messages it carries.
+        batcher = self._batcher if self.session is not None else None
+        if batcher is None:
+            self._dataReceived(data)
+            return
+        batcher.hold()
+        try:
+            self._dataReceived(data)
+        finally:
+            batcher.release()
+
+    def onMessageBegin(self, isBinary: bool) -> None:
+        pass  # text or binary: both carry STOMP bytes
+
+    def onMessageFrameBegin(self, length: int) -> None:
+        pass  # the reader bounds frames; a message is not buffered
+
+    def onMessageFrameData(self, payload: bytes) -> None:  # replaced in onOpen
+        if self.reader is not None:
+            self.reader.data_received(payload)
+
+    def onMessageFrameEnd(self) -> None:
+        pass
+
+    def onMessageEnd(self) -> None:
+        pass
+
+    def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
+        self._release()
+
+    def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
+        self._lost = True
+        self._producing = False
+        if self._grace is not None and self._grace.active():
+            self._grace.cancel()
+        self._grace = None
+        super().connectionLost(reason)
+        self._release()
+        session = self.session
+        if session is not None:
+            log.info("connection closed protocol=stomp+websocket peer={peer} session={session}",
+                     peer=self.peer, session=session.id)
+
+    def _release(self) -> None:
+        if self.reader is not None:
+            self.reader.connection_lost()
+        if self.session is not None:
+            self.session.connection_lost()
+
+    # -- ITransport ----------------------------------------------------------------
+
+    def write_frames(self, frames: list[bytes]) -> None:
+        if self.state != WebSocketProtocol.STATE_OPEN:
+            return  # closing: nothing may follow the close frame
+        self._write(encode_messages(frames, self._frame_type))
+
+    def close(self, reason: str) -> None:
+        """Close the WebSocket after what was written; abort after the grace."""
+        if self._closing or self._lost:
+            return
+        self._closing = True
+        if self.reader is not None:
+            self.reader.discard()
+        transport = self.transport
+        self.unregisterProducer()
+        if self.state == WebSocketProtocol.STATE_OPEN:
+            self.sendClose(1000, reason[:100])
+        else:
+            transport.loseConnection()  # type: ignore[union-attr]
+        if not self._lost:
+            ctx = self.factory.ctx
+            self._grace = ctx.clock.callLater(ctx.connections.settings.close_grace, self._grace_over)
+
+    def _grace_over(self) -> None:
+        self._grace = None
+        log.info("connection aborted after the close grace protocol=stomp+websocket peer={peer}",
+                 peer=self.peer)
+        self.abort()
+
+    def pause_reading(self) -> None:
+        self.transport.pauseProducing()  # type: ignore[union-attr]
+
+    def resume_reading(self) -> None:
+        self.transport.resumeProducing()  # type: ignore[union-attr]
+
+    # -- IConnection ------------------------------------------------------------------
+
+    def shutdown(self, reason: str) -> None:
+        """Send the client an C{ERROR} saying C{reason}, then close."""
+        if self.session is not None:
+            self.session.shutdown(reason)
+        self.close(reason)
+
+    def abort(self) -> None:
+        if not self._lost:
+            abort = getattr(self.transport, "abortConnection", None)
+            if abort is not None:
+                abort()
+            else:
+                self.transport.loseConnection()  # type: ignore[union-attr]
+
+    def unregisterProducer(self) -> None:
+        """Stop being the socket's producer (autobahn calls it on every drop)."""
+        if self._producing:
+            self._producing = False
+            self.transport.unregisterProducer()  # type: ignore[union-attr]
+
+    # -- IPushProducer: the socket's write buffer --------------------------------------
+
+    def pauseProducing(self) -> None:
+        if self.session is not None:
+            self.session.pause()
+
+    def resumeProducing(self) -> None:
+        if self.session is not None:
+            self.session.resume()
+
+    def stopProducing(self) -> None:
+        pass
+
+
+def _host(transport: Any) -> str:
+    try:
+        return getattr(transport.getPeer(), "host", "") or ""
+    except Exception:
+        return ""
+
+
+class StompWebSocketFactory(WebSocketServerFactory):
+    """Builds L{StompWebSocketProtocol}s for one listener's site.
+
+    @ivar ctx: the listener's context.
+    """
+
+    protocol = StompWebSocketProtocol
+
+    def __init__(self, ctx: WebContext) -> None:
+        super().__init__(server="QMQ", reactor=ctx.clock)
+        self.ctx = ctx
+        self._batched_timer = _ClockTimer(ctx.clock)
+        web = ctx.web
+        grace = ctx.connections.settings.close_grace
+        self.setProtocolOptions(
+            # A message is streamed into the STOMP reader, never held whole:
+            # the reader's limits bound it.
+            maxFramePayloadSize=0,
+            maxMessagePayloadSize=0,
+            autoPingInterval=web.ping_interval,
+            autoPingTimeout=web.ping_timeout,
+            openHandshakeTimeout=ctx.connections.settings.handshake_timeout,
+            closeHandshakeTimeout=grace,
+            tcpNoDelay=True,
+            webStatus=False,  # a GET without an upgrade is told to upgrade, no HTML page
+        )
+
+
+def stomp_resource(ctx: WebContext) -> WebSocketResource:
+    """The resource mounted at C{/stomp} and C{/ws}."""
+    return WebSocketResource(StompWebSocketFactory(ctx))

@@ -1,0 +1,339 @@
+"""Tests for L{qmq.web.site}: the HTTP listener's factory, its connections
+as the registry sees them, and the site's mounts and JSON errors.
+
+No sockets: the factory builds protocols on L{StringTransport}s and the
+clock is a L{MemoryReactorClock}.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from twisted.internet.address import IPv4Address
+from twisted.internet.interfaces import ISSLTransport
+from twisted.internet.testing import (
+    MemoryReactorClock,
+    StringTransport,
+    StringTransportWithDisconnection,
+)
+from twisted.trial import unittest
+from zope.interface import directlyProvides
+
+from qmq import config
+from qmq.connections import ConnectionRegistry, ConnectionSettings
+from qmq.core.broker import Broker
+from qmq.web import site as site_module
+from qmq.web.settings import WebSettings, split_origins
+from qmq.web.site import MOUNTS, HttpConnection, HttpFactory, RefusedHttpProtocol, WebContext
+
+
+def make_context(
+    web: str = "", clock: Any = None, connections: ConnectionSettings | None = None
+) -> WebContext:
+    clock = clock if clock is not None else MemoryReactorClock()
+    settings = config.load_string(web)
+    registry = ConnectionRegistry(connections or settings.connections, clock)
+    return WebContext(Broker(clock=clock), clock, settings, registry, "http:test")
+
+
+class Client:
+    """One connection to an L{HttpFactory}, over a string transport."""
+
+    def __init__(self, factory: HttpFactory, host: str = "127.0.0.1", tls: bool = False) -> None:
+        addr = IPv4Address("TCP", host, 40000)
+        self.protocol = factory.buildProtocol(addr)
+        self.transport = StringTransportWithDisconnection(peerAddress=addr)
+        if tls:
+            directlyProvides(self.transport, ISSLTransport)
+            self.transport.setTcpNoDelay = lambda flag: None
+        self.transport.protocol = self.protocol
+        self.protocol.makeConnection(self.transport)
+
+    def send(self, data: bytes) -> None:
+        self.protocol.dataReceived(data)
+
+    def request(self, method: str, path: str, body: bytes = b"", headers: str = "") -> bytes:
+        head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n{headers}"
+        if body or method == "POST":
+            head += f"Content-Length: {len(body)}\r\n"
+        self.send(head.encode() + b"\r\n" + body)
+        return self.response()
+
+    def response(self) -> bytes:
+        data = self.transport.value()
+        self.transport.clear()
+        return data
+
+
+def split(response: bytes) -> tuple[int, dict[str, str], bytes]:
+    head, _, body = response.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return status, headers, body
+
+
+class SettingsTests(unittest.TestCase):
+    """The C{[web]} table."""
+
+    def test_defaults(self) -> None:
+        web = config.load().section("web")
+        self.assertEqual(web, WebSettings())
+        self.assertEqual(web.origins, ())
+        self.assertFalse(web.examples)
+
+    def test_origins(self) -> None:
+        web = config.load_string(
+            '[web]\nallowed_origins = "https://a.example.com, http://localhost:*"'
+        ).section("web")
+        self.assertEqual(web.origins, ("https://a.example.com", "http://localhost:*"))
+        self.assertEqual(split_origins(" * "), ("*",))
+
+    def test_badOrigin(self) -> None:
+        with self.assertRaises(config.ConfigError) as e:
+            config.load_string('[web]\nallowed_origins = "example.com"', "q.toml")
+        self.assertIn("q.toml: web.allowed_origins: expected origins such as", str(e.exception))
+
+    def test_badFrameType(self) -> None:
+        with self.assertRaises(config.ConfigError) as e:
+            config.load_string('[web]\nframe_type = "utf16"', "q.toml")
+        self.assertEqual(
+            str(e.exception),
+            'q.toml: web.frame_type: expected one of auto, text, binary, got "utf16"',
+        )
+
+    def test_httpListener(self) -> None:
+        """C{http:} is a protocol a listen spec may name."""
+        from qmq import service  # noqa: PLC0415
+
+        self.assertIn("http", service.PROTOCOLS)
+        settings = config.load_string('listen = ["http:tcp:0:interface=127.0.0.1"]')
+        svc = service.make_service(settings, MemoryReactorClock())
+        factory = svc.listeners[0].factory
+        self.assertIsInstance(factory, HttpFactory)
+        self.assertIs(factory.ctx.connections, svc.connections)
+        self.assertEqual(factory.listener, "http:tcp:0:interface=127.0.0.1")
+
+
+class SiteTests(unittest.TestCase):
+    """What the site serves."""
+
+    def setUp(self) -> None:
+        self.ctx = make_context()
+        self.factory = HttpFactory(self.ctx)
+
+    def test_index(self) -> None:
+        status, headers, body = split(Client(self.factory).request("GET", "/"))
+        self.assertEqual(status, 200)
+        self.assertEqual(headers["content-type"], "application/json")
+        index = json.loads(body)
+        self.assertEqual(index["server"], "QMQ")
+        self.assertIn("/stomp", index["paths"])
+        self.assertIn("/ws", index["paths"])
+        self.assertIn("/qmq.js", index["paths"])
+        self.assertNotIn("/examples", index["paths"])
+
+    def test_notFound(self) -> None:
+        status, headers, body = split(Client(self.factory).request("GET", "/nothing/here"))
+        self.assertEqual(status, 404)
+        self.assertEqual(headers["content-type"], "application/json")
+        self.assertEqual(json.loads(body)["error"], "not found")
+        self.assertIn("/nothing/here", json.loads(body)["detail"])
+
+    def test_methodNotAllowed(self) -> None:
+        status, headers, body = split(Client(self.factory).request("POST", "/", b"x"))
+        self.assertEqual(status, 405)
+        self.assertEqual(json.loads(body)["error"], "method not allowed")
+
+    def test_client(self) -> None:
+        """C{/qmq.js} is the client, as a JavaScript module, revalidated."""
+        status, headers, body = split(Client(self.factory).request("GET", "/qmq.js"))
+        self.assertEqual(status, 200)
+        self.assertEqual(headers["content-type"], "text/javascript; charset=utf-8")
+        self.assertEqual(headers["cache-control"], "no-cache")
+        self.assertEqual(headers["x-content-type-options"], "nosniff")
+        self.assertIn(b"export class", body)
+
+    def test_examplesOff(self) -> None:
+        status, _, _ = split(Client(self.factory).request("GET", "/examples/"))
+        self.assertEqual(status, 404)
+
+    def test_examplesOn(self) -> None:
+        factory = HttpFactory(make_context("[web]\nexamples = true"))
+        client = Client(factory)
+        status, headers, body = split(client.request("GET", "/examples/chat.html"))
+        self.assertEqual(status, 200)
+        self.assertEqual(headers["content-type"], "text/html; charset=utf-8")
+        status, _, body = split(client.request("GET", "/examples/missing.html"))
+        self.assertEqual(status, 404)
+        self.assertEqual(json.loads(body)["error"], "not found")
+        status, _, body = split(client.request("GET", "/examples/../site.py"))
+        self.assertIn(status, (403, 404))
+        self.assertNotIn(b"import", body)
+
+    def test_mountContract(self) -> None:
+        """A mount is one line in L{MOUNTS}: the context in, a resource (or None) out."""
+        from twisted.web.resource import Resource  # noqa: PLC0415
+
+        seen = []
+
+        class Hello(Resource):
+            isLeaf = True
+
+            def render_GET(self, request: Any) -> bytes:
+                return b"hello"
+
+        def hello(ctx: WebContext) -> Resource:
+            seen.append(ctx)
+            return Hello()
+
+        self.patch(site_module, "MOUNTS", {**MOUNTS, "hello": hello, "off": lambda ctx: None})
+        factory = HttpFactory(self.ctx)
+        self.assertEqual(seen, [self.ctx])
+        client = Client(factory)
+        self.assertEqual(split(client.request("GET", "/hello"))[2], b"hello")
+        self.assertEqual(split(client.request("GET", "/off"))[0], 404)
+
+    def test_failureIsJson(self) -> None:
+        """An exception in a resource is a 500 with a JSON body, no traceback."""
+        from twisted.web.resource import Resource  # noqa: PLC0415
+
+        class Broken(Resource):
+            isLeaf = True
+
+            def render_GET(self, request: Any) -> bytes:
+                raise RuntimeError("secret detail")
+
+        self.patch(site_module, "MOUNTS", {**MOUNTS, "broken": lambda ctx: Broken()})
+        status, headers, body = split(Client(HttpFactory(self.ctx)).request("GET", "/broken"))
+        self.assertEqual(status, 500)
+        self.assertEqual(json.loads(body)["error"], "internal error")
+        self.assertNotIn(b"secret", body)
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+
+    def test_bodyTooLarge(self) -> None:
+        """A body over C{max_request_body} is refused before it is read."""
+        factory = HttpFactory(make_context("[web]\nmax_request_body = 10"))
+        client = Client(factory)
+        client.send(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 11\r\n\r\n")
+        status, headers, body = split(client.response())
+        self.assertEqual(status, 413)
+        self.assertEqual(json.loads(body)["error"], "request body too large")
+        self.assertIn("max_request_body", json.loads(body)["detail"])
+        self.assertFalse(client.transport.connected)
+
+    def test_chunkedBodyTooLarge(self) -> None:
+        factory = HttpFactory(make_context("[web]\nmax_request_body = 10"))
+        client = Client(factory)
+        client.send(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        client.send(b"8\r\n12345678\r\n")
+        self.assertEqual(client.response(), b"")
+        client.send(b"8\r\n12345678\r\n")
+        status, _, body = split(client.response())
+        self.assertEqual(status, 413)
+        self.assertFalse(client.transport.connected)
+
+    def test_bodyWithinLimit(self) -> None:
+        factory = HttpFactory(make_context("[web]\nmax_request_body = 10"))
+        status, _, _ = split(Client(factory).request("POST", "/", b"0123456789"))
+        self.assertEqual(status, 405)
+
+
+class ConnectionTests(unittest.TestCase):
+    """The listener's connections in the broker's registry."""
+
+    def setUp(self) -> None:
+        self.clock = MemoryReactorClock()
+        self.ctx = make_context(
+            clock=self.clock,
+            connections=ConnectionSettings(max_per_listener=2, max_per_address=2,
+                                           handshake_timeout=5.0, close_grace=2.0),
+        )
+        self.factory = HttpFactory(self.ctx)
+        self.registry = self.ctx.connections
+
+    def test_counted(self) -> None:
+        client = Client(self.factory)
+        self.assertIsInstance(client.protocol, HttpConnection)
+        self.assertEqual(list(self.factory.connections), [client.protocol])
+        self.assertEqual(self.registry.count_address("127.0.0.1"), 1)
+        client.transport.loseConnection()
+        self.assertEqual(len(self.registry), 0)
+
+    def test_capped(self) -> None:
+        """Past a cap the client gets a 503 with a JSON body and is closed."""
+        Client(self.factory)
+        Client(self.factory, host="127.0.0.2")
+        refused = Client(self.factory, host="127.0.0.3")
+        self.assertIsInstance(refused.protocol, RefusedHttpProtocol)
+        status, headers, body = split(refused.response())
+        self.assertEqual(status, 503)
+        self.assertEqual(json.loads(body)["error"], "too many connections")
+        self.assertIn("max_per_listener", json.loads(body)["detail"])
+        self.assertFalse(refused.transport.connected)
+        self.assertEqual(len(self.registry), 2)
+        self.assertEqual(self.registry.refused("http:test"), 1)
+
+    def test_refusedAbortedAfterGrace(self) -> None:
+        Client(self.factory)
+        Client(self.factory)
+        refused = self.factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 1))
+        transport = StringTransport()  # the client does not let go
+        aborted = []
+        transport.abortConnection = lambda: aborted.append(True)
+        refused.makeConnection(transport)
+        self.clock.advance(1.9)
+        self.assertEqual(aborted, [])
+        self.clock.advance(0.1)
+        self.assertEqual(aborted, [True])
+
+    def test_handshakeTimeout(self) -> None:
+        """A TLS client that does not finish its handshake is aborted."""
+        client = Client(self.factory, tls=True)
+        aborted = []
+        client.transport.abortConnection = lambda: aborted.append(True)
+        self.clock.advance(4.9)
+        self.assertEqual(aborted, [])
+        self.clock.advance(0.2)
+        self.assertEqual(aborted, [True])
+
+    def test_handshakeCompleted(self) -> None:
+        client = Client(self.factory, tls=True)
+        client.transport.getPeerCertificate = lambda: None
+        aborted = []
+        client.transport.abortConnection = lambda: aborted.append(True)
+        client.protocol.handshakeCompleted()
+        self.clock.advance(10)
+        self.assertEqual(aborted, [])
+        self.assertIsNone(client.protocol.identity)
+
+    def test_shutdown(self) -> None:
+        """A plain HTTP connection is closed at a shutdown; its timers stop."""
+        client = Client(self.factory)
+        d = self.registry.shutdown("bye", timeout=5.0)
+        self.assertFalse(client.transport.connected)
+        self.successResultOf(d)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_shutdownAbortsStraggler(self) -> None:
+        client = Client(self.factory)
+        aborted = []
+        client.transport.loseConnection = lambda: None  # never goes
+        client.transport.abortConnection = lambda: aborted.append(True)
+        client.protocol.shutdown("bye")
+        self.clock.advance(2.0)
+        self.assertEqual(aborted, [True])
+
+
+class ContextTests(unittest.TestCase):
+    def test_fields(self) -> None:
+        ctx = make_context()
+        names = [f.name for f in dataclasses.fields(ctx)]
+        self.assertEqual(names, ["broker", "clock", "settings", "connections", "listener", "portal"])
+        self.assertIsNone(ctx.portal)
+        self.assertIs(ctx.web, ctx.settings.section("web"))
