@@ -18,7 +18,8 @@ setup(
     package_dir={"": "."},
     packages=find_packages(include=["qmq", "qmq.*"]) + ["twisted.plugins"],
     package_data={
-        "qmq": ["default.toml", "web/static/*", "web/examples/*"],         "twisted.plugins": ["qmq_plugin.py", "qmq_endpoints.py"],
+        "qmq": ["default.toml", "web/static/*", "web/examples/*"],
+        "twisted.plugins": ["qmq_plugin.py", "qmq_endpoints.py"],
     },
     include_package_data=True,
     install_requires=[
