@@ -22,6 +22,7 @@ from qmq.config import (
 )
 from qmq.connections import ConnectionSettings
 from qmq.core.limits import LimitSettings
+from qmq.core.queue import QUEUE_ARGUMENTS
 from qmq.stomp.settings import StompSettings
 from qmq.store.settings import CommitLogSettings
 from qmq.web.settings import WebSettings
@@ -475,11 +476,9 @@ class ErrorTests(unittest.TestCase):
         )
         self.check(
             '[vhosts."/".queue_defaults]\nx-max-len = 1',
-            'qmq.toml: vhosts."/".queue_defaults.x-max-len: unknown key (expected one of:'
-            " x-ack-timeout, x-dead-letter-exchange, x-dead-letter-routing-key, x-delivery-limit,"
-            " x-expires, x-max-length, x-max-length-bytes, x-max-priority, x-message-ttl,"
-            " x-overflow, x-redelivery-backoff);"
-            ' did you mean "x-max-length"?',
+            'qmq.toml: vhosts."/".queue_defaults.x-max-len: unknown key (expected one of: '
+            + ", ".join(sorted(QUEUE_ARGUMENTS))
+            + '); did you mean "x-max-length"?',
         )
 
     def test_stompRanges(self) -> None:

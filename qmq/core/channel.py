@@ -215,8 +215,8 @@ class Channel:
         queue = target[0]
         if queue is not None:
             # VirtualHost.publish_to for one queue, inlined (the hot path).
-            queue.publish(message)
-            if message.persistent and queue.store is not None:
+            dropped = queue.publish(message)
+            if message.persistent and queue.store is not None and not dropped:
                 return self.broker.store_publish(self.vhost, message, (queue,))
             return None
         return self.vhost.publish_to(target[1].route(message.routing_key, message.headers), message)

@@ -126,6 +126,11 @@ class QueuePolicy:
     @ivar redelivery_backoff: milliseconds a message given back waits before
         it is ready again, by delivery count (the last repeats), or None
         (C{x-redelivery-backoff}).
+    @ivar guarantee: what the queue promises about each message
+        (C{x-delivery-guarantee}, L{GUARANTEES}; see L{qmq.core.guarantee}).
+    @ivar dedup_window: milliseconds an effectively-once queue remembers a
+        publisher's dedup id (C{x-dedup-window}).
+    @ivar dedup_max_ids: most dedup ids it remembers (C{x-dedup-max-ids}).
     @ivar bounded: whether C{max_length} or C{max_bytes} is set (derived; the
         publish path reads this one flag).
     @ivar length_room: C{max_length}, or a number no queue reaches (derived:
@@ -148,6 +153,9 @@ class QueuePolicy:
     dead_letter_exchange: str | None = None
     dead_letter_routing_key: str | None = None
     redelivery_backoff: tuple[int, ...] | None = None
+    guarantee: str = "at-least-once"
+    dedup_window: int = 600_000
+    dedup_max_ids: int = 10_000
     bounded: bool = field(init=False, repr=False, compare=False)
     length_room: int = field(init=False, repr=False, compare=False)
     bytes_room: int = field(init=False, repr=False, compare=False)
@@ -293,6 +301,20 @@ def _backoff_argument(argument: str, value: object) -> tuple[int, ...] | None:
     return steps if any(steps) else None
 
 
+#: What a queue may promise about each message (C{x-delivery-guarantee};
+#: L{qmq.core.guarantee} says what each means).
+GUARANTEES = ("at-most-once", "at-least-once", "effectively-once")
+
+#: Most dedup ids one effectively-once queue may remember (C{x-dedup-max-ids}).
+MAX_DEDUP_IDS = 1_000_000
+
+
+def _guarantee_argument(argument: str, value: object) -> str:
+    if value not in GUARANTEES:
+        raise PreconditionFailed(f"{argument} must be one of {', '.join(GUARANTEES)}, got {value!r}")
+    return value  # type: ignore[return-value]
+
+
 #: Every queue argument QMQ understands, by name (see L{QueueArgument}).
 QUEUE_ARGUMENTS: dict[str, QueueArgument] = {
     a.name: a
@@ -324,6 +346,18 @@ QUEUE_ARGUMENTS: dict[str, QueueArgument] = {
             "redelivery_backoff",
             _backoff_argument,
             "a list of delays in milliseconds",
+        ),
+        QueueArgument(
+            "x-delivery-guarantee", "guarantee", _guarantee_argument, "one of " + ", ".join(GUARANTEES)
+        ),
+        QueueArgument(
+            "x-dedup-window", "dedup_window", _integer_argument(1, MAX_TIME_MS), "an integer >= 1"
+        ),
+        QueueArgument(
+            "x-dedup-max-ids",
+            "dedup_max_ids",
+            _integer_argument(1, MAX_DEDUP_IDS),
+            f"an integer from 1 to {MAX_DEDUP_IDS}",
         ),
     )
 }
@@ -538,9 +572,12 @@ class Queue:
 
     # -- publishing -------------------------------------------------------
 
-    def publish(self, message: Message) -> None:
+    def publish(self, message: Message) -> bool | None:
         """Deliver C{message} to a ready consumer or keep it in order.
 
+        @return: None, or True when the queue did not take the message (it
+            could never fit; a duplicate, for L{qmq.core.guarantee}): then
+            the store is not told of it for this queue.
         @raise ResourceLimit: the queue is full and rejects publishes.
         """
         items = self._items
@@ -571,7 +608,7 @@ class Queue:
             or (items and items[self._head].__class__ is _Requeued)
         ):
             if not self._make_room(message):
-                return
+                return True
         items.append(message)
         self._bytes += size
 

@@ -33,12 +33,14 @@ from typing import TYPE_CHECKING, Any
 from qmq.core.errors import AccessRefused, NotFound, PreconditionFailed
 from qmq.core.exchange import EXCHANGE_CLASSES, EXCHANGE_TYPES, Exchange, TopicExchange
 from qmq.core.expiry import ExpiryWheel
+from qmq.core.guarantee import queue_class_for
 from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX
 from qmq.core.queue import DEFAULT_POLICY, Queue, QueuePolicy
 
 if TYPE_CHECKING:
     from qmq.core.broker import Broker
     from qmq.core.message import Message
+    from qmq.core.store import MessageStore
 
 #: Most characters in a queue name (AMQP 0-9-1's short string): clients
 #: name queues, and a name is kept for as long as its queue lives.
@@ -199,27 +201,37 @@ class VirtualHost:
             raise PreconditionFailed(
                 f"queue name has {len(name)} characters; the limit is {MAX_QUEUE_NAME}"
             )
-        queue = Queue(
-            self,
-            name,
-            durable,
-            exclusive_owner,
-            auto_delete,
-            arguments,
-            # A private subscription's backlog: bounded like x-max-length
-            # + drop-head, one shared policy, no arguments dict per queue.
+        base = (
             policy
             if policy is not None
+            # A private subscription's backlog: bounded like x-max-length
+            # + drop-head, one shared policy, no arguments dict per queue.
             else QueuePolicy.shared(max_length=backlog, overflow="drop-head")
             if backlog
-            else self._on_demand_policy(name) if on_demand else None,
+            else self._on_demand_policy(name) if on_demand else None
         )
+        # The delivery guarantee picks the class (a plain Queue for the
+        # default): known only once the arguments are read over the base.
+        guarantee = (base or DEFAULT_POLICY).guarantee
+        if arguments:
+            guarantee = QueuePolicy.from_arguments(arguments, base).guarantee
+        cls = queue_class_for(guarantee)
+        queue = cls(self, name, durable, exclusive_owner, auto_delete, arguments, base)
         self.queues[name] = queue
         if durable and self.broker is not None:
             store = self.broker.store
-            queue.store = store
+            # An at-most-once queue's messages never reach the store (its
+            # topology does, through _durable_store).
+            if cls is Queue or guarantee != "at-most-once":
+                queue.store = store
             store.declare_queue(self, queue)
         return queue
+
+    def _durable_store(self, queue: Queue) -> MessageStore | None:
+        """The store that keeps C{queue}'s topology (declaration, bindings),
+        or None: the broker's for a durable queue. (C{queue.store}, which
+        keeps its messages, is None for an at-most-once queue.)"""
+        return self.broker.store if queue.durable and self.broker is not None else None
 
     def _on_demand_policy(self, name: str) -> QueuePolicy:
         """The defaults of a queue made on demand: L{queue_defaults}, but a
@@ -251,8 +263,9 @@ class VirtualHost:
         count = len(queue)
         for consumer in queue.detach_all():
             consumer.cancelled()
-        if queue.store is not None:
-            queue.store.delete_queue(self, queue)
+        store = self._durable_store(queue)
+        if store is not None:
+            store.delete_queue(self, queue)
         return count
 
     def queue_unused(self, queue: Queue) -> None:
@@ -287,8 +300,9 @@ class VirtualHost:
             if q.bindings is None:
                 q.bindings = []
             q.bindings.append((ex, routing_key, arguments))
-            if q.store is not None and ex.durable:
-                q.store.bind(self, q, ex, routing_key, arguments)
+            store = self._durable_store(q)
+            if store is not None and ex.durable:
+                store.bind(self, q, ex, routing_key, arguments)
 
     def unbind(
         self, queue: str, exchange: str, routing_key: str = "", arguments: dict | None = None
@@ -301,8 +315,9 @@ class VirtualHost:
                 if b[0] is ex and b[1] == routing_key and b[2] == arguments:
                     del q.bindings[i]
                     break
-            if q.store is not None and ex.durable:
-                q.store.unbind(self, q, ex, routing_key, arguments)
+            store = self._durable_store(q)
+            if store is not None and ex.durable:
+                store.unbind(self, q, ex, routing_key, arguments)
             self.maybe_auto_delete_exchange(ex)
 
     def maybe_auto_delete_exchange(self, exchange: Exchange) -> None:
@@ -348,10 +363,18 @@ class VirtualHost:
             for t in targets:
                 if t.policy.rejects and t.would_refuse(message):
                     t.publish(message)  # raises ResourceLimit, naming the queue
+        dropped = None
         for t in targets:
-            t.publish(message)
+            if t.publish(message):
+                # Not taken (a duplicate, or it could never fit): the store
+                # must not keep it for this queue.
+                if dropped is None:
+                    dropped = []
+                dropped.append(t)
         if message.persistent:
-            durable = [t for t in targets if t.store is not None]
+            durable = [
+                t for t in targets if t.store is not None and (dropped is None or t not in dropped)
+            ]
             if durable:
                 broker = self.broker
                 assert broker is not None

@@ -253,3 +253,79 @@ class SubscriberBufferTests(BrokerTestCase):
         d = self.in_thread(scenario)
         d.addCallback(lambda _: print(f"\n  figures: {figures}"))
         return d
+
+
+GUARANTEES = """
+[[vhosts."/".queues]]
+name = "payments"
+arguments = { x-delivery-guarantee = "effectively-once", x-dedup-window = 60000 }
+
+[[vhosts."/".queues]]
+name = "ticks"
+arguments = { delivery-guarantee = "at-most-once" }
+"""
+
+
+class GuaranteeTests(BrokerTestCase):
+    """Queues declared in TOML with a delivery guarantee, used by stomp.py."""
+
+    def setUp(self):
+        d = super().setUp()
+
+        def declare(port):
+            from qmq.config import load_string
+            from qmq.service import _declare
+
+            _declare(self.broker, load_string(GUARANTEES, "guarantees.toml"))
+            return port
+
+        return d.addCallback(declare)
+
+    def test_effectively_once(self):
+        """Three SENDs with one dedup-id: three RECEIPTs, one message."""
+
+        def scenario():
+            p = self.client("1.2")
+            p.connect()
+            for i in range(3):
+                p.conn.send("/queue/payments", f"pay 1 (try {i})", receipt=f"r{i}",
+                            headers={"dedup-id": "payment-1", "persistent": "true"})
+            p.conn.send("/queue/payments", "pay 2", receipt="r3", headers={"dedup-id": "payment-2"})
+            for i in range(4):
+                p.rec.wait_receipt(f"r{i}")
+            assert not p.rec.errors, p.rec.errors
+            assert p.count("payments") == 2
+            c = self.client("1.2")
+            c.connect()
+            c.conn.subscribe("/queue/payments", id="c")
+            got = c.rec.wait_messages(2, "c")
+            assert [m.body for m in got] == ["pay 1 (try 0)", "pay 2"], got
+
+        return self.in_thread(scenario)
+
+    def test_at_most_once(self):
+        """A NACKed message and one left unacked by a client that goes away
+        are not delivered again."""
+
+        def scenario():
+            a = self.client("1.2")
+            a.connect()
+            a.conn.subscribe("/queue/ticks", id="a", ack="client-individual",
+                             headers={"receipt": "s"})
+            a.rec.wait_receipt("s")
+            a.conn.send("/queue/ticks", "t1", receipt="t1")
+            a.conn.send("/queue/ticks", "t2", receipt="t2")
+            first, second = a.rec.wait_messages(2, "a")
+            a.nack(first, receipt="n")
+            a.rec.wait_receipt("n")
+            a.close()
+            b = self.client("1.2")
+            b.connect()
+            b.conn.subscribe("/queue/ticks", id="b", headers={"receipt": "s"})
+            b.rec.wait_receipt("s")
+            assert b.count("ticks") == 0
+            b.conn.send("/queue/ticks", "t3", receipt="t3")
+            [m] = b.rec.wait_messages(1, "b")
+            assert m.body == "t3" and "redelivered" not in m.headers, m
+
+        return self.in_thread(scenario)
