@@ -1518,6 +1518,19 @@ class DurableTests(SessionTestCase):
         anon.subscribe("/queue/durable.alice.d", "x")
         self.assertError(anon, "access refused")
 
+    def test_tls_identity_owns_without_login(self) -> None:
+        """Without a login, a verified TLS client's name is the owner."""
+        from qmq.tls import PeerIdentity
+
+        c = self.client(version="none")
+        c.proto.identity = PeerIdentity(common_name="node-1", subject="CN=node-1", issuer="CN=ca")
+        c.connect()
+        c.subscribe("/topic/t", "d", durable="true")
+        self.assertIn("durable.node-1.d", self.vhost.queues)
+        anon = self.client()
+        anon.subscribe("/queue/durable.node-1.d", "x")
+        self.assertError(anon, "access refused")
+
     def test_dots_in_login_do_not_collide(self) -> None:
         """A login with dots cannot pass for another owner: user "alice.d"
         is not the owner of alice's subscription "d" and vice versa."""
