@@ -1,0 +1,569 @@
+# -*- test-case-name: tests.test_sockjs_resource,tests.test_sockjs_protocol -*-
+"""The SockJS endpoint as a C{twisted.web} resource.
+
+L{SockJSResource} serves one SockJS service (the STOMP one at C{/sockjs},
+or a test service) under the URL it is mounted at::
+
+    /                               "Welcome to SockJS!"
+    /info                           GET: websocket, cookie_needed, origins, entropy
+    /iframe.html, /iframe-X.html    the page of the iframe-based transports
+    /websocket                      raw WebSocket (no SockJS framing)
+    /SERVER/SESSION/TRANSPORT       a session's requests:
+        websocket                       SockJS framing over a WebSocket
+        xhr, xhr_streaming              receiving (POST)
+        eventsource, htmlfile, jsonp    receiving (GET)
+        xhr_send, jsonp_send            sending (POST)
+
+A receiving request finds the session by its id (creating it if it is new)
+and becomes its L{qmq.web.sockjs.session.Receiver} (L{HTTPReceiver}): it
+writes frames wrapped the transport's way, registers as the response's
+producer so a client that stops reading stops getting data (the session's
+outbox then fills, and the application pauses), and tells the session when
+the request ends, normally or by a network error. Sending requests hand the
+session the messages they carry and answer at once.
+
+Errors the protocol prescribes keep its wording and codes (500 with
+C{Broken JSON encoding.} or C{Payload expected.}, 404 for a sending request
+to an unknown session); others are 4xx with a JSON body
+(C{{"error": "..."}}). CORS follows the protocol (the request's C{Origin}
+echoed, credentials allowed) unless C{allowed_origins} narrows it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import parse_qs
+
+from autobahn.twisted.resource import WebSocketResource
+from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
+from twisted.internet.interfaces import IPushProducer
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET
+from zope.interface import implementer
+
+from qmq.web.sockjs.framing import (
+    TRANSPORTS,
+    PayloadError,
+    Wrapping,
+    decode_messages,
+    valid_callback,
+)
+from qmq.web.sockjs.session import CLOSED, SockJSSession, entropy
+from qmq.web.sockjs.settings import SockJSSettings
+
+__all__ = ["SockJSResource", "SockJSService"]
+
+log = Logger()
+
+ONE_YEAR = 31536000
+_NO_CACHE = b"no-store, no-cache, must-revalidate, max-age=0"
+_IFRAME = re.compile(rb"^iframe[0-9a-z._-]*\.html$")
+_COOKIE = re.compile(rb"^[A-Za-z0-9._~+/=-]{1,128}$")
+_TEXT = b"text/plain; charset=UTF-8"
+_IFRAME_PAGE = """<!DOCTYPE html>
+<html>
+<head>
+  <meta http-equiv="X-UA-Compatible" content="IE=edge" />
+  <meta http-equiv="Content-Type" content="text/html; charset=UTF-8" />
+  <script>
+    document.domain = document.domain;
+    _sockjs_onload = function(){SockJS.bootstrap_iframe();};
+  </script>
+  <script src="%s"></script>
+</head>
+<body>
+  <h2>Don't panic!</h2>
+  <p>This is a SockJS hidden iframe. It's used for cross domain magic.</p>
+</body>
+</html>"""
+
+
+def _header(request: Any, name: bytes) -> str | None:
+    value = request.getHeader(name)
+    return value.decode("latin-1") if value is not None else None
+
+
+def _peer(request: Any) -> tuple[str, str]:
+    """(address for logs, host for caps) of the request's client."""
+    peer = request.getClientAddress()
+    host = getattr(peer, "host", None) or ""
+    port = getattr(peer, "port", None)
+    if not host:
+        return str(peer), ""
+    return (f"[{host}]:{port}" if ":" in host else f"{host}:{port}"), host
+
+
+class SockJSService:
+    """One SockJS service: its settings, its sessions and its application.
+
+    @ivar settings: the L{SockJSSettings}.
+    @ivar clock: the C{IReactorTime} of every session's timers.
+    @ivar sessions: session id -> L{SockJSSession} (HTTP sessions only).
+    @ivar handler_factory: C{handler_factory(session)} -> the application end
+        (an L{qmq.web.sockjs.session.ISockJSHandler}) of a new session.
+    @ivar admit: C{admit(host)} -> L{None}, or why a new session from
+        C{host} is refused (the connection caps).
+    """
+
+    def __init__(
+        self,
+        handler_factory: Callable[[SockJSSession], Any],
+        settings: SockJSSettings | None = None,
+        clock: Any = None,
+        admit: Callable[[str], str | None] | None = None,
+        raw_handler_factory: Callable[[SockJSSession], Any] | None = None,
+    ) -> None:
+        if clock is None:
+            from twisted.internet import reactor as clock  # noqa: PLC0415
+        self.settings = settings if settings is not None else SockJSSettings()
+        self.clock = clock
+        self.handler_factory = handler_factory
+        self.raw_handler_factory = raw_handler_factory or handler_factory
+        self.admit = admit
+        self.sessions: dict[str, SockJSSession] = {}
+
+    def new_session(
+        self, session_id: str, peer: str, peer_host: str, websocket: bool = False, raw: bool = False
+    ) -> SockJSSession:
+        """A new session; an HTTP one is entered in L{sessions}."""
+        settings = self.settings
+        session = SockJSSession(
+            session_id,
+            None,
+            self.clock,
+            heartbeat_delay=0 if raw else settings.heartbeat_delay,
+            disconnect_delay=settings.disconnect_delay,
+            max_buffered=settings.max_buffered_bytes,
+            peer=peer,
+            peer_host=peer_host,
+            websocket=websocket,
+            forget=None if websocket else self._forget,
+        )
+        session.handler = (self.raw_handler_factory if raw else self.handler_factory)(session)
+        if not websocket:
+            self.sessions[session_id] = session
+        return session
+
+    def _forget(self, session: SockJSSession) -> None:
+        if self.sessions.get(session.id) is session:
+            del self.sessions[session.id]
+
+    def refusal(self, host: str) -> str | None:
+        return self.admit(host) if self.admit is not None else None
+
+    def close_all(self) -> None:
+        """End every HTTP session now (the broker is stopping)."""
+        for session in list(self.sessions.values()):
+            session.end()
+
+
+@implementer(IPushProducer)
+class HTTPReceiver:
+    """A receiving HTTP request of a session (see the module docstring)."""
+
+    def __init__(
+        self, request: Any, wrapping: Wrapping, callback: str, limit: int, session: SockJSSession
+    ) -> None:
+        self.request = request
+        self.wrapping = wrapping
+        self.callback = callback
+        self.streaming = wrapping.streaming
+        self.limit = limit
+        self.sent = 0
+        self.paused = False
+        self.finished = False
+        self.session = session
+        request.registerProducer(self, True)
+        request.notifyFinish().addBoth(self._ended)
+
+    def send_frame(self, frame: str) -> bool:
+        data = self.wrapping.wrap(frame, self.callback)
+        self.request.write(data)
+        if not self.streaming:
+            return True
+        self.sent += len(data)
+        return self.sent >= self.limit
+
+    def finish(self) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        request = self.request
+        request.unregisterProducer()
+        if not request._disconnected:
+            request.finish()
+
+    def _ended(self, result: Any) -> None:
+        aborted = isinstance(result, Failure)
+        self.finished = True
+        self.session.detach(self, aborted=aborted)
+
+    # IPushProducer: the response's transport is full, or drained.
+    def pauseProducing(self) -> None:
+        self.paused = True
+
+    def resumeProducing(self) -> None:
+        if self.paused:
+            self.paused = False
+            self.session.receiver_ready()
+
+    def stopProducing(self) -> None:
+        self.paused = True
+
+
+@implementer(IPushProducer)
+class _WebSocketProducer:
+    """Tells a WebSocket session when its connection's buffer fills and drains."""
+
+    def __init__(self, proto: SockJSWebSocketProtocol) -> None:
+        self.proto = proto
+
+    def pauseProducing(self) -> None:
+        self.proto.paused = True
+
+    def resumeProducing(self) -> None:
+        proto = self.proto
+        if proto.paused:
+            proto.paused = False
+            if proto.session is not None:
+                proto.session.receiver_ready()
+
+    def stopProducing(self) -> None:
+        self.proto.paused = True
+
+
+class SockJSWebSocketProtocol(WebSocketServerProtocol):
+    """A SockJS session over a WebSocket: frames as text messages.
+
+    The session's receiver for its whole life; it ends with the WebSocket.
+    """
+
+    streaming = True
+    raw = False
+    session: SockJSSession | None = None
+    paused = False
+    _finished = False
+
+    def onOpen(self) -> None:
+        service: SockJSService = self.factory.service
+        peer = self.transport.getPeer()
+        host = getattr(peer, "host", "") or ""
+        port = getattr(peer, "port", "")
+        name = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        refusal = service.refusal(host)
+        if refusal is not None:
+            if not self.raw:
+                self.sendMessage(b'c[3003,%s]' % json.dumps(refusal).encode())
+            self.sendClose(1013)
+            return
+        self.registerProducer(_WebSocketProducer(self), True)
+        self.session = service.new_session("", name, host, websocket=True, raw=self.raw)
+        self.session.attach(self)
+
+    def onMessage(self, payload: bytes, isBinary: bool) -> None:
+        session = self.session
+        if session is None or not payload:
+            return  # empty messages are ignored, as the protocol asks
+        if len(payload) > self.factory.service.settings.max_payload_bytes:
+            self._finished = True
+            self.dropConnection(abort=True)
+            return
+        try:
+            text = payload.decode("utf-8")
+            messages = [text] if self.raw else decode_messages(text, single_allowed=True)
+        except (UnicodeDecodeError, PayloadError):
+            # The protocol: broken JSON ends the connection abruptly.
+            self._finished = True
+            self.dropConnection(abort=True)
+            return
+        session.messages_received(messages)
+
+    def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
+        self._finished = True
+        session = self.session
+        if session is not None:
+            self.unregisterProducer()
+            session.detach(self, aborted=True)
+
+    # Receiver
+    def send_frame(self, frame: str) -> bool:
+        if self._finished:
+            return False
+        if self.raw:
+            kind = frame[0]
+            if kind == "a":
+                for message in json.loads(frame[1:]):
+                    self.sendMessage(message.encode(), False)
+            return kind == "c"
+        self.sendMessage(frame.encode(), False)
+        return False
+
+    def finish(self) -> None:
+        if not self._finished:
+            self._finished = True
+            self.sendClose(1000)
+
+    def pause_reading(self) -> None:
+        self.transport.pauseProducing()
+
+    def resume_reading(self) -> None:
+        self.transport.resumeProducing()
+
+
+class RawWebSocketProtocol(SockJSWebSocketProtocol):
+    """The raw WebSocket entry (C{/websocket}): one message is one message."""
+
+    raw = True
+
+
+def _ws_factory(service: SockJSService, protocol: type) -> WebSocketServerFactory:
+    factory = WebSocketServerFactory()
+    factory.protocol = protocol
+    factory.service = service
+    factory.setProtocolOptions(
+        maxMessagePayloadSize=service.settings.max_payload_bytes,
+        maxFramePayloadSize=service.settings.max_payload_bytes,
+        autoPingInterval=0,
+    )
+    return factory
+
+
+class SockJSResource(Resource):
+    """One SockJS service under the URL it is mounted at (see the module docstring)."""
+
+    isLeaf = True
+
+    def __init__(self, service: SockJSService) -> None:
+        super().__init__()
+        self.service = service
+        settings = service.settings
+        self.settings = settings
+        self._iframe = (_IFRAME_PAGE % settings.sockjs_url).encode()
+        self._etag = b'"' + hashlib.sha256(self._iframe).hexdigest()[:32].encode() + b'"'
+        self._origins = settings.origins
+        self._ws = WebSocketResource(_ws_factory(service, SockJSWebSocketProtocol))
+        self._raw_ws = WebSocketResource(_ws_factory(service, RawWebSocketProtocol))
+
+    # -- dispatch -----------------------------------------------------------------
+
+    def render(self, request: Any) -> Any:
+        path = request.postpath
+        method = request.method
+        if not self._origin_allowed(request):
+            return self._json_error(request, 403, "this origin may not use the endpoint")
+        n = len(path)
+        if n == 0 or (n == 1 and path[0] == b""):
+            if method not in (b"GET", b"HEAD"):
+                return self._not_allowed(request, b"GET")
+            request.setHeader(b"Content-Type", _TEXT)
+            return b"Welcome to SockJS!\n"
+        if n == 1:
+            name = path[0]
+            if name == b"info":
+                return self._info(request)
+            if name == b"websocket" and self.settings.websocket:
+                return self._websocket(request, raw=True)
+            if _IFRAME.match(name):
+                return self._iframe_page(request)
+        elif n == 3:
+            server, session, transport = path
+            if server and session and b"." not in server and b"." not in session:
+                return self._session_request(request, session.decode("utf-8", "replace"),
+                                             transport.decode("ascii", "replace"))
+        return self._json_error(request, 404, "not found")
+
+    # -- static answers -----------------------------------------------------------------
+
+    def _origin_allowed(self, request: Any) -> bool:
+        origins = self._origins
+        if "*" in origins:
+            return True
+        origin = _header(request, b"origin")
+        return origin is None or origin in origins
+
+    def _cors(self, request: Any) -> None:
+        origin = _header(request, b"origin")
+        if not origin or origin == "null":
+            origin = "*"
+        request.setHeader(b"Access-Control-Allow-Origin", origin.encode())
+        request.setHeader(b"Access-Control-Allow-Credentials", b"true")
+        # Caches must keep answers for different origins apart.
+        request.setHeader(b"Vary", b"Origin")
+        wanted = _header(request, b"access-control-request-headers")
+        if wanted:
+            request.setHeader(b"Access-Control-Allow-Headers", wanted.encode())
+
+    def _options(self, request: Any, methods: bytes) -> bytes:
+        request.setResponseCode(204)
+        self._cache_for_a_year(request)
+        request.setHeader(b"Access-Control-Max-Age", str(ONE_YEAR).encode())
+        request.setHeader(b"Access-Control-Allow-Methods", methods)
+        self._cors(request)
+        return b""
+
+    @staticmethod
+    def _cache_for_a_year(request: Any) -> None:
+        request.setHeader(b"Cache-Control", b"public, max-age=%d" % ONE_YEAR)
+        expires = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=ONE_YEAR)
+        request.setHeader(b"Expires", expires.strftime("%a, %d %b %Y %H:%M:%S GMT").encode())
+
+    @staticmethod
+    def _not_allowed(request: Any, allow: bytes) -> bytes:
+        request.setResponseCode(405)
+        request.setHeader(b"Allow", allow)
+        request.defaultContentType = None
+        return b""
+
+    @staticmethod
+    def _json_error(request: Any, code: int, message: str) -> bytes:
+        request.setResponseCode(code)
+        request.setHeader(b"Content-Type", b"application/json; charset=UTF-8")
+        request.setHeader(b"Cache-Control", _NO_CACHE)
+        return json.dumps({"error": message}).encode()
+
+    @staticmethod
+    def _protocol_error(request: Any, message: str) -> bytes:
+        """An error in the protocol's own words (it prescribes 500)."""
+        request.setResponseCode(500)
+        request.setHeader(b"Content-Type", _TEXT)
+        request.setHeader(b"Cache-Control", _NO_CACHE)
+        return message.encode()
+
+    def _info(self, request: Any) -> bytes:
+        if request.method == b"OPTIONS":
+            return self._options(request, b"OPTIONS, GET")
+        if request.method != b"GET":
+            return self._not_allowed(request, b"OPTIONS, GET")
+        request.setHeader(b"Content-Type", b"application/json; charset=UTF-8")
+        request.setHeader(b"Cache-Control", _NO_CACHE)
+        self._cors(request)
+        settings = self.settings
+        return json.dumps(
+            {
+                "websocket": settings.websocket,
+                "cookie_needed": settings.cookie_needed,
+                "origins": ["*:*"],
+                "entropy": entropy(),
+            }
+        ).encode()
+
+    def _iframe_page(self, request: Any) -> bytes:
+        if request.method not in (b"GET", b"HEAD"):
+            return self._not_allowed(request, b"GET")
+        self._cache_for_a_year(request)
+        request.setHeader(b"ETag", self._etag)
+        if _header(request, b"if-none-match") == self._etag.decode():
+            request.setResponseCode(304)
+            return b""
+        request.setHeader(b"Content-Type", b"text/html; charset=UTF-8")
+        return self._iframe
+
+    # -- sessions -------------------------------------------------------------------------
+
+    def _no_cache(self, request: Any) -> None:
+        request.setHeader(b"Cache-Control", _NO_CACHE)
+        if self.settings.cookie_needed:
+            value = request.getCookie(b"JSESSIONID")
+            if value is None or not _COOKIE.match(value):
+                value = b"dummy"
+            request.addCookie(b"JSESSIONID", value, path=b"/")
+
+    def _session_request(self, request: Any, session_id: str, transport: str) -> Any:
+        method = request.method
+        if transport == "websocket":
+            if not self.settings.websocket:
+                return self._json_error(request, 404, "not found")
+            return self._websocket(request, raw=False)
+        if transport in ("xhr_send", "jsonp_send"):
+            if transport == "xhr_send" and method == b"OPTIONS":
+                return self._options(request, b"OPTIONS, POST")
+            if method != b"POST":
+                return self._not_allowed(request, b"OPTIONS, POST" if transport == "xhr_send"
+                                         else b"POST")
+            return self._send(request, session_id, transport)
+        wrapping = TRANSPORTS.get(transport)
+        if wrapping is None:
+            return self._json_error(request, 404, "not found")
+        if method == b"OPTIONS" and wrapping.method == b"POST":
+            return self._options(request, b"OPTIONS, POST")
+        if method != wrapping.method:
+            return self._not_allowed(request, wrapping.method)
+        callback = ""
+        if wrapping.needs_callback:
+            values = request.args.get(b"c")
+            if not values or not values[0]:
+                return self._protocol_error(request, '"callback" parameter required')
+            callback = values[0].decode("utf-8", "replace")
+            if not valid_callback(callback):
+                return self._protocol_error(request, 'invalid "callback" parameter')
+        session = self.service.sessions.get(session_id)
+        if session is None or session.state is CLOSED:
+            peer, host = _peer(request)
+            refusal = self.service.refusal(host)
+            if refusal is not None:
+                return self._json_error(request, 503, refusal)
+            session = self.service.new_session(session_id, peer, host)
+        request.setHeader(b"Content-Type", wrapping.content_type)
+        self._no_cache(request)
+        self._cors(request)
+        if wrapping.streaming:
+            # Proxies (nginx) must pass a stream on as it comes.
+            request.setHeader(b"X-Accel-Buffering", b"no")
+        if wrapping.prelude is not None:
+            request.write(wrapping.prelude(callback))
+        receiver = HTTPReceiver(request, wrapping, callback, self.settings.response_limit, session)
+        session.attach(receiver)
+        return NOT_DONE_YET
+
+    def _send(self, request: Any, session_id: str, transport: str) -> bytes:
+        session = self.service.sessions.get(session_id)
+        if session is None or session.state is CLOSED:
+            return self._json_error(request, 404, "no such session")
+        self._no_cache(request)
+        self._cors(request)
+        content = request.content
+        content.seek(0, 2)
+        size = content.tell()
+        if size > self.settings.max_payload_bytes:
+            return self._json_error(request, 413, "payload too large "
+                                    f"(sockjs.max_payload_bytes = {self.settings.max_payload_bytes})")
+        content.seek(0)
+        body = content.read()
+        if transport == "jsonp_send":
+            ctype = _header(request, b"content-type") or ""
+            if ctype.split(";")[0].strip().lower() == "application/x-www-form-urlencoded":
+                values = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True).get("d")
+                body = values[0].encode() if values else b""
+        try:
+            messages = decode_messages(body)
+        except PayloadError as e:
+            return self._protocol_error(request, e.message)
+        session.messages_received(messages)
+        if transport == "jsonp_send":
+            request.setHeader(b"Content-Type", _TEXT)
+            return b"ok"
+        request.setResponseCode(204)
+        request.setHeader(b"Content-Type", _TEXT)
+        return b""
+
+    def _websocket(self, request: Any, raw: bool) -> Any:
+        if request.method != b"GET":
+            return self._not_allowed(request, b"GET")
+        upgrade = (_header(request, b"upgrade") or "").lower()
+        if upgrade != "websocket":
+            request.setResponseCode(400)
+            request.setHeader(b"Content-Type", _TEXT)
+            return b'Can "Upgrade" only to "WebSocket".'
+        tokens = [t.strip().lower() for t in (_header(request, b"connection") or "").split(",")]
+        if "upgrade" not in tokens:
+            request.setResponseCode(400)
+            request.setHeader(b"Content-Type", _TEXT)
+            return b'"Connection" must be "Upgrade".'
+        return (self._raw_ws if raw else self._ws).render(request)
