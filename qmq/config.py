@@ -82,6 +82,7 @@ from qmq.core.queue import QUEUE_ARGUMENTS, QueueArgument, argument_name
 from qmq.stomp.settings import StompSettings
 from qmq.store.settings import CommitLogSettings
 from qmq.web.settings import WebSettings
+from qmq.web.sockjs.settings import SockJSSettings
 
 __all__ = [
     "DEFAULT_CONFIG_NAME",
@@ -121,6 +122,7 @@ SECTIONS: dict[str, type] = {
     "limits": LimitSettings,
     "commit_log": CommitLogSettings,
     "web": WebSettings,
+    "sockjs": SockJSSettings,
 }
 
 #: The queue arguments of a queue created on demand (a client names a queue

@@ -26,6 +26,7 @@ from qmq.core.queue import QUEUE_ARGUMENTS
 from qmq.stomp.settings import StompSettings
 from qmq.store.settings import CommitLogSettings
 from qmq.web.settings import WebSettings
+from qmq.web.sockjs.settings import SockJSSettings
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -112,6 +113,7 @@ class DefaultTests(unittest.TestCase):
                 "limits": LimitSettings,
                 "commit_log": CommitLogSettings,
                 "web": WebSettings,
+                "sockjs": SockJSSettings,
             },
         )
         settings = config.load_string("[limits]\nmax_topic_words = 5\n")
@@ -120,7 +122,7 @@ class DefaultTests(unittest.TestCase):
         self.assertIs(settings.section("limits"), settings.limits)
         self.assertIs(settings.section("commit_log"), settings.commit_log)
         self.assertEqual(settings.limits.max_topic_words, 5)
-        self.assertEqual(settings.other_sections, {"web": WebSettings()})
+        self.assertEqual(settings.other_sections, {"web": WebSettings(), "sockjs": SockJSSettings()})
         self.assertIs(settings.section("web"), settings.other_sections["web"])
         self.assertRaises(KeyError, settings.section, "amqp")
 
@@ -454,7 +456,7 @@ class ErrorTests(unittest.TestCase):
         self.check(
             'lisen = ["stomp:tcp:1"]',
             "qmq.toml: lisen: unknown key (expected one of: commit_log, connections, data_dir,"
-            ' limits, listen, shutdown_timeout, stomp, store, vhosts, web); did you mean "listen"?',
+            ' limits, listen, shutdown_timeout, sockjs, stomp, store, vhosts, web); did you mean "listen"?',
         )
         self.check(
             "[limits]\nmax_topic_word = 1",

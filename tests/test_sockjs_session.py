@@ -5,7 +5,7 @@ from __future__ import annotations
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from qmq.web.sockjs.session import CLOSED, CLOSING, SockJSSession
+from qmq.web.sockjs.session import CLOSED, CLOSING, SLACK, SockJSSession
 
 
 class Receiver:
@@ -192,9 +192,11 @@ class SessionTests(SynchronousTestCase):
         self.assertEqual(self.session.buffered, 0)
 
     def test_overflow_closes(self) -> None:
+        """Once paused, a session that keeps growing is closed."""
         self.poll()
         self.session.send(["x" * 150])
-        self.session.send(["x" * 60])
+        self.assertEqual(self.handler.events, ["opened", "pause"])
+        self.session.send(["x" * (SLACK + 100)])
         self.assertEqual(self.handler.events, ["opened", "pause", "closed"])
         self.assertIs(self.session.state, CLOSING)
 

@@ -263,6 +263,10 @@ class SockJSWebSocketProtocol(WebSocketServerProtocol):
                 self.sendMessage(b'c[3003,%s]' % json.dumps(refusal).encode())
             self.sendClose(1013)
             return
+        if getattr(self.transport, "producer", None) is not None:
+            # twisted.web's HTTPChannel stays registered on the transport
+            # that autobahn took over from it: it has nothing to say now.
+            self.transport.unregisterProducer()
         self.registerProducer(_WebSocketProducer(self), True)
         self.session = service.new_session("", name, host, websocket=True, raw=self.raw)
         self.session.attach(self)

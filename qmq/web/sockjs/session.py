@@ -27,8 +27,9 @@ L{SockJSSession.send} and ends the session with L{SockJSSession.close}.
 B{Bounds.} The outbox holds at most C{max_buffered_bytes}: past that the
 handler is told to pause (the STOMP session stops its deliveries, as it does
 when a TCP socket's buffer fills) and to resume once a receiver took it all;
-a session whose outbox still grows past twice the bound (a client that
-never polls but keeps asking for receipts) is closed. Messages that arrive
+a paused session whose outbox still grows past twice the bound (plus
+L{SLACK}: a client that never polls but keeps asking for receipts) is
+closed. Messages that arrive
 while the application stopped reading (L{SockJSSession.pause_reading}) wait
 in an inbox with the same bound.
 
@@ -60,6 +61,10 @@ NEW, OPEN_STATE, CLOSING, CLOSED = "new", "open", "closing", "closed"
 #: The close frames the protocol defines.
 ANOTHER_CONNECTION = close_frame(2010, "Another connection still open")
 INTERRUPTED = (1002, "Connection interrupted")
+#: What an application may still send after it was told to pause, past
+#: twice the outbox's bound, before the session is closed: a STOMP session
+#: writes up to 128 KiB in one go before it learns that it must pause.
+SLACK = 256 * 1024
 #: A session whose client stopped taking what it was sent.
 OVERFLOW = (3001, "Too much data waiting for the client")
 
@@ -258,11 +263,13 @@ class SockJSSession:
             self._write_outbox()
             return
         if size > self.max_buffered:
-            if size > 2 * self.max_buffered:
-                self.close(*OVERFLOW)
-            elif not self._full:
+            if not self._full:
                 self._full = True
                 self.handler.pause()
+            elif size > 2 * self.max_buffered + SLACK:
+                # Paused, and still growing: not deliveries (they stopped)
+                # but replies the client keeps asking for without polling.
+                self.close(*OVERFLOW)
 
     def close(self, code: int = 3000, reason: str = "Go away!") -> None:
         """End the session: the close frame is served until it expires."""

@@ -15,6 +15,11 @@ MiB = 1024 * 1024
 DEFAULT_SOCKJS_URL = "https://cdn.jsdelivr.net/npm/sockjs-client@1/dist/sockjs.min.js"
 
 
+def _check_origins(value: str) -> str:
+    _origins(value)
+    return value
+
+
 def _origins(value: str) -> tuple[str, ...]:
     origins = tuple(o for o in value.replace(",", " ").split() if o)
     if not origins:
@@ -64,7 +69,7 @@ class SockJSSettings:
     max_buffered_bytes: int = field(default=MiB, metadata={"min": 1})
     max_payload_bytes: int = field(default=16 * MiB + 64 * 1024, metadata={"min": 1})
     allowed_origins: str = field(
-        default="*", metadata={"parse": _origins, "expected": 'a string: "*" or origins'}
+        default="*", metadata={"parse": _check_origins, "expected": 'a string: "*" or origins'}
     )
     sockjs_url: str = DEFAULT_SOCKJS_URL
     test_services: bool = False
@@ -72,5 +77,4 @@ class SockJSSettings:
     @property
     def origins(self) -> tuple[str, ...]:
         """The allowed origins, parsed."""
-        value = self.allowed_origins
-        return value if isinstance(value, tuple) else _origins(value)
+        return _origins(self.allowed_origins)

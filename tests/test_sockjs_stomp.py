@@ -1,0 +1,183 @@
+"""STOMP over SockJS (L{qmq.web.sockjs.stomp}): the TCP listener's STOMP
+session behind SockJS sessions, over twisted.web's real HTTP parser, on a
+L{Clock}."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+from twisted.web.resource import Resource
+from twisted.web.server import Site
+
+from qmq.connections import ConnectionRegistry, ConnectionSettings
+from qmq.core.broker import Broker
+from qmq.stomp.frame import StompParser, encode_frame
+from qmq.stomp.settings import StompSettings
+from qmq.web.sockjs.settings import SockJSSettings
+from qmq.web.sockjs.stomp import stomp_sockjs_resource
+from tests.sockjs_http import Exchange
+
+
+def frame(command: str, body: bytes = b"", **headers: str) -> str:
+    return encode_frame(command, list(headers.items()), body, "1.2").decode()
+
+
+class Client:
+    """A SockJS xhr-polling client speaking STOMP."""
+
+    def __init__(self, test: StompOverSockJSTests) -> None:
+        self.test = test
+        self.url = f"/sockjs/000/{uuid.uuid4()}"
+        self.parser = StompParser()
+        self.frames: list = []
+        self.closed: str | None = None
+        self.poll()
+
+    def send(self, *messages: str) -> Exchange:
+        r = Exchange(self.test.site, "POST", self.url + "/xhr_send", json.dumps(list(messages)))
+        self.test.clock.advance(0)
+        return r
+
+    def poll(self) -> Exchange:
+        r = Exchange(self.test.site, "POST", self.url + "/xhr")
+        self.test.clock.advance(0)
+        if r.finished:
+            self.take(r.text)
+        return r
+
+    def take(self, text: str) -> None:
+        for line in text.splitlines():
+            if line.startswith("a"):
+                for m in json.loads(line[1:]):
+                    self.frames.extend(self.parser.feed(m.encode()))
+            elif line.startswith("c"):
+                self.closed = line
+
+    def connect(self) -> None:
+        self.send(frame("CONNECT", **{"accept-version": "1.2", "host": "/"}))
+        self.poll()
+        self.test.assertEqual(self.frames.pop(0).command, "CONNECTED")
+
+
+class StompOverSockJSTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.broker = Broker(clock=self.clock)
+        self.registry = ConnectionRegistry(ConnectionSettings(max_per_address=3), clock=self.clock)
+        self.settings = SockJSSettings(max_buffered_bytes=4096)
+        root = Resource()
+        root.putChild(b"sockjs", stomp_sockjs_resource(
+            self.broker, StompSettings(), self.settings, self.registry, "http", self.clock))
+        self.site = Site(root, reactor=self.clock)
+
+    def test_connect_subscribe_send(self) -> None:
+        c = Client(self)
+        c.connect()
+        c.send(frame("SUBSCRIBE", destination="/queue/a", id="s1"))
+        c.send(frame("SEND", b"hello", destination="/queue/a"))
+        c.poll()
+        self.assertEqual([(f.command, f.body) for f in c.frames], [("MESSAGE", b"hello")])
+
+    def test_frames_split_and_joined(self) -> None:
+        """A frame split over two messages, and two frames in one message."""
+        c = Client(self)
+        connect = frame("CONNECT", **{"accept-version": "1.2", "host": "/"})
+        c.send(connect[:5], connect[5:])
+        c.poll()
+        self.assertEqual(c.frames.pop(0).command, "CONNECTED")
+        sub = frame("SUBSCRIBE", destination="/queue/b", id="s1")
+        send = frame("SEND", "h\u00e9".encode(), destination="/queue/b", receipt="r1")
+        c.send(sub + send[:7])
+        c.send(send[7:] + "\n")  # and a heart-beat
+        c.poll()
+        commands = [(f.command, f.body) for f in c.frames]
+        self.assertIn(("MESSAGE", "h\u00e9".encode()), commands)
+        self.assertIn(("RECEIPT", b""), commands)
+
+    def test_waiting_poll_gets_delivery(self) -> None:
+        c = Client(self)
+        c.connect()
+        c.send(frame("SUBSCRIBE", destination="/queue/c", id="s1"))
+        r = c.poll()
+        self.assertFalse(r.finished)
+        other = Client(self)
+        other.connect()
+        other.send(frame("SEND", b"x", destination="/queue/c"))
+        self.assertTrue(r.finished)
+        c.take(r.text)
+        self.assertEqual(c.frames[0].body, b"x")
+
+    def test_expired_session_returns_unacked(self) -> None:
+        """A client that stops polling is gone after the disconnect delay; its
+        unacknowledged message goes back to the queue, to another consumer."""
+        c = Client(self)
+        c.connect()
+        c.send(frame("SUBSCRIBE", destination="/queue/d", id="s1", ack="client"))
+        c.send(frame("SEND", b"job", destination="/queue/d"))
+        c.poll()
+        self.assertEqual(c.frames[0].body, b"job")
+        self.assertEqual(len(self.registry), 1)
+        self.clock.advance(5.1)
+        self.assertEqual(len(self.registry), 0)
+        self.assertEqual(len(self.broker.default_vhost.queues["d"]), 1)
+        other = Client(self)
+        other.connect()
+        other.send(frame("SUBSCRIBE", destination="/queue/d", id="s1"))
+        other.poll()
+        self.assertEqual(other.frames[0].body, b"job")
+        self.assertEqual(other.frames[0].headers.get("redelivered"), "true")
+
+    def test_client_not_polling_is_bounded(self) -> None:
+        """Deliveries to a client that stops polling pause once its session
+        holds max_buffered_bytes; the rest stays in the queue."""
+        c = Client(self)
+        c.connect()
+        c.send(frame("SUBSCRIBE", destination="/queue/e", id="s1", ack="auto"))
+        publisher = Client(self)
+        publisher.connect()
+        body = b"x" * 2000
+        publisher.send(*[frame("SEND", body, destination="/queue/e")] * 200)
+        self.clock.advance(0)
+        session = next(iter(s for s in self._sessions() if s.handler.session.subscriptions))
+        # Paused once it held more than the bound: what one STOMP flush
+        # carries (128 KiB) at most goes over it.
+        self.assertTrue(session.handler.session.paused)
+        self.assertLessEqual(session.buffered, self.settings.max_buffered_bytes + 140 * 1024)
+        self.assertGreater(len(self.broker.default_vhost.queues["e"]), 100)
+        # Polling drains it and deliveries go on.
+        for _ in range(100):
+            c.poll()
+            self.clock.advance(0)
+            if not len(self.broker.default_vhost.queues["e"]) and not session.buffered:
+                break
+        self.assertEqual(sum(1 for f in c.frames if f.command == "MESSAGE"), 200)
+
+    def _sessions(self) -> list:
+        resource = self.site.resource.children[b"sockjs"]
+        return list(resource.service.sessions.values())
+
+    def test_error_reaches_the_client_then_close(self) -> None:
+        c = Client(self)
+        c.send(frame("SEND", b"x", destination="/queue/a"))  # not connected
+        c.poll()
+        self.assertEqual(c.frames[0].command, "ERROR")
+        c.poll()
+        self.assertEqual(c.closed, 'c[3000,"not connected"]')
+
+    def test_connection_caps(self) -> None:
+        for _ in range(3):
+            Client(self).connect()
+        r = Exchange(self.site, "POST", f"/sockjs/000/{uuid.uuid4()}/xhr")
+        self.assertEqual(r.status, 503)
+        self.assertIn("max_per_address", json.loads(r.body)["error"])
+
+    def test_shutdown(self) -> None:
+        c = Client(self)
+        c.connect()
+        d = self.registry.shutdown("broker shutting down", 5.0)
+        self.assertIsNone(self.successResultOf(d))
+        self.assertEqual(len(self.registry), 0)
+        self.assertEqual(self._sessions(), [])
