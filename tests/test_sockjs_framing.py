@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -59,7 +59,8 @@ class FramesTests(SynchronousTestCase):
         self.assertEqual(encoded, 'a["\\ud800x"]')
         encoded.encode("utf-8")  # is valid UTF-8
 
-    @given(st.lists(st.text()))
+    @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.lists(st.text(max_size=50), max_size=10))
     def test_round_trip(self, messages: list[str]) -> None:
         frame = messages_frame(messages)
         self.assertTrue(frame.startswith("a"))
