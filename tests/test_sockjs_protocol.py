@@ -381,7 +381,7 @@ class XhrPolling(Test):
         self.POST(url + "/xhr")
         r = self.POST(url + "/xhr_send", '["' + "x" * (17 * 1024 * 1024) + '"]')
         self.assertEqual(r.status, 413)
-        self.assertIn("max_payload_bytes", json.loads(r.body)["error"])
+        self.assertIn("max_payload_bytes", json.loads(r.body)["detail"])
 
 
 class XhrStreaming(Test):

@@ -172,7 +172,7 @@ class StompOverSockJSTests(SynchronousTestCase):
             Client(self).connect()
         r = Exchange(self.site, "POST", f"/sockjs/000/{uuid.uuid4()}/xhr")
         self.assertEqual(r.status, 503)
-        self.assertIn("max_per_address", json.loads(r.body)["error"])
+        self.assertIn("max_per_address", json.loads(r.body)["detail"])
 
     def test_shutdown(self) -> None:
         c = Client(self)

@@ -7,7 +7,8 @@ C{http:qmqtls:...}) makes one L{HttpFactory}. On one port it serves::
     /stomp, /ws     STOMP over WebSocket (L{qmq.web.websocket})
     /qmq.js         QMQ's browser client (an ES module)
     /examples/      the example pages, when [web] examples = true
-    /sockjs         STOMP over SockJS (qmq.web.sockjs)
+    /sockjs         STOMP over SockJS (L{qmq.web.sockjs})
+    /sockjs_test    SockJS protocol test services, when [sockjs] test_services = true
     /api, /metrics  the JSON/Avro HTTP API and the metrics (qmq.web.api)
 
 The contract for a part mounted here is small. It is one entry in
@@ -129,6 +130,18 @@ def _stomp(ctx: WebContext) -> Resource:
     return stomp_resource(ctx)
 
 
+def _sockjs(ctx: WebContext) -> Resource:
+    from qmq.web.sockjs.stomp import sockjs_mount  # noqa: PLC0415
+
+    return sockjs_mount(ctx)
+
+
+def _sockjs_test(ctx: WebContext) -> Resource | None:
+    from qmq.web.sockjs.stomp import sockjs_test_mount  # noqa: PLC0415
+
+    return sockjs_test_mount(ctx)
+
+
 def _client(ctx: WebContext) -> Resource:
     return StaticFile(str(STATIC / "qmq.js"))
 
@@ -147,6 +160,8 @@ MOUNTS: dict[str, MountBuilder] = {
     "ws": _stomp,
     "qmq.js": _client,
     "examples": _examples,
+    "sockjs": _sockjs,
+    "sockjs_test": _sockjs_test,
 }
 
 

@@ -25,8 +25,9 @@ session the messages they carry and answer at once.
 Errors the protocol prescribes keep its wording and codes (500 with
 C{Broken JSON encoding.} or C{Payload expected.}, 404 for a sending request
 to an unknown session); others are 4xx with a JSON body
-(C{{"error": "..."}}). CORS follows the protocol (the request's C{Origin}
-echoed, credentials allowed) unless C{allowed_origins} narrows it.
+(C{{"error": ..., "detail": ...}}, L{qmq.web.site.json_error}). CORS
+follows the protocol (the request's C{Origin} echoed, credentials allowed)
+for the pages the service's C{origin_allowed} lets in; others get 403.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 from zope.interface import implementer
 
+from qmq.web.site import json_error
 from qmq.web.sockjs.framing import (
     TRANSPORTS,
     PayloadError,
@@ -110,6 +112,8 @@ class SockJSService:
         (an L{qmq.web.sockjs.session.ISockJSHandler}) of a new session.
     @ivar admit: C{admit(host)} -> L{None}, or why a new session from
         C{host} is refused (the connection caps).
+    @ivar origin_allowed: C{origin_allowed(request)} -> whether the page
+        that made the request may use the service (L{None}: any page).
     """
 
     def __init__(
@@ -119,6 +123,7 @@ class SockJSService:
         clock: Any = None,
         admit: Callable[[str], str | None] | None = None,
         raw_handler_factory: Callable[[SockJSSession], Any] | None = None,
+        origin_allowed: Callable[[Any], bool] | None = None,
     ) -> None:
         if clock is None:
             from twisted.internet import reactor as clock  # noqa: PLC0415
@@ -127,6 +132,7 @@ class SockJSService:
         self.handler_factory = handler_factory
         self.raw_handler_factory = raw_handler_factory or handler_factory
         self.admit = admit
+        self.origin_allowed = origin_allowed
         self.sessions: dict[str, SockJSSession] = {}
 
     def new_session(
@@ -351,7 +357,6 @@ class SockJSResource(Resource):
         self.settings = settings
         self._iframe = (_IFRAME_PAGE % settings.sockjs_url).encode()
         self._etag = b'"' + hashlib.sha256(self._iframe).hexdigest()[:32].encode() + b'"'
-        self._origins = settings.origins
         self._ws = WebSocketResource(_ws_factory(service, SockJSWebSocketProtocol))
         self._raw_ws = WebSocketResource(_ws_factory(service, RawWebSocketProtocol))
 
@@ -361,7 +366,9 @@ class SockJSResource(Resource):
         path = request.postpath
         method = request.method
         if not self._origin_allowed(request):
-            return self._json_error(request, 403, "this origin may not use the endpoint")
+            return self._json_error(
+                request, 403, "origin not allowed",
+                "Pages from this origin may not use this endpoint (web.allowed_origins).")
         n = len(path)
         if n == 0 or (n == 1 and path[0] == b""):
             if method not in (b"GET", b"HEAD"):
@@ -381,16 +388,13 @@ class SockJSResource(Resource):
             if server and session and b"." not in server and b"." not in session:
                 return self._session_request(request, session.decode("utf-8", "replace"),
                                              transport.decode("ascii", "replace"))
-        return self._json_error(request, 404, "not found")
+        return self._json_error(request, 404, "not found", "No such SockJS URL.")
 
     # -- static answers -----------------------------------------------------------------
 
     def _origin_allowed(self, request: Any) -> bool:
-        origins = self._origins
-        if "*" in origins:
-            return True
-        origin = _header(request, b"origin")
-        return origin is None or origin in origins
+        check = self.service.origin_allowed
+        return check is None or check(request)
 
     def _cors(self, request: Any) -> None:
         origin = _header(request, b"origin")
@@ -426,11 +430,8 @@ class SockJSResource(Resource):
         return b""
 
     @staticmethod
-    def _json_error(request: Any, code: int, message: str) -> bytes:
-        request.setResponseCode(code)
-        request.setHeader(b"Content-Type", b"application/json; charset=UTF-8")
-        request.setHeader(b"Cache-Control", _NO_CACHE)
-        return json.dumps({"error": message}).encode()
+    def _json_error(request: Any, code: int, error: str, detail: str = "") -> bytes:
+        return json_error(request, code, error, detail)
 
     @staticmethod
     def _protocol_error(request: Any, message: str) -> bytes:
@@ -483,7 +484,7 @@ class SockJSResource(Resource):
         method = request.method
         if transport == "websocket":
             if not self.settings.websocket:
-                return self._json_error(request, 404, "not found")
+                return self._json_error(request, 404, "not found", "No such SockJS URL.")
             return self._websocket(request, raw=False)
         if transport in ("xhr_send", "jsonp_send"):
             if transport == "xhr_send" and method == b"OPTIONS":
@@ -494,7 +495,7 @@ class SockJSResource(Resource):
             return self._send(request, session_id, transport)
         wrapping = TRANSPORTS.get(transport)
         if wrapping is None:
-            return self._json_error(request, 404, "not found")
+            return self._json_error(request, 404, "not found", "No such SockJS URL.")
         if method == b"OPTIONS" and wrapping.method == b"POST":
             return self._options(request, b"OPTIONS, POST")
         if method != wrapping.method:
@@ -512,7 +513,7 @@ class SockJSResource(Resource):
             peer, host = _peer(request)
             refusal = self.service.refusal(host)
             if refusal is not None:
-                return self._json_error(request, 503, refusal)
+                return self._json_error(request, 503, "too many connections", refusal)
             session = self.service.new_session(session_id, peer, host)
         request.setHeader(b"Content-Type", wrapping.content_type)
         self._no_cache(request)
@@ -529,15 +530,17 @@ class SockJSResource(Resource):
     def _send(self, request: Any, session_id: str, transport: str) -> bytes:
         session = self.service.sessions.get(session_id)
         if session is None or session.state is CLOSED:
-            return self._json_error(request, 404, "no such session")
+            return self._json_error(request, 404, "no such session",
+                                    "The session is unknown or has ended; open a new one.")
         self._no_cache(request)
         self._cors(request)
         content = request.content
         content.seek(0, 2)
         size = content.tell()
         if size > self.settings.max_payload_bytes:
-            return self._json_error(request, 413, "payload too large "
-                                    f"(sockjs.max_payload_bytes = {self.settings.max_payload_bytes})")
+            return self._json_error(
+                request, 413, "payload too large",
+                f"At most sockjs.max_payload_bytes = {self.settings.max_payload_bytes} bytes.")
         content.seek(0)
         body = content.read()
         if transport == "jsonp_send":

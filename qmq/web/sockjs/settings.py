@@ -15,21 +15,6 @@ MiB = 1024 * 1024
 DEFAULT_SOCKJS_URL = "https://cdn.jsdelivr.net/npm/sockjs-client@1/dist/sockjs.min.js"
 
 
-def _check_origins(value: str) -> str:
-    _origins(value)
-    return value
-
-
-def _origins(value: str) -> tuple[str, ...]:
-    origins = tuple(o for o in value.replace(",", " ").split() if o)
-    if not origins:
-        raise ValueError("expected \"*\" or origins such as \"https://example.com\"")
-    for origin in origins:
-        if origin != "*" and "://" not in origin:
-            raise ValueError(f"{origin!r} is not an origin (scheme://host[:port]) nor \"*\"")
-    return origins
-
-
 @dataclass(frozen=True)
 class SockJSSettings:
     """What the SockJS endpoint offers and enforces.
@@ -51,9 +36,6 @@ class SockJSSettings:
         same bound.
     @ivar max_payload_bytes: largest body of one sending request (or
         WebSocket message).
-    @ivar allowed_origins: C{"*"}, or the origins (space- or comma-separated)
-        whose pages may use the endpoint; requests with another C{Origin}
-        are refused with 403.
     @ivar sockjs_url: the sockjs-client script that the iframe page loads.
     @ivar test_services: serve sockjs-protocol's test services (C{echo},
         C{disabled_websocket_echo}, C{cookie_needed_echo}, C{close}) under
@@ -68,13 +50,5 @@ class SockJSSettings:
     response_limit: int = field(default=128 * 1024, metadata={"min": 1})
     max_buffered_bytes: int = field(default=MiB, metadata={"min": 1})
     max_payload_bytes: int = field(default=16 * MiB + 64 * 1024, metadata={"min": 1})
-    allowed_origins: str = field(
-        default="*", metadata={"parse": _check_origins, "expected": 'a string: "*" or origins'}
-    )
     sockjs_url: str = DEFAULT_SOCKJS_URL
     test_services: bool = False
-
-    @property
-    def origins(self) -> tuple[str, ...]:
-        """The allowed origins, parsed."""
-        return _origins(self.allowed_origins)

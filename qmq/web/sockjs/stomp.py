@@ -28,9 +28,11 @@ the graceful shutdown).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from twisted.logger import Logger
+from twisted.web.resource import Resource
 from zope.interface import implementer
 
 from qmq.connections import ConnectionRegistry
@@ -39,11 +41,14 @@ from qmq.stomp.reader import StompReader
 from qmq.stomp.session import StompSession
 from qmq.stomp.settings import StompSettings
 from qmq.transport import IConnection, ITransport
+from qmq.web.site import WebContext
 from qmq.web.sockjs.resource import SockJSResource, SockJSService
+from qmq.web.sockjs.services import build_test_services
 from qmq.web.sockjs.session import ISockJSHandler, SockJSSession
 from qmq.web.sockjs.settings import SockJSSettings
+from qmq.web.websocket import origin_allowed
 
-__all__ = ["StompOverSockJS", "stomp_sockjs_resource"]
+__all__ = ["StompOverSockJS", "sockjs_mount", "sockjs_test_mount", "stomp_sockjs_resource"]
 
 log = Logger()
 
@@ -147,9 +152,10 @@ def stomp_sockjs_resource(
     registry: ConnectionRegistry,
     listener: str,
     clock: Any = None,
+    origin_allowed: Callable[[Any], bool] | None = None,
 ) -> SockJSResource:
     """The C{/sockjs} resource: STOMP sessions over SockJS, counted in C{registry}
-    under C{listener}."""
+    under C{listener}; pages that C{origin_allowed(request)} refuses get 403."""
 
     def handler(sockjs: SockJSSession) -> StompOverSockJS:
         return StompOverSockJS(sockjs, broker, stomp_settings, registry, listener)
@@ -158,5 +164,45 @@ def stomp_sockjs_resource(
         return registry.admit(listener, host)
 
     service = SockJSService(handler, settings, clock if clock is not None else broker.clock,
-                            admit=admit)
+                            admit=admit, origin_allowed=origin_allowed)
     return SockJSResource(service)
+
+
+def _origin_check(ctx: WebContext) -> Callable[[Any], bool]:
+    """The site's rule for pages of other origins (C{web.allowed_origins}),
+    the one STOMP over WebSocket follows."""
+    patterns = ctx.web.origins
+
+    def check(request: Any) -> bool:
+        origin = request.getHeader(b"origin")
+        host = request.getHeader(b"host")
+        return origin_allowed(
+            origin.decode("latin-1") if origin is not None else None,
+            host.decode("latin-1") if host is not None else None,
+            request.isSecure(),
+            patterns,
+        )
+
+    return check
+
+
+def sockjs_mount(ctx: WebContext) -> SockJSResource:
+    """What the site mounts at C{/sockjs}."""
+    return stomp_sockjs_resource(
+        ctx.broker,
+        ctx.settings.section("stomp"),
+        ctx.settings.section("sockjs"),
+        ctx.connections,
+        ctx.listener + "/sockjs",
+        ctx.clock,
+        _origin_check(ctx),
+    )
+
+
+def sockjs_test_mount(ctx: WebContext) -> Resource | None:
+    """What the site mounts at C{/sockjs_test}: the protocol's test services,
+    when C{sockjs.test_services} is on."""
+    settings = ctx.settings.section("sockjs")
+    if not settings.test_services:
+        return None
+    return build_test_services(settings, ctx.clock)
