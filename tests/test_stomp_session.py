@@ -1510,6 +1510,19 @@ class DurableTests(SessionTestCase):
         self.assertNotIn("durable.mallory.squat", self.vhost.queues)
         self.assertEqual(a.read(), [])
 
+    def test_other_user_cannot_count(self) -> None:
+        """Control counts of another user's durable subscription are refused
+        too; the owner gets them."""
+        a = self.client(login="alice")
+        a.subscribe("/topic/t", "d", durable="true")
+        a.publish("/control/count-subscribers/queue/durable.alice.d", b"", receipt="c")
+        [receipt] = a.read()
+        self.assertEqual(receipt.headers["num-subscribers"], "1")
+        for path in ("count-msgs/queue/", "count-subscribers/queue/"):
+            m = self.client(login="mallory")
+            m.publish(f"/control/{path}durable.alice.d", b"", receipt="c")
+            self.assertError(m, "access refused (read)")
+
     def test_anonymous_cannot_read_a_users_subscription(self) -> None:
         """A client without a login is not the owner of a user's subscription."""
         a = self.client(login="alice")

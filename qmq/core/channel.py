@@ -435,10 +435,16 @@ class Channel:
         """Answer an ocamlmq control destination (counts)."""
         vhost = self.vhost
         if path.startswith("count-msgs/queue/"):
-            queue = vhost.queues.get(path[17:])
+            name = path[17:]
+            if name.startswith(DURABLE_SUBSCRIPTION_PREFIX):
+                check_queue_access(self.owner_name, name, "read")
+            queue = vhost.queues.get(name)
             return [("num-messages", str(len(queue) if queue is not None else 0))]
         if path.startswith("count-subscribers/queue/"):
-            queue = vhost.queues.get(path[24:])
+            name = path[24:]
+            if name.startswith(DURABLE_SUBSCRIPTION_PREFIX):
+                check_queue_access(self.owner_name, name, "read")
+            queue = vhost.queues.get(name)
             return [("num-subscribers", str(len(queue.consumers) if queue is not None else 0))]
         if path.startswith("count-subscribers/topic/"):
             targets = vhost.exchange("amq.topic").route(path[24:], None)

@@ -584,7 +584,7 @@ class StompSession:
         """
         if self.login:
             return self.login
-        identity = getattr(self.transport, "identity", None)
+        identity = self.transport.identity
         if identity is not None:
             return identity.common_name or identity.subject or identity.fingerprint
         return ""
