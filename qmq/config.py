@@ -78,7 +78,7 @@ from typing import Any
 from qmq.connections import ConnectionSettings
 from qmq.core.errors import PreconditionFailed
 from qmq.core.limits import LimitSettings
-from qmq.core.queue import QUEUE_ARGUMENTS, QueueArgument, argument_name
+from qmq.core.queue import FSYNC_POLICIES, QUEUE_ARGUMENTS, QueueArgument, argument_name
 from qmq.stomp.settings import StompSettings
 from qmq.store.settings import CommitLogSettings
 from qmq.web.settings import WebSettings
@@ -240,6 +240,9 @@ class VirtualHostSettings:
         Without a C{queue_defaults} table, a virtual host gets
         L{QUEUE_DEFAULTS}; a table that sets some keys replaces those keys
         only.
+    @ivar fsync: the commit log's fsync policy for the durable queues of
+        this virtual host that do not set C{x-fsync}, or None for
+        C{commit_log.fsync}.
     """
 
     name: str
@@ -248,6 +251,7 @@ class VirtualHostSettings:
     bindings: tuple[BindingDeclaration, ...] = ()
     queue_defaults: Mapping[str, Any] = field(default_factory=_queue_defaults)
     allow_create: bool = True
+    fsync: str | None = None
 
 
 def _other_sections() -> dict[str, Any]:
@@ -738,6 +742,7 @@ _VHOST_SCHEMA: _Schema = {
     "bindings": _declarations(_BINDING_SCHEMA, _BINDING_REQUIRED, None),
     "queue_defaults": _queue_defaults_table,
     "allow_create": _boolean,
+    "fsync": _one_of(FSYNC_POLICIES),
 }
 
 
@@ -838,6 +843,7 @@ def _build(tree: Mapping[str, Any]) -> Settings:
                 # other virtual host starts from the same defaults.
                 queue_defaults={**QUEUE_DEFAULTS, **vhost.get("queue_defaults", {})},
                 allow_create=vhost.get("allow_create", True),
+                fsync=vhost.get("fsync"),
             )
         )
     values: dict[str, Any] = {"vhosts": tuple(vhosts)}

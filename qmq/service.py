@@ -462,6 +462,7 @@ def _declare(broker: Broker, settings: Settings) -> None:
     for vhost_settings in settings.vhosts:
         vhost = broker.add_vhost(vhost_settings.name)
         vhost.allow_create = vhost_settings.allow_create
+        vhost.fsync = vhost_settings.fsync
         try:
             vhost.set_queue_defaults(vhost_settings.queue_defaults)
         except BrokerError as e:

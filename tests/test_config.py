@@ -474,7 +474,7 @@ class ErrorTests(unittest.TestCase):
         self.check(
             '[vhosts."/"]\nqueue = []',
             'qmq.toml: vhosts."/".queue: unknown key (expected one of: allow_create, bindings,'
-            ' exchanges, queue_defaults, queues); did you mean "queues"?',
+            ' exchanges, fsync, queue_defaults, queues); did you mean "queues"?',
         )
         self.check(
             '[vhosts."/".queue_defaults]\nx-max-len = 1',

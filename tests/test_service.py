@@ -261,9 +261,10 @@ def sync_io(f: Any, *args: Any) -> defer.Deferred[Any]:
 
 
 def newer_segment() -> bytes:
-    """A segment header of format version 2, intact (its CRC right)."""
+    """A segment header of a format version newer than this QMQ's (99),
+    intact (its CRC right)."""
     header = bytearray(encode_header(0, 1))
-    struct.pack_into("<H", header, 8, 2)
+    struct.pack_into("<H", header, 8, 99)
     struct.pack_into("<I", header, 28, zlib.crc32(bytes(header[:28])))
     return bytes(header)
 
@@ -361,7 +362,7 @@ class CommitLogTests(ServiceTestCase):
             )
             self.assertTrue(str(e).startswith("store: the 'log' store cannot start: "), str(e))
             self.assertIn(segment_name(0), str(e))
-            self.assertIn("format version 2", str(e))
+            self.assertIn("format version 99", str(e))
 
     def test_directory_cannot_be_made(self) -> None:
         """

@@ -29,7 +29,7 @@ from qmq.core.alarm import trim_heap
 from qmq.core.batch import WriteBatcher
 from qmq.core.limits import LimitSettings
 from qmq.core.message import Message
-from qmq.core.store import MessageStore, NullStore
+from qmq.core.store import MessageStore, NullStore, RecoveredQueue
 from qmq.core.vhost import VirtualHost
 
 if TYPE_CHECKING:
@@ -129,16 +129,29 @@ class Broker:
         self.message_ids = itertools.count(recovery.next_message_id)
         for vhost_name, name, type_, auto_delete in recovery.exchanges:
             self.add_vhost(vhost_name).declare_exchange(name, type_, True, auto_delete)
-        for vhost_name, name, arguments in recovery.queues:
-            self.add_vhost(vhost_name).declare_queue(
-                name, durable=True, arguments=arguments, on_demand=True
+        gone = []
+        for entry in recovery.queues:
+            q = RecoveredQueue(*entry)
+            vhost = self.add_vhost(q.vhost)
+            vhost.declare_queue(
+                q.name,
+                durable=True,
+                auto_delete=q.auto_delete,
+                arguments=q.arguments,
+                on_demand=True,
+                subscription=q.subscription,
             )
+            if q.exclusive:
+                gone.append((vhost, q.name))
         for vhost_name, queue, exchange, key, arguments in recovery.bindings:
             self.add_vhost(vhost_name).bind(queue, exchange, key, arguments)
         for (vhost_name, queue_name), messages in recovery.messages.items():
             queue = self.add_vhost(vhost_name).queues.get(queue_name)
             if queue is not None:
                 queue.restore(messages)
+        for vhost, name in gone:
+            # Its connection is gone: as if it had closed (messages and all).
+            vhost.delete_queue(name)
 
     def new_message(
         self,

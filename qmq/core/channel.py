@@ -270,7 +270,9 @@ class Channel:
             if durable_name is not None:
                 name = durable_queue_name(self.owner_name, durable_name)
                 existed = name in vhost.queues
-                queue = vhost.declare_queue(name, durable=True, on_demand=True)
+                queue = vhost.declare_queue(
+                    name, durable=True, on_demand=True, subscription=True
+                )
                 self._bind_or_undo(queue, exchange, dest.key, made=not existed)
                 consumer.durable = True
             elif live and not consumer.ack_required:

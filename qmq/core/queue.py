@@ -37,6 +37,10 @@ Delivery rules:
       - C{x-expires} (milliseconds): a queue unused that long (no consumer,
         no L{Queue.get}, not redeclared: L{Queue.touch}) is reported to its
         virtual host, which deletes it (see L{Queue.expired}).
+      - C{x-retention} (seconds) and C{x-fsync}: how the commit log keeps
+        the persistent messages of a durable queue (acked messages kept
+        for range scans; when a publish is confirmed); see docs/storage.rst.
+        Other stores and non-durable queues ignore them.
 
     Every argument a queue understands is listed once, in
     L{QUEUE_ARGUMENTS} (name, policy field, parser); configuration and
@@ -76,6 +80,8 @@ OVERFLOW_POLICIES = ("drop-head", "reject-publish")
 #: full cuts the subscriber off (L{qmq.core.consumer.Consumer.cut_off}) and
 #: is lost to it alone. The core sets it; no argument names it.
 CUT_CONSUMERS = "cut-consumers"
+#: The commit log's fsync policies a queue may ask for (C{x-fsync}).
+FSYNC_POLICIES = ("always", "interval", "never")
 _NO_CONSUMERS: tuple = ()
 
 #: Why a message was discarded (L{Queue._discard}), in RabbitMQ's dead-letter
@@ -131,6 +137,11 @@ class QueuePolicy:
     @ivar dedup_window: milliseconds an effectively-once queue remembers a
         publisher's dedup id (C{x-dedup-window}).
     @ivar dedup_max_ids: most dedup ids it remembers (C{x-dedup-max-ids}).
+    @ivar retention: seconds the commit log keeps a persistent message after
+        it was acked, for range scans (C{x-retention}), or None.
+    @ivar fsync: the commit log's fsync policy for this queue's publishes
+        (C{x-fsync}: C{"always"}, C{"interval"}, C{"never"}), or None for
+        the virtual host's or the store's.
     @ivar bounded: whether C{max_length} or C{max_bytes} is set (derived; the
         publish path reads this one flag).
     @ivar length_room: C{max_length}, or a number no queue reaches (derived:
@@ -156,6 +167,8 @@ class QueuePolicy:
     guarantee: str = "at-least-once"
     dedup_window: int = 600_000
     dedup_max_ids: int = 10_000
+    retention: int | None = None
+    fsync: str | None = None
     bounded: bool = field(init=False, repr=False, compare=False)
     length_room: int = field(init=False, repr=False, compare=False)
     bytes_room: int = field(init=False, repr=False, compare=False)
@@ -274,6 +287,19 @@ def _overflow_argument(argument: str, value: object) -> str:
     return value  # type: ignore[return-value]
 
 
+def _fsync_argument(argument: str, value: object) -> str:
+    if value not in FSYNC_POLICIES:
+        raise PreconditionFailed(
+            f"{argument} must be one of {', '.join(FSYNC_POLICIES)}, got {value!r}"
+        )
+    return value  # type: ignore[return-value]
+
+
+def _retention_argument(argument: str, value: object) -> int | None:
+    # Seconds; 0 is none.
+    return _integer(argument, value, 0, MAX_TIME_MS // 1000, _EXPECTED[0]) or None
+
+
 #: The longest time a queue argument may give, in milliseconds (about 35 years).
 MAX_TIME_MS = 2**40
 
@@ -359,6 +385,10 @@ QUEUE_ARGUMENTS: dict[str, QueueArgument] = {
             _integer_argument(1, MAX_DEDUP_IDS),
             f"an integer from 1 to {MAX_DEDUP_IDS}",
         ),
+        QueueArgument("x-retention", "retention", _retention_argument, "an integer >= 0 (seconds)"),
+        QueueArgument(
+            "x-fsync", "fsync", _fsync_argument, "one of " + ", ".join(FSYNC_POLICIES)
+        ),
     )
 }
 
@@ -438,6 +468,9 @@ class Queue:
     @ivar durable: survives a broker restart (with the commit-log store).
     @ivar exclusive_owner: the session that owns an exclusive queue, or None.
     @ivar auto_delete: deleted when its last consumer goes away.
+    @ivar subscription: the queue of a durable topic subscription (a store
+        keeps the flag, so a restart knows it without guessing from the
+        name).
     @ivar arguments: the arguments it was declared with, or None.
     @ivar consumers: attached consumers, served round robin.
     @ivar bindings: (exchange, routing key, arguments) it is bound with.
@@ -459,6 +492,7 @@ class Queue:
         "durable",
         "exclusive_owner",
         "auto_delete",
+        "subscription",
         "arguments",
         "consumers",
         "bindings",
@@ -483,6 +517,7 @@ class Queue:
         arguments: dict | None = None,
         policy: QueuePolicy | None = None,
         store: MessageStore | None = None,
+        subscription: bool = False,
     ) -> None:
         """
         @param policy: the policy before C{arguments} apply (defaults);
@@ -495,6 +530,7 @@ class Queue:
         self.durable = durable
         self.exclusive_owner = exclusive_owner
         self.auto_delete = auto_delete
+        self.subscription = subscription
         self.arguments = arguments or None
         self.policy = QueuePolicy.from_arguments(arguments, policy)
         self.store = store

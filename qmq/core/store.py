@@ -22,6 +22,8 @@ When the core calls the store:
   - B{declare_queue}, B{delete_queue}, B{declare_exchange},
     B{delete_exchange}, B{bind}, B{unbind}: durable topology changed.
   - B{recover}: once, before any listener starts: what the store kept.
+  - B{scan}: a range scan (L{qmq.core.vhost.VirtualHost.scan}): a durable
+    queue's kept messages between two times, read without consuming them.
   - B{flush}: at the end of every reactor turn that called B{publish}, so a
     disk store writes (and syncs) a whole turn's records at once. Other
     records (settle, topology) wait for the next flush or for L{close}; a
@@ -36,7 +38,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+
+from qmq.core.errors import PreconditionFailed
 
 if TYPE_CHECKING:
     from qmq.core.exchange import Exchange
@@ -48,6 +52,35 @@ if TYPE_CHECKING:
 SETTLE_REASONS = ("ack", "drop", "expire", "purge", "delete", "dead-letter")
 
 
+class RecoveredQueue(NamedTuple):
+    """A durable queue a store kept, with the flags of its declaration."""
+
+    vhost: str
+    name: str
+    arguments: dict | None
+    auto_delete: bool = False
+    #: It belonged to a connection (which a restart ended): it is deleted.
+    exclusive: bool = False
+    #: The queue of a durable topic subscription.
+    subscription: bool = False
+
+
+@dataclass
+class ScanPage:
+    """One page of a range scan (L{qmq.core.vhost.VirtualHost.scan}).
+
+    @ivar messages: the messages, by increasing id (publish order); each
+        with its id, timestamp, headers, body, priority, expiry, exchange
+        and routing key (delivery count 0: a scan does not deliver).
+    @ivar next_cursor: give it to the next call to go on exactly after the
+        last message of this page; None once the range is done. A page may
+        hold fewer messages than asked, or none, and still have a cursor.
+    """
+
+    messages: list[Message]
+    next_cursor: str | None
+
+
 @dataclass
 class Recovery:
     """What a store hands back at start.
@@ -56,14 +89,15 @@ class Recovery:
         continue across restarts, never repeat).
     @ivar exchanges: C{(vhost, name, type, auto_delete)} of durable exchanges
         declared at runtime.
-    @ivar queues: C{(vhost, name, arguments)} of durable queues.
+    @ivar queues: L{RecoveredQueue}s (or plain C{(vhost, name, arguments)}
+        tuples) of durable queues.
     @ivar bindings: C{(vhost, queue, exchange, routing key, arguments)}.
     @ivar messages: C{(vhost, queue)} -> messages to put back, in queue order.
     """
 
     next_message_id: int = 1
     exchanges: list[tuple[str, str, str, bool]] = field(default_factory=list)
-    queues: list[tuple[str, str, dict | None]] = field(default_factory=list)
+    queues: list[tuple] = field(default_factory=list)
     bindings: list[tuple[str, str, str, str, dict | None]] = field(default_factory=list)
     messages: dict[tuple[str, str], list[Message]] = field(default_factory=dict)
 
@@ -108,6 +142,24 @@ class MessageStore(Protocol):
         self, vhost: VirtualHost, queue: Queue, exchange: Exchange, key: str, arguments: dict | None
     ) -> None:
         """That binding was removed."""
+
+    def scan(
+        self,
+        vhost: VirtualHost,
+        queue: Queue,
+        start: float,
+        end: float,
+        after: int,
+        limit: int,
+    ) -> Any:
+        """Read C{queue}'s kept messages published in [C{start}, C{end}) with
+        ids above C{after}, without consuming them.
+
+        @return: a Deferred of C{(messages, next)}: at most C{limit}
+            messages by increasing id, and the id to go on after, or None
+            when there is nothing more.
+        @raise PreconditionFailed: this store keeps no log to scan.
+        """
 
     def flush(self) -> None:
         """End of a reactor turn that called the store: write what is pending."""
@@ -157,6 +209,20 @@ class NullStore:
         self, vhost: VirtualHost, queue: Queue, exchange: Exchange, key: str, arguments: dict | None
     ) -> None:
         return None
+
+    def scan(
+        self,
+        vhost: VirtualHost,
+        queue: Queue,
+        start: float,
+        end: float,
+        after: int,
+        limit: int,
+    ) -> Any:
+        raise PreconditionFailed(
+            f"queue {queue.name!r} cannot be scanned: the memory store keeps no log "
+            '(range scans need store = "log" and a durable queue)'
+        )
 
     def flush(self) -> None:
         return None

@@ -27,6 +27,8 @@ Two settings come from the configuration through the service:
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -36,8 +38,11 @@ from qmq.core.expiry import ExpiryWheel
 from qmq.core.guarantee import queue_class_for
 from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX
 from qmq.core.queue import DEFAULT_POLICY, Queue, QueuePolicy
+from qmq.core.store import ScanPage
 
 if TYPE_CHECKING:
+    from twisted.internet.defer import Deferred
+
     from qmq.core.broker import Broker
     from qmq.core.message import Message
     from qmq.core.store import MessageStore
@@ -47,6 +52,38 @@ if TYPE_CHECKING:
 MAX_QUEUE_NAME = 255
 
 __all__ = ["DURABLE_SUBSCRIPTION_PREFIX", "MAX_QUEUE_NAME", "VirtualHost"]
+
+#: Most messages one page of a range scan may hold (L{VirtualHost.scan}).
+MAX_SCAN_LIMIT = 1000
+
+# A scan cursor: "i" then the last id returned, in hex.
+_CURSOR = re.compile(r"i([0-9a-f]{1,16})\Z")
+
+
+def make_cursor(after: int) -> str:
+    """The opaque cursor that goes on after message id C{after}."""
+    return f"i{after:x}"
+
+
+def parse_cursor(cursor: object) -> int:
+    """The message id a cursor goes on after.
+
+    @raise PreconditionFailed: not a cursor L{make_cursor} made.
+    """
+    match = _CURSOR.match(cursor) if isinstance(cursor, str) else None
+    if match is None:
+        raise PreconditionFailed(f"not a scan cursor: {cursor!r}")
+    return int(match.group(1), 16)
+
+
+def _is_time(value: object) -> bool:
+    return value.__class__ in (int, float) and math.isfinite(value)  # type: ignore[arg-type]
+
+
+def _page(result: tuple[list[Message], int | None]) -> ScanPage:
+    messages, following = result
+    return ScanPage(messages, make_cursor(following) if following is not None else None)
+
 
 STANDARD_EXCHANGES = (
     ("amq.direct", "direct"),
@@ -70,6 +107,8 @@ class VirtualHost:
     @ivar allow_create: whether a client may create a queue by naming it
         (L{qmq.core.channel.Channel.named_queue}); the configuration's
         C{allow_create}.
+    @ivar fsync: the commit log's fsync policy for its durable queues that
+        do not set C{x-fsync}; None for the store's own (C{[commit_log]}).
     """
 
     allow_create = True
@@ -80,6 +119,7 @@ class VirtualHost:
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, Queue] = {}
         self.queue_defaults: QueuePolicy = DEFAULT_POLICY
+        self.fsync: str | None = None
         # Deadlines of unused queues with an expiry policy.
         self.expiry: ExpiryWheel | None = ExpiryWheel(broker.clock) if broker is not None else None
         for ex_name, ex_type in STANDARD_EXCHANGES:
@@ -174,6 +214,7 @@ class VirtualHost:
         on_demand: bool = False,
         backlog: int = 0,
         policy: QueuePolicy | None = None,
+        subscription: bool = False,
     ) -> Queue:
         """Create a queue, or return the existing one.
 
@@ -185,6 +226,8 @@ class VirtualHost:
             holds (the oldest are dropped past it); 0 for unbounded.
         @param policy: the policy to start from, over C{backlog} and
             C{on_demand} (a private queue whose subscriber states a buffer).
+        @param subscription: the queue of a durable topic subscription: made
+            on demand, it never expires (see L{_on_demand_policy}).
         @raise AccessRefused: the queue is exclusive to another session.
         @raise PreconditionFailed: bad arguments.
         """
@@ -208,7 +251,7 @@ class VirtualHost:
             # + drop-head, one shared policy, no arguments dict per queue.
             else QueuePolicy.shared(max_length=backlog, overflow="drop-head")
             if backlog
-            else self._on_demand_policy(name) if on_demand else None
+            else self._on_demand_policy(subscription) if on_demand else None
         )
         # The delivery guarantee picks the class (a plain Queue for the
         # default): known only once the arguments are read over the base.
@@ -216,7 +259,16 @@ class VirtualHost:
         if arguments:
             guarantee = QueuePolicy.from_arguments(arguments, base).guarantee
         cls = queue_class_for(guarantee)
-        queue = cls(self, name, durable, exclusive_owner, auto_delete, arguments, base)
+        queue = cls(
+            self,
+            name,
+            durable,
+            exclusive_owner,
+            auto_delete,
+            arguments,
+            base,
+            subscription=subscription,
+        )
         self.queues[name] = queue
         if durable and self.broker is not None:
             store = self.broker.store
@@ -233,13 +285,13 @@ class VirtualHost:
         keeps its messages, is None for an at-most-once queue.)"""
         return self.broker.store if queue.durable and self.broker is not None else None
 
-    def _on_demand_policy(self, name: str) -> QueuePolicy:
+    def _on_demand_policy(self, subscription: bool) -> QueuePolicy:
         """The defaults of a queue made on demand: L{queue_defaults}, but a
-        durable subscription's queue (C{durable.OWNER.NAME}) never expires,
-        as ActiveMQ keeps an offline durable subscriber by default: its
-        client may stay away longer than any C{x-expires}."""
+        durable subscription's queue never expires, as ActiveMQ keeps an
+        offline durable subscriber by default: its client may stay away
+        longer than any C{x-expires}."""
         defaults = self.queue_defaults
-        if defaults.expires is not None and name.startswith(DURABLE_SUBSCRIPTION_PREFIX):
+        if defaults.expires is not None and subscription:
             return defaults.merge(expires=None)
         return defaults
 
@@ -282,6 +334,52 @@ class VirtualHost:
         """
         if not queue.deleted and not len(queue) and self.queues.get(queue.name) is queue:
             self.delete_queue(queue.name)
+
+    # -- range scans -------------------------------------------------------
+
+    def scan(
+        self,
+        queue: str,
+        start: float,
+        end: float,
+        cursor: str | None = None,
+        limit: int = 100,
+    ) -> Deferred:
+        """Read C{queue}'s messages published in [C{start}, C{end}) (seconds
+        since the epoch) without consuming them: a range scan (Queuey's
+        rewind), read from the commit log off the reactor thread.
+
+        A page holds the persistent messages the log still keeps for the
+        queue: those it holds (ready, or delivered and not acked) and those
+        acked less than its C{x-retention} ago (longer, if their segment is
+        still on disk for other reasons), by increasing id (publish order).
+        Non-persistent messages are never in the log, so never in a scan.
+
+        @param cursor: the C{next_cursor} of the previous page, to go on
+            exactly after its last message; None to begin.
+        @param limit: most messages in the page, 1 to L{MAX_SCAN_LIMIT}.
+        @return: a Deferred of a L{ScanPage}.
+        @raise NotFound: no such queue.
+        @raise PreconditionFailed: a bad argument or cursor, or a queue
+            with no log to read (not durable, or the store is the memory
+            store): the message says which.
+        """
+        q = self.queue(queue)
+        if not (_is_time(start) and _is_time(end)) or start > end:
+            raise PreconditionFailed(
+                f"a scan needs start <= end, both seconds since the epoch; got {start!r}, {end!r}"
+            )
+        if limit.__class__ is not int or not 1 <= limit <= MAX_SCAN_LIMIT:
+            raise PreconditionFailed(f"a scan's limit must be 1 to {MAX_SCAN_LIMIT}, got {limit!r}")
+        after = parse_cursor(cursor) if cursor is not None else 0
+        store = q.store
+        if store is None:
+            raise PreconditionFailed(
+                f"queue {queue!r} is not durable (or is at-most-once): it keeps no "
+                "messages in a log to scan (range scans read durable queues on the commit log)"
+            )
+        d = store.scan(self, q, float(start), float(end), after, limit)
+        return d.addCallback(_page)
 
     # -- bindings ----------------------------------------------------------
 

@@ -44,6 +44,32 @@ from dataclasses import dataclass
 
 from qmq.store.record import arguments_key
 
+_INF = float("inf")
+
+#: Flags of a declared queue (L{QueueState.flags}; the declare-queue record
+#: carries them by name, see docs/storage.rst).
+QUEUE_AUTO_DELETE = 1
+QUEUE_EXCLUSIVE = 2
+QUEUE_SUBSCRIPTION = 4
+_FLAG_NAMES = (
+    ("auto_delete", QUEUE_AUTO_DELETE),
+    ("exclusive", QUEUE_EXCLUSIVE),
+    ("subscription", QUEUE_SUBSCRIPTION),
+)
+
+
+def queue_flag_fields(flags: int) -> dict[str, bool]:
+    """The fields of a declare-queue record that carry C{flags}."""
+    return {name: bool(flags & bit) for name, bit in _FLAG_NAMES}
+
+
+def queue_flags(fields: dict) -> int | None:
+    """The C{QUEUE_*} bits of a declare-queue record, or None if it carries
+    none (format 1)."""
+    if not any(name in fields for name, _ in _FLAG_NAMES):
+        return None
+    return sum(bit for name, bit in _FLAG_NAMES if fields.get(name))
+
 
 class SegmentInfo:
     """What the index knows of one segment.
@@ -52,15 +78,48 @@ class SegmentInfo:
     @ivar records: every record it holds (live or not).
     @ivar cancel_min: the oldest segment its records cancel something in
         (itself when they cancel nothing older).
+    @ivar kept_until: the segment is kept until then (seconds since the
+        epoch) for the messages acked on a queue with retention whose
+        publish records it holds; 0.0 for none.
+    @ivar min_ts: the earliest publish time of its publish records (inf
+        when it holds none); C{max_ts} the latest; C{min_id} and
+        C{max_id} likewise for message ids. Range scans read only the
+        segments whose ranges meet theirs.
     """
 
-    __slots__ = ("number", "live", "records", "cancel_min")
+    __slots__ = (
+        "number",
+        "live",
+        "records",
+        "cancel_min",
+        "kept_until",
+        "min_ts",
+        "max_ts",
+        "min_id",
+        "max_id",
+    )
 
     def __init__(self, number: int) -> None:
         self.number = number
         self.live = 0
         self.records = 0
         self.cancel_min = number
+        self.kept_until = 0.0
+        self.min_ts = _INF
+        self.max_ts = -_INF
+        self.min_id = 1 << 64
+        self.max_id = 0
+
+    def published(self, message_id: int, timestamp: float) -> None:
+        """Widen the ranges for a publish record of C{message_id} at C{timestamp}."""
+        if timestamp < self.min_ts:
+            self.min_ts = timestamp
+        if timestamp > self.max_ts:
+            self.max_ts = timestamp
+        if message_id < self.min_id:
+            self.min_id = message_id
+        if message_id > self.max_id:
+            self.max_id = message_id
 
     def __repr__(self) -> str:
         return (
@@ -81,9 +140,25 @@ class QueueState:
         only from its messages, its declaration lost to damage).
     @ivar arguments: its declared arguments.
     @ivar bindings: keys (in L{Index.bindings}) of its bindings, or None.
+    @ivar since: the first message id this queue (this incarnation of its
+        name) can hold; a range scan shows nothing older, so a queue
+        deleted and declared again does not show its predecessor's
+        messages.
+    @ivar flags: C{QUEUE_*} bits of its declaration, or None when the
+        declaration did not say (format 1).
     """
 
-    __slots__ = ("_one", "_count", "_ids", "requeued", "declared", "arguments", "bindings")
+    __slots__ = (
+        "_one",
+        "_count",
+        "_ids",
+        "requeued",
+        "declared",
+        "arguments",
+        "bindings",
+        "since",
+        "flags",
+    )
 
     def __init__(self) -> None:
         self._one: int | None = None  # the id, when it holds exactly one
@@ -93,6 +168,8 @@ class QueueState:
         self.declared: int | None = None
         self.arguments: dict | None = None
         self.bindings: set | None = None
+        self.since = 0
+        self.flags: int | None = None
 
     def hold(self, message_id: int) -> bool:
         """Hold C{message_id} (delivery count 0); False if it did already."""
@@ -183,6 +260,7 @@ class Index:
     @ivar max_id: the highest message id seen.
     @ivar dirty: a segment's live count fell to zero, or a segment went:
         L{collect} may find something.
+    @ivar kept_last: see L{keep}.
     """
 
     def __init__(self) -> None:
@@ -194,6 +272,10 @@ class Index:
         self.bindings: dict[tuple, Binding] = {}
         self.max_id = 0
         self.dirty = False
+        #: The latest time a segment is kept until for retention (0.0: none):
+        #: while the clock has not passed it, the store looks for segments
+        #: to delete as time passes, not only as records die.
+        self.kept_last = 0.0
 
     # -- segments -----------------------------------------------------------
 
@@ -214,15 +296,16 @@ class Index:
         if older < info.cancel_min:
             info.cancel_min = older
 
-    def collect(self, active: int) -> list[int]:
+    def collect(self, active: int, now: float = 0.0) -> list[int]:
         """Remove and return the segments that may be deleted now (see the
-        module docstring), oldest first; never C{active}."""
+        module docstring), oldest first; never C{active}, nor one kept for
+        retention past C{now}."""
         self.dirty = False
         existing = list(self.segments)
         gone = []
         for number in list(existing):
             info = self.segments[number]
-            if info.live or number == active:
+            if info.live or number == active or info.kept_until > now:
                 continue
             # No segment remaining in [cancel_min, number): the first one at
             # or after cancel_min is this one.
@@ -232,15 +315,23 @@ class Index:
                 gone.append(number)
         return gone
 
-    def compactable(self, below: int, ratio: float, skip: set[int] = frozenset()) -> int | None:  # type: ignore[assignment]
+    def compactable(
+        self,
+        below: int,
+        ratio: float,
+        skip: set[int] = frozenset(),  # type: ignore[assignment]
+        now: float = 0.0,
+    ) -> int | None:
         """The first segment under C{below} (and not in C{skip}) worth
         compacting: live records are at most C{ratio} of its records, and
-        once they are copied forward it may be deleted."""
+        once they are copied forward it may be deleted. A segment kept for
+        retention past C{now} is not: compaction copies only live records,
+        and a retained message is not live."""
         existing = list(self.segments)
         for number in existing:
             if number >= below:
                 break
-            if number in skip:
+            if number in skip or self.segments[number].kept_until > now:
                 continue
             info = self.segments[number]
             if info.live and info.live <= ratio * info.records:
@@ -259,11 +350,28 @@ class Index:
 
     # -- messages -----------------------------------------------------------
 
-    def publish(self, segment: int, message_id: int, vhost: str, queues: Sequence[str]) -> int:
-        """A publish record of C{message_id} for C{queues}; return how many
-        queues took it. (A copy made by compaction comes after L{forget}.)"""
+    def publish(
+        self,
+        segment: int,
+        message_id: int,
+        vhost: str,
+        queues: Sequence[str],
+        timestamp: float,
+    ) -> int:
+        """A publish record of C{message_id} for C{queues}, published at
+        C{timestamp}; return how many queues took it. (A copy made by
+        compaction comes after L{forget}.)"""
         info = self.segments[segment]
         info.records += 1
+        # SegmentInfo.published, inlined (once per publish).
+        if timestamp < info.min_ts:
+            info.min_ts = timestamp
+        if timestamp > info.max_ts:
+            info.max_ts = timestamp
+        if message_id < info.min_id:
+            info.min_id = message_id
+        if message_id > info.max_id:
+            info.max_id = message_id
         if message_id > self.max_id:
             self.max_id = message_id
         vqueues = self.vhosts.get(vhost)
@@ -307,9 +415,15 @@ class Index:
         self._dead(self.where.pop(message_id))
         return True
 
-    def settle(self, segment: int, vhost: str, queue: str, message_id: int) -> bool:
+    def settle(
+        self, segment: int, vhost: str, queue: str, message_id: int, kept_until: float = 0.0
+    ) -> bool:
         """A settle record: C{queue} let C{message_id} go for good. Return
-        False (write nothing) if the queue did not hold it."""
+        False (write nothing) if the queue did not hold it.
+
+        @param kept_until: the segment of its publish record is kept until
+            then (retention), even once nothing in it is live.
+        """
         vqueues = self.vhosts.get(vhost)
         if vqueues is None:
             return False
@@ -329,6 +443,8 @@ class Index:
         published = where[message_id]
         if published < info.cancel_min:
             info.cancel_min = published
+        if kept_until:
+            self.keep(published, kept_until)
         refs = self.refs
         if refs and message_id in refs:
             n = refs[message_id]
@@ -343,6 +459,14 @@ class Index:
         if not info.live:
             self.dirty = True
         return True
+
+    def keep(self, segment: int, until: float) -> None:
+        """Keep C{segment} until C{until} (retention)."""
+        info = self.segments[segment]
+        if until > info.kept_until:
+            info.kept_until = until
+            if until > self.kept_last:
+                self.kept_last = until
 
     def requeue(self, segment: int, vhost: str, queue: str, message_id: int, count: int) -> bool:
         """A requeue record: C{message_id} is back in C{queue}, delivered
@@ -399,23 +523,44 @@ class Index:
     # -- topology -----------------------------------------------------------
 
     def declare_queue(
-        self, segment: int, vhost: str, name: str, arguments: dict | None, force: bool = False
+        self,
+        segment: int,
+        vhost: str,
+        name: str,
+        arguments: dict | None,
+        force: bool = False,
+        flags: int | None = None,
+        since: int | None = None,
     ) -> bool:
         """A queue declaration; False if it is declared alike already.
 
         @param force: write it even so (compaction moves it forward).
+        @param flags: C{QUEUE_*} bits, or None if the record has none.
+        @param since: the queue's L{QueueState.since} as the record says;
+            None: a new queue starts above every id seen, a known one keeps
+            its own.
         """
         vqueues = self.vhosts.get(vhost)
         qs = vqueues.get(name) if vqueues is not None else None
-        if qs is not None and qs.declared is not None and qs.arguments == arguments and not force:
+        if (
+            qs is not None
+            and qs.declared is not None
+            and qs.arguments == arguments
+            and qs.flags == flags
+            and not force
+        ):
             return False
         if qs is None:
             qs = self._queue(vhost, name)
+            qs.since = self.max_id + 1
         elif qs.declared is not None:
             self._dead(qs.declared)
             self._cancels(segment, qs.declared)
+        if since is not None:
+            qs.since = since
         qs.declared = segment
         qs.arguments = arguments
+        qs.flags = flags
         info = self.segments[segment]
         info.live += 1
         info.records += 1

@@ -48,7 +48,13 @@ from twisted.logger import Logger
 
 from qmq.core.message import Message
 from qmq.core.store import Recovery
-from qmq.store.index import Index
+from qmq.store.index import (
+    QUEUE_AUTO_DELETE,
+    QUEUE_EXCLUSIVE,
+    QUEUE_SUBSCRIPTION,
+    Index,
+    queue_flag_fields,
+)
 from qmq.store.record import (
     RECORD_BIND,
     RECORD_DECLARE_EXCHANGE,
@@ -58,6 +64,7 @@ from qmq.store.record import (
     RECORD_PUBLISH,
     RECORD_REQUEUE,
     RECORD_UNBIND,
+    VERSION,
     RecordError,
     arguments_key,
     decode_publish,
@@ -69,6 +76,7 @@ from qmq.store.record import (
     encode_topology,
 )
 from qmq.store.replay import Replay
+from qmq.store.scan import read_page
 from qmq.store.segment import (
     HEADER_SIZE,
     Problem,
@@ -110,15 +118,25 @@ class _Batch:
     @ivar waiters: Deferreds fired once the batch is written (and synced).
     @ivar deletes: segments to delete after the batch is synced.
     @ivar sync: whether to fdatasync after writing.
+    @ivar interval: whether to sync within the interval after writing.
+    @ivar other: whether it holds records other than publishes.
+    @ivar ends: segment -> its size once the batch is written.
     """
 
-    __slots__ = ("parts", "waiters", "deletes", "sync")
+    __slots__ = ("parts", "waiters", "deletes", "sync", "interval", "other", "ends")
 
     def __init__(self) -> None:
         self.parts: list[list] = []
         self.waiters: list[Deferred] = []
         self.deletes: list[int] = []
         self.sync = False
+        # Holds a publish to a queue whose policy is "interval": synced
+        # within the interval.
+        self.interval = False
+        # Holds records other than publishes (they follow the store's policy).
+        self.other = False
+        # Segment -> its size once this batch is written.
+        self.ends: dict[int, int] = {}
 
     def __bool__(self) -> bool:
         return bool(self.parts or self.waiters or self.deletes or self.sync)
@@ -200,6 +218,11 @@ class CommitLogStore:
         self._closing = False
         self._closed: Deferred | None = None
         self._vhost_names: dict[str, bytes] = {}
+        # Segment -> bytes of it written (what a range scan may read).
+        self._sizes: dict[int, int] = {}
+        # Range scans reading segments now: deletions wait for them.
+        self._reading = 0
+        self._read_pool: Any = None
         self._last_vhost: Any = None
         self._last_vnames: tuple[str, bytes] = ("", b"")
         #: Counts for tests and figures: writes done, segments deleted,
@@ -287,7 +310,15 @@ class CommitLogStore:
                     continue
                 truncate(path, reader.cut)
                 _log.warn("commit log: {path} cut at offset {offset}", path=path, offset=reader.cut)
-            if last and reader.clean and reader.end < self.segment_size:
+            self._sizes[number] = reader.end
+            if (
+                last
+                and reader.clean
+                and reader.end < self.segment_size
+                # Records of this format never go into an older one's segment.
+                and reader.header is not None
+                and reader.header.version == VERSION
+            ):
                 append_to = (number, reader.end, index.segments[number].records)
         index.max_id = max(index.max_id, floor - 1)
         if any(p.kind != "torn" for p in self.problems):
@@ -329,6 +360,7 @@ class CommitLogStore:
     def _roll(self) -> None:
         """Start the next segment (its file is made by the next write)."""
         number = self._active + 1
+        self._batch.ends[self._active] = self._active_size
         self._index.add_segment(number)
         self._index.dirty = True  # the old one may be deletable now
         self._active = number
@@ -343,6 +375,7 @@ class CommitLogStore:
         self._chunks.append(record)  # type: ignore[union-attr]
         self._active_size += len(record)
         self._active_records += 1
+        self._batch.other = True
         self._want_flush()
 
     def _want_flush(self) -> None:
@@ -380,12 +413,15 @@ class CommitLogStore:
             vname, vbytes = self._last_vnames = self._vhost(vhost)
             self._last_vhost = vhost
         if len(queues) == 1:
-            name = queues[0].name
+            q = queues[0]
+            name = q.name
             names = (name,)
             encoded = (name.encode(),)
+            fsync = q.policy.fsync or vhost.fsync or self.fsync
         else:
             names = tuple([q.name for q in queues])
             encoded = tuple([n.encode() for n in names])
+            fsync = self._strictest(vhost, queues)
         body = message.body
         mid = message.id
         head, tail = encode_publish(
@@ -406,17 +442,34 @@ class CommitLogStore:
         chunks = self._chunks
         if chunks is None:
             chunks = self._place()
-        if self._index.publish(self._active, mid, vname, names):
+        if self._index.publish(self._active, mid, vname, names, message.timestamp):
             chunks.append(head)
             if tail:
                 chunks.append(tail)
             self._active_size += len(head) + len(tail)
             self._active_records += 1
-        if self._always:
+        if fsync == "always":
+            batch = self._batch
+            batch.sync = True
             d: Deferred = Deferred()
-            self._batch.waiters.append(d)
+            batch.waiters.append(d)
             return d
+        if fsync == "interval":
+            self._batch.interval = True
         return None
+
+    def _strictest(self, vhost: VirtualHost, queues: Sequence[Queue]) -> str:
+        """The strictest fsync policy of C{queues} (a message routed to
+        several waits for the strictest)."""
+        default = vhost.fsync or self.fsync
+        found = "never"
+        for q in queues:
+            policy = q.policy.fsync or default
+            if policy == "always":
+                return policy
+            if policy == "interval":
+                found = policy
+        return found
 
     def settle(self, queue: Queue, message: Message, reason: str) -> None:
         if not self._opened:
@@ -433,11 +486,14 @@ class CommitLogStore:
             chunks = self._place()
         mid = message.id
         name = queue.name
-        if self._index.settle(self._active, vname, name, mid):
-            record = encode_settle(vbytes, name.encode(), mid, reason)
+        retention = queue.policy.retention
+        kept = self._reactor.seconds() + retention if retention and reason == "ack" else 0.0
+        if self._index.settle(self._active, vname, name, mid, kept):
+            record = encode_settle(vbytes, name.encode(), mid, reason, kept)
             chunks.append(record)
             self._active_size += len(record)
             self._active_records += 1
+            self._batch.other = True
             if self._flush_call is None:
                 self._want_flush()
 
@@ -455,24 +511,48 @@ class CommitLogStore:
             self._want_flush()
 
     def declare_queue(self, vhost: VirtualHost, queue: Queue) -> None:
-        self._declare_queue(vhost.name, queue.name, queue.arguments)
+        flags = 0
+        if queue.auto_delete:
+            flags |= QUEUE_AUTO_DELETE
+        if queue.exclusive_owner is not None:
+            flags |= QUEUE_EXCLUSIVE
+        if queue.subscription:
+            flags |= QUEUE_SUBSCRIPTION
+        self._declare_queue(vhost.name, queue.name, queue.arguments, flags)
 
     def _declare_queue(
-        self, vhost: str, name: str, arguments: dict | None, force: bool = False
+        self,
+        vhost: str,
+        name: str,
+        arguments: dict | None,
+        flags: int | None,
+        force: bool = False,
+        since: int | None = None,
     ) -> None:
         self._open()
         if not force:
             # Declared alike already (every queue at recovery): nothing to do.
             qs = self._index.vhosts.get(vhost, {}).get(name)
-            if qs is not None and qs.declared is not None and qs.arguments == arguments:
+            if (
+                qs is not None
+                and qs.declared is not None
+                and qs.arguments == arguments
+                and qs.flags == flags
+            ):
                 return
         self._place()
-        if self._index.declare_queue(self._active, vhost, name, arguments, force):
-            self._append(
-                encode_topology(
-                    RECORD_DECLARE_QUEUE, {"vhost": vhost, "queue": name, "arguments": arguments}
-                )
-            )
+        index = self._index
+        if index.declare_queue(self._active, vhost, name, arguments, force, flags, since):
+            qs = index.vhosts[vhost][name]
+            fields: dict[str, Any] = {
+                "vhost": vhost,
+                "queue": name,
+                "arguments": arguments,
+                "since": qs.since,
+            }
+            if flags is not None:
+                fields.update(queue_flag_fields(flags))
+            self._append(encode_topology(RECORD_DECLARE_QUEUE, fields))
 
     def delete_queue(self, vhost: VirtualHost, queue: Queue) -> None:
         self._open()
@@ -570,14 +650,21 @@ class CommitLogStore:
     def _submit(self) -> None:
         """Send the batch to the writer thread (none may be in flight)."""
         batch = self._batch
-        if self._index.dirty:
-            gone = self._index.collect(self._active)
+        if self._index.dirty and not self._reading:
+            gone = self._index.collect(self._active, self._reactor.seconds())
             batch.deletes.extend(gone)
             self.deleted += len(gone)
+            for number in gone:
+                self._sizes.pop(number, None)
         if not batch:
             return
-        if self._always and batch.parts:
-            batch.sync = True
+        if batch.other and batch.parts:
+            if self._always:
+                batch.sync = True
+            elif self.fsync == "interval":
+                batch.interval = True
+        if batch.parts:
+            batch.ends[self._active] = self._active_size
         self._batch = _Batch()
         self._chunks = None
         self._flush_wanted = False
@@ -627,10 +714,14 @@ class CommitLogStore:
         self._inflight = None
         if batch.parts:
             self._sealed = max(self._sealed, batch.parts[-1][0])
+            sizes = self._sizes
+            for number, size in batch.ends.items():
+                if size > sizes.get(number, 0) and number not in batch.deletes:
+                    sizes[number] = size
         for d in batch.waiters:
             d.callback(None)
         if (
-            self.fsync == "interval"
+            batch.interval
             and batch.parts
             and not batch.sync
             and self._sync_call is None
@@ -680,7 +771,13 @@ class CommitLogStore:
             self._roll()
             self._place()
             self._want_flush()
-        number = index.compactable(self._sealed, self.compact_ratio, self._stuck)
+        now = self._reactor.seconds()
+        if index.kept_last:
+            # Segments kept for retention go as time passes, not as records die.
+            index.dirty = True
+            if index.kept_last <= now:
+                index.kept_last = 0.0
+        number = index.compactable(self._sealed, self.compact_ratio, self._stuck, now)
         if number is None:
             if index.dirty:
                 self._want_flush()
@@ -741,7 +838,7 @@ class CommitLogStore:
                 p.exchange, p.routing_key, p.headers, p.body, [n.encode() for n in names],
             )  # fmt: skip
             index.forget(self._active, p.id, vname, p.queues)
-            index.publish(self._active, p.id, vname, names)
+            index.publish(self._active, p.id, vname, names, p.timestamp)
             chunks.append(head)
             if tail:
                 chunks.append(tail)
@@ -768,7 +865,9 @@ class CommitLogStore:
             qs = index.vhosts.get(f["vhost"], {}).get(f["queue"])
             if qs is None or qs.declared != number:
                 return 0
-            self._declare_queue(f["vhost"], f["queue"], qs.arguments, force=True)
+            self._declare_queue(
+                f["vhost"], f["queue"], qs.arguments, qs.flags, force=True, since=qs.since
+            )
             return 1
         if type_ == RECORD_DECLARE_EXCHANGE:
             f = decode_topology(data, start, end, type_)
@@ -792,6 +891,87 @@ class CommitLogStore:
             self._bind(b.vhost, b.queue, b.exchange, b.key, b.arguments, force=True)
             return 1
         return 0
+
+    # -- range scans ----------------------------------------------------------
+
+    def scan(
+        self,
+        vhost: VirtualHost,
+        queue: Queue,
+        start: float,
+        end: float,
+        after: int,
+        limit: int,
+    ) -> Deferred:
+        """A page of a range scan (see L{qmq.store.scan}): once what was
+        published so far is written, read the segments in the reader
+        thread. The Deferred fires with C{(messages, next id or None)}."""
+        self._open()
+        if self._failed is not None:
+            return fail(self._failed)
+        qs = self._index.vhosts.get(vhost.name, {}).get(queue.name)
+        if qs is None:
+            return succeed(([], None))
+        after = max(after, qs.since - 1)
+        batch = self._batch
+        if batch.parts or self._inflight is not None:
+            # Written first, so the page sees every publish made before it.
+            written: Deferred = Deferred()
+            batch.waiters.append(written)
+            self.flush()
+        else:
+            written = succeed(None)
+        vname, qname = vhost.name, queue.name
+        written.addCallback(lambda _: self._read_page(vname, qname, start, end, after, limit))
+        return written
+
+    def _read_page(
+        self, vhost: str, queue: str, start: float, end: float, after: int, limit: int
+    ) -> Deferred:
+        sizes = self._sizes
+        plan = []
+        for number, info in self._index.segments.items():
+            size = sizes.get(number)
+            if (
+                size
+                and info.max_id > after
+                and info.min_ts < end
+                and info.max_ts >= start
+            ):
+                plan.append((info.min_id, number, size))
+        if not plan:
+            return succeed(([], None))
+        plan.sort()
+        self._reading += 1
+
+        def done(result: Any) -> Any:
+            self._reading -= 1
+            if self._index.dirty:
+                self._want_flush()
+            return result
+
+        d = self._read(read_page, self.directory, plan, vhost, queue, start, end, after, limit)
+        return d.addBoth(done)
+
+    def _read(self, f: Callable, *args: Any) -> Deferred:
+        """Run C{f} in the reader thread (range scans), so that reads never
+        hold up the writer's group commit. With an injected C{io}, there."""
+        if self._io is not None and self._pool is None:
+            return self._io(f, *args)
+        if self._read_pool is None:
+            from twisted.python.threadpool import ThreadPool  # noqa: PLC0415
+
+            self._read_pool = ThreadPool(1, 1, name="qmq-commit-log-read")
+            self._read_pool.start()
+            self._reactor.addSystemEventTrigger("after", "shutdown", self._stop_read_pool)
+        from twisted.internet.threads import deferToThreadPool  # noqa: PLC0415
+
+        return deferToThreadPool(self._reactor, self._read_pool, f, *args)
+
+    def _stop_read_pool(self) -> None:
+        if self._read_pool is not None:
+            self._read_pool.stop()
+            self._read_pool = None
 
     def disk_usage(self) -> int:
         """Bytes of segment files in the directory."""
@@ -823,6 +1003,7 @@ class CommitLogStore:
 
         def stopped(result: Any) -> Any:
             self._stop_pool()
+            self._stop_read_pool()
             self._unlock()
             return result
 

@@ -34,8 +34,10 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
-#: The segment format version written in every segment header.
-VERSION = 1
+#: The segment format version written in every segment header. Version 2
+#: adds a settle's "kept until" time and the declare-queue flags; a reader
+#: of version 2 reads version 1 segments (docs/storage.rst).
+VERSION = 2
 
 #: The first bytes of every segment file.
 MAGIC = b"\x89QMQLOG\n"
@@ -110,8 +112,11 @@ _HEADERS_MASK = FLAG_HEADERS_PAIRS | FLAG_HEADERS_JSON
 # A queue name in a publish record: its length, then its UTF-8 bytes.
 _NAME = struct.Struct("<H")
 
-# Settle payload: id, reason, vhost length, queue length; then the names.
+# Settle payload: id, reason, vhost length, queue length; then the names,
+# then (version 2, a queue with retention) the time the message is kept
+# until.
 _SETTLE = struct.Struct("<QBHH")
+_KEPT = struct.Struct("<d")
 # Requeue payload: id, delivery count, vhost length, queue length; names.
 _REQUEUE = struct.Struct("<QIHH")
 
@@ -365,28 +370,42 @@ def decode_publish_fields(data: bytes, start: int, end: int, with_body: bool = T
 # -- settle, requeue ------------------------------------------------------
 
 
-def encode_settle(vhost: bytes, queue: bytes, message_id: int, reason: str) -> bytes:
-    """A whole settle record: C{message_id} left C{queue} for C{reason}."""
+def encode_settle(
+    vhost: bytes, queue: bytes, message_id: int, reason: str, kept_until: float = 0.0
+) -> bytes:
+    """A whole settle record: C{message_id} left C{queue} for C{reason}.
+
+    @param kept_until: with retention, the time (seconds since the epoch)
+        until which the log keeps the message for range scans; 0 for none.
+    """
     payload = (
         _SETTLE.pack(message_id, _REASON_INDEX[reason], len(vhost), len(queue)) + vhost + queue
     )
+    if kept_until:
+        payload += _KEPT.pack(kept_until)
     return (
         _pack_frame(len(payload), RECORD_SETTLE, _crc32(payload, _TYPE_CRC[RECORD_SETTLE]))
         + payload
     )
 
 
-def decode_settle(data: bytes, start: int, end: int) -> tuple[str, str, int, str]:
-    """C{(vhost, queue, message id, reason)} of a settle payload."""
+def decode_settle(data: bytes, start: int, end: int) -> tuple[str, str, int, str, float]:
+    """C{(vhost, queue, message id, reason, kept until)} of a settle payload
+    (kept until is 0.0 when the record has none)."""
     try:
         mid, reason, lv, lq = _SETTLE.unpack_from(data, start)
         pos = start + _SETTLE.size
-        if pos + lv + lq != end:
+        names = pos + lv + lq
+        if names == end:
+            kept = 0.0
+        elif names + 8 == end:
+            (kept,) = _KEPT.unpack_from(data, names)
+        else:
             raise RecordError("settle record of the wrong length")
         vhost = data[pos : pos + lv].decode()
-        queue = data[pos + lv : end].decode()
+        queue = data[pos + lv : names].decode()
         name = SETTLE_REASONS[reason] if reason < len(SETTLE_REASONS) else f"reason-{reason}"
-        return vhost, queue, mid, name
+        return vhost, queue, mid, name, kept
     except (struct.error, UnicodeDecodeError) as e:
         raise RecordError(f"bad settle record: {e}") from None
 

@@ -21,8 +21,15 @@ from __future__ import annotations
 from twisted.logger import Logger
 
 from qmq.core.message import Message
-from qmq.core.store import Recovery
-from qmq.store.index import Index
+from qmq.core.store import RecoveredQueue, Recovery
+from qmq.core.vhost import DURABLE_SUBSCRIPTION_PREFIX
+from qmq.store.index import (
+    QUEUE_AUTO_DELETE,
+    QUEUE_EXCLUSIVE,
+    QUEUE_SUBSCRIPTION,
+    Index,
+    queue_flags,
+)
 from qmq.store.record import (
     FLAG_PERSISTENT,
     FRAME_SIZE,
@@ -76,7 +83,7 @@ class Replay:
                     if mid in messages:
                         old = messages.pop(mid)
                         index.forget(number, mid, old[1], old[2])
-                    if index.publish(number, mid, vhost, queues):
+                    if index.publish(number, mid, vhost, queues, ts):
                         messages[mid] = (
                             Message(
                                 mid,
@@ -94,8 +101,8 @@ class Replay:
                         )
                     self.replayed += 1
                 elif type_ == RECORD_SETTLE:
-                    vhost, queue, mid, _ = decode_settle(data, start, end)
-                    if index.settle(number, vhost, queue, mid) and mid not in where:
+                    vhost, queue, mid, _, kept = decode_settle(data, start, end)
+                    if index.settle(number, vhost, queue, mid, kept) and mid not in where:
                         messages.pop(mid, None)
                 elif type_ == RECORD_REQUEUE:
                     vhost, queue, mid, count = decode_requeue(data, start, end)
@@ -115,7 +122,16 @@ class Replay:
     def topology(self, number: int, type_: int, f: dict) -> None:
         index = self.index
         if type_ == RECORD_DECLARE_QUEUE:
-            index.declare_queue(number, f["vhost"], f["queue"], f.get("arguments"))
+            since = f.get("since")
+            index.declare_queue(
+                number,
+                f["vhost"],
+                f["queue"],
+                f.get("arguments"),
+                flags=queue_flags(f),
+                # Format 1 did not say: every message may be the queue's.
+                since=since if since.__class__ is int else 0,
+            )
         elif type_ == RECORD_DELETE_QUEUE:
             gone = index.delete_queue(number, f["vhost"], f["queue"])
             for mid in gone or ():
@@ -152,7 +168,20 @@ class Replay:
                         queue=name,
                         vhost=vhost,
                     )
-                recovery.queues.append((vhost, name, qs.arguments))
+                flags = qs.flags
+                if flags is None:
+                    # Format 1: only the name tells a durable subscription.
+                    flags = QUEUE_SUBSCRIPTION if name.startswith(DURABLE_SUBSCRIPTION_PREFIX) else 0
+                recovery.queues.append(
+                    RecoveredQueue(
+                        vhost,
+                        name,
+                        qs.arguments,
+                        bool(flags & QUEUE_AUTO_DELETE),
+                        bool(flags & QUEUE_EXCLUSIVE),
+                        bool(flags & QUEUE_SUBSCRIPTION),
+                    )
+                )
                 if len(qs):
                     restored = []
                     for mid, count in sorted(qs.items()):

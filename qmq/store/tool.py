@@ -127,8 +127,9 @@ def _decode(type_: int, data: bytes, start: int, end: int) -> str:
             text += f" headers={json.dumps(p.headers, sort_keys=True, default=str)}"
         return text
     if type_ == RECORD_SETTLE:
-        vhost, queue, mid, reason = decode_settle(data, start, end)
-        return f"id={mid} vhost={vhost!r} queue={queue!r} reason={reason}"
+        vhost, queue, mid, reason, kept = decode_settle(data, start, end)
+        text = f"id={mid} vhost={vhost!r} queue={queue!r} reason={reason}"
+        return text + f" kept_until={kept:.3f}" if kept else text
     if type_ == RECORD_REQUEUE:
         vhost, queue, mid, count = decode_requeue(data, start, end)
         return f"id={mid} vhost={vhost!r} queue={queue!r} delivery_count={count}"

@@ -1,0 +1,117 @@
+# -*- test-case-name: tests.test_store_scan -*-
+"""Range scans: one queue's kept messages between two times, read from the log.
+
+A scan never consumes: it reads segment files, not queues. The store
+(L{qmq.store.log.CommitLogStore.scan}) plans a page on the reactor thread
+from its index: the segments whose publish times meet the range and that
+hold ids above the cursor, ordered by their lowest id, each with the bytes
+of it written so far. L{read_page} then runs on the store's reader thread:
+it reads those segments in that order and keeps the publish records that
+name the queue, fall in the range and have ids above the cursor.
+
+Pages go by message id (publish order), so a cursor is just the last id
+returned: it resumes exactly after it, whatever was written, acked or
+compacted since. Compaction copies a record forward and then deletes the
+old segment, so the same id can be read twice in one page (kept once) but
+is never lost: the store deletes no segment while a scan reads.
+
+A page reads at most L{PAGE_BYTES} (past the first segment) before it
+stops; it returns what it may prove complete (every id below the next
+unread segment's lowest), and a cursor past it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from qmq.core.message import Message
+from qmq.store.record import FLAG_PERSISTENT, RECORD_PUBLISH, RecordError, decode_publish_fields
+from qmq.store.segment import SegmentReader, segment_name
+
+MiB = 1024 * 1024
+
+#: Most bytes one page reads past its first segment.
+PAGE_BYTES = 32 * MiB
+
+
+def read_page(
+    directory: str,
+    plan: Sequence[tuple[int, int, int]],
+    vhost: str,
+    queue: str,
+    start: float,
+    end: float,
+    after: int,
+    limit: int,
+    budget: int = PAGE_BYTES,
+) -> tuple[list[Message], int | None]:
+    """Read one page of a range scan (in the store's reader thread).
+
+    @param plan: C{(lowest id, segment number, bytes to read)} of the
+        segments to read, by lowest id.
+    @param after: only ids above this one.
+    @return: at most C{limit} messages by id, and the id to go on after
+        (None: nothing more in the range).
+    """
+    found: dict[int, Message] = {}
+    qname = queue.encode()
+    read = 0
+    bound: int | None = None  # every id below it was read, when set
+    for k, (low, number, size) in enumerate(plan):
+        if len(found) >= limit and sorted(found)[limit - 1] < low:
+            bound = low
+            break
+        if k and read >= budget and (low - 1 > after or any(i < low for i in found)):
+            bound = low
+            break
+        data = _read(directory, number, size)
+        if data is None:
+            continue
+        read += len(data)
+        reader = SegmentReader(os.path.join(directory, segment_name(number)), data)
+        for type_, rstart, rend in reader.records():
+            if type_ != RECORD_PUBLISH or data.find(qname, rstart, rend) < 0:
+                continue
+            try:
+                f = decode_publish_fields(data, rstart, rend, False)
+            except RecordError:
+                continue  # damage: the store reports it at start, never shows it
+            mid, ts = f[0], f[1]
+            if mid <= after or not start <= ts < end or f[5] != vhost or queue not in f[9]:
+                continue
+            body = decode_publish_fields(data, rstart, rend)[10]
+            found[mid] = Message(
+                mid, f[6], f[7], f[8], bytes(body), ts, f[4] & FLAG_PERSISTENT != 0, f[3], f[2]
+            )
+    ids = sorted(found)
+    if bound is not None:
+        ids = [i for i in ids if i < bound]
+    page = ids[:limit]
+    if len(ids) > limit:
+        following: int | None = page[-1]
+    elif bound is not None:
+        following = max(bound - 1, after)
+    else:
+        following = None
+    return [found[i] for i in page], following
+
+
+def _read(directory: str, number: int, size: int) -> bytes | None:
+    """The first C{size} bytes of segment C{number}, or None if it is gone."""
+    try:
+        fd = os.open(os.path.join(directory, segment_name(number)), os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        chunks = []
+        offset = 0
+        while offset < size:
+            chunk = os.pread(fd, min(size - offset, 16 * MiB), offset)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            offset += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
