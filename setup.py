@@ -18,7 +18,7 @@ setup(
     package_dir={"": "."},
     packages=find_packages(include=["qmq", "qmq.*"]) + ["twisted.plugins"],
     package_data={
-        "qmq": ["default.toml", "web/static/*", "web/examples/*"],
+        "qmq": ["default.toml", "web/static/*", "web/examples/*", "web/api/schemas/*.avsc"],
         "twisted.plugins": ["qmq_plugin.py", "qmq_endpoints.py"],
     },
     include_package_data=True,
@@ -28,10 +28,20 @@ setup(
         "service-identity>=24.1",
         "autobahn>=24.4",
         "avro>=1.11",
+        "fastavro>=1.9",
+        "prometheus-client>=0.20",
     ],
     entry_points={"console_scripts": ["qmq-store = qmq.store.tool:main_exit"]},
     extras_require={
-        "test": ["stomp.py>=8.1", "trustme>=1.1", "hypothesis>=6.100", "ruff>=0.5", "sphinx>=7.2"],
+        "test": [
+            "stomp.py>=8.1",
+            "trustme>=1.1",
+            "hypothesis>=6.100",
+            "ruff>=0.5",
+            "sphinx>=7.2",
+            "treq>=23.1",
+            "schemathesis>=4.0",
+        ],
         "bench": ["matplotlib>=3.8"],
     },
     classifiers=[

@@ -81,6 +81,7 @@ from qmq.core.limits import LimitSettings
 from qmq.core.queue import FSYNC_POLICIES, QUEUE_ARGUMENTS, QueueArgument, argument_name
 from qmq.stomp.settings import StompSettings
 from qmq.store.settings import CommitLogSettings
+from qmq.web.api.settings import ApiSettings
 from qmq.web.settings import WebSettings
 from qmq.web.sockjs.settings import SockJSSettings
 
@@ -123,6 +124,7 @@ SECTIONS: dict[str, type] = {
     "commit_log": CommitLogSettings,
     "web": WebSettings,
     "sockjs": SockJSSettings,
+    "http_api": ApiSettings,
 }
 
 #: The queue arguments of a queue created on demand (a client names a queue

@@ -25,6 +25,7 @@ from qmq.core.limits import LimitSettings
 from qmq.core.queue import QUEUE_ARGUMENTS
 from qmq.stomp.settings import StompSettings
 from qmq.store.settings import CommitLogSettings
+from qmq.web.api.settings import ApiSettings
 from qmq.web.settings import WebSettings
 from qmq.web.sockjs.settings import SockJSSettings
 
@@ -102,8 +103,8 @@ class DefaultTests(unittest.TestCase):
 
     def test_sections(self) -> None:
         """
-        The four sections of today are registered and are typed attributes
-        of L{Settings}; L{Settings.section} finds them by name.
+        The sections of today are registered (the first four are typed attributes
+        of L{Settings}); L{Settings.section} finds them by name.
         """
         self.assertEqual(
             config.SECTIONS,
@@ -114,6 +115,7 @@ class DefaultTests(unittest.TestCase):
                 "commit_log": CommitLogSettings,
                 "web": WebSettings,
                 "sockjs": SockJSSettings,
+                "http_api": ApiSettings,
             },
         )
         settings = config.load_string("[limits]\nmax_topic_words = 5\n")
@@ -122,7 +124,10 @@ class DefaultTests(unittest.TestCase):
         self.assertIs(settings.section("limits"), settings.limits)
         self.assertIs(settings.section("commit_log"), settings.commit_log)
         self.assertEqual(settings.limits.max_topic_words, 5)
-        self.assertEqual(settings.other_sections, {"web": WebSettings(), "sockjs": SockJSSettings()})
+        self.assertEqual(
+            settings.other_sections,
+            {"web": WebSettings(), "sockjs": SockJSSettings(), "http_api": ApiSettings()},
+        )
         self.assertIs(settings.section("web"), settings.other_sections["web"])
         self.assertRaises(KeyError, settings.section, "amqp")
 
@@ -456,7 +461,8 @@ class ErrorTests(unittest.TestCase):
         self.check(
             'lisen = ["stomp:tcp:1"]',
             "qmq.toml: lisen: unknown key (expected one of: commit_log, connections, data_dir,"
-            ' limits, listen, shutdown_timeout, sockjs, stomp, store, vhosts, web); did you mean "listen"?',
+            ' http_api, limits, listen, shutdown_timeout, sockjs, stomp, store, vhosts, web); did you'
+            ' mean "listen"?',
         )
         self.check(
             "[limits]\nmax_topic_word = 1",

@@ -152,6 +152,12 @@ def _examples(ctx: WebContext) -> Resource | None:
     return StaticFile(str(EXAMPLES))
 
 
+def _api(ctx: WebContext) -> Resource:
+    from qmq.web.api import api_resource  # noqa: PLC0415
+
+    return api_resource(ctx)
+
+
 #: The site's paths: the first segment -> what builds the resource there.
 #: A part of QMQ that serves HTTP adds one line here (see the module
 #: docstring); C{/ws} is the same resource as C{/stomp} (RabbitMQ's path).
@@ -162,6 +168,7 @@ MOUNTS: dict[str, MountBuilder] = {
     "examples": _examples,
     "sockjs": _sockjs,
     "sockjs_test": _sockjs_test,
+    "api": _api,
 }
 
 

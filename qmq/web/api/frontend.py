@@ -1,0 +1,491 @@
+# -*- test-case-name: tests.test_web_api -*-
+"""The HTTP API's way into the core: one channel per virtual host.
+
+An L{HttpFrontend} holds, per virtual host the API has used, one
+L{qmq.core.channel.Channel} (owner C{"http"}), as a STOMP session holds one
+per connection: HTTP requests are short and many, so they share it. Through
+it the API publishes (L{HttpFrontend.publish}), receives from queues with
+long polls (L{PollConsumer}), and settles by receipt handle.
+
+Receiving (SQS-style):
+
+  - A queue that an HTTP client receives from gets one L{PollConsumer},
+    attached through the channel like a STOMP subscription with acks. It
+    stays I{paused} (the queue skips it) while no request waits, so
+    messages are taken only for a waiting request, never ahead of one.
+  - A receive request is a L{Waiter}. Waiters queue in order; the queue
+    hands messages to the first until it has what it asked for, then the
+    next. A waiter that got some messages is answered at the end of the
+    reactor turn (so a batch published in one turn is received together);
+    one that got none is answered empty when its C{wait} runs out.
+  - Every message handed out gets a receipt handle C{TOKEN.TAG} (the
+    consumer's random token and the channel's delivery tag) and a
+    visibility deadline: acked (L{PollConsumer.ack}) before it, the
+    message is done; nacked, it goes back to the queue (or, without
+    requeue, leaves it: the core's dead-letter path); not settled by then,
+    it goes back to the queue marked redelivered. L{PollConsumer.extend}
+    moves the deadline. Deadlines are kept per received batch: one timer
+    for the batch, not one per message.
+  - When nothing waits and nothing is unacknowledged the consumer detaches
+    (the queue may then auto-delete or start its expiry, as for any
+    consumer leaving); a later receive attaches a new one with a new token,
+    so handles of the old one are unknown.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet import defer
+from twisted.logger import Logger
+
+from qmq.core.channel import Channel
+from qmq.core.consumer import Consumer
+from qmq.core.errors import BrokerError, NotFound
+from qmq.web.api.codec import Outgoing
+from qmq.web.api.problem import Problem, bad_request, from_broker_error
+
+if TYPE_CHECKING:
+    from qmq.core.broker import Broker
+    from qmq.core.message import Message
+    from qmq.core.queue import Queue
+    from qmq.core.vhost import VirtualHost
+    from qmq.web.api.settings import ApiSettings
+
+log = Logger()
+
+#: Header names a publisher may not set: the STOMP frontend writes them
+#: itself in every MESSAGE frame (a second one could be read first).
+RESERVED_HEADERS = frozenset(
+    ("destination", "content-length", "message-id", "subscription", "ack", "receipt",
+     "transaction", "redelivered", "x-delivery-count")
+)
+
+Delivered = list[tuple[int, "Message"]]
+
+
+class Waiter:
+    """One receive request waiting for messages.
+
+    @ivar want: how many messages it takes at most.
+    @ivar got: (tag, message) handed to it so far.
+    @ivar visibility: seconds its messages stay invisible.
+    @ivar deferred: fires with C{got} when it is answered.
+    """
+
+    __slots__ = ("want", "got", "visibility", "deferred", "timer")
+
+    def __init__(self, want: int, visibility: float) -> None:
+        self.want = want
+        self.got: Delivered = []
+        self.visibility = visibility
+        self.deferred: defer.Deferred[Delivered] = defer.Deferred()
+        self.timer: Any = None
+
+
+class _Batch:
+    """Tags that share one visibility deadline, and its timer."""
+
+    __slots__ = ("tags", "timer")
+
+    def __init__(self, tags: set[int]) -> None:
+        self.tags = tags
+        self.timer: Any = None
+
+
+class PollConsumer(Consumer):
+    """The HTTP receivers of one queue (see the module docstring)."""
+
+    __slots__ = ("frontend", "channel", "name", "token", "waiters", "flush_call", "batch_of", "clock")
+
+    def __init__(self, frontend: VHostFrontend, name: str, max_unacked: int) -> None:
+        super().__init__(True, max_unacked, owner=frontend.channel)
+        self.frontend = frontend
+        self.channel = frontend.channel
+        self.clock = frontend.clock
+        self.name = name
+        self.token = secrets.token_urlsafe(6)
+        self.waiters: deque[Waiter] = deque()
+        self.flush_call: Any = None
+        self.batch_of: dict[int, _Batch] = {}
+        self.paused = True
+
+    # -- receiving -------------------------------------------------------------
+
+    def receive(self, want: int, wait: float, visibility: float) -> Waiter:
+        """A waiter for up to C{want} messages, answered within C{wait} seconds."""
+        waiter = Waiter(want, visibility)
+        self.waiters.append(waiter)
+        if len(self.waiters) == 1:
+            self.paused = False
+            queue = self.queue
+            if queue is not None:
+                queue.drain()
+        if waiter.got and waiter.deferred.called is False and waiter in self.waiters:
+            # Served at once from what was waiting in the queue.
+            self._flush()
+        elif not waiter.deferred.called:
+            if wait <= 0:
+                self._give_up(waiter)
+            else:
+                waiter.timer = self.clock.callLater(wait, self._give_up, waiter)
+        return waiter
+
+    def deliver(self, message: Message, queue: Queue | None) -> None:
+        # Channel.track, inlined (every delivery is acked by handle).
+        channel = self.channel
+        tag = channel.next_tag
+        channel.next_tag = tag + 1
+        self.unacked[tag] = message
+        channel.owners[tag] = self
+        waiter = self.waiters[0]
+        got = waiter.got
+        got.append((tag, message))
+        if len(got) >= waiter.want:
+            self._answer_head()
+        elif self.flush_call is None:
+            self.flush_call = self.clock.callLater(0, self._flush)
+
+    def _answer_head(self) -> None:
+        waiter = self.waiters.popleft()
+        if not self.waiters:
+            self.paused = True
+        self._answer(waiter)
+
+    def _answer(self, waiter: Waiter) -> None:
+        if waiter.timer is not None and waiter.timer.active():
+            waiter.timer.cancel()
+        waiter.timer = None
+        got = waiter.got
+        if got:
+            batch = _Batch({tag for tag, _ in got})
+            batch.timer = self.clock.callLater(waiter.visibility, self._expire, batch)
+            batch_of = self.batch_of
+            for tag in batch.tags:
+                batch_of[tag] = batch
+        waiter.deferred.callback(got)
+
+    def _flush(self) -> None:
+        call = self.flush_call
+        self.flush_call = None
+        if call is not None and call.active():
+            call.cancel()
+        waiters = self.waiters
+        while waiters and waiters[0].got:
+            self._answer_head()
+
+    def _give_up(self, waiter: Waiter) -> None:
+        """The waiter's time is up with nothing for it: answer it empty."""
+        waiter.timer = None
+        try:
+            self.waiters.remove(waiter)
+        except ValueError:
+            return
+        if not self.waiters:
+            self.paused = True
+        self._answer(waiter)
+        self._maybe_detach()
+
+    def forget(self, waiter: Waiter) -> None:
+        """The client went away before its answer: what it got goes back."""
+        if waiter.timer is not None and waiter.timer.active():
+            waiter.timer.cancel()
+        waiter.timer = None
+        try:
+            self.waiters.remove(waiter)
+        except ValueError:
+            return
+        if not self.waiters:
+            self.paused = True
+        for tag, _ in waiter.got:
+            self.channel.settle(self, tag, False, True)
+        waiter.got = []
+        self._maybe_detach()
+
+    # -- settling ----------------------------------------------------------------
+
+    def _known(self, tag: int) -> bool:
+        return tag in self.unacked
+
+    def _unbatch(self, tag: int) -> None:
+        batch = self.batch_of.pop(tag, None)
+        if batch is not None:
+            batch.tags.discard(tag)
+            if not batch.tags and batch.timer is not None and batch.timer.active():
+                batch.timer.cancel()
+
+    def settle(self, tags: list[int], ack: bool, requeue: bool) -> list[int]:
+        """Ack or nack C{tags}; return those that were not waiting."""
+        unknown = []
+        channel = self.channel
+        for tag in tags:
+            if tag not in self.unacked:
+                unknown.append(tag)
+                continue
+            self._unbatch(tag)
+            channel.settle(self, tag, ack, requeue)
+        self._maybe_detach()
+        return unknown
+
+    def extend(self, tags: list[int], visibility: float) -> list[int]:
+        """Give C{tags} C{visibility} more seconds from now; return the unknown ones."""
+        unknown = []
+        moved = set()
+        for tag in tags:
+            if tag not in self.unacked:
+                unknown.append(tag)
+                continue
+            self._unbatch(tag)
+            moved.add(tag)
+        if moved:
+            batch = _Batch(moved)
+            batch.timer = self.clock.callLater(visibility, self._expire, batch)
+            for tag in moved:
+                self.batch_of[tag] = batch
+        return unknown
+
+    def _expire(self, batch: _Batch) -> None:
+        """A batch's visibility ran out: what is still unacked goes back."""
+        batch.timer = None
+        channel = self.channel
+        for tag in list(batch.tags):
+            self.batch_of.pop(tag, None)
+            if tag in self.unacked:
+                channel.settle(self, tag, False, True)
+        batch.tags.clear()
+        self._maybe_detach()
+
+    def _maybe_detach(self) -> None:
+        if not self.waiters and not self.unacked and self.queue is not None:
+            self.frontend.detach(self)
+
+    def cancelled(self) -> None:
+        """The queue was deleted: waiting requests are told, handles forgotten."""
+        self.channel.consumer_cancelled(self)
+        self.frontend.pollers.pop(self.name, None)
+        for batch in set(self.batch_of.values()):
+            if batch.timer is not None and batch.timer.active():
+                batch.timer.cancel()
+        self.batch_of.clear()
+        waiters, self.waiters = self.waiters, deque()
+        for waiter in waiters:
+            if waiter.timer is not None and waiter.timer.active():
+                waiter.timer.cancel()
+            waiter.deferred.errback(
+                Problem(404, "not-found", f"Queue {self.name!r} was deleted while this request waited.")
+            )
+
+    def stop(self) -> None:
+        """The API is going away: answer the waiters, give everything back."""
+        for waiter in list(self.waiters):
+            self._give_up(waiter)
+        for batch in set(self.batch_of.values()):
+            if batch.timer is not None and batch.timer.active():
+                batch.timer.cancel()
+        self.batch_of.clear()
+        if self.queue is not None:
+            self.frontend.detach(self)
+
+
+def parse_handle(handle: Any) -> tuple[str, int] | None:
+    """C{(token, tag)} of a receipt handle, or None if it is not one."""
+    if handle.__class__ is not str or len(handle) > 64:
+        return None
+    token, _, tag = handle.rpartition(".")
+    if not token or not tag.isdigit() or len(tag) > 19:
+        return None
+    return token, int(tag)
+
+
+class VHostFrontend:
+    """The API's channel into one virtual host, its pollers and delayed messages."""
+
+    def __init__(self, broker: Broker, vhost: VirtualHost, settings: ApiSettings, clock: Any) -> None:
+        self.broker = broker
+        self.vhost = vhost
+        self.settings = settings
+        self.clock = clock
+        self.channel = Channel(broker, vhost, owner_name="http")
+        self.pollers: dict[str, PollConsumer] = {}
+
+    # -- publishing -------------------------------------------------------------
+
+    def publish(
+        self, messages: list[Outgoing], destination: Callable[[Outgoing], str], frontend: HttpFrontend
+    ) -> tuple[list[int | None], list[defer.Deferred]]:
+        """Publish C{messages} in order.
+
+        Every message's destination is resolved before any is published, so
+        a bad name refuses the whole request. A refusal by the core while
+        publishing (a full queue) stops there: the problem says how many
+        went (C{published}) and their ids.
+
+        @param destination: the destination text of a message.
+        @return: the ids (None for a delayed message, which gets its id when
+            it is published) and the Deferreds of the store's writes the
+            answer waits for.
+        @raise Problem: a bad destination or header, a refusal.
+        """
+        channel = self.channel
+        targets = []
+        try:
+            for i, m in enumerate(messages):
+                text = destination(m)
+                if not text.startswith("/queue/") and text.startswith(("/control/", "/temp-queue/")):
+                    raise bad_request(
+                        f"message {i}: {text.split('/')[1]!r} destinations are for STOMP sessions; "
+                        "the HTTP API publishes to /queue/, /topic/ and /exchange/ destinations",
+                        "bad-destination",
+                    )
+                if m.headers and not m.headers.keys().isdisjoint(RESERVED_HEADERS):
+                    bad = sorted(m.headers.keys() & RESERVED_HEADERS)
+                    raise bad_request(f"message {i}: header(s) {', '.join(bad)} are set by the broker")
+                targets.append((text, channel.send_target(text)))
+        except BrokerError as e:
+            raise from_broker_error(e) from None
+        delayed = sum(1 for m in messages if m.delay)
+        if delayed:
+            frontend.check_delay_room(delayed)
+        ids: list[int | None] = []
+        waits = []
+        for m, (text, target) in zip(messages, targets, strict=True):
+            if m.delay:
+                frontend.delay(self, text, m)
+                ids.append(None)
+                continue
+            message = channel.new_message(target, m.headers, m.body, m.persistent)
+            if m.priority:
+                message.priority = m.priority
+            if m.ttl is not None:
+                message.expires = message.timestamp + m.ttl / 1000.0
+            try:
+                w = channel.publish(target, message)
+            except BrokerError as e:
+                raise from_broker_error(
+                    e, {"published": len(ids), "ids": ids}
+                ) from None
+            ids.append(message.id)
+            if w is not None:
+                waits.append(w)
+        return ids, waits
+
+    def publish_later(self, text: str, m: Outgoing) -> None:
+        """Publish a delayed message now (its time came)."""
+        channel = self.channel
+        try:
+            target = channel.send_target(text)
+            message = channel.new_message(target, m.headers, m.body, m.persistent)
+            message.priority = m.priority
+            if m.ttl is not None:
+                message.expires = message.timestamp + m.ttl / 1000.0
+            channel.publish(target, message)
+        except BrokerError as e:
+            log.warn("a delayed HTTP message to {destination} was refused: {error}",
+                     destination=text, error=e.message)
+
+    # -- receiving --------------------------------------------------------------
+
+    def poller(self, name: str) -> PollConsumer:
+        """The consumer of queue C{name} (attached on first use).
+
+        @raise Problem: no such queue, or it is exclusive to a session.
+        """
+        poller = self.pollers.get(name)
+        if poller is not None and poller.queue is not None:
+            return poller
+        queue = self.vhost.queues.get(name)
+        if queue is None:
+            raise Problem(404, "unknown-queue", f"No queue {name!r} in virtual host {self.vhost.name!r}.")
+        if queue.exclusive_owner is not None:
+            raise Problem(403, "access-refused", f"Queue {name!r} belongs to a session.")
+        poller = PollConsumer(self, name, self.settings.max_unacked)
+        try:
+            self.channel.subscribe(poller, "/queue/" + name)
+        except BrokerError as e:
+            raise from_broker_error(e) from None
+        self.pollers[name] = poller
+        return poller
+
+    def find_poller(self, name: str) -> PollConsumer | None:
+        """The attached consumer of queue C{name}, or None.
+
+        @raise Problem: no such queue.
+        """
+        if name not in self.vhost.queues:
+            raise Problem(404, "unknown-queue", f"No queue {name!r} in virtual host {self.vhost.name!r}.")
+        poller = self.pollers.get(name)
+        return poller if poller is not None and poller.queue is not None else None
+
+    def detach(self, poller: PollConsumer) -> None:
+        if self.pollers.get(poller.name) is poller:
+            del self.pollers[poller.name]
+        self.channel.unsubscribe(poller)
+
+    def unacked(self, name: str) -> int:
+        poller = self.pollers.get(name)
+        return len(poller.unacked) if poller is not None else 0
+
+    def close(self) -> None:
+        for poller in list(self.pollers.values()):
+            poller.stop()
+        self.channel.close()
+
+
+class HttpFrontend:
+    """The HTTP API's state across virtual hosts: their L{VHostFrontend}s
+    and the messages held for a delay."""
+
+    def __init__(self, broker: Broker, settings: ApiSettings, clock: Any) -> None:
+        self.broker = broker
+        self.settings = settings
+        self.clock = clock
+        self.vhosts: dict[str, VHostFrontend] = {}
+        self.delayed: set[Any] = set()
+
+    def vhost(self, name: str) -> VHostFrontend:
+        """The frontend of virtual host C{name}. @raise Problem: there is none."""
+        fe = self.vhosts.get(name)
+        vhost = self.broker.vhosts.get(name)
+        if vhost is None:
+            raise Problem(404, "unknown-vhost", f"No virtual host {name!r}.")
+        if fe is None or fe.vhost is not vhost:
+            fe = self.vhosts[name] = VHostFrontend(self.broker, vhost, self.settings, self.clock)
+        return fe
+
+    def delay(self, fe: VHostFrontend, text: str, m: Outgoing) -> None:
+        """Hold C{m} for its delay, then publish it (in memory: a delayed
+        message is not stored until it is published)."""
+        self.check_delay_room(1)
+        call = None
+
+        def fire() -> None:
+            self.delayed.discard(call)
+            fe.publish_later(text, m)
+
+        call = self.clock.callLater(m.delay / 1000.0, fire)  # type: ignore[operator]
+        self.delayed.add(call)
+
+    def check_delay_room(self, n: int) -> None:
+        """@raise Problem: C{n} more delayed messages would pass the cap."""
+        if len(self.delayed) + n > self.settings.max_delayed:
+            raise Problem(
+                429,
+                "too-many-delayed",
+                f"The broker already holds {self.settings.max_delayed} delayed messages "
+                "(http_api.max_delayed); try again later.",
+                headers={"Retry-After": "1"},
+            )
+
+    def close(self) -> None:
+        for call in list(self.delayed):
+            if call.active():
+                call.cancel()
+        self.delayed.clear()
+        for fe in self.vhosts.values():
+            fe.close()
+
+
+__all__ = ["HttpFrontend", "NotFound", "PollConsumer", "VHostFrontend", "Waiter", "parse_handle"]

@@ -1,0 +1,453 @@
+# -*- test-case-name: tests.test_web_api_openapi -*-
+"""The OpenAPI 3.1 document of C{/api/v1/}, served at C{/api/v1/openapi.json}.
+
+Built here from small helpers so every operation states its parameters,
+bodies, every status it answers and the problem documents of its errors.
+The tests check that its paths are exactly L{ApiResource.routes} and
+validate every response they get against it; a schemathesis run against the
+served document finds no 5xx and no response that breaks it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from qmq.web.api.settings import ApiSettings
+
+PROBLEM = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
+AVRO_MEDIA = {"avro/binary": {"schema": {"type": "string", "contentMediaType": "avro/binary"}}}
+
+_REASONS = {
+    400: "Bad request: bad JSON or Avro, a bad parameter or field (see detail).",
+    403: "Refused: the object is the broker's own or belongs to a session.",
+    404: "No such virtual host, queue, exchange or endpoint.",
+    405: "Method not allowed here.",
+    408: "The request was not received in time (http_api.upload_timeout).",
+    409: "Conflicts with what exists (e.g. an exchange of another type).",
+    410: "The cursor's follower is gone; poll without a cursor.",
+    413: "The body or the batch is too large (http_api.max_body_size, max_batch).",
+    415: "Unsupported Content-Type.",
+    429: "A queue is full (reject-publish), or a cap on delayed messages or followers is reached; retry later.",
+    503: "Published, but the store failed to keep the messages.",
+}
+
+
+def _ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict) -> dict:
+    return {"application/json": {"schema": schema}}
+
+
+def _errors(*codes: int) -> dict:
+    return {str(c): {"description": _REASONS[c], "content": PROBLEM} for c in codes}
+
+
+def _path_param(name: str, description: str) -> dict:
+    return {"name": name, "in": "path", "required": True, "description": description, "schema": {"type": "string"}}
+
+
+VHOST = _path_param("vhost", "The virtual host's name, URL-encoded (the default one is %2F).")
+QUEUE = _path_param("queue", "The queue's name.")
+TOPIC = _path_param("topic", "The routing key (publish) or binding pattern (follow) on amq.topic.")
+EXCHANGE = _path_param("exchange", "The exchange's name.")
+
+
+def _query(name: str, schema: dict, description: str) -> dict:
+    return {"name": name, "in": "query", "required": False, "description": description, "schema": schema}
+
+
+PAGING = [
+    _query("limit", {"type": "integer", "minimum": 1}, "Most items in the answer (at most http_api.max_list)."),
+    _query("offset", {"type": "integer", "minimum": 0}, "Items to skip (next_offset of the previous page)."),
+]
+
+
+def _op(summary: str, responses: dict, *errors: int, params: list | None = None, body: dict | None = None,
+        description: str = "", tag: str = "") -> dict:
+    # Any request may be malformed, sent with another method, too large or too slow.
+    codes = sorted({400, 405, 408, 413, *errors})
+    op: dict[str, Any] = {"summary": summary, "responses": {**responses, **_errors(*codes)}}
+    op["operationId"] = summary.lower().replace(" ", "_").replace(",", "").replace("'", "")
+    if description:
+        op["description"] = description
+    if params:
+        op["parameters"] = params
+    if body is not None:
+        op["requestBody"] = body
+    if tag:
+        op["tags"] = [tag]
+    return op
+
+
+def _ok(schema: dict, description: str = "OK", status: int = 200, avro: bool = False, headers: dict | None = None) -> dict:
+    content = _json(schema)
+    if avro:
+        content.update(AVRO_MEDIA)
+    r: dict[str, Any] = {"description": description, "content": content}
+    if headers:
+        r["headers"] = headers
+    return {str(status): r}
+
+
+PUBLISH_BODY = {
+    "required": True,
+    "description": "One message, or a batch {\"messages\": [...]}; in Avro one PublishMessage datum, or an object "
+    "container file of them.",
+    "content": {
+        "application/json": {"schema": {"oneOf": [_ref("PublishMessage"), _ref("PublishBatch")]}},
+        "avro/binary": {"schema": {"type": "string", "contentMediaType": "avro/binary"}},
+    },
+}
+
+PUBLISH_DESCRIPTION = (
+    "Publishes in order. The answer (201) comes once every message is as durable as a STOMP RECEIPT "
+    "promises: for persistent messages routed to durable queues with the commit log and fsync = \"always\", "
+    "after they are synced to disk; 'stored' counts the messages whose store write the answer waited for. "
+    "Every destination is checked before any message is published; a queue that refuses a message "
+    "(reject-publish, 429) stops the batch there and the problem says how many were published."
+)
+
+
+def _publish_op(summary: str, params: list) -> dict:
+    return _op(
+        summary, _ok(_ref("Published"), "Published", 201), 400, 404, 408, 409, 413, 415, 429, 503,
+        params=params, body=PUBLISH_BODY, description=PUBLISH_DESCRIPTION, tag="messages",
+    )
+
+
+HANDLES_BODY = {
+    "required": True,
+    "content": _json(
+        {
+            "type": "object",
+            "required": ["handles"],
+            "additionalProperties": False,
+            "properties": {"handles": {"type": "array", "minItems": 1, "items": {"type": "string"}}},
+        }
+    ),
+}
+
+
+def _handles_body(extra: dict) -> dict:
+    body = {"required": True, "content": _json({
+        "type": "object",
+        "required": ["handles"],
+        "additionalProperties": False,
+        "properties": {"handles": {"type": "array", "minItems": 1, "items": {"type": "string"}}, **extra},
+    })}
+    return body
+
+
+def _schemas(s: ApiSettings) -> dict:
+    headers = {"type": "object", "additionalProperties": {"type": "string"}}
+    return {
+        "Problem": {
+            "type": "object",
+            "description": "An RFC 9457 problem document.",
+            "required": ["type", "title", "status", "detail", "code"],
+            "properties": {
+                "type": {"type": "string"},
+                "title": {"type": "string"},
+                "status": {"type": "integer"},
+                "detail": {"type": "string"},
+                "code": {"type": "string", "description": "A short stable name of the error."},
+                "published": {"type": "integer"},
+                "ids": {"type": "array", "items": {"type": ["integer", "null"]}},
+            },
+        },
+        "PublishMessage": {
+            "type": "object",
+            "required": ["body"],
+            "additionalProperties": False,
+            "properties": {
+                "body": {"type": "string", "description": "The payload: UTF-8 text, or base64 (see encoding)."},
+                "encoding": {"enum": ["utf-8", "base64"], "default": "utf-8"},
+                "headers": headers,
+                "destination": {"type": "string", "description": "For POST .../messages: /queue/NAME, /topic/KEY or "
+                                "/exchange/NAME/KEY. Not allowed where the path names the destination."},
+                "routing_key": {"type": "string", "description": "For the exchange endpoint."},
+                "priority": {"type": "integer", "minimum": 0, "maximum": 9, "default": 0},
+                "ttl": {"type": "integer", "minimum": 0, "description": "Milliseconds until it expires."},
+                "delay": {"type": "integer", "minimum": 0, "maximum": s.max_delay,
+                          "description": "Milliseconds to hold it (in memory) before publishing."},
+                "persistent": {"type": "boolean", "default": False},
+            },
+        },
+        "PublishBatch": {
+            "type": "object",
+            "required": ["messages"],
+            "additionalProperties": False,
+            "properties": {"messages": {"type": "array", "minItems": 1, "maxItems": s.max_batch,
+                                        "items": _ref("PublishMessage")}},
+        },
+        "Published": {
+            "type": "object",
+            "required": ["published", "ids", "stored"],
+            "properties": {
+                "published": {"type": "integer"},
+                "ids": {"type": "array", "items": {"type": ["integer", "null"]},
+                        "description": "Message ids in order (null for a delayed message)."},
+                "stored": {"type": "integer", "description": "Messages whose store write the answer waited for."},
+            },
+        },
+        "Delivery": {
+            "type": "object",
+            "required": ["id", "destination", "exchange", "routing_key", "headers", "body", "encoding", "timestamp",
+                         "redelivered", "delivery_count", "priority", "persistent", "expires"],
+            "properties": {
+                "handle": {"type": "string", "description": "Receipt handle (received messages)."},
+                "seq": {"type": "integer", "description": "Position in a topic follower's stream (topic polls)."},
+                "id": {"type": "integer"},
+                "destination": {"type": "string"},
+                "exchange": {"type": "string"},
+                "routing_key": {"type": "string"},
+                "headers": headers,
+                "body": {"type": "string"},
+                "encoding": {"enum": ["utf-8", "base64"]},
+                "timestamp": {"type": "number", "description": "Seconds since the epoch."},
+                "redelivered": {"type": "boolean"},
+                "delivery_count": {"type": "integer"},
+                "priority": {"type": "integer"},
+                "persistent": {"type": "boolean"},
+                "expires": {"type": ["number", "null"]},
+            },
+        },
+        "Received": {
+            "type": "object",
+            "required": ["messages", "visibility"],
+            "properties": {"messages": {"type": "array", "items": _ref("Delivery")}, "visibility": {"type": "number"}},
+        },
+        "Polled": {
+            "type": "object",
+            "required": ["messages", "cursor", "dropped"],
+            "properties": {
+                "messages": {"type": "array", "items": _ref("Delivery")},
+                "cursor": {"type": "string"},
+                "dropped": {"type": "integer", "description": "Messages dropped since the last poll (backlog full)."},
+            },
+        },
+        "Settled": {
+            "type": "object",
+            "required": ["settled", "unknown"],
+            "properties": {"settled": {"type": "integer"}, "unknown": {"type": "array", "items": {"type": "string"}}},
+        },
+        "VHost": {
+            "type": "object",
+            "required": ["name", "queues", "exchanges"],
+            "properties": {"name": {"type": "string"}, "queues": {"type": "integer"}, "exchanges": {"type": "integer"}},
+        },
+        "Queue": {
+            "type": "object",
+            "required": ["name", "vhost", "durable", "auto_delete", "exclusive", "arguments", "messages",
+                         "messages_ready", "messages_unacknowledged", "ready_bytes", "consumers", "dropped"],
+            "properties": {
+                "name": {"type": "string"}, "vhost": {"type": "string"}, "durable": {"type": "boolean"},
+                "auto_delete": {"type": "boolean"}, "exclusive": {"type": "boolean"}, "arguments": {"type": "object"},
+                "messages": {"type": "integer"}, "messages_ready": {"type": "integer"},
+                "messages_unacknowledged": {"type": "integer"}, "ready_bytes": {"type": "integer"},
+                "consumers": {"type": "integer"}, "dropped": {"type": "integer"},
+            },
+        },
+        "QueueDeclaration": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "durable": {"type": "boolean", "default": True},
+                "auto_delete": {"type": "boolean", "default": False},
+                "arguments": {"type": "object", "description": "x-max-length, x-max-length-bytes, x-overflow, "
+                              "x-expires, x-delivery-limit (as in STOMP and the configuration)."},
+            },
+        },
+        "Exchange": {
+            "type": "object",
+            "required": ["name", "vhost", "type", "durable", "auto_delete", "bindings"],
+            "properties": {
+                "name": {"type": "string"}, "vhost": {"type": "string"},
+                "type": {"enum": ["direct", "fanout", "topic", "headers"]},
+                "durable": {"type": "boolean"}, "auto_delete": {"type": "boolean"}, "bindings": {"type": "integer"},
+            },
+        },
+        "ExchangeDeclaration": {
+            "type": "object",
+            "required": ["type"],
+            "additionalProperties": False,
+            "properties": {
+                "type": {"enum": ["direct", "fanout", "topic", "headers"]},
+                "durable": {"type": "boolean", "default": True},
+                "auto_delete": {"type": "boolean", "default": False},
+            },
+        },
+        "Binding": {
+            "type": "object",
+            "required": ["queue", "exchange", "routing_key", "arguments"],
+            "properties": {"queue": {"type": "string"}, "exchange": {"type": "string"},
+                           "routing_key": {"type": "string"}, "arguments": {"type": "object"}},
+        },
+        "BindingDeclaration": {
+            "type": "object",
+            "required": ["queue", "exchange"],
+            "additionalProperties": False,
+            "properties": {"queue": {"type": "string"}, "exchange": {"type": "string"},
+                           "routing_key": {"type": "string", "default": ""}},
+        },
+        "Connection": {
+            "type": "object",
+            "required": ["id", "protocol", "peer", "user"],
+            "properties": {"id": {"type": "string"}, "protocol": {"type": "string"}, "peer": {"type": "string"},
+                           "user": {"type": "string"}},
+        },
+        "Page": {
+            "type": "object",
+            "required": ["total", "offset", "next_offset"],
+            "properties": {"total": {"type": "integer"}, "offset": {"type": "integer"},
+                           "next_offset": {"type": ["integer", "null"]}},
+        },
+    }
+
+
+def _list(key: str, item: str, total: bool = True) -> dict:
+    schema: dict[str, Any] = {
+        "type": "object",
+        "required": [key, "offset", "next_offset"] + (["total"] if total else []),
+        "properties": {key: {"type": "array", "items": _ref(item)}, "offset": {"type": "integer"},
+                       "next_offset": {"type": ["integer", "null"]}, "total": {"type": "integer"}},
+    }
+    return schema
+
+
+def document(s: ApiSettings | None = None) -> dict:
+    """The OpenAPI 3.1 document (a JSON object)."""
+    s = s or ApiSettings()
+    receive_params = [
+        VHOST, QUEUE,
+        _query("max", {"type": "integer", "minimum": 1, "maximum": s.max_batch, "default": 1}, "Most messages."),
+        _query("wait", {"type": "number", "minimum": 0, "maximum": s.max_wait, "default": 0},
+               "Seconds to wait for a message when none is ready (long poll)."),
+        _query("visibility", {"type": "number", "exclusiveMinimum": 0, "maximum": s.max_visibility,
+                              "default": s.default_visibility},
+               "Seconds the messages stay invisible; unsettled by then they go back to the queue."),
+        _query("encoding", {"enum": ["auto", "base64"], "default": "auto"},
+               "auto: bodies that are UTF-8 come as text, others as base64; base64: always base64."),
+    ]
+    poll_params = [
+        VHOST, TOPIC,
+        _query("cursor", {"type": "string"}, "The cursor of the previous answer; without it a new follower starts."),
+        _query("max", {"type": "integer", "minimum": 1, "maximum": s.max_batch, "default": 100}, "Most messages."),
+        _query("wait", {"type": "number", "minimum": 0, "maximum": s.max_wait, "default": 0}, "Seconds to wait."),
+        _query("encoding", {"enum": ["auto", "base64"], "default": "auto"}, "Body encoding (see receive)."),
+    ]
+    paths: dict[str, dict] = {
+        "/api/v1": {"get": _op("API index", _ok({"type": "object"}), tag="meta")},
+        "/api/v1/openapi.json": {"get": _op("This document", _ok({"type": "object"}), tag="meta")},
+        "/api/v1/schemas": {"get": _op("List the Avro schemas", _ok({
+            "type": "object", "required": ["schemas"],
+            "properties": {"schemas": {"type": "array", "items": {"type": "string"}}}}), tag="meta")},
+        "/api/v1/schemas/{schema}": {"get": _op(
+            "Get an Avro schema", _ok({"type": "object"}, "The .avsc document"), 404,
+            params=[_path_param("schema", "PublishMessage or Delivery, with or without .avsc")], tag="meta")},
+        "/api/v1/vhosts": {"get": _op("List virtual hosts", _ok({
+            "type": "object", "required": ["vhosts"],
+            "properties": {"vhosts": {"type": "array", "items": _ref("VHost")}}}), tag="management")},
+        "/api/v1/vhosts/{vhost}": {"get": _op("Get a virtual host", _ok(_ref("VHost")), 404, params=[VHOST],
+                                              tag="management")},
+        "/api/v1/vhosts/{vhost}/messages": {"post": _publish_op("Publish to named destinations", [VHOST])},
+        "/api/v1/vhosts/{vhost}/queues": {"get": _op(
+            "List queues", _ok(_list("queues", "Queue")), 400, 404,
+            params=[VHOST, *PAGING, _query("prefix", {"type": "string"}, "Only queues whose name starts so.")],
+            tag="management")},
+        "/api/v1/vhosts/{vhost}/queues/{queue}": {
+            "get": _op("Get a queue", _ok(_ref("Queue")), 404, params=[VHOST, QUEUE], tag="management"),
+            "put": _op("Declare a queue", {**_ok(_ref("Queue"), "It existed"), **_ok(_ref("Queue"), "Created", 201)},
+                       400, 403, 404, 408, 409, 413, 415, params=[VHOST, QUEUE],
+                       body={"required": False, "content": _json(_ref("QueueDeclaration"))}, tag="management"),
+            "delete": _op("Delete a queue", _ok({"type": "object", "required": ["deleted", "messages"], "properties": {
+                "deleted": {"type": "string"}, "messages": {"type": "integer"}}}), 403, 404,
+                params=[VHOST, QUEUE], tag="management"),
+        },
+        "/api/v1/vhosts/{vhost}/queues/{queue}/messages": {
+            "post": _publish_op("Publish to a queue", [VHOST, QUEUE]),
+            "delete": _op("Purge a queue", _ok({"type": "object", "required": ["purged"],
+                                                "properties": {"purged": {"type": "integer"}}}), 404,
+                          params=[VHOST, QUEUE], tag="management"),
+        },
+        "/api/v1/vhosts/{vhost}/queues/{queue}/receive": {"post": _op(
+            "Receive from a queue", _ok(_ref("Received"), "Messages (maybe none); in Avro an object container "
+                                        "file of Delivery records", avro=True), 400, 403, 404,
+            params=receive_params, tag="messages",
+            description="Takes up to max messages, waiting up to wait seconds for the first. Each comes with a "
+            "receipt handle; ack, nack or extend it before its visibility runs out, or it goes back to the queue "
+            "(redelivered). Send Accept: avro/binary for Avro.")},
+        "/api/v1/vhosts/{vhost}/queues/{queue}/ack": {"post": _op(
+            "Acknowledge received messages", _ok(_ref("Settled")), 400, 404, 408, 413, 415,
+            params=[VHOST, QUEUE], body=_handles_body({}), tag="messages")},
+        "/api/v1/vhosts/{vhost}/queues/{queue}/nack": {"post": _op(
+            "Give back received messages", _ok(_ref("Settled")), 400, 404, 408, 413, 415,
+            params=[VHOST, QUEUE], tag="messages",
+            body=_handles_body({"requeue": {"type": "boolean", "default": True, "description":
+                                "true: back to the queue; false: they leave it (dead-lettered where configured)."}}))},
+        "/api/v1/vhosts/{vhost}/queues/{queue}/extend": {"post": _op(
+            "Extend the visibility of received messages", _ok(_ref("Settled")), 400, 404, 408, 413, 415,
+            params=[VHOST, QUEUE], tag="messages",
+            body=_handles_body({"visibility": {"type": "number", "exclusiveMinimum": 0,
+                                               "maximum": s.max_visibility}}))},
+        "/api/v1/vhosts/{vhost}/topics/{topic}/messages": {"post": _publish_op("Publish to a topic", [VHOST, TOPIC])},
+        "/api/v1/vhosts/{vhost}/topics/{topic}/events": {"get": _op(
+            "Follow a topic as Server-Sent Events",
+            {"200": {"description": "An endless text/event-stream; each event is a Delivery as JSON.",
+                     "content": {"text/event-stream": {"schema": {"type": "string"}}}}},
+            400, 404, 429, params=[VHOST, TOPIC], tag="topics")},
+        "/api/v1/vhosts/{vhost}/topics/{topic}/poll": {"get": _op(
+            "Follow a topic by polling with a cursor",
+            _ok(_ref("Polled"), "Messages after the cursor, and the next cursor (in Avro: an object container file; "
+                "the cursor in the QMQ-Cursor header)", avro=True,
+                headers={"QMQ-Cursor": {"schema": {"type": "string"}, "description": "Avro answers only."},
+                         "QMQ-Dropped": {"schema": {"type": "string"}, "description": "Avro answers only."}}),
+            400, 404, 410, 429, params=poll_params, tag="topics")},
+        "/api/v1/vhosts/{vhost}/exchanges": {"get": _op(
+            "List exchanges", _ok(_list("exchanges", "Exchange")), 400, 404, params=[VHOST, *PAGING],
+            tag="management")},
+        "/api/v1/vhosts/{vhost}/exchanges/{exchange}": {
+            "get": _op("Get an exchange", _ok(_ref("Exchange")), 404, params=[VHOST, EXCHANGE], tag="management"),
+            "put": _op("Declare an exchange", {**_ok(_ref("Exchange"), "It existed"),
+                                               **_ok(_ref("Exchange"), "Created", 201)},
+                       400, 403, 404, 408, 409, 413, 415, params=[VHOST, EXCHANGE],
+                       body={"required": True, "content": _json(_ref("ExchangeDeclaration"))}, tag="management"),
+            "delete": _op("Delete an exchange", _ok({"type": "object", "required": ["deleted"],
+                                                     "properties": {"deleted": {"type": "string"}}}), 403, 404,
+                          params=[VHOST, EXCHANGE], tag="management"),
+        },
+        "/api/v1/vhosts/{vhost}/exchanges/{exchange}/messages": {
+            "post": _publish_op("Publish to an exchange", [VHOST, EXCHANGE])},
+        "/api/v1/vhosts/{vhost}/bindings": {
+            "get": _op("List bindings", _ok(_list("bindings", "Binding", total=False)), 400, 404,
+                       params=[VHOST, *PAGING], tag="management"),
+            "post": _op("Bind a queue", _ok(_ref("Binding"), "Bound", 201), 400, 403, 404, 408, 409, 413, 415,
+                        params=[VHOST], body={"required": True, "content": _json(_ref("BindingDeclaration"))},
+                        tag="management"),
+            "delete": _op("Unbind a queue", _ok({"type": "object", "required": ["deleted"], "properties": {
+                "deleted": {"type": "object"}}}), 400, 403, 404, params=[
+                VHOST, _query("queue", {"type": "string"}, "The queue."),
+                _query("exchange", {"type": "string"}, "The exchange."),
+                _query("routing_key", {"type": "string"}, "The routing key (empty if not given).")],
+                tag="management"),
+        },
+        "/api/v1/connections": {"get": _op("List connections", _ok(_list("connections", "Connection")), 400, 404,
+                                           params=PAGING, tag="management")},
+        "/api/v1/connections/{connection}": {"delete": _op(
+            "Close a connection", _ok({"type": "object", "required": ["closed"],
+                                       "properties": {"closed": {"type": "string"}}}), 404,
+            params=[_path_param("connection", "The id from the listing.")], tag="management")},
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "QMQ HTTP API",
+            "version": "1",
+            "description": "JSON and Avro over HTTP: publish, receive with long polls, ack by receipt handle, "
+            "follow topics, manage queues, exchanges and bindings. Errors are RFC 9457 problem documents.",
+        },
+        "paths": paths,
+        "components": {"schemas": _schemas(s)},
+    }

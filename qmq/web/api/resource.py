@@ -1,0 +1,884 @@
+# -*- test-case-name: tests.test_web_api -*-
+"""The C{/api} resource: routes, parameters, encodings, problems.
+
+L{ApiResource} is a leaf C{twisted.web} resource: it matches the request's
+method and path against L{ApiResource.routes} (one table, which the
+OpenAPI document is checked against), reads and checks parameters, calls
+the handler and writes what it returns, now or when its Deferred fires.
+Handlers return a L{Response} (or a Deferred of one) or raise a
+L{Problem}; core errors become problems too (L{from_broker_error}); an
+unexpected exception is logged and answered with a bare problem, never a
+traceback.
+
+CORS: a request whose C{Origin} is in C{http_api.cors_origins} (or any
+origin with C{"*"}) gets C{Access-Control-Allow-Origin}; a preflight
+(C{OPTIONS} with C{Access-Control-Request-Method}) is answered 204.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import weakref
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet import defer
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET
+
+from qmq.core.errors import BrokerError
+from qmq.core.exchange import EXCHANGE_TYPES
+from qmq.core.queue import Queue
+from qmq.web.api import codec
+from qmq.web.api.codec import AVRO, AVRO_TYPES, JSON, SCHEMA_NAMES
+from qmq.web.api.follow import CursorFollower, SseFollower, _SseProducer
+from qmq.web.api.frontend import HttpFrontend, parse_handle
+from qmq.web.api.problem import PROBLEM_TYPE, Problem, bad_request, from_broker_error
+from qmq.web.api.settings import ApiSettings
+
+if TYPE_CHECKING:
+    from twisted.web.server import Request
+
+log = Logger()
+
+API_VERSION = "v1"
+
+
+@dataclass
+class Response:
+    """What a handler answers."""
+
+    status: int = 200
+    body: bytes = b""
+    content_type: str = JSON
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def json_response(obj: Any, status: int = 200) -> Response:
+    return Response(status, json.dumps(obj, separators=(",", ":")).encode(), JSON)
+
+
+# -- parameters ---------------------------------------------------------------------
+
+
+def _arg(request: Request, name: str) -> str | None:
+    values = request.args.get(name.encode()) if request.args else None
+    if not values:
+        return None
+    if len(values) > 1:
+        raise bad_request(f"query parameter {name!r} is given {len(values)} times")
+    try:
+        return values[0].decode("utf-8")
+    except UnicodeDecodeError:
+        raise bad_request(f"query parameter {name!r} is not UTF-8") from None
+
+
+def _int_arg(request: Request, name: str, default: int, low: int, high: int) -> int:
+    text = _arg(request, name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise bad_request(f"query parameter {name!r} must be an integer, got {text[:40]!r}") from None
+    if not low <= value <= high:
+        raise bad_request(f"query parameter {name!r} must be from {low} to {high}, got {value}")
+    return value
+
+
+def _float_arg(request: Request, name: str, default: float, low: float, high: float) -> float:
+    text = _arg(request, name)
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise bad_request(f"query parameter {name!r} must be a number, got {text[:40]!r}") from None
+    if not (math.isfinite(value) and low <= value <= high):
+        raise bad_request(f"query parameter {name!r} must be from {low:g} to {high:g}, got {text[:40]}")
+    return value
+
+
+def _bool_arg(request: Request, name: str, default: bool) -> bool:
+    text = _arg(request, name)
+    if text is None:
+        return default
+    if text in ("true", "1"):
+        return True
+    if text in ("false", "0"):
+        return False
+    raise bad_request(f"query parameter {name!r} must be true or false, got {text[:40]!r}")
+
+
+def _encoding_arg(request: Request) -> bool:
+    """Whether bodies are to be base64 always (C{encoding=base64})."""
+    text = _arg(request, "encoding")
+    if text is None or text == "auto":
+        return False
+    if text == "base64":
+        return True
+    raise bad_request(f"query parameter 'encoding' must be auto or base64, got {text[:40]!r}")
+
+
+def _content_type(request: Request) -> str:
+    value = request.getHeader("content-type")
+    if not value:
+        return JSON
+    return value.split(";", 1)[0].strip().lower()
+
+
+def _json_body(request: Request) -> Any:
+    kind = _content_type(request)
+    if kind != JSON and not kind.endswith("+json"):
+        raise Problem(415, "unsupported-media-type", f"This endpoint takes {JSON}, not {kind!r}.")
+    data = request.content.read() if request.content is not None else b""
+    if not data:
+        raise bad_request("The request needs a JSON body", "bad-json")
+    try:
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise bad_request(f"The body is not valid JSON: {e}", "bad-json") from None
+
+
+def _object_body(request: Request, fields: dict[str, tuple[type, ...]], required: tuple[str, ...]) -> dict:
+    doc = _json_body(request)
+    if doc.__class__ is not dict:
+        raise bad_request("The body must be a JSON object")
+    unknown = doc.keys() - fields.keys()
+    if unknown:
+        raise bad_request(
+            f"unknown field(s) {', '.join(sorted(map(repr, unknown)))}; expected {', '.join(sorted(fields))}"
+        )
+    for name in required:
+        if name not in doc:
+            raise bad_request(f"the field {name!r} is required")
+    for name, value in doc.items():
+        kinds = fields[name]
+        if value.__class__ not in kinds:
+            raise bad_request(f"the field {name!r} must be {' or '.join(k.__name__ for k in kinds)}")
+    return doc
+
+
+def _handles(doc: dict, max_batch: int) -> list[str]:
+    handles = doc["handles"]
+    if not handles:
+        raise bad_request("'handles' is empty")
+    if len(handles) > max_batch:
+        raise bad_request(f"{len(handles)} handles in one request; at most {max_batch} (http_api.max_batch)")
+    return handles
+
+
+# -- the resource -----------------------------------------------------------------------
+
+
+Route = tuple[str, tuple[str, ...], str]
+
+
+class ApiResource(Resource):
+    """C{/api}: version 1 of QMQ's HTTP API (see the module docstring)."""
+
+    isLeaf = True
+
+    #: (method, path segments after C{/api}, handler name); C{{name}} is a
+    #: parameter. The OpenAPI document lists exactly these.
+    routes: tuple[Route, ...] = (
+        ("GET", ("v1",), "index"),
+        ("GET", ("v1", "openapi.json"), "openapi"),
+        ("GET", ("v1", "schemas"), "schemas"),
+        ("GET", ("v1", "schemas", "{schema}"), "schema"),
+        ("GET", ("v1", "vhosts"), "list_vhosts"),
+        ("GET", ("v1", "vhosts", "{vhost}"), "get_vhost"),
+        ("POST", ("v1", "vhosts", "{vhost}", "messages"), "publish_any"),
+        ("GET", ("v1", "vhosts", "{vhost}", "queues"), "list_queues"),
+        ("GET", ("v1", "vhosts", "{vhost}", "queues", "{queue}"), "get_queue"),
+        ("PUT", ("v1", "vhosts", "{vhost}", "queues", "{queue}"), "put_queue"),
+        ("DELETE", ("v1", "vhosts", "{vhost}", "queues", "{queue}"), "delete_queue"),
+        ("POST", ("v1", "vhosts", "{vhost}", "queues", "{queue}", "messages"), "publish_queue"),
+        ("DELETE", ("v1", "vhosts", "{vhost}", "queues", "{queue}", "messages"), "purge_queue"),
+        ("POST", ("v1", "vhosts", "{vhost}", "queues", "{queue}", "receive"), "receive"),
+        ("POST", ("v1", "vhosts", "{vhost}", "queues", "{queue}", "ack"), "ack"),
+        ("POST", ("v1", "vhosts", "{vhost}", "queues", "{queue}", "nack"), "nack"),
+        ("POST", ("v1", "vhosts", "{vhost}", "queues", "{queue}", "extend"), "extend"),
+        ("POST", ("v1", "vhosts", "{vhost}", "topics", "{topic}", "messages"), "publish_topic"),
+        ("GET", ("v1", "vhosts", "{vhost}", "topics", "{topic}", "events"), "topic_events"),
+        ("GET", ("v1", "vhosts", "{vhost}", "topics", "{topic}", "poll"), "topic_poll"),
+        ("GET", ("v1", "vhosts", "{vhost}", "exchanges"), "list_exchanges"),
+        ("GET", ("v1", "vhosts", "{vhost}", "exchanges", "{exchange}"), "get_exchange"),
+        ("PUT", ("v1", "vhosts", "{vhost}", "exchanges", "{exchange}"), "put_exchange"),
+        ("DELETE", ("v1", "vhosts", "{vhost}", "exchanges", "{exchange}"), "delete_exchange"),
+        ("POST", ("v1", "vhosts", "{vhost}", "exchanges", "{exchange}", "messages"), "publish_exchange"),
+        ("GET", ("v1", "vhosts", "{vhost}", "bindings"), "list_bindings"),
+        ("POST", ("v1", "vhosts", "{vhost}", "bindings"), "add_binding"),
+        ("DELETE", ("v1", "vhosts", "{vhost}", "bindings"), "delete_binding"),
+        ("GET", ("v1", "connections"), "list_connections"),
+        ("DELETE", ("v1", "connections", "{connection}"), "close_connection"),
+    )
+
+    def __init__(self, ctx: Any, settings: ApiSettings | None = None) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.broker = ctx.broker
+        self.clock = getattr(ctx, "clock", None) or getattr(ctx, "reactor", None) or self.broker.clock
+        if settings is None:
+            app_settings = getattr(ctx, "settings", None)
+            settings = app_settings.section("http_api") if app_settings is not None else ApiSettings()
+        self.settings = settings
+        self.origins = settings.allowed_origins()
+        self.frontend = HttpFrontend(self.broker, settings, self.clock)
+        self.followers: dict[str, CursorFollower] = {}
+        self.streams: set[SseFollower] = set()
+        self._conn_ids: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self._conns: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+        self._next_conn = 1
+        self._openapi: bytes | None = None
+        self._by_shape: dict[tuple[int, str], list[Route]] = {}
+        for route in self.routes:
+            self._by_shape.setdefault((len(route[1]), route[1][1] if len(route[1]) > 1 else ""), []).append(route)
+        #: Messages published and delivered over HTTP (for /metrics).
+        self.published = 0
+        self.delivered = 0
+        self.acked = 0
+
+    # -- dispatch ----------------------------------------------------------------
+
+    def render(self, request: Request) -> Any:
+        self._cors(request)
+        method = request.method.decode("ascii", "replace")
+        try:
+            segments = [s.decode("utf-8") for s in request.postpath]
+        except UnicodeDecodeError:
+            return self._write(request, Problem(400, "bad-path", "The path is not UTF-8."))
+        if len(segments) > 1 and segments[-1] == "":
+            segments.pop()  # a trailing slash
+        if method == "OPTIONS":
+            return self._options(request, segments)
+        try:
+            handler, params = self._match(method, segments)
+            result = handler(request, **params)
+        except Exception as e:  # noqa: BLE001 - every error becomes a problem
+            return self._write(request, self._problem(e))
+        if isinstance(result, defer.Deferred):
+            gone: list[bool] = []
+            request.notifyFinish().addErrback(lambda _: gone.append(True))
+            result.addErrback(lambda f: self._problem(f.value))
+            result.addCallback(lambda r: None if gone else self._write_later(request, r))
+            result.addErrback(lambda f: log.failure("writing an API response", f))
+            return NOT_DONE_YET
+        return self._write(request, result)
+
+    def _match(self, method: str, segments: list[str]) -> tuple[Any, dict[str, str]]:
+        candidates = self._by_shape.get((len(segments), segments[1] if len(segments) > 1 else ""), ())
+        allowed = []
+        for verb, pattern, name in candidates:
+            params = {}
+            for want, got in zip(pattern, segments, strict=True):
+                if want[0] == "{":
+                    params[want[1:-1]] = got
+                elif want != got:
+                    break
+            else:
+                if verb == method:
+                    return getattr(self, "h_" + name), params
+                allowed.append(verb)
+        if allowed:
+            raise Problem(
+                405,
+                "method-not-allowed",
+                f"{method} is not allowed here; use {', '.join(allowed)}.",
+                headers={"Allow": ", ".join(allowed)},
+            )
+        raise Problem(404, "no-such-endpoint", "No API endpoint has this path; see /api/v1/openapi.json.")
+
+    def _problem(self, e: BaseException) -> Problem:
+        if isinstance(e, Problem):
+            return e
+        if isinstance(e, BrokerError):
+            return from_broker_error(e)
+        log.failure("unexpected error in the HTTP API", Failure(e))
+        return Problem(500, "internal-error", "The broker failed to answer this request; see its log.")
+
+    def _write(self, request: Request, result: Response | Problem) -> bytes:
+        if isinstance(result, Problem):
+            request.setResponseCode(result.status)
+            request.setHeader(b"content-type", PROBLEM_TYPE.encode())
+            for k, v in result.headers.items():
+                request.setHeader(k.encode(), v.encode())
+            return result.body()
+        request.setResponseCode(result.status)
+        request.setHeader(b"content-type", result.content_type.encode())
+        for k, v in result.headers.items():
+            request.setHeader(k.encode(), v.encode())
+        if request.startedWriting:  # pragma: no cover - a streamed response
+            return b""
+        if result.status == 204:
+            return b""
+        return result.body
+
+    def _write_later(self, request: Request, result: Response | Problem) -> None:
+        body = self._write(request, result)
+        request.write(body)
+        request.finish()
+
+    def _cors(self, request: Request) -> None:
+        origin = request.getHeader("origin")
+        if origin is None or not self.origins:
+            return
+        if "*" in self.origins:
+            request.setHeader(b"access-control-allow-origin", b"*")
+        elif origin in self.origins:
+            request.setHeader(b"access-control-allow-origin", origin.encode())
+            request.setHeader(b"vary", b"Origin")
+        else:
+            return
+        request.setHeader(b"access-control-expose-headers", b"Retry-After, Allow")
+
+    def _options(self, request: Request, segments: list[str]) -> bytes:
+        verbs = sorted(
+            {verb for verb, pattern, _ in self.routes if len(pattern) == len(segments)
+             and all(p[0] == "{" or p == s for p, s in zip(pattern, segments, strict=True))}
+        )
+        if not verbs:
+            return self._write(request, Problem(404, "no-such-endpoint", "No API endpoint has this path."))
+        allow = ", ".join([*verbs, "OPTIONS"])
+        request.setHeader(b"allow", allow.encode())
+        if request.getHeader("origin") is not None and self.origins and request.getHeader(
+            "access-control-request-method"
+        ):
+            request.setHeader(b"access-control-allow-methods", allow.encode())
+            request.setHeader(b"access-control-allow-headers", b"Content-Type, Accept, Authorization")
+            request.setHeader(b"access-control-max-age", b"600")
+        request.setResponseCode(204)
+        return b""
+
+    # -- documents ------------------------------------------------------------------
+
+    def h_index(self, request: Request) -> Response:
+        return json_response(
+            {
+                "version": API_VERSION,
+                "openapi": "/api/v1/openapi.json",
+                "schemas": "/api/v1/schemas",
+                "vhosts": "/api/v1/vhosts",
+            }
+        )
+
+    def h_openapi(self, request: Request) -> Response:
+        if self._openapi is None:
+            from qmq.web.api.openapi import document  # noqa: PLC0415
+
+            self._openapi = json.dumps(document(self.settings)).encode()
+        return Response(200, self._openapi, JSON)
+
+    def h_schemas(self, request: Request) -> Response:
+        return json_response({"schemas": [f"{n}.avsc" for n in SCHEMA_NAMES]})
+
+    def h_schema(self, request: Request, schema: str) -> Response:
+        name = schema[:-5] if schema.endswith(".avsc") else schema
+        if name not in SCHEMA_NAMES:
+            raise Problem(404, "not-found", f"No schema {schema!r}; there are {', '.join(SCHEMA_NAMES)}.")
+        return Response(200, codec.schema_text(name).encode(), JSON)
+
+    # -- virtual hosts --------------------------------------------------------------
+
+    def _vhost(self, name: str) -> Any:
+        vhost = self.broker.vhosts.get(name)
+        if vhost is None:
+            raise Problem(404, "unknown-vhost", f"No virtual host {name!r}.")
+        return vhost
+
+    def _vhost_doc(self, vhost: Any) -> dict:
+        return {"name": vhost.name, "queues": len(vhost.queues), "exchanges": len(vhost.exchanges)}
+
+    def h_list_vhosts(self, request: Request) -> Response:
+        return json_response({"vhosts": [self._vhost_doc(v) for v in self.broker.vhosts.values()]})
+
+    def h_get_vhost(self, request: Request, vhost: str) -> Response:
+        return json_response(self._vhost_doc(self._vhost(vhost)))
+
+    # -- publishing ---------------------------------------------------------------------
+
+    def _outgoing(self, request: Request) -> tuple[list[codec.Outgoing], bool]:
+        kind = _content_type(request)
+        data = request.content.read() if request.content is not None else b""
+        s = self.settings
+        if kind in AVRO_TYPES:
+            return codec.parse_avro(data, s.max_batch, s.max_delay)
+        if kind == JSON or kind.endswith("+json"):
+            return codec.parse_json(data, s.max_batch, s.max_delay)
+        raise Problem(
+            415, "unsupported-media-type", f"Publish with Content-Type {JSON} or {AVRO}, not {kind!r}."
+        )
+
+    def _publish(self, request: Request, vhost: str, destination: Any, path_names: str) -> Any:
+        fe = self.frontend.vhost(vhost)
+        messages, _ = self._outgoing(request)
+        if path_names:
+            for i, m in enumerate(messages):
+                if m.destination is not None:
+                    raise bad_request(f"message {i}: the path names the {path_names}; drop 'destination'")
+        ids, waits = fe.publish(messages, destination, self.frontend)
+        self.published += len(messages)
+        body = {"published": len(ids), "ids": ids, "stored": len(waits)}
+        if not waits:
+            return json_response(body, 201)
+        d = defer.gatherResults(waits, consumeErrors=True)
+
+        def stored(_: Any) -> Response:
+            return json_response(body, 201)
+
+        def failed(_: Any) -> Problem:
+            return Problem(
+                503,
+                "not-stored",
+                "The broker published the messages but could not store them; see its log.",
+                {"published": len(ids), "ids": ids},
+            )
+
+        return d.addCallbacks(stored, failed)
+
+    def h_publish_any(self, request: Request, vhost: str) -> Any:
+        def destination(m: codec.Outgoing) -> str:
+            if m.destination is None:
+                raise bad_request("every message needs a 'destination' (/queue/NAME, /topic/KEY, /exchange/NAME/KEY)")
+            return m.destination
+
+        return self._publish(request, vhost, destination, "")
+
+    def h_publish_queue(self, request: Request, vhost: str, queue: str) -> Any:
+        text = "/queue/" + queue
+        return self._publish(request, vhost, lambda m: text, "queue")
+
+    def h_publish_topic(self, request: Request, vhost: str, topic: str) -> Any:
+        text = "/topic/" + topic
+        return self._publish(request, vhost, lambda m: text, "topic")
+
+    def h_publish_exchange(self, request: Request, vhost: str, exchange: str) -> Any:
+        if not exchange:
+            raise bad_request("an exchange needs a name (the default exchange is the queue endpoint)")
+        prefix = f"/exchange/{exchange}/"
+        return self._publish(request, vhost, lambda m: prefix + (m.routing_key or ""), "exchange")
+
+    # -- receiving -------------------------------------------------------------------
+
+    def h_receive(self, request: Request, vhost: str, queue: str) -> Any:
+        s = self.settings
+        want = _int_arg(request, "max", 1, 1, s.max_batch)
+        wait = _float_arg(request, "wait", 0.0, 0.0, s.max_wait)
+        visibility = _float_arg(request, "visibility", s.default_visibility, 0.001, s.max_visibility)
+        force64 = _encoding_arg(request)
+        avro = codec.wants_avro(request.getHeader("accept"))
+        fe = self.frontend.vhost(vhost)
+        poller = fe.poller(queue)
+        waiter = poller.receive(want, wait, visibility)
+        token = poller.token
+
+        def answer(got: list) -> Response:
+            self.delivered += len(got)
+            if avro:
+                records = [codec.avro_delivery(m, f"{token}.{tag}", None) for tag, m in got]
+                return Response(200, codec.avro_container(records), AVRO)
+            return json_response(
+                {
+                    "messages": [codec.json_delivery(m, f"{token}.{tag}", None, force64) for tag, m in got],
+                    "visibility": visibility,
+                }
+            )
+
+        if waiter.deferred.called:
+            return waiter.deferred.addCallback(answer)
+        request.notifyFinish().addErrback(lambda _: poller.forget(waiter))
+        return waiter.deferred.addCallback(answer)
+
+    def _settle_body(self, request: Request, fields: dict) -> tuple[dict, list[str]]:
+        doc = _object_body(request, {"handles": (list,), **fields}, ("handles",))
+        return doc, _handles(doc, self.settings.max_batch)
+
+    def _tags(self, poller: Any, handles: list[str]) -> tuple[list[int], list[str]]:
+        tags = []
+        unknown = []
+        for h in handles:
+            parsed = parse_handle(h)
+            if parsed is None:
+                raise bad_request(f"{str(h)[:80]!r} is not a receipt handle", "bad-handle")
+            if poller is None or parsed[0] != poller.token:
+                unknown.append(h)
+            else:
+                tags.append(parsed[1])
+        return tags, unknown
+
+    def _settle(self, vhost: str, queue: str, handles: list[str], ack: bool, requeue: bool) -> Response:
+        poller = self.frontend.vhost(vhost).find_poller(queue)
+        tags, unknown = self._tags(poller, handles)
+        if tags:
+            missed = set(poller.settle(tags, ack, requeue))
+            if missed:
+                token = poller.token
+                unknown.extend(f"{token}.{t}" for t in tags if t in missed)
+        done = len(handles) - len(unknown)
+        if ack:
+            self.acked += done
+        return json_response({"settled": done, "unknown": unknown})
+
+    def h_ack(self, request: Request, vhost: str, queue: str) -> Response:
+        _, handles = self._settle_body(request, {})
+        return self._settle(vhost, queue, handles, True, True)
+
+    def h_nack(self, request: Request, vhost: str, queue: str) -> Response:
+        doc, handles = self._settle_body(request, {"requeue": (bool,)})
+        return self._settle(vhost, queue, handles, False, doc.get("requeue", True))
+
+    def h_extend(self, request: Request, vhost: str, queue: str) -> Response:
+        doc, handles = self._settle_body(request, {"visibility": (int, float)})
+        visibility = doc.get("visibility", self.settings.default_visibility)
+        if not (math.isfinite(visibility) and 0 < visibility <= self.settings.max_visibility):
+            raise bad_request(f"'visibility' must be above 0 and at most {self.settings.max_visibility:g}")
+        poller = self.frontend.vhost(vhost).find_poller(queue)
+        tags, unknown = self._tags(poller, handles)
+        if tags:
+            token = poller.token
+            unknown.extend(f"{token}.{t}" for t in poller.extend(tags, float(visibility)))
+        return json_response({"settled": len(handles) - len(unknown), "unknown": unknown})
+
+    # -- following topics ------------------------------------------------------------------
+
+    def _follower_room(self) -> None:
+        if len(self.followers) + len(self.streams) >= self.settings.max_followers:
+            raise Problem(
+                429,
+                "too-many-followers",
+                f"{self.settings.max_followers} topic followers are open (http_api.max_followers).",
+                headers={"Retry-After": "5"},
+            )
+
+    def h_topic_events(self, request: Request, vhost: str, topic: str) -> Any:
+        fe = self.frontend.vhost(vhost)
+        self._follower_room()
+        follower = SseFollower(request, self.settings.follow_backlog, self.clock)
+        try:
+            fe.channel.subscribe(follower, "/topic/" + topic)
+        except BrokerError as e:
+            raise from_broker_error(e) from None
+        self.streams.add(follower)
+        request.setResponseCode(200)
+        request.setHeader(b"content-type", b"text/event-stream; charset=utf-8")
+        request.setHeader(b"cache-control", b"no-cache")
+        request.setHeader(b"x-accel-buffering", b"no")
+        request.registerProducer(_SseProducer(follower), True)
+        request.write(b"retry: 3000\n: following /topic/%s\n\n" % topic.encode())
+        keepalive = self.settings.sse_keepalive
+
+        def ping() -> None:
+            if follower.open:
+                request.write(b": keep-alive\n\n")
+                follower.keepalive = self.clock.callLater(keepalive, ping)
+
+        follower.keepalive = self.clock.callLater(keepalive, ping)
+
+        def gone(_: Any) -> None:
+            self.streams.discard(follower)
+            fe.channel.unsubscribe(follower)
+            follower.open = False
+            if follower.keepalive is not None and follower.keepalive.active():
+                follower.keepalive.cancel()
+
+        request.notifyFinish().addBoth(gone)
+        return defer.Deferred()  # never fires: the stream ends when the client goes
+
+    def _parse_cursor(self, text: str, fe: Any, topic: str) -> tuple[CursorFollower, int]:
+        fid, _, seq = text.rpartition(".")
+        if not fid or not seq.isdigit() or len(seq) > 19:
+            raise bad_request(f"{text[:80]!r} is not a cursor", "bad-cursor")
+        follower = self.followers.get(fid)
+        if follower is None or follower.fe is not fe or follower.topic != topic:
+            raise Problem(
+                410,
+                "cursor-expired",
+                "This cursor's follower is gone (not polled within http_api.follow_idle_timeout, "
+                "or the broker restarted); poll without a cursor to follow again.",
+            )
+        return follower, int(seq)
+
+    def _idle(self, follower: CursorFollower) -> None:
+        if follower.idle is not None and follower.idle.active():
+            follower.idle.cancel()
+        follower.idle = self.clock.callLater(self.settings.follow_idle_timeout, self._drop_follower, follower)
+
+    def _drop_follower(self, follower: CursorFollower) -> None:
+        idle, follower.idle = follower.idle, None
+        if idle is not None and idle.active():
+            idle.cancel()
+        if self.followers.get(follower.fid) is follower:
+            del self.followers[follower.fid]
+        follower.fe.channel.unsubscribe(follower)
+        follower.cancelled()
+
+    def h_topic_poll(self, request: Request, vhost: str, topic: str) -> Any:
+        s = self.settings
+        want = _int_arg(request, "max", 100, 1, s.max_batch)
+        wait = _float_arg(request, "wait", 0.0, 0.0, s.max_wait)
+        force64 = _encoding_arg(request)
+        cursor = _arg(request, "cursor")
+        avro = codec.wants_avro(request.getHeader("accept"))
+        fe = self.frontend.vhost(vhost)
+        if cursor is None:
+            self._follower_room()
+            follower = CursorFollower(fe, topic, s.follow_backlog)
+            try:
+                fe.channel.subscribe(follower, "/topic/" + topic)
+            except BrokerError as e:
+                raise from_broker_error(e) from None
+            self.followers[follower.fid] = follower
+            after = 0
+        else:
+            follower, after = self._parse_cursor(cursor, fe, topic)
+        self._idle(follower)
+
+        def answer(got: list) -> Response:
+            last = got[-1][0] if got else max(after, follower.kept[0][0] - 1 if follower.kept else follower.seq)
+            dropped, follower.dropped = follower.dropped, 0
+            cursor_out = f"{follower.fid}.{last}"
+            if avro:
+                body = codec.avro_container([codec.avro_delivery(m, None, seq) for seq, m in got])
+                return Response(200, body, AVRO, {"QMQ-Cursor": cursor_out, "QMQ-Dropped": str(dropped)})
+            return json_response(
+                {
+                    "messages": [codec.json_delivery(m, None, seq, force64) for seq, m in got],
+                    "cursor": cursor_out,
+                    "dropped": dropped,
+                }
+            )
+
+        got = follower.take(after, want)
+        if got or wait <= 0:
+            return answer(got)
+        return follower.wait(want, wait).addCallback(answer)
+
+    # -- queues --------------------------------------------------------------------
+
+    def _queue_doc(self, fe_name: str, q: Queue) -> dict:
+        unacked = sum(len(c.unacked) for c in q.consumers)
+        return {
+            "name": q.name,
+            "vhost": fe_name,
+            "durable": q.durable,
+            "auto_delete": q.auto_delete,
+            "exclusive": q.exclusive_owner is not None,
+            "arguments": q.arguments or {},
+            "messages": len(q) + unacked,
+            "messages_ready": len(q),
+            "messages_unacknowledged": unacked,
+            "ready_bytes": q.ready_bytes,
+            "consumers": len(q.consumers),
+            "dropped": q.dropped,
+        }
+
+    def _page(self, request: Request, items: Any, total: int) -> tuple[list, dict]:
+        limit = _int_arg(request, "limit", min(1000, self.settings.max_list), 1, self.settings.max_list)
+        offset = _int_arg(request, "offset", 0, 0, 1 << 62)
+        page = list(islice(items, offset, offset + limit))
+        more = offset + len(page) < total
+        return page, {"total": total, "offset": offset, "next_offset": offset + len(page) if more else None}
+
+    def h_list_queues(self, request: Request, vhost: str) -> Response:
+        v = self._vhost(vhost)
+        prefix = _arg(request, "prefix")
+        queues: Any = v.queues.values()
+        total = len(v.queues)
+        if prefix:
+            queues = [q for q in queues if q.name.startswith(prefix)]
+            total = len(queues)
+        page, meta = self._page(request, queues, total)
+        return json_response({"queues": [self._queue_doc(vhost, q) for q in page], **meta})
+
+    def h_get_queue(self, request: Request, vhost: str, queue: str) -> Response:
+        return json_response(self._queue_doc(vhost, self._queue(vhost, queue)))
+
+    def _queue(self, vhost: str, name: str) -> Queue:
+        q = self._vhost(vhost).queues.get(name)
+        if q is None:
+            raise Problem(404, "unknown-queue", f"No queue {name!r} in virtual host {vhost!r}.")
+        return q
+
+    def h_put_queue(self, request: Request, vhost: str, queue: str) -> Response:
+        v = self._vhost(vhost)
+        doc: dict = {}
+        if request.content is not None and request.content.getvalue():
+            doc = _object_body(request, {"durable": (bool,), "auto_delete": (bool,), "arguments": (dict,)}, ())
+        if queue.startswith("amq."):
+            raise Problem(403, "access-refused", "Queue names starting with 'amq.' are the broker's own.")
+        existed = queue in v.queues
+        try:
+            q = v.declare_queue(
+                queue,
+                durable=doc.get("durable", True),
+                auto_delete=doc.get("auto_delete", False),
+                arguments=doc.get("arguments") or None,
+                on_demand=True,
+            )
+        except BrokerError as e:
+            raise from_broker_error(e) from None
+        return json_response(self._queue_doc(vhost, q), 200 if existed else 201)
+
+    def h_delete_queue(self, request: Request, vhost: str, queue: str) -> Response:
+        q = self._queue(vhost, queue)
+        if q.exclusive_owner is not None:
+            raise Problem(403, "access-refused", f"Queue {queue!r} belongs to a session.")
+        dropped = self._vhost(vhost).delete_queue(queue)
+        return json_response({"deleted": queue, "messages": dropped})
+
+    def h_purge_queue(self, request: Request, vhost: str, queue: str) -> Response:
+        return json_response({"purged": self._queue(vhost, queue).purge()})
+
+    # -- exchanges and bindings -----------------------------------------------------------
+
+    def _exchange_doc(self, vhost: str, ex: Any) -> dict:
+        return {
+            "name": ex.name,
+            "vhost": vhost,
+            "type": ex.type,
+            "durable": ex.durable,
+            "auto_delete": ex.auto_delete,
+            "bindings": ex.binding_count,
+        }
+
+    def h_list_exchanges(self, request: Request, vhost: str) -> Response:
+        v = self._vhost(vhost)
+        page, meta = self._page(request, v.exchanges.values(), len(v.exchanges))
+        return json_response({"exchanges": [self._exchange_doc(vhost, e) for e in page], **meta})
+
+    def _exchange(self, vhost: str, name: str) -> Any:
+        ex = self._vhost(vhost).exchanges.get(name)
+        if ex is None:
+            raise Problem(404, "unknown-exchange", f"No exchange {name!r} in virtual host {vhost!r}.")
+        return ex
+
+    def h_get_exchange(self, request: Request, vhost: str, exchange: str) -> Response:
+        return json_response(self._exchange_doc(vhost, self._exchange(vhost, exchange)))
+
+    def h_put_exchange(self, request: Request, vhost: str, exchange: str) -> Response:
+        v = self._vhost(vhost)
+        doc = _object_body(request, {"type": (str,), "durable": (bool,), "auto_delete": (bool,)}, ("type",))
+        if doc["type"] not in EXCHANGE_TYPES:
+            raise bad_request(f"'type' must be one of {', '.join(EXCHANGE_TYPES)}")
+        if exchange.startswith("amq.") and exchange not in v.exchanges:
+            raise Problem(403, "access-refused", "Exchange names starting with 'amq.' are the broker's own.")
+        existed = exchange in v.exchanges
+        try:
+            ex = v.declare_exchange(exchange, doc["type"], doc.get("durable", True), doc.get("auto_delete", False))
+        except BrokerError as e:
+            raise from_broker_error(e) from None
+        return json_response(self._exchange_doc(vhost, ex), 200 if existed else 201)
+
+    def h_delete_exchange(self, request: Request, vhost: str, exchange: str) -> Response:
+        self._exchange(vhost, exchange)
+        try:
+            self._vhost(vhost).delete_exchange(exchange)
+        except BrokerError as e:
+            raise from_broker_error(e) from None
+        return json_response({"deleted": exchange})
+
+    def h_list_bindings(self, request: Request, vhost: str) -> Response:
+        v = self._vhost(vhost)
+        rows = (
+            {"queue": q.name, "exchange": ex.name, "routing_key": key, "arguments": args or {}}
+            for q in v.queues.values()
+            if q.bindings
+            for ex, key, args in q.bindings
+        )
+        limit = _int_arg(request, "limit", min(1000, self.settings.max_list), 1, self.settings.max_list)
+        offset = _int_arg(request, "offset", 0, 0, 1 << 62)
+        page = list(islice(rows, offset, offset + limit + 1))
+        more = len(page) > limit
+        page = page[:limit]
+        return json_response(
+            {"bindings": page, "offset": offset, "next_offset": offset + limit if more else None}
+        )
+
+    def _binding_fields(self, doc: dict) -> tuple[str, str, str]:
+        return doc["queue"], doc["exchange"], doc.get("routing_key", "")
+
+    def h_add_binding(self, request: Request, vhost: str) -> Response:
+        v = self._vhost(vhost)
+        doc = _object_body(
+            request, {"queue": (str,), "exchange": (str,), "routing_key": (str,)}, ("queue", "exchange")
+        )
+        queue, exchange, key = self._binding_fields(doc)
+        self._queue(vhost, queue)
+        self._exchange(vhost, exchange)
+        try:
+            v.bind(queue, exchange, key)
+        except BrokerError as e:
+            raise from_broker_error(e) from None
+        return json_response({"queue": queue, "exchange": exchange, "routing_key": key, "arguments": {}}, 201)
+
+    def h_delete_binding(self, request: Request, vhost: str) -> Response:
+        v = self._vhost(vhost)
+        queue = _arg(request, "queue")
+        exchange = _arg(request, "exchange")
+        if queue is None or exchange is None:
+            raise bad_request("name the binding with the query parameters 'queue', 'exchange' and 'routing_key'")
+        key = _arg(request, "routing_key") or ""
+        self._queue(vhost, queue)
+        self._exchange(vhost, exchange)
+        try:
+            v.unbind(queue, exchange, key)
+        except BrokerError as e:
+            raise from_broker_error(e) from None
+        return json_response({"deleted": {"queue": queue, "exchange": exchange, "routing_key": key}})
+
+    # -- connections ------------------------------------------------------------------
+
+    def _registry(self) -> Any:
+        registry = getattr(self.ctx, "connections", None)
+        if registry is None:
+            raise Problem(404, "not-found", "This broker keeps no connection registry.")
+        return registry
+
+    def _conn_id(self, conn: Any) -> int:
+        cid = self._conn_ids.get(conn)
+        if cid is None:
+            cid = self._conn_ids[conn] = self._next_conn
+            self._conns[cid] = conn
+            self._next_conn += 1
+        return cid
+
+    def h_list_connections(self, request: Request) -> Response:
+        registry = self._registry()
+        conns = list(registry.connections())
+        page, meta = self._page(request, conns, len(conns))
+        rows = []
+        for conn in page:
+            session = getattr(conn, "session", None)
+            rows.append(
+                {
+                    "id": str(self._conn_id(conn)),
+                    "protocol": getattr(conn, "protocol_name", None) or type(conn).__name__,
+                    "peer": str(getattr(conn, "peer", "") or getattr(conn, "peer_host", "")),
+                    "user": str(getattr(session, "login", "") or "") if session is not None else "",
+                }
+            )
+        return json_response({"connections": rows, **meta})
+
+    def h_close_connection(self, request: Request, connection: str) -> Response:
+        registry = self._registry()
+        conn = self._conns.get(int(connection)) if connection.isdigit() and len(connection) < 19 else None
+        if conn is None or conn not in registry.connections():
+            raise Problem(404, "unknown-connection", f"No connection {connection[:40]!r}; list them first.")
+        conn.shutdown("closed by an administrator (HTTP API)")
+        return json_response({"closed": connection})
+
+    # -- the end -----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Give back everything the API holds (the service is stopping)."""
+        for follower in list(self.followers.values()):
+            self._drop_follower(follower)
+        for stream in list(self.streams):
+            stream.close()
+        self.frontend.close()
+
+

@@ -1,0 +1,658 @@
+"""The HTTP API against a real broker site on 127.0.0.1, with treq.
+
+Every response is checked against the OpenAPI document
+(L{tests.web_api_helpers.validate}). Long polls and visibility deadlines run
+on a L{Clock} given to the API as its reactor, so nothing here sleeps: a
+test advances the clock where the API would wait.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import fastavro
+from twisted.internet import defer, reactor
+from twisted.internet.task import Clock, deferLater
+from twisted.trial import unittest
+
+from qmq.core.broker import Broker
+from qmq.web.api import codec
+from qmq.web.api.settings import ApiSettings
+from tests.web_api_helpers import ApiSiteMixin, until
+
+Q = "/api/v1/vhosts/%2F/queues"
+
+
+def turn() -> defer.Deferred:
+    return deferLater(reactor, 0, lambda: None)
+
+
+class ApiTestCase(ApiSiteMixin, unittest.TestCase):
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.start_site(ctx_extra={})
+        self.api.clock = self.clock
+        self.api.frontend.clock = self.clock
+
+    @defer.inlineCallbacks
+    def publish(self, queue: str, *bodies: str, **fields: object) -> defer.Deferred:
+        if len(bodies) == 1:
+            doc = {"body": bodies[0], **fields}
+        else:
+            doc = {"messages": [{"body": b, **fields} for b in bodies]}
+        code, _, _, parsed = yield self.call("POST", f"{Q}/{queue}/messages", doc)
+        self.assertEqual(code, 201, parsed)
+        return parsed
+
+    @defer.inlineCallbacks
+    def receive(self, queue: str, query: str = "", accept: str | None = None) -> defer.Deferred:
+        headers = {"Accept": accept} if accept else None
+        result = yield self.call("POST", f"{Q}/{queue}/receive{query}", headers=headers)
+        return result
+
+
+class PublishTests(ApiTestCase):
+    @defer.inlineCallbacks
+    def test_publish_one_and_receive(self) -> None:
+        published = yield self.publish("q", "hello", headers={"k": "v"}, priority=3)
+        self.assertEqual(published["published"], 1)
+        self.assertEqual(published["stored"], 0)
+        code, _, _, doc = yield self.receive("q")
+        self.assertEqual(code, 200)
+        [m] = doc["messages"]
+        self.assertEqual((m["body"], m["encoding"], m["headers"], m["priority"]), ("hello", "utf-8", {"k": "v"}, 3))
+        self.assertEqual(m["destination"], "/queue/q")
+        self.assertEqual(m["id"], published["ids"][0])
+        self.assertFalse(m["redelivered"])
+
+    @defer.inlineCallbacks
+    def test_batch_in_order_and_base64(self) -> None:
+        raw = bytes(range(256))
+        doc = {"messages": [{"body": "a"}, {"body": base64.b64encode(raw).decode(), "encoding": "base64"}, {"body": "c"}]}
+        code, _, _, parsed = yield self.call("POST", f"{Q}/q/messages", doc)
+        self.assertEqual((code, parsed["published"]), (201, 3))
+        code, _, _, got = yield self.receive("q", "?max=10")
+        bodies = [m["body"] for m in got["messages"]]
+        self.assertEqual(bodies[0], "a")
+        self.assertEqual(got["messages"][1]["encoding"], "base64")
+        self.assertEqual(base64.b64decode(bodies[1]), raw)
+        self.assertEqual(bodies[2], "c")
+
+    @defer.inlineCallbacks
+    def test_encoding_base64_asked(self) -> None:
+        yield self.publish("q", "text")
+        _, _, _, got = yield self.receive("q", "?encoding=base64")
+        self.assertEqual(got["messages"][0]["encoding"], "base64")
+        self.assertEqual(base64.b64decode(got["messages"][0]["body"]), b"text")
+
+    @defer.inlineCallbacks
+    def test_topic_and_exchange_and_named(self) -> None:
+        vhost = self.broker.default_vhost
+        vhost.declare_queue("t")
+        vhost.bind("t", "amq.topic", "a.*")
+        vhost.declare_exchange("fan", "fanout")
+        vhost.declare_queue("f")
+        vhost.bind("f", "fan", "")
+        code, _, _, _ = yield self.call("POST", "/api/v1/vhosts/%2F/topics/a.b/messages", {"body": "T"})
+        self.assertEqual(code, 201)
+        code, _, _, _ = yield self.call("POST", "/api/v1/vhosts/%2F/exchanges/fan/messages",
+                                        {"body": "F", "routing_key": "x"})
+        self.assertEqual(code, 201)
+        code, _, _, _ = yield self.call("POST", "/api/v1/vhosts/%2F/messages", {"messages": [
+            {"body": "N1", "destination": "/queue/t"}, {"body": "N2", "destination": "/topic/a.c"}]})
+        self.assertEqual(code, 201)
+        self.assertEqual([m.body for m in vhost.queues["t"].messages()], [b"T", b"N1", b"N2"])
+        [f] = vhost.queues["f"].messages()
+        self.assertEqual((f.body, f.exchange, f.routing_key), (b"F", "fan", "x"))
+        _, _, _, got = yield self.receive("t")
+        self.assertEqual(got["messages"][0]["destination"], "/topic/a.b")
+
+    @defer.inlineCallbacks
+    def test_ttl_sets_expiry(self) -> None:
+        yield self.publish("q", "x", ttl=5000)
+        [m] = self.broker.default_vhost.queues["q"].messages()
+        self.assertAlmostEqual(m.expires - m.timestamp, 5.0, delta=1.0)
+
+    @defer.inlineCallbacks
+    def test_delay(self) -> None:
+        parsed = yield self.publish("q", "later", delay=1500)
+        self.assertEqual(parsed["ids"], [None])
+        self.assertEqual(len(self.broker.default_vhost.queues.get("q") or ()), 0)
+        self.clock.advance(1.5)
+        self.assertEqual([m.body for m in self.broker.default_vhost.queues["q"].messages()], [b"later"])
+
+    @defer.inlineCallbacks
+    def test_delay_cap(self) -> None:
+        self.api.settings = self.api.frontend.settings = ApiSettings(max_delayed=1)
+        yield self.publish("q", "one", delay=100)
+        code, headers, _, doc = yield self.call("POST", f"{Q}/q/messages", {"body": "two", "delay": 100})
+        self.assertEqual((code, doc["code"]), (429, "too-many-delayed"))
+
+    @defer.inlineCallbacks
+    def test_persistent_waits_for_store(self) -> None:
+        """A persistent message on a durable queue: the answer waits for the
+        store's Deferred, as a STOMP RECEIPT does."""
+        waiting: list[defer.Deferred] = []
+
+        class SlowStore:
+            def publish(self, vhost, message, queues):
+                d = defer.Deferred()
+                waiting.append(d)
+                return d
+
+            def flush(self):
+                pass
+
+            def __getattr__(self, name):
+                return lambda *a, **k: None
+
+        self.broker.store = SlowStore()
+        self.broker._store_flush.store = self.broker.store
+        self.broker.default_vhost.declare_queue("d")
+        d = self.call("POST", f"{Q}/d/messages", {"body": "p", "persistent": True})
+        yield until(lambda: waiting)
+        self.assertEqual(len(waiting), 1)
+        self.assertFalse(d.called)
+        waiting[0].callback(None)
+        code, _, _, doc = yield d
+        self.assertEqual((code, doc["stored"]), (201, 1))
+
+    @defer.inlineCallbacks
+    def test_queue_full_says_how_many(self) -> None:
+        self.broker.default_vhost.declare_queue("small", arguments={"x-max-length": 2, "x-overflow": "reject-publish"})
+        code, headers, _, doc = yield self.call("POST", f"{Q}/small/messages",
+                                                {"messages": [{"body": "1"}, {"body": "2"}, {"body": "3"}]})
+        self.assertEqual((code, doc["code"], doc["published"]), (429, "queue-full", 2))
+        self.assertEqual(headers.getRawHeaders("retry-after"), ["1"])
+
+
+class ErrorTests(ApiTestCase):
+    @defer.inlineCallbacks
+    def expect(self, status: int, code: str, method: str, path: str, body: object = None, **kw: object) -> defer.Deferred:
+        got, _, raw, doc = yield self.call(method, path, body, **kw)
+        self.assertEqual(got, status, raw)
+        self.assertEqual(doc["code"], code, doc)
+        self.assertEqual(doc["status"], status)
+        self.assertTrue(doc["detail"])
+        self.assertNotIn(b"Traceback", raw)
+        return doc
+
+    def test_bad_json(self) -> defer.Deferred:
+        return self.expect(400, "bad-json", "POST", f"{Q}/q/messages", raw=b"{nope",
+                           headers={"Content-Type": "application/json"})
+
+    def test_not_utf8_json(self) -> defer.Deferred:
+        return self.expect(400, "bad-json", "POST", f"{Q}/q/messages", raw=b'{"body": "\xff"}',
+                           headers={"Content-Type": "application/json"})
+
+    def test_bad_fields(self) -> defer.Deferred:
+        cases = [
+            {"body": 1},
+            {"body": "x", "priority": 10},
+            {"body": "x", "priority": True},
+            {"body": "x", "ttl": -1},
+            {"body": "x", "headers": {"a": 1}},
+            {"body": "x", "headers": {"content-length": "3"}},
+            {"body": "x", "persistent": "yes"},
+            {"body": "x", "encoding": "latin-1"},
+            {"body": "!!", "encoding": "base64"},
+            {"body": "x", "destination": "/queue/other"},
+            {"body": "x", "what": 1},
+            {"messages": []},
+            {"messages": "x"},
+            [1, 2],
+        ]
+        return defer.gatherResults(
+            [self.call("POST", f"{Q}/q/messages", c).addCallback(lambda r, c=c: self.assertEqual(r[0], 400, (c, r[3])))
+             for c in cases]
+        )
+
+    def test_bad_destination(self) -> defer.Deferred:
+        return defer.gatherResults([
+            self.expect(400, "bad-destination", "POST", "/api/v1/vhosts/%2F/messages", {"body": "x", "destination": "nowhere"}),
+            self.expect(400, "bad-destination", "POST", "/api/v1/vhosts/%2F/messages", {"body": "x", "destination": "/control/memory"}),
+            self.expect(400, "bad-parameter", "POST", "/api/v1/vhosts/%2F/messages", {"body": "x"}),
+            self.expect(404, "not-found", "POST", "/api/v1/vhosts/%2F/exchanges/nope/messages", {"body": "x"}),
+        ])
+
+    def test_unknown_things(self) -> defer.Deferred:
+        return defer.gatherResults([
+            self.expect(404, "unknown-queue", "POST", f"{Q}/nope/receive"),
+            self.expect(404, "unknown-vhost", "POST", "/api/v1/vhosts/nope/queues/q/messages", {"body": "x"}),
+            self.expect(404, "unknown-queue", "GET", f"{Q}/nope"),
+            self.expect(404, "unknown-exchange", "GET", "/api/v1/vhosts/%2F/exchanges/nope"),
+            self.expect(404, "not-found", "GET", "/api/v1/schemas/Nope.avsc"),
+        ])
+
+    @defer.inlineCallbacks
+    def test_no_endpoint_and_wrong_method(self) -> None:
+        code, _, _, doc = yield self.call("GET", "/api/v1/nothing/here", check=False)
+        self.assertEqual((code, doc["code"]), (404, "no-such-endpoint"))
+        code, headers, _, doc = yield self.call("GET", f"{Q}/q/receive")
+        self.assertEqual((code, doc["code"]), (405, "method-not-allowed"))
+        self.assertEqual(headers.getRawHeaders("allow"), ["POST"])
+
+    def test_bad_query(self) -> defer.Deferred:
+        self.broker.default_vhost.declare_queue("q")
+        return defer.gatherResults([
+            self.expect(400, "bad-parameter", "POST", f"{Q}/q/receive?max=0"),
+            self.expect(400, "bad-parameter", "POST", f"{Q}/q/receive?max=abc"),
+            self.expect(400, "bad-parameter", "POST", f"{Q}/q/receive?wait=1e9"),
+            self.expect(400, "bad-parameter", "POST", f"{Q}/q/receive?wait=nan"),
+            self.expect(400, "bad-parameter", "POST", f"{Q}/q/receive?visibility=0"),
+            self.expect(400, "bad-parameter", "POST", f"{Q}/q/receive?encoding=hex"),
+            self.expect(400, "bad-parameter", "POST", f"{Q}/q/receive?max=1&max=2"),
+        ])
+
+    def test_unsupported_media_type(self) -> defer.Deferred:
+        return self.expect(415, "unsupported-media-type", "POST", f"{Q}/q/messages", raw=b"body=x",
+                           headers={"Content-Type": "application/x-www-form-urlencoded"})
+
+    @defer.inlineCallbacks
+    def test_body_too_large(self) -> None:
+        self.port.factory.requestFactory.max_body_size = 1000
+        code, _, raw, doc = yield self.call("POST", f"{Q}/q/messages", raw=b"x" * 5000,
+                                            headers={"Content-Type": "application/json"})
+        self.assertEqual((code, doc["code"]), (413, "body-too-large"))
+
+    @defer.inlineCallbacks
+    def test_batch_too_large(self) -> None:
+        self.api.settings = ApiSettings(max_batch=2)
+        code, _, _, doc = yield self.call("POST", f"{Q}/q/messages", {"messages": [{"body": "x"}] * 3})
+        self.assertEqual((code, doc["code"]), (413, "batch-too-large"))
+
+
+class ReceiveTests(ApiTestCase):
+    @defer.inlineCallbacks
+    def handles(self, queue: str, n: int, query: str = "") -> defer.Deferred:
+        _, _, _, got = yield self.receive(queue, f"?max={n}{query}")
+        return [m["handle"] for m in got["messages"]]
+
+    @defer.inlineCallbacks
+    def test_ack(self) -> None:
+        yield self.publish("q", "a", "b")
+        handles = yield self.handles("q", 10)
+        self.assertEqual(len(handles), 2)
+        code, _, _, doc = yield self.call("POST", f"{Q}/q/ack", {"handles": handles + ["zz.99"]})
+        self.assertEqual((code, doc["settled"], doc["unknown"]), (200, 2, ["zz.99"]))
+        queue = self.broker.default_vhost.queues["q"]
+        self.assertEqual((len(queue), len(queue.consumers)), (0, 0))  # detached: nothing waits
+
+    @defer.inlineCallbacks
+    def test_nack_requeue_and_drop(self) -> None:
+        yield self.publish("q", "a", "b")
+        h = yield self.handles("q", 2)
+        code, _, _, doc = yield self.call("POST", f"{Q}/q/nack", {"handles": [h[0]]})
+        self.assertEqual(doc["settled"], 1)
+        code, _, _, doc = yield self.call("POST", f"{Q}/q/nack", {"handles": [h[1]], "requeue": False})
+        self.assertEqual(doc["settled"], 1)
+        _, _, _, got = yield self.receive("q", "?max=10")
+        self.assertEqual([(m["body"], m["redelivered"], m["delivery_count"]) for m in got["messages"]],
+                         [("a", True, 1)])
+
+    @defer.inlineCallbacks
+    def test_visibility_timeout_and_extend(self) -> None:
+        yield self.publish("q", "a", "b")
+        h = yield self.handles("q", 2, "&visibility=10")
+        code, _, _, doc = yield self.call("POST", f"{Q}/q/extend", {"handles": [h[1]], "visibility": 100})
+        self.assertEqual(doc["settled"], 1)
+        self.clock.advance(10)
+        queue = self.broker.default_vhost.queues["q"]
+        self.assertEqual([m.body for m in queue.messages()], [b"a"])
+        code, _, _, doc = yield self.call("POST", f"{Q}/q/ack", {"handles": h})
+        self.assertEqual((doc["settled"], doc["unknown"]), (1, [h[0]]))
+        _, _, _, got = yield self.receive("q")
+        self.assertEqual(got["messages"][0]["redelivered"], True)
+
+    @defer.inlineCallbacks
+    def test_long_poll_answered_by_publish(self) -> None:
+        self.broker.default_vhost.declare_queue("q")
+        d = self.receive("q", "?wait=5&max=5")
+        queue = self.broker.default_vhost.queues["q"]
+        yield until(lambda: queue.consumers)
+        self.assertFalse(d.called)
+        yield self.publish("q", "x", "y")
+        self.clock.advance(0)  # the end-of-turn answer
+        code, _, _, got = yield d
+        self.assertEqual([m["body"] for m in got["messages"]], ["x", "y"])
+
+    @defer.inlineCallbacks
+    def test_long_poll_times_out_empty(self) -> None:
+        self.broker.default_vhost.declare_queue("q")
+        d = self.receive("q", "?wait=2")
+        queue = self.broker.default_vhost.queues["q"]
+        yield until(lambda: queue.consumers)
+        self.clock.advance(2)
+        code, _, _, got = yield d
+        self.assertEqual((code, got["messages"]), (200, []))
+        self.assertEqual(len(queue.consumers), 0)
+
+    @defer.inlineCallbacks
+    def test_waiters_served_in_order(self) -> None:
+        self.broker.default_vhost.declare_queue("q")
+        first = self.receive("q", "?wait=5&max=2")
+        second = self.receive("q", "?wait=5&max=2")
+        fe = self.api.frontend.vhost("/")
+        yield until(lambda: "q" in fe.pollers and len(fe.pollers["q"].waiters) == 2)
+        yield self.publish("q", "1", "2", "3")
+        self.clock.advance(0)
+        a = yield first
+        b = yield second
+        # The first to arrive (on either connection) gets the first two.
+        got = sorted([[m["body"] for m in a[3]["messages"]], [m["body"] for m in b[3]["messages"]]])
+        self.assertEqual(got, [["1", "2"], ["3"]])
+
+    @defer.inlineCallbacks
+    def test_queue_deleted_while_waiting(self) -> None:
+        self.broker.default_vhost.declare_queue("q")
+        d = self.receive("q", "?wait=5")
+        fe = self.api.frontend.vhost("/")
+        yield until(lambda: "q" in fe.pollers)
+        code, _, _, _ = yield self.call("DELETE", f"{Q}/q")
+        self.assertEqual(code, 200)
+        code, _, _, doc = yield d
+        self.assertEqual((code, doc["code"]), (404, "not-found"))
+
+    @defer.inlineCallbacks
+    def test_avro_receive(self) -> None:
+        yield self.publish("q", "a", "b")
+        code, headers, raw, _ = yield self.receive("q", "?max=5", accept="avro/binary")
+        self.assertEqual(headers.getRawHeaders("content-type"), ["avro/binary"])
+        records = list(fastavro.reader(io.BytesIO(raw)))
+        self.assertEqual([r["body"] for r in records], [b"a", b"b"])
+        handles = [r["handle"] for r in records]
+        code, _, _, doc = yield self.call("POST", f"{Q}/q/ack", {"handles": handles})
+        self.assertEqual(doc["settled"], 2)
+
+    @defer.inlineCallbacks
+    def test_bad_handles(self) -> None:
+        self.broker.default_vhost.declare_queue("q")
+        code, _, _, doc = yield self.call("POST", f"{Q}/q/ack", {"handles": ["not a handle"]})
+        self.assertEqual((code, doc["code"]), (400, "bad-handle"))
+        code, _, _, doc = yield self.call("POST", f"{Q}/q/ack", {"handles": []})
+        self.assertEqual(code, 400)
+        code, _, _, doc = yield self.call("POST", f"{Q}/q/ack", {"handle": ["x.1"]})
+        self.assertEqual(code, 400)
+        code, _, _, doc = yield self.call("POST", f"{Q}/q/ack", {"handles": ["abc.1"]})
+        self.assertEqual((code, doc["unknown"]), (200, ["abc.1"]))
+
+
+class AvroPublishTests(ApiTestCase):
+    def record(self, body: bytes, **kw: object) -> dict:
+        rec = {"body": body, "headers": {}, "destination": None, "routing_key": None, "priority": 0,
+               "ttl": None, "delay": None, "persistent": False}
+        rec.update(kw)
+        return rec
+
+    @defer.inlineCallbacks
+    def test_one_datum(self) -> None:
+        data = codec.avro_datum("PublishMessage", self.record(b"\x00avro", headers={"h": "1"}))
+        code, _, _, doc = yield self.call("POST", f"{Q}/q/messages", raw=data, headers={"Content-Type": "avro/binary"})
+        self.assertEqual((code, doc["published"]), (201, 1))
+        [m] = self.broker.default_vhost.queues["q"].messages()
+        self.assertEqual((m.body, m.headers), (b"\x00avro", {"h": "1"}))
+
+    @defer.inlineCallbacks
+    def test_container_batch(self) -> None:
+        out = io.BytesIO()
+        fastavro.writer(out, codec.schema("PublishMessage"), [self.record(b"%d" % i) for i in range(100)])
+        code, _, _, doc = yield self.call("POST", f"{Q}/q/messages", raw=out.getvalue(),
+                                          headers={"Content-Type": "avro/binary"})
+        self.assertEqual((code, doc["published"]), (201, 100))
+        self.assertEqual([m.body for m in self.broker.default_vhost.queues["q"].messages()],
+                         [b"%d" % i for i in range(100)])
+
+    @defer.inlineCallbacks
+    def test_bad_avro(self) -> None:
+        for raw in (b"\x01", b"Obj\x01garbage", codec.avro_datum("PublishMessage", self.record(b"x")) + b"extra"):
+            code, _, _, doc = yield self.call("POST", f"{Q}/q/messages", raw=raw, headers={"Content-Type": "avro/binary"})
+            self.assertEqual((code, doc["code"]), (400, "bad-avro"), raw)
+        data = codec.avro_datum("PublishMessage", self.record(b"x", priority=42))
+        code, _, _, doc = yield self.call("POST", f"{Q}/q/messages", raw=data, headers={"Content-Type": "avro/binary"})
+        self.assertEqual((code, doc["code"]), (400, "bad-parameter"))
+
+
+class ManagementTests(ApiTestCase):
+    @defer.inlineCallbacks
+    def test_queue_lifecycle(self) -> None:
+        code, _, _, doc = yield self.call("PUT", f"{Q}/orders", {"arguments": {"x-max-length": 10}})
+        self.assertEqual((code, doc["name"], doc["arguments"]), (201, "orders", {"x-max-length": 10}))
+        code, _, _, doc = yield self.call("PUT", f"{Q}/orders")
+        self.assertEqual(code, 200)
+        yield self.publish("orders", "a", "b")
+        _, _, _, doc = yield self.call("GET", f"{Q}/orders")
+        self.assertEqual((doc["messages_ready"], doc["consumers"]), (2, 0))
+        yield self.receive("orders")
+        _, _, _, doc = yield self.call("GET", f"{Q}/orders")
+        self.assertEqual((doc["messages_ready"], doc["messages_unacknowledged"], doc["messages"]), (1, 1, 2))
+        _, _, _, doc = yield self.call("GET", f"{Q}?prefix=ord")
+        self.assertEqual([q["name"] for q in doc["queues"]], ["orders"])
+        _, _, _, doc = yield self.call("DELETE", f"{Q}/orders/messages")
+        self.assertEqual(doc["purged"], 1)
+        _, _, _, doc = yield self.call("DELETE", f"{Q}/orders")
+        self.assertEqual(doc["deleted"], "orders")
+        code, _, _, _ = yield self.call("PUT", f"{Q}/amq.x")
+        self.assertEqual(code, 403)
+        code, _, _, doc = yield self.call("PUT", f"{Q}/bad", {"arguments": {"x-overflow": "explode"}})
+        self.assertEqual(code, 409)
+
+    @defer.inlineCallbacks
+    def test_paging(self) -> None:
+        for i in range(5):
+            self.broker.default_vhost.declare_queue(f"q{i}")
+        _, _, _, doc = yield self.call("GET", f"{Q}?limit=2")
+        self.assertEqual(([q["name"] for q in doc["queues"]], doc["next_offset"]), (["q0", "q1"], 2))
+        _, _, _, doc = yield self.call("GET", f"{Q}?limit=2&offset=4")
+        self.assertEqual(([q["name"] for q in doc["queues"]], doc["next_offset"]), (["q4"], None))
+
+    @defer.inlineCallbacks
+    def test_exchanges_and_bindings(self) -> None:
+        E = "/api/v1/vhosts/%2F/exchanges"
+        code, _, _, doc = yield self.call("PUT", f"{E}/ev", {"type": "fanout"})
+        self.assertEqual((code, doc["type"]), (201, "fanout"))
+        code, _, _, doc = yield self.call("PUT", f"{E}/ev", {"type": "topic"})
+        self.assertEqual((code, doc["code"]), (409, "precondition-failed"))
+        code, _, _, doc = yield self.call("PUT", f"{E}/ev2", {"type": "nope"})
+        self.assertEqual(code, 400)
+        yield self.call("PUT", f"{Q}/a")
+        B = "/api/v1/vhosts/%2F/bindings"
+        code, _, _, doc = yield self.call("POST", B, {"queue": "a", "exchange": "ev"})
+        self.assertEqual(code, 201)
+        _, _, _, doc = yield self.call("GET", B)
+        self.assertEqual(doc["bindings"], [{"queue": "a", "exchange": "ev", "routing_key": "", "arguments": {}}])
+        yield self.call("POST", f"{E}/ev/messages", {"body": "via"})
+        self.assertEqual(len(self.broker.default_vhost.queues["a"]), 1)
+        code, _, _, _ = yield self.call("DELETE", f"{B}?queue=a&exchange=ev")
+        self.assertEqual(code, 200)
+        _, _, _, doc = yield self.call("GET", B)
+        self.assertEqual(doc["bindings"], [])
+        code, _, _, _ = yield self.call("DELETE", f"{E}/amq.topic")
+        self.assertEqual(code, 403)
+        code, _, _, _ = yield self.call("DELETE", f"{E}/ev")
+        self.assertEqual(code, 200)
+        _, _, _, doc = yield self.call("GET", E)
+        self.assertNotIn("ev", [e["name"] for e in doc["exchanges"]])
+
+    @defer.inlineCallbacks
+    def test_vhosts_and_documents(self) -> None:
+        self.broker.add_vhost("other")
+        _, _, _, doc = yield self.call("GET", "/api/v1/vhosts")
+        self.assertEqual([v["name"] for v in doc["vhosts"]], ["/", "other"])
+        code, _, _, doc = yield self.call("GET", "/api/v1/vhosts/other")
+        self.assertEqual(code, 200)
+        _, _, _, doc = yield self.call("GET", "/api/v1/schemas")
+        self.assertEqual(doc["schemas"], ["PublishMessage.avsc", "Delivery.avsc"])
+        _, _, _, doc = yield self.call("GET", "/api/v1/schemas/Delivery.avsc")
+        self.assertEqual(doc["name"], "Delivery")
+        _, _, _, doc = yield self.call("GET", "/api/v1/openapi.json")
+        self.assertEqual(doc["openapi"], "3.1.0")
+        _, _, _, doc = yield self.call("GET", "/api/v1/")
+        self.assertEqual(doc["version"], "v1")
+
+
+class CorsTests(ApiTestCase):
+    @defer.inlineCallbacks
+    def test_allowed_origin_and_preflight(self) -> None:
+        self.api.origins = frozenset({"https://app.example"})
+        _, headers, _, _ = yield self.call("GET", "/api/v1/vhosts", headers={"Origin": "https://app.example"})
+        self.assertEqual(headers.getRawHeaders("access-control-allow-origin"), ["https://app.example"])
+        _, headers, _, _ = yield self.call("GET", "/api/v1/vhosts", headers={"Origin": "https://evil.example"})
+        self.assertIsNone(headers.getRawHeaders("access-control-allow-origin"))
+        code, headers, _, _ = yield self.call("OPTIONS", f"{Q}/q/messages", check=False, headers={
+            "Origin": "https://app.example", "Access-Control-Request-Method": "POST"})
+        self.assertEqual(code, 204)
+        self.assertIn("POST", headers.getRawHeaders("access-control-allow-methods")[0])
+
+
+class FollowTests(ApiTestCase):
+    T = "/api/v1/vhosts/%2F/topics"
+
+    @defer.inlineCallbacks
+    def test_cursor_poll(self) -> None:
+        code, _, _, doc = yield self.call("GET", f"{self.T}/news.%2A/poll")
+        self.assertEqual((code, doc["messages"], doc["dropped"]), (200, [], 0))
+        cursor = doc["cursor"]
+        yield self.call("POST", f"{self.T}/news.a/messages", {"messages": [{"body": "1"}, {"body": "2"}]})
+        yield self.call("POST", f"{self.T}/other/messages", {"body": "no"})
+        _, _, _, doc = yield self.call("GET", f"{self.T}/news.%2A/poll?cursor={cursor}&max=1")
+        self.assertEqual([m["body"] for m in doc["messages"]], ["1"])
+        again = doc["cursor"]
+        _, _, _, doc = yield self.call("GET", f"{self.T}/news.%2A/poll?cursor={cursor}")
+        self.assertEqual([m["body"] for m in doc["messages"]], ["1", "2"])  # a lost answer, asked again
+        _, _, _, doc = yield self.call("GET", f"{self.T}/news.%2A/poll?cursor={again}")
+        self.assertEqual([(m["body"], m["seq"]) for m in doc["messages"]], [("2", 2)])
+        last = doc["cursor"]
+        d = self.call("GET", f"{self.T}/news.%2A/poll?cursor={last}&wait=5")
+        yield until(lambda: any(f.waiter is not None for f in self.api.followers.values()))
+        yield self.call("POST", f"{self.T}/news.b/messages", {"body": "3"})
+        self.clock.advance(0)
+        _, _, _, doc = yield d
+        self.assertEqual([m["body"] for m in doc["messages"]], ["3"])
+        d = self.call("GET", f"{self.T}/news.%2A/poll?cursor={doc['cursor']}&wait=5")
+        yield until(lambda: any(f.waiter is not None for f in self.api.followers.values()))
+        self.clock.advance(5)
+        _, _, _, doc = yield d
+        self.assertEqual(doc["messages"], [])
+
+    @defer.inlineCallbacks
+    def test_cursor_expires_and_bad_cursor(self) -> None:
+        _, _, _, doc = yield self.call("GET", f"{self.T}/x/poll")
+        self.clock.advance(self.api_settings.follow_idle_timeout + 1)
+        code, _, _, doc = yield self.call("GET", f"{self.T}/x/poll?cursor={doc['cursor']}")
+        self.assertEqual((code, doc["code"]), (410, "cursor-expired"))
+        code, _, _, doc = yield self.call("GET", f"{self.T}/x/poll?cursor=junk")
+        self.assertEqual((code, doc["code"]), (400, "bad-cursor"))
+        self.assertEqual(self.broker.default_vhost.exchanges["amq.topic"].binding_count, 0)
+
+    @defer.inlineCallbacks
+    def test_backlog_drops_oldest(self) -> None:
+        self.api.settings = ApiSettings(follow_backlog=2)
+        _, _, _, doc = yield self.call("GET", f"{self.T}/x/poll")
+        yield self.call("POST", f"{self.T}/x/messages", {"messages": [{"body": str(i)} for i in range(5)]})
+        _, _, _, doc = yield self.call("GET", f"{self.T}/x/poll?cursor={doc['cursor']}")
+        self.assertEqual(([m["body"] for m in doc["messages"]], doc["dropped"]), (["3", "4"], 3))
+
+    @defer.inlineCallbacks
+    def test_avro_poll(self) -> None:
+        _, _, _, doc = yield self.call("GET", f"{self.T}/x/poll")
+        yield self.call("POST", f"{self.T}/x/messages", {"body": "a"})
+        code, headers, raw, _ = yield self.call("GET", f"{self.T}/x/poll?cursor={doc['cursor']}",
+                                                headers={"Accept": "avro/binary"})
+        self.assertEqual([r["body"] for r in fastavro.reader(io.BytesIO(raw))], [b"a"])
+        self.assertTrue(headers.getRawHeaders("qmq-cursor")[0].endswith(".1"))
+
+    @defer.inlineCallbacks
+    def test_server_sent_events(self) -> None:
+        import treq  # noqa: PLC0415
+
+        response = yield treq.get(f"{self.base}{self.T}/ev.%23/events", pool=self.pool, unbuffered=True)
+        self.assertEqual(response.headers.getRawHeaders("content-type"), ["text/event-stream; charset=utf-8"])
+        chunks: list[bytes] = []
+        done = treq.collect(response, chunks.append)
+        yield until(lambda: self.api.streams)
+        yield self.call("POST", f"{self.T}/ev.a.b/messages", {"body": "hot"})
+        yield until(lambda: b"hot" in b"".join(chunks), "the event")
+        self.clock.advance(self.api_settings.sse_keepalive)
+        yield until(lambda: b": keep-alive" in b"".join(chunks), "a keep-alive")
+        text = b"".join(chunks).decode()
+        event = [e for e in text.split("\n\n") if "event: message" in e][0]
+        data = json.loads(event.split("data: ", 1)[1])
+        self.assertEqual((data["body"], data["destination"]), ("hot", "/topic/ev.a.b"))
+        self.assertIn(f"id: {data['id']}", event)
+        yield self.pool.closeCachedConnections()
+        for stream in list(self.api.streams):
+            stream.close()
+        yield until(lambda: not self.api.streams, "the stream to close")
+        yield done.addErrback(lambda _: None)
+        self.assertEqual(self.broker.default_vhost.exchanges["amq.topic"].binding_count, 0)
+
+
+class UploadTests(ApiTestCase):
+    @defer.inlineCallbacks
+    def test_slow_upload_times_out(self) -> None:
+        """A client that sends a head and part of its body, then stalls, is
+        answered 408 and closed once upload_timeout passes."""
+        from twisted.internet.protocol import ClientFactory, Protocol  # noqa: PLC0415
+
+        self.port.factory.requestFactory.clock = self.clock
+        got = defer.Deferred()
+
+        class Slow(Protocol):
+            data = b""
+
+            def connectionMade(self) -> None:
+                self.transport.write(b"POST /api/v1/vhosts/%2F/queues/q/messages HTTP/1.1\r\nHost: x\r\n"
+                                     b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"bo")
+
+            def dataReceived(self, data: bytes) -> None:
+                self.data += data
+
+            def connectionLost(self, reason: object) -> None:
+                got.callback(self.data)
+
+        factory = ClientFactory.forProtocol(Slow)
+        reactor.connectTCP("127.0.0.1", self.port.getHost().port, factory)
+        yield until(lambda: self.clock.getDelayedCalls(), "the request's deadline")
+        self.clock.advance(self.api_settings.upload_timeout)
+        data = yield got
+        self.assertTrue(data.startswith(b"HTTP/1.1 408 "), data[:100])
+        self.assertIn(b'"code": "upload-timeout"', data)
+
+
+class SiteMountTests(unittest.TestCase):
+    """The API is mounted at /api on the http: listener's site, and lists
+    that listener's connections."""
+
+    @defer.inlineCallbacks
+    def test_mounted(self) -> None:
+        import treq  # noqa: PLC0415
+
+        from qmq import config  # noqa: PLC0415
+        from qmq.connections import ConnectionRegistry  # noqa: PLC0415
+        from qmq.web.site import HttpFactory, WebContext  # noqa: PLC0415
+
+        settings = config.load_string("")
+        ctx = WebContext(Broker(reactor), reactor, settings, ConnectionRegistry(settings.connections, reactor),
+                         "http:test")
+        port = reactor.listenTCP(0, HttpFactory(ctx), interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        base = f"http://127.0.0.1:{port.getHost().port}/api/v1"
+        from twisted.web.client import HTTPConnectionPool  # noqa: PLC0415
+
+        pool = HTTPConnectionPool(reactor)
+        self.addCleanup(pool.closeCachedConnections)
+        r = yield treq.post(f"{base}/vhosts/%2F/queues/m/messages", json={"body": "via site"}, pool=pool)
+        self.assertEqual(r.code, 201)
+        yield r.content()
+        r = yield treq.post(f"{base}/vhosts/%2F/queues/m/receive", pool=pool)
+        doc = yield r.json()
+        self.assertEqual(doc["messages"][0]["body"], "via site")
+        r = yield treq.post(f"{base}/vhosts/%2F/queues/m/ack", json={"handles": [doc["messages"][0]["handle"]]},
+                            pool=pool)
+        self.assertEqual((yield r.json())["settled"], 1)
+        r = yield treq.get(f"{base}/connections", pool=pool)
+        doc = yield r.json()
+        self.assertEqual(len(doc["connections"]), 1)
+        self.assertEqual(doc["connections"][0]["peer"].split(":")[0], "127.0.0.1")
