@@ -186,6 +186,8 @@ class DeclaredTopologyTests(BrokerTestCase):
 
 
 class SubscriberBufferTests(BrokerTestCase):
+    timeout = 180
+
     def setUp(self):
         d = super().setUp()
 
@@ -205,7 +207,9 @@ class SubscriberBufferTests(BrokerTestCase):
         publisher floods the topic. The stalled one is cut off with ERROR
         "slow consumer"; a stomp.py subscriber on the same topic receives
         every message, in order, and the publisher every receipt."""
-        count, body = 3000, b"x" * 8192
+        # 12 MB: far more than the stalled client's socket buffers take in
+        # before the broker has to hold messages for it.
+        count, body = 1500, b"x" * 8192
         figures = {}
 
         def flood(topic, fast, pub):
@@ -217,9 +221,12 @@ class SubscriberBufferTests(BrokerTestCase):
                 if i == count - 1:
                     headers["receipt"] = topic
                 pub.conn.send(topic, body, headers=headers)
-            pub.rec.wait_receipt(topic)
+            # Generous deadlines: the machine may be busy.
+            pub.rec.wait(lambda: pub.rec.receipts.get(topic), f"RECEIPT {topic}", timeout=60)
             got = fast.rec.wait(
-                lambda: len(fast.rec.messages) >= count and fast.rec.messages, f"{count} messages"
+                lambda: len(fast.rec.messages) >= count and fast.rec.messages,
+                f"{count} messages",
+                timeout=60,
             )
             seconds = time.monotonic() - started
             with fast.rec._cond:
