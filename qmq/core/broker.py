@@ -189,8 +189,17 @@ class Broker:
             self.trim()
 
     def close(self) -> Any:
-        """Shut the store down (after every listener closed)."""
+        """Shut the store down (after every listener closed), and stop every
+        timer of the core (L{stop_timers})."""
         if self._trim_call is not None and self._trim_call.active():
             self._trim_call.cancel()
             self._trim_call = None
+        self.stop_timers()
         return self.store.close()
+
+    def stop_timers(self) -> None:
+        """Cancel the timers of every virtual host and queue (queue expiry,
+        delayed messages, message expiry, ack timeouts): at shutdown, when
+        no client is left. Messages keep their state; nothing fires."""
+        for vhost in self.vhosts.values():
+            vhost.stop_timers()

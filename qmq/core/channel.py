@@ -91,6 +91,7 @@ class Channel:
         self.consumers: set[Consumer] = set()
         self.closed = False
         self._cumulative_upto = 0
+        self._taken_back: dict[int, None] = {}
         self._targets: dict[str, SendTarget] = {}
         self._ids = broker.message_ids
         self._seconds = broker.clock.seconds
@@ -138,7 +139,9 @@ class Channel:
         exchange = self.vhost.exchange(dest.name)
         return (None, exchange, exchange.name, dest.key, exchange)
 
-    def named_queue(self, name: str, operation: str = "read") -> Queue:
+    def named_queue(
+        self, name: str, operation: str = "read", arguments: dict[str, Any] | None = None
+    ) -> Queue:
         """The queue a C{/queue/NAME} destination names, created on first use.
 
         Names starting with C{amq.} are the broker's own (private
@@ -170,8 +173,28 @@ class Channel:
                     "in the configuration can be used.",
                     "no such queue",
                 )
+            if arguments:
+                self._check_arguments(queue, arguments)
             return queue
-        return vhost.declare_queue(name, on_demand=True)
+        if arguments:
+            queue = vhost.queues.get(name)
+            if queue is not None:
+                self._check_arguments(queue, arguments)
+                return vhost.declare_queue(name, on_demand=True)
+        return vhost.declare_queue(name, on_demand=True, arguments=arguments)
+
+    @staticmethod
+    def _check_arguments(queue: Queue, arguments: dict[str, Any]) -> None:
+        """C{arguments} given for C{queue}, which exists: they must agree
+        with its policy (their values are checked, as for a new queue)."""
+        wanted = QueuePolicy.from_arguments(arguments, queue.policy)
+        if wanted != queue.policy:
+            given = ", ".join(f"{k}={v}" for k, v in sorted(arguments.items()))
+            raise PreconditionFailed(
+                f"Queue {queue.name!r} exists with other arguments than those given ({given}); "
+                "delete it or subscribe without them.",
+                "inequivalent queue arguments",
+            )
 
     def temp_queue(self, name: str) -> Queue:
         """This channel's private reply queue C{name} (made on first use)."""
@@ -230,6 +253,7 @@ class Channel:
         durable_name: str | None = None,
         live: bool = True,
         label: str = "",
+        arguments: dict[str, Any] | None = None,
     ) -> None:
         """Attach C{consumer} to the destination C{text}.
 
@@ -243,11 +267,18 @@ class Channel:
             named after C{label} (the client's subscription id) and the
             channel's token.
 
+        C{arguments} are queue arguments (L{qmq.core.queue.QUEUE_ARGUMENTS})
+        for the queue a C{/queue/} or durable subscription names: they apply
+        when the subscription creates it, over the virtual host's defaults;
+        a queue that exists must already have them, else
+        L{PreconditionFailed} (RabbitMQ's "inequivalent arg").
+
         @raise DestinationError, NotFound, AccessRefused, PreconditionFailed.
         """
         dest = parse_destination(text)
         vhost = self.vhost
         kind = dest.kind
+        consumer.channel = self
         if kind == "control":
             raise DestinationError(
                 "Control destinations answer a SEND with a receipt; they cannot be "
@@ -262,7 +293,7 @@ class Channel:
                 "buffer not allowed here",
             )
         if kind == "queue":
-            queue = self.named_queue(dest.name)
+            queue = self.named_queue(dest.name, arguments=arguments)
         elif kind == "temp-queue":
             queue = self.temp_queue(dest.name)
         else:
@@ -271,8 +302,10 @@ class Channel:
                 name = durable_queue_name(self.owner_name, durable_name)
                 existed = name in vhost.queues
                 queue = vhost.declare_queue(
-                    name, durable=True, on_demand=True, subscription=True
+                    name, durable=True, on_demand=True, subscription=True, arguments=arguments
                 )
+                if existed and arguments:
+                    self._check_arguments(queue, arguments)
                 self._bind_or_undo(queue, exchange, dest.key, made=not existed)
                 consumer.durable = True
             elif live and not consumer.ack_required:
@@ -379,6 +412,8 @@ class Channel:
         if consumer is None:
             if 0 < tag <= self._cumulative_upto:
                 return None  # already covered by a cumulative ack
+            if tag in self._taken_back:
+                return None  # its ack timeout passed: the queue took it back
             raise NotFound(f"no delivery {tag} is waiting for an acknowledgement")
         return consumer
 
@@ -418,6 +453,32 @@ class Channel:
                 queue.ack(consumer, m)
         else:
             queue.reject(consumer, done, requeue)
+
+    #: How many taken-back delivery tags a channel remembers, so that a
+    #: late ack of one is a no-op rather than an error.
+    taken_back_memory = 4096
+
+    def take_back(self, consumer: Consumer, message: Message) -> bool:
+        """The queue takes C{message} back from C{consumer} (its ack timeout
+        passed): forget the delivery and give the consumer's credit back.
+
+        A later ack or nack of its tag is ignored (the last
+        L{taken_back_memory} tags are remembered).
+
+        @return: whether C{message} was still waiting for an ack on C{consumer}.
+        """
+        unacked = consumer.unacked
+        tag = next((t for t, m in unacked.items() if m is message), None)
+        if tag is None:
+            return False
+        del unacked[tag]
+        self.owners.pop(tag, None)
+        taken = self._taken_back
+        taken[tag] = None
+        if len(taken) > self.taken_back_memory:
+            del taken[next(iter(taken))]
+        consumer.credit += 1
+        return True
 
     # -- flow control ------------------------------------------------------------
 

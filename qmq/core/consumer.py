@@ -47,6 +47,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from qmq.core.channel import Channel
     from qmq.core.exchange import Exchange
     from qmq.core.message import Message
     from qmq.core.queue import Queue
@@ -112,6 +113,8 @@ class Consumer:
     """A subscriber attached to one queue, or bound live to one exchange.
 
     @ivar queue: the queue it consumes from, once attached (queue consumer).
+    @ivar channel: the L{qmq.core.channel.Channel} tracking its deliveries
+        (set when it subscribes).
     @ivar exchange: the exchange it is bound to (live consumer).
     @ivar binding_key: the routing key pattern a live consumer is bound with.
     @ivar ack_required: whether deliveries must be acknowledged.
@@ -134,6 +137,7 @@ class Consumer:
 
     __slots__ = (
         "queue",
+        "channel",
         "exchange",
         "binding_key",
         "ack_required",
@@ -165,6 +169,8 @@ class Consumer:
         cumulative: bool = False,
     ) -> None:
         self.queue: Queue | None = None
+        # The channel that tracks its deliveries (set by Channel.subscribe).
+        self.channel: Channel | None = None
         self.exchange: Exchange | None = None
         self.binding_key = ""
         self.ack_required = ack_required

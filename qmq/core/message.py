@@ -8,6 +8,15 @@ copies in the others.
 
 from __future__ import annotations
 
+#: The header in which a delayed message keeps its delivery time (epoch
+#: milliseconds), so that every store keeps it with the headers; a frontend
+#: that sets L{Message.deliver_at} writes it (L{Message.restore_options}
+#: reads it back).
+DELIVER_AT_HEADER = "deliver-at"
+#: The header in which a message keeps its own ack timeout (seconds, as a
+#: decimal number: ocamlmq's header).
+ACK_TIMEOUT_HEADER = "ack-timeout"
+
 
 class Message:
     """A published message.
@@ -25,6 +34,12 @@ class Message:
         where a queue honours priorities.
     @ivar expires: when the message expires, seconds since the epoch; C{0.0}
         means never.
+    @ivar deliver_at: when the message may first be delivered, seconds since
+        the epoch; C{0.0} means at once (delayed delivery). Kept across a
+        restart in the header L{DELIVER_AT_HEADER}.
+    @ivar ack_timeout: seconds a consumer may hold it unacked before it is
+        taken back and redelivered; C{0.0} means the queue's rule. Kept
+        across a restart in the header L{ACK_TIMEOUT_HEADER}.
     @ivar delivery_count: how many times this copy was delivered and given
         back; 0 for a first delivery.
     @ivar cache: a frontend's pre-encoded form of the headers (the STOMP
@@ -41,6 +56,8 @@ class Message:
         "persistent",
         "priority",
         "expires",
+        "deliver_at",
+        "ack_timeout",
         "delivery_count",
         "cache",
     )
@@ -66,6 +83,8 @@ class Message:
         self.persistent = persistent
         self.priority = priority
         self.expires = expires
+        self.deliver_at = 0.0
+        self.ack_timeout = 0.0
         self.delivery_count = 0
         self.cache = None
 
@@ -81,9 +100,30 @@ class Message:
         m.persistent = self.persistent
         m.priority = self.priority
         m.expires = self.expires
+        m.deliver_at = self.deliver_at
+        m.ack_timeout = self.ack_timeout
         m.delivery_count = self.delivery_count + 1
         m.cache = self.cache
         return m
+
+    def restore_options(self) -> None:
+        """Set L{deliver_at} and L{ack_timeout} from the headers that keep
+        them (L{DELIVER_AT_HEADER}, L{ACK_TIMEOUT_HEADER}): for a message a
+        store recovered. Values that do not read as numbers are ignored."""
+        headers = self.headers
+        if not headers:
+            return
+        value = headers.get(DELIVER_AT_HEADER)
+        if value is not None and value.isascii() and value.isdigit() and len(value) <= 19:
+            self.deliver_at = int(value) / 1000.0
+        value = headers.get(ACK_TIMEOUT_HEADER)
+        if value is not None and len(value) <= 19:
+            try:
+                seconds = float(value)
+            except ValueError:
+                return
+            if 0 < seconds < 2**31:
+                self.ack_timeout = seconds
 
     def __repr__(self) -> str:
         return (

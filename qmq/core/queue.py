@@ -59,18 +59,19 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
-from heapq import heappop, heappush
+from heapq import heapify, heappop, heappush
 from typing import TYPE_CHECKING, Any
 
 from qmq.core.errors import PreconditionFailed, ResourceLimit
+from qmq.core.message import Message
 
 if TYPE_CHECKING:
     from twisted.internet.interfaces import IDelayedCall
 
     from qmq.core.consumer import Consumer
-    from qmq.core.message import Message
     from qmq.core.store import MessageStore
     from qmq.core.vhost import VirtualHost
 
@@ -83,6 +84,7 @@ CUT_CONSUMERS = "cut-consumers"
 #: The commit log's fsync policies a queue may ask for (C{x-fsync}).
 FSYNC_POLICIES = ("always", "interval", "never")
 _NO_CONSUMERS: tuple = ()
+_NEVER = float("inf")
 
 #: Why a message was discarded (L{Queue._discard}), in RabbitMQ's dead-letter
 #: words where it has one, and what the store is told for each.
@@ -90,11 +92,14 @@ DISCARD_REASONS = {
     "rejected": "drop",  # nacked without requeue
     "maxlen": "drop",  # drop-head overflow (x-max-length, x-max-length-bytes)
     "delivery_limit": "drop",  # given back more often than x-delivery-limit
+    "expired": "expire",  # its TTL or expiry time passed
     "purge": "purge",
     "delete": "delete",  # the queue was deleted with it
 }
 # Discards that a limit of the queue caused, counted in Queue.dropped.
 _LIMIT_REASONS = ("maxlen", "delivery_limit")
+#: Discards that go to the queue's dead-letter exchange when it has one.
+DEAD_LETTER_REASONS = ("rejected", "maxlen", "delivery_limit", "expired")
 
 # A tie-breaker for requeued messages with equal ids (the same message
 # published twice to one queue), so that the heap never compares messages.
@@ -449,16 +454,109 @@ class _Requeued(list):
     __slots__ = ()
 
 
+class _Levels:
+    """The ready messages of a priority queue (C{x-max-priority}): a FIFO
+    per priority level, each with a heap of the messages given back ahead
+    of it (by id, as L{_Requeued}). It sits in the queue's list, alone, while
+    the queue holds any ready message.
+
+    A publish appends to its level's deque (O(1)); taking the next message
+    looks down from the highest level used, at most C{max_priority + 1}
+    levels. RabbitMQ's priority queues are made the same way.
+    """
+
+    __slots__ = ("fifos", "given", "count", "top")
+
+    def __init__(self, levels: int) -> None:
+        self.fifos: list[deque[Message]] = [deque() for _ in range(levels)]
+        self.given: list[list | None] = [None] * levels
+        self.count = 0
+        self.top = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def push(self, message: Message, level: int) -> None:
+        self.fifos[level].append(message)
+        self.count += 1
+        if level > self.top:
+            self.top = level
+
+    def push_back(self, message: Message, level: int) -> None:
+        heap = self.given[level]
+        if heap is None:
+            heap = self.given[level] = []
+        heappush(heap, (message.id, next(_requeue_order), message))
+        self.count += 1
+        if level > self.top:
+            self.top = level
+
+    def pop(self) -> Message:
+        level = self.top
+        given = self.given
+        fifos = self.fifos
+        while True:
+            heap = given[level]
+            if heap:
+                message = heappop(heap)[2]
+                break
+            fifo = fifos[level]
+            if fifo:
+                message = fifo.popleft()
+                break
+            level -= 1
+        self.top = level
+        self.count -= 1
+        return message
+
+    def peek(self) -> Message:
+        level = self.top
+        while True:
+            heap = self.given[level]
+            if heap:
+                return heap[0][2]
+            fifo = self.fifos[level]
+            if fifo:
+                return fifo[0]
+            level -= 1
+
+    def ordered(self) -> list[Message]:
+        out: list[Message] = []
+        for level in range(len(self.fifos) - 1, -1, -1):
+            heap = self.given[level]
+            if heap:
+                out.extend(entry[2] for entry in sorted(heap))
+            out.extend(self.fifos[level])
+        return out
+
+
 class _Rare:
     """Per-queue state most queues never need, made on first use so that an
     idle queue pays one pointer for all of it."""
 
-    __slots__ = ("dropped", "drain_call")
+    __slots__ = ("dropped", "drain_call", "timer", "timer_at", "delayed", "acks", "ack_entries")
 
     def __init__(self) -> None:
         self.dropped = 0
         # The next turn's drain, while a drain stopped at its batch.
         self.drain_call: IDelayedCall | None = None
+        # The queue's one timer, at the earliest of: a delayed message's
+        # time, an ack deadline, the head message's expiry.
+        self.timer: IDelayedCall | None = None
+        self.timer_at = 0.0
+        # Messages not yet visible: a heap of (time, tie, message, given back).
+        self.delayed: list[tuple[float, int, Message, bool]] = []
+        # Ack deadlines: a heap of [deadline, tie, consumer or None, message]
+        # (None: acked in time, dropped when it reaches the top), and the
+        # live entries by message.
+        self.acks: list[list] = []
+        self.ack_entries: dict[Message, list] = {}
+
+    def idle(self) -> bool:
+        """Whether nothing in it is needed any more."""
+        return not (
+            self.dropped or self.drain_call or self.timer or self.delayed or self.ack_entries
+        )
 
 
 class Queue:
@@ -587,7 +685,7 @@ class Queue:
         items = self._items
         head = self._head
         n = len(items) - head
-        if n and items[head].__class__ is _Requeued:
+        if n and items[head].__class__ is not Message:
             n += len(items[head]) - 1
         return n
 
@@ -612,10 +710,20 @@ class Queue:
         """Deliver C{message} to a ready consumer or keep it in order.
 
         @return: None, or True when the queue did not take the message (it
-            could never fit; a duplicate, for L{qmq.core.guarantee}): then
-            the store is not told of it for this queue.
+            could never fit, it had expired already; a duplicate, for
+            L{qmq.core.guarantee}): then the store is not told of it for
+            this queue.
+
+        A message whose expiry time has passed is discarded (dead-lettered
+        as C{expired}); one whose delivery time has not come waits, out of
+        sight, until it has (the queue took it).
+
         @raise ResourceLimit: the queue is full and rejects publishes.
         """
+        if message.expires or message.deliver_at:
+            held = self._held_back(message)
+            if held is not None:
+                return held or None
         items = self._items
         if not items:
             consumers = self.consumers
@@ -631,7 +739,11 @@ class Queue:
                 if c is not None:
                     if c.ack_required:
                         c.credit -= 1
-                    c.deliver(message, self)
+                        c.deliver(message, self)
+                        if message.ack_timeout or self.policy.ack_seconds:
+                            self._arm_ack(c, message)
+                    else:
+                        c.deliver(message, self)
                     return
         size = len(message.body)
         policy = self.policy
@@ -641,12 +753,64 @@ class Queue:
             # requeue heap (one entry, many messages) sits at its head.
             len(items) >= policy.length_room
             or self._bytes + size > policy.bytes_room
-            or (items and items[self._head].__class__ is _Requeued)
+            or (items and items[self._head].__class__ is not Message)
         ):
             if not self._make_room(message):
                 return True
-        items.append(message)
+        top = policy.max_priority
+        if top is None:
+            items.append(message)
+        else:
+            # _Levels.push, inlined.
+            levels = items[self._head] if items else self._levels(top)
+            p = message.priority
+            level = p if p < top else top
+            levels.fifos[level].append(message)
+            levels.count += 1
+            if level > levels.top:
+                levels.top = level
         self._bytes += size
+        if message.expires or policy.ttl:
+            # With the queue's TTL alone, later messages expire later: a
+            # timer already set (for an earlier one) will do.
+            rare = self._rare
+            if rare is None or rare.timer is None or message.expires:
+                self._wake(self._deadline(message, policy.ttl))
+
+    def _levels(self, top: int) -> _Levels:
+        """The levels of a priority queue, put in its list if it had none."""
+        items = self._items
+        if items:
+            return items[self._head]  # type: ignore[no-any-return]
+        levels = _Levels(top + 1)
+        items.append(levels)
+        return levels
+
+    def _give_back(self, message: Message) -> None:
+        """Put C{message} (given back) at the head, in id order (the
+        requeue rule); in a priority queue, at the head of its level."""
+        top = self.policy.max_priority
+        if top is None:
+            heappush(self._requeued_heap(), (message.id, next(_requeue_order), message))
+        else:
+            p = message.priority
+            self._levels(top).push_back(message, p if p < top else top)
+
+    def _held_back(self, message: Message) -> bool | None:
+        """Keep C{message}, which has an expiry or a delivery time, from the
+        ready messages if it must be.
+
+        @return: True: it had expired, and was discarded; False: it waits
+            for its delivery time; None: neither, publish it.
+        """
+        now = self._now()
+        if message.expires and message.expires <= now:
+            self._discard(message, "expired")
+            return True
+        if message.deliver_at > now:
+            self._delay(message, message.deliver_at, False)
+            return False
+        return None
 
     def would_refuse(self, message: Message) -> bool:
         """Whether L{publish} would raise L{ResourceLimit} for C{message} now
@@ -706,9 +870,39 @@ class Queue:
         return True
 
     def restore(self, messages: list[Message]) -> None:
-        """Put back messages a store recovered, in queue order (at start)."""
-        self._items.extend(messages)
-        self._bytes += sum(len(m.body) for m in messages)
+        """Put back messages a store recovered, in queue order (at start).
+
+        Their delivery time and ack timeout come back from their headers
+        (L{Message.restore_options}); a message still delayed waits again,
+        one that expired meanwhile is discarded when its turn comes.
+        """
+        for m in messages:
+            if m.headers:
+                m.restore_options()
+        if self.policy.max_priority is None and not any(m.deliver_at for m in messages):
+            self._items.extend(messages)
+            self._bytes += sum(len(m.body) for m in messages)
+        else:
+            for m in messages:
+                self.publish_waiting(m)
+        if self.policy.ttl or any(m.expires for m in messages):
+            head = self._peek()
+            if head is not None:
+                self._wake(self._deadline(head, self.policy.ttl))
+
+    def publish_waiting(self, message: Message) -> None:
+        """Keep C{message} in order without handing it to a consumer (for
+        recovery, before consumers exist), whatever the bounds."""
+        if message.deliver_at and message.deliver_at > self._now():
+            self._delay(message, message.deliver_at, False)
+            return
+        top = self.policy.max_priority
+        if top is None:
+            self._items.append(message)
+        else:
+            p = message.priority
+            self._levels(top).push(message, p if p < top else top)
+        self._bytes += len(message.body)
 
     # -- delivery ---------------------------------------------------------
 
@@ -736,10 +930,30 @@ class Queue:
         items = self._items
         head = self._head
         message = items[head]
-        if message.__class__ is _Requeued:
-            heap = message
-            message = heappop(heap)[2]
-            if heap:
+        if message.__class__ is not Message:
+            if message.__class__ is _Requeued:
+                heap = message
+                message = heappop(heap)[2]
+                left = len(heap)
+            else:
+                # _Levels.pop, inlined.
+                levels = message
+                level = levels.top
+                given = levels.given
+                fifos = levels.fifos
+                while True:
+                    heap = given[level]
+                    if heap:
+                        message = heappop(heap)[2]
+                        break
+                    fifo = fifos[level]
+                    if fifo:
+                        message = fifo.popleft()
+                        break
+                    level -= 1
+                levels.top = level
+                left = levels.count = levels.count - 1
+            if left:
                 self._bytes -= len(message.body)
                 return message
         items[head] = None
@@ -769,6 +983,10 @@ class Queue:
         # replaced, only cleared in place, so holding it is safe.
         items = self._items
         budget = self.drain_batch if self.vhost is not None else -1
+        policy = self.policy
+        ttl = policy.ttl
+        ack_seconds = policy.ack_seconds
+        now = 0.0  # read once per drain (one reactor turn), when first needed
         while items:
             if not budget:
                 self._drain_next_turn()
@@ -785,7 +1003,7 @@ class Queue:
                     return
             head = self._head
             message = items[head]
-            if message.__class__ is _Requeued:
+            if message.__class__ is not Message:
                 message = self._pop()
             else:
                 items[head] = None
@@ -798,9 +1016,23 @@ class Queue:
                     head = 0
                 self._head = head
                 self._bytes -= len(message.body)
+            expires = message.expires
+            if expires or ttl:
+                # _expired, inlined.
+                if not now:
+                    now = self._now()
+                if ttl and (not expires or message.timestamp + ttl < expires):
+                    expires = message.timestamp + ttl
+                if expires <= now:
+                    self._discard(message, "expired")
+                    continue
             if c.ack_required:
                 c.credit -= 1
-            c.deliver(message, self)
+                c.deliver(message, self)
+                if message.ack_timeout or ack_seconds:
+                    self._arm_ack(c, message)
+            else:
+                c.deliver(message, self)
 
     def _drain_next_turn(self) -> None:
         """Go on draining on the next reactor turn (once, however often asked)."""
@@ -811,7 +1043,7 @@ class Queue:
     def _drain_later(self) -> None:
         rare = self._rare
         rare.drain_call = None  # type: ignore[union-attr]
-        if not rare.dropped:  # type: ignore[union-attr]
+        if rare.idle():  # type: ignore[union-attr]
             self._rare = None  # nothing else kept in it: an idle queue pays one pointer
         if not self.deleted:
             self.drain()
@@ -823,17 +1055,37 @@ class Queue:
         """
         if self.expiry_key is not None:
             self.touch()
-        if not self._items:
-            return None
-        return self._pop()
+        ttl = self.policy.ttl
+        while self._items:
+            message = self._pop()
+            if not ((message.expires or ttl) and self._expired(message, ttl)):
+                return message
+        return None
 
     def purge(self) -> int:
-        """Drop every ready message; return how many were dropped."""
-        gone = self._take_all()
+        """Drop every ready message, and every delayed one; return how many
+        were dropped."""
+        gone = self._take_all() + self._take_delayed()
         if self.store is not None:
             for m in gone:
                 self._discard(m, "purge")
         return len(gone)
+
+    def _take_delayed(self) -> list[Message]:
+        """Forget the delayed messages; return them."""
+        rare = self._rare
+        if rare is None or not rare.delayed:
+            return []
+        gone = [entry[2] for entry in sorted(rare.delayed)]
+        rare.delayed = []
+        return gone
+
+    @property
+    def delayed_count(self) -> int:
+        """How many messages wait for their delivery time (or their
+        redelivery backoff), out of sight."""
+        rare = self._rare
+        return len(rare.delayed) if rare is not None else 0
 
     def _take_all(self) -> list[Message]:
         """Empty the queue in place; return what was ready, in order."""
@@ -848,6 +1100,8 @@ class Queue:
         rest = self._items[self._head :]
         if rest and rest[0].__class__ is _Requeued:
             return [entry[2] for entry in sorted(rest[0])] + rest[1:]
+        if rest and rest[0].__class__ is _Levels:
+            return rest[0].ordered()
         return rest
 
     # -- consumers --------------------------------------------------------
@@ -890,6 +1144,9 @@ class Queue:
     def ack(self, consumer: Consumer, message: Message) -> None:
         """C{consumer} has processed C{message}: give its credit back."""
         consumer.credit += 1
+        rare = self._rare
+        if rare is not None and rare.ack_entries:
+            self._ack_done(message)
         if message.persistent:
             store = self.store
             if store is not None and not self.deleted:
@@ -905,7 +1162,10 @@ class Queue:
         if requeue:
             self.requeue(messages)
             return
+        rare = self._rare
         for m in messages:
+            if rare is not None and rare.ack_entries:
+                self._ack_done(m)
             self._discard(m, "rejected")
         if self._items:
             self.drain()
@@ -916,24 +1176,33 @@ class Queue:
         often than the policy's delivery limit is discarded instead.
 
         Each message costs O(log n): it goes into the heap at the head.
+        With a redelivery backoff (C{x-redelivery-backoff}) a message given
+        back waits out of sight for the step of its delivery count first.
         """
         if self.deleted:
             return
-        limit = self.policy.delivery_limit
+        policy = self.policy
+        limit = policy.delivery_limit
+        backoff = policy.redelivery_backoff
         store = self.store
-        heap = None
+        rare = self._rare
         added = 0
         for m in messages:
+            if rare is not None and rare.ack_entries:
+                self._ack_done(m)
             if limit is not None and m.delivery_count >= limit:
                 self._discard(m, "delivery_limit")
                 continue
             m = m.redelivery()
-            if heap is None:
-                heap = self._requeued_heap()
-            heappush(heap, (m.id, next(_requeue_order), m))
-            added += len(m.body)
             if store is not None and m.persistent:
                 store.requeue(self, m)
+            if backoff is not None:
+                step = backoff[min(m.delivery_count, len(backoff)) - 1]
+                if step:
+                    self._delay(m, self._now() + step / 1000.0, True)
+                    continue
+            self._give_back(m)
+            added += len(m.body)
         self._bytes += added
         # Even when every message given back was dropped: the consumer's
         # credit came back and messages behind them may be waiting.
@@ -966,33 +1235,201 @@ class Queue:
         """C{message} leaves this queue for good without an ack, for C{reason}
         (a key of L{DISCARD_REASONS}).
 
-        Every such message passes here: a dead-letter exchange is to be
-        added here, once. (A purge or delete of a queue with no store skips
-        it, as neither is dead-lettered.)
+        Every such message passes here: with a dead-letter exchange
+        (C{x-dead-letter-exchange}) and a reason in L{DEAD_LETTER_REASONS}
+        the virtual host republishes it there (L{VirtualHost.dead_letter}).
+        (A purge or delete of a queue with no store skips it, as neither is
+        dead-lettered.)
         """
+        dead_letter = self.policy.dead_letter_exchange is not None and reason in DEAD_LETTER_REASONS
         store = self.store
         if store is not None and message.persistent:
-            store.settle(self, message, DISCARD_REASONS[reason])
+            store.settle(self, message, "dead-letter" if dead_letter else DISCARD_REASONS[reason])
         if reason in _LIMIT_REASONS:
             self._rare_state().dropped += 1
+        if dead_letter and self.vhost is not None:
+            self.vhost.dead_letter(self, message, reason)
 
     def detach_all(self) -> list[Consumer]:
         """Mark deleted and detach every consumer; return them (the vhost tells them)."""
         self.deleted = True
         self._disarm_expiry()
         rare = self._rare
-        if rare is not None and rare.drain_call is not None:
-            rare.drain_call.cancel()
-            rare.drain_call = None
+        delayed = self._take_delayed()
+        if rare is not None:
+            if rare.drain_call is not None:
+                rare.drain_call.cancel()
+                rare.drain_call = None
+            if rare.timer is not None:
+                rare.timer.cancel()
+                rare.timer = None
+            rare.acks = []
+            rare.ack_entries = {}
         consumers = list(self.consumers)
         self.consumers = _NO_CONSUMERS
         for c in consumers:
             c.queue = None
-        gone = self._take_all()
+        gone = self._take_all() + delayed
         if self.store is not None:
             for m in gone:
                 self._discard(m, "delete")
         return consumers
+
+    # -- time: delays, message expiry, ack timeouts --------------------------
+    #
+    # A queue that needs a timer has exactly one (in _rare), set at the
+    # earliest of its next delayed message, its next ack deadline and its
+    # head message's expiry; _on_timer does what is due and sets it again.
+    # Queues that need none pay nothing.
+
+    def _now(self) -> float:
+        return self.vhost.broker.clock.seconds()  # type: ignore[union-attr]
+
+    @staticmethod
+    def _deadline(message: Message, ttl: float) -> float:
+        """When C{message} expires in a queue whose message TTL is C{ttl}
+        seconds (0.0: none); infinity for never."""
+        expires = message.expires or _NEVER
+        if ttl:
+            limit = message.timestamp + ttl
+            if limit < expires:
+                return limit
+        return expires
+
+    def _expired(self, message: Message, ttl: float) -> bool:
+        """Whether C{message}, taken from the queue, has expired; if so it is
+        discarded (dead-lettered as C{expired})."""
+        if self._deadline(message, ttl) > self._now():
+            return False
+        self._discard(message, "expired")
+        return True
+
+    def _peek(self) -> Message | None:
+        """The message at the head, or None."""
+        items = self._items
+        if not items:
+            return None
+        first = items[self._head]
+        if first.__class__ is _Requeued:
+            return first[0][2]
+        if first.__class__ is _Levels:
+            return first.peek()
+        return first
+
+    def _wake(self, when: float) -> None:
+        """Have L{_on_timer} run at C{when} (or earlier, if it already will)."""
+        if when == _NEVER or self.vhost is None:
+            return
+        rare = self._rare_state()
+        timer = rare.timer
+        if timer is not None:
+            if rare.timer_at <= when:
+                return
+            timer.cancel()
+        clock = self.vhost.broker.clock  # type: ignore[union-attr]
+        rare.timer_at = when
+        rare.timer = clock.callLater(max(0.0, when - clock.seconds()), self._on_timer)
+
+    def _on_timer(self) -> None:
+        rare = self._rare
+        if rare is None or self.deleted:
+            return
+        rare.timer = None
+        now = self._now()
+        # Delayed messages whose time came: ready, at the tail (or at the
+        # head, among the messages given back, when they were given back).
+        delayed = rare.delayed
+        while delayed and delayed[0][0] <= now:
+            _, _, message, given_back = heappop(delayed)
+            if given_back:
+                self._give_back(message)
+                self._bytes += len(message.body)
+            else:
+                try:
+                    self.publish(message)
+                except ResourceLimit:
+                    # Full, and refusing publishes: it cannot wait any more.
+                    self._discard(message, "maxlen")
+        # Ack deadlines that passed: take those messages back.
+        acks = rare.acks
+        while acks and acks[0][0] <= now:
+            _, _, consumer, message = heappop(acks)
+            if consumer is not None:
+                del rare.ack_entries[message]
+                channel = consumer.channel
+                if channel is not None and consumer.queue is self and channel.take_back(consumer, message):
+                    self.requeue([message])
+        while acks and acks[0][2] is None:
+            heappop(acks)
+        # Expired messages at the head go now; those behind a message that
+        # expires later go when they reach the head or a consumer.
+        ttl = self.policy.ttl
+        head = self._peek()
+        while head is not None and self._deadline(head, ttl) <= now:
+            self._discard(self._pop(), "expired")
+            head = self._peek()
+        if self._items:
+            self.drain()
+        if self.deleted:
+            return
+        rare = self._rare_state()
+        when = _NEVER
+        if rare.delayed:
+            when = rare.delayed[0][0]
+        if rare.acks and rare.acks[0][0] < when:
+            when = rare.acks[0][0]
+        head = self._peek()
+        if head is not None and (head.expires or ttl):
+            deadline = self._deadline(head, ttl)
+            if deadline < when:
+                when = deadline
+        if when != _NEVER:
+            self._wake(when)
+        elif rare.idle():
+            self._rare = None
+
+    def stop_timers(self) -> None:
+        """Cancel the queue's timers (at shutdown): nothing fires any more."""
+        rare = self._rare
+        if rare is not None:
+            for name in ("timer", "drain_call"):
+                call = getattr(rare, name)
+                if call is not None:
+                    if call.active():
+                        call.cancel()
+                    setattr(rare, name, None)
+
+    def _delay(self, message: Message, when: float, given_back: bool) -> None:
+        """Keep C{message} out of sight until C{when}."""
+        rare = self._rare_state()
+        heappush(rare.delayed, (when, next(_requeue_order), message, given_back))
+        self._wake(when)
+
+    def _arm_ack(self, consumer: Consumer, message: Message) -> None:
+        """C{message} was just delivered to C{consumer}, which must ack it
+        within its ack timeout (its own, else the queue's)."""
+        if self.vhost is None:
+            return
+        rare = self._rare_state()
+        when = self._now() + (message.ack_timeout or self.policy.ack_seconds)
+        entry = [when, next(_requeue_order), consumer, message]
+        old = rare.ack_entries.get(message)
+        if old is not None:
+            old[2] = None
+        rare.ack_entries[message] = entry
+        acks = rare.acks
+        heappush(acks, entry)
+        if len(acks) > 64 and len(acks) > 2 * len(rare.ack_entries):
+            # Mostly entries acked in time: rebuild without them.
+            acks[:] = [e for e in acks if e[2] is not None]
+            heapify(acks)
+        self._wake(acks[0][0])
+
+    def _ack_done(self, message: Message) -> None:
+        """C{message} was acked, nacked or given back: no deadline any more."""
+        entry = self._rare.ack_entries.pop(message, None)  # type: ignore[union-attr]
+        if entry is not None:
+            entry[2] = None
 
     # -- expiry ------------------------------------------------------------
     #

@@ -32,7 +32,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from qmq.core.errors import AccessRefused, NotFound, PreconditionFailed
+from twisted.logger import Logger
+
+from qmq.core.errors import AccessRefused, BrokerError, NotFound, PreconditionFailed
 from qmq.core.exchange import EXCHANGE_CLASSES, EXCHANGE_TYPES, Exchange, TopicExchange
 from qmq.core.expiry import ExpiryWheel
 from qmq.core.guarantee import queue_class_for
@@ -46,6 +48,28 @@ if TYPE_CHECKING:
     from qmq.core.broker import Broker
     from qmq.core.message import Message
     from qmq.core.store import MessageStore
+
+log = Logger()
+
+#: Headers a dead-lettered copy does not keep: the STOMP destination it was
+#: sent to (it is delivered from its new one) and its delivery time.
+_NOT_DEAD_LETTERED = frozenset(("destination", "deliver-at", "delay", "expires", "ttl"))
+
+#: The headers a dead-lettered message carries (L{VirtualHost.dead_letter}).
+DEATH_HEADERS = (
+    "x-death-queue",
+    "x-death-reason",
+    "x-death-count",
+    "x-death-exchange",
+    "x-death-routing-key",
+    "x-death-time",
+    "x-first-death-queue",
+    "x-first-death-reason",
+    "x-first-death-exchange",
+    "x-last-death-queue",
+    "x-last-death-reason",
+    "x-last-death-exchange",
+)
 
 #: Most characters in a queue name (AMQP 0-9-1's short string): clients
 #: name queues, and a name is kept for as long as its queue lives.
@@ -141,6 +165,13 @@ class VirtualHost:
         """
         self.queue_defaults = QueuePolicy.from_arguments(dict(arguments or {}))
         return self.queue_defaults
+
+    def stop_timers(self) -> None:
+        """Cancel every timer of this virtual host and its queues (shutdown)."""
+        if self.expiry is not None:
+            self.expiry.stop()
+        for queue in self.queues.values():
+            queue.stop_timers()
 
     # -- exchanges ---------------------------------------------------------
 
@@ -332,7 +363,12 @@ class VirtualHost:
         them: an unused queue that still holds messages stays (it expires
         once it is empty and unused again).
         """
-        if not queue.deleted and not len(queue) and self.queues.get(queue.name) is queue:
+        if (
+            not queue.deleted
+            and not len(queue)
+            and not queue.delayed_count
+            and self.queues.get(queue.name) is queue
+        ):
             self.delete_queue(queue.name)
 
     # -- range scans -------------------------------------------------------
@@ -423,6 +459,85 @@ class VirtualHost:
         if exchange.auto_delete and exchange.binding_count == 0:
             self.exchanges.pop(exchange.name, None)
             exchange.deleted = True
+
+    # -- dead letters ----------------------------------------------------------
+
+    def dead_letter(self, queue: Queue, message: Message, reason: str) -> None:
+        """Republish C{message}, which left C{queue} for C{reason}, to the
+        queue's dead-letter exchange (C{x-dead-letter-exchange}).
+
+        The copy is a new message (a new id, the time now) with the same
+        body, priority and persistence, no expiry and no delivery time,
+        routed with C{x-dead-letter-routing-key} or its own routing key. Its
+        headers are the original ones plus RabbitMQ's C{x-death} record,
+        flattened to strings (L{DEATH_HEADERS}): C{x-death-queue},
+        C{x-death-reason}, C{x-death-count} (deaths in a row in this queue
+        for this reason), C{x-death-exchange}, C{x-death-routing-key},
+        C{x-death-time} (epoch seconds), C{x-first-death-queue},
+        C{x-first-death-reason}, C{x-first-death-exchange} and the same
+        three C{x-last-death-*}.
+
+        A message that died in this queue for this reason last time, other
+        than a rejection, is dropped instead (a cycle nobody breaks, as
+        RabbitMQ drops it); so is one whose dead-letter exchange is gone
+        or whose dead-letter queue refuses it (both logged).
+        """
+        broker = self.broker
+        if broker is None:
+            return
+        policy = queue.policy
+        exchange = policy.dead_letter_exchange or ""
+        key = policy.dead_letter_routing_key
+        if key is None:
+            key = message.routing_key
+        old = message.headers or {}
+        same = old.get("x-last-death-queue") == queue.name and old.get("x-last-death-reason") == reason
+        if same and reason != "rejected":
+            log.info(
+                "dead-letter cycle: message {id} dropped (queue {queue!r}, {reason})",
+                id=message.id,
+                queue=queue.name,
+                reason=reason,
+            )
+            return
+        count = 1
+        if same:
+            count_text = old.get("x-death-count", "")
+            if count_text.isascii() and count_text.isdigit() and len(count_text) < 10:
+                count = int(count_text) + 1
+        headers = {k: v for k, v in old.items() if k not in _NOT_DEAD_LETTERED}
+        death = {
+            "x-death-queue": queue.name,
+            "x-death-reason": reason,
+            "x-death-count": str(count),
+            "x-death-exchange": message.exchange,
+            "x-death-routing-key": message.routing_key,
+            "x-death-time": str(int(broker.clock.seconds())),
+            "x-last-death-queue": queue.name,
+            "x-last-death-reason": reason,
+            "x-last-death-exchange": message.exchange,
+        }
+        headers.update(death)
+        if "x-first-death-queue" not in headers:
+            headers["x-first-death-queue"] = queue.name
+            headers["x-first-death-reason"] = reason
+            headers["x-first-death-exchange"] = message.exchange
+        copy = broker.new_message(exchange, key, headers, message.body, message.persistent)
+        copy.priority = message.priority
+        copy.ack_timeout = message.ack_timeout
+        try:
+            targets = self.route(exchange, key, headers)
+            result = self.publish_to(targets, copy)
+        except BrokerError as e:
+            log.info(
+                "dead-letter of message {id} from queue {queue!r} dropped: {why}",
+                id=message.id,
+                queue=queue.name,
+                why=e.message,
+            )
+            return
+        if result is not None:
+            result.addErrback(lambda f: log.failure("dead-letter store", f))
 
     # -- publishing ----------------------------------------------------------
 

@@ -16,6 +16,8 @@ is read the same strict way:
       (C{requeue:False} must not silently mean C{True}); anything else is an
       error rather than a guess.
     - L{parse_heartbeat}: C{cx,cy}, two bounded L{parse_int} values.
+    - L{parse_seconds}: a decimal number of seconds (C{"10"}, C{"1.5"},
+      C{"10."} as OCaml prints floats), ASCII digits and at most one dot.
 
 A bad value raises L{HeaderError}, whose C{message} and C{detail} fit an
 ERROR frame's C{message} header and body; the detail quotes the value
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 from qmq.stomp.frame import excerpt
 
-__all__ = ["HeaderError", "parse_bool", "parse_heartbeat", "parse_int"]
+__all__ = ["HeaderError", "parse_bool", "parse_heartbeat", "parse_int", "parse_seconds"]
 
 # Longest digit string converted: enough for any 64-bit value, with room for
 # leading zeros; anything longer is refused before int() sees it.
@@ -135,4 +137,36 @@ def parse_heartbeat(value: str, maximum_ms: int = 24 * 3600 * 1000) -> tuple[int
         "invalid heart-beat header",
         "The heart-beat header must be two whole numbers of milliseconds from 0 to"
         f" {maximum_ms}, as cx,cy, not '{excerpt(value)}'.",
+    )
+
+
+def parse_seconds(value: str, name: str, maximum: float = 2**31) -> float:
+    """
+    Read a header value as a positive decimal number of seconds.
+
+    @param value: the header value: digits with at most one C{.} (C{"30"},
+        C{"0.5"}, C{"10."}), at most 19 characters; no sign, exponent or
+        space.
+    @param name: the header's name, for the error.
+    @param maximum: the largest value accepted.
+    @return: the number of seconds, above 0.
+    @raise HeaderError: C{"invalid NAME header"} for anything else, 0, or
+        a value above C{maximum}.
+    """
+    whole, dot, fraction = value.partition(".")
+    digits = whole + fraction
+    if (
+        len(value) <= _MAX_DIGITS
+        and digits
+        and digits.isascii()
+        and digits.isdigit()
+        and (whole or fraction)
+    ):
+        seconds = float(value if whole else "0" + value)
+        if 0 < seconds <= maximum:
+            return seconds
+    raise HeaderError(
+        f"invalid {excerpt(name, 32)} header",
+        f"The {excerpt(name, 32)} header must be a number of seconds above 0 and at most"
+        f" {maximum:g}, such as 30 or 1.5, not '{excerpt(value)}'.",
     )

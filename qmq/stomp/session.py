@@ -51,11 +51,13 @@ from qmq.core.channel import Channel
 from qmq.core.consumer import SubscriberBuffer
 from qmq.core.destination import parse_destination
 from qmq.core.errors import BrokerError
+from qmq.core.message import ACK_TIMEOUT_HEADER, DELIVER_AT_HEADER
 from qmq.core.ownership import escape_name
+from qmq.core.queue import QUEUE_ARGUMENTS, argument_name
 from qmq.core.vhost import VirtualHost
 from qmq.stomp.encoding import VERSION_INDEX, VERSIONS, encode_message_headers, relay_block
 from qmq.stomp.frame import Frame, FrameError, encode_frame, escape_header, excerpt
-from qmq.stomp.headers import HeaderError, parse_bool, parse_heartbeat, parse_int
+from qmq.stomp.headers import HeaderError, parse_bool, parse_heartbeat, parse_int, parse_seconds
 from qmq.stomp.settings import StompSettings
 from qmq.stomp.subscription import Subscription
 from qmq.transport import ITransport
@@ -78,6 +80,17 @@ _session_ids = itertools.count(1)
 # few blocks; these bounds keep a hostile one from pinning megabytes.
 _CACHED_BLOCKS = 64
 _CACHED_BLOCK_SIZE = 2048
+#: SEND headers that set how a message is delivered (see _delivery_options).
+_DELIVERY_HEADERS = frozenset(("priority", "expires", "ttl", "delay", "deliver-at", ACK_TIMEOUT_HEADER))
+# Bounds of those headers: an epoch time in ms (year 6429), a span in ms (34 years).
+_MAX_EPOCH_MS = 1 << 47
+_MAX_SPAN_MS = 1 << 40
+#: SUBSCRIBE headers that are queue arguments without their x- prefix; the
+#: others (expires, ack-timeout) mean something else on a SEND, so on a
+#: SUBSCRIBE only their x- spelling is read.
+_SUBSCRIBE_ARGUMENTS = frozenset(
+    [*QUEUE_ARGUMENTS, *(name[2:] for name in QUEUE_ARGUMENTS)]
+) - {"expires", "ack-timeout"}
 
 
 class StompError(Exception):
@@ -627,6 +640,8 @@ class StompSession:
 
     def _check_send(self, frame: Frame) -> None:
         """Validate a transactional SEND now so errors are not deferred to COMMIT."""
+        if not _DELIVERY_HEADERS.isdisjoint(frame.headers):
+            self._delivery_options(dict(frame.headers))
         dest = parse_destination(frame.headers["destination"])
         if dest.kind == "control":
             raise StompError("invalid transaction", "Control destinations cannot be transactional.")
@@ -653,6 +668,7 @@ class StompSession:
         raw = frame.raw
         persistent = False
         unique = False
+        timing = None
         if len(h) > 1:
             if "receipt" in h:
                 del h["receipt"]
@@ -670,8 +686,13 @@ class StompSession:
             persistent_header = h.get("persistent")
             if persistent_header is not None:
                 persistent = parse_bool(persistent_header, "persistent")
+            # One C-level pass over the few headers of a plain SEND.
+            if not _DELIVERY_HEADERS.isdisjoint(h):
+                timing = self._delivery_options(h)
         # None rather than a dict of the destination alone.
         message = channel.new_message(target, h if len(h) > 1 else None, frame.body, persistent)
+        if timing is not None:
+            message.priority, message.expires, message.deliver_at, message.ack_timeout = timing
         if raw is None:
             encode_message_headers(message, text)
         elif unique:
@@ -694,6 +715,49 @@ class StompSession:
                     blocks[raw] = block
             message.cache = block
         return channel.publish(target, message)
+
+    def _delivery_options(self, h: dict[str, str]) -> tuple[int, float, float, float]:
+        """Read a SEND's delivery headers: C{priority} (0-9), C{expires}
+        (epoch ms, 0 never; ActiveMQ's), C{ttl} (ms from now), C{delay}
+        (ms from now), C{deliver-at} (epoch ms), C{ack-timeout} (seconds,
+        ocamlmq's).
+
+        A delivery time is written back as C{deliver-at} in epoch ms, the
+        header in which every store keeps it
+        (L{qmq.core.message.DELIVER_AT_HEADER}).
+
+        @return: C{(priority, expires, deliver_at, ack_timeout)}, times in
+            epoch seconds (0.0: none).
+        @raise HeaderError: a value is malformed or out of range.
+        """
+        priority = 0
+        expires = deliver_at = ack_timeout = 0.0
+        value = h.get("priority")
+        if value is not None:
+            priority = parse_int(value, "priority", 0, 9)
+        now = self._seconds()
+        value = h.get("expires")
+        if value is not None:
+            expires = parse_int(value, "expires", 0, _MAX_EPOCH_MS) / 1000.0
+        value = h.get("ttl")
+        if value is not None:
+            at = now + parse_int(value, "ttl", 0, _MAX_SPAN_MS) / 1000.0
+            if not expires or at < expires:
+                expires = at
+        value = h.get("deliver-at")
+        if value is not None:
+            deliver_at = parse_int(value, "deliver-at", 0, _MAX_EPOCH_MS) / 1000.0
+        value = h.get("delay")
+        if value is not None:
+            deliver_at = max(deliver_at, now + parse_int(value, "delay", 0, _MAX_SPAN_MS) / 1000.0)
+        if deliver_at > now:
+            h[DELIVER_AT_HEADER] = str(round(deliver_at * 1000))
+        else:
+            deliver_at = 0.0
+        value = h.get(ACK_TIMEOUT_HEADER)
+        if value is not None:
+            ack_timeout = parse_seconds(value, ACK_TIMEOUT_HEADER, _MAX_SPAN_MS / 1000.0)
+        return priority, expires, deliver_at, ack_timeout
 
     def _reply_to(self, text: str) -> str:
         """Rewrite a /temp-queue/ reply-to so the replier reaches this session."""
@@ -740,13 +804,16 @@ class StompSession:
         if durable_name is not None and self.client_id:
             # ActiveMQ keys a durable subscription by client id and name.
             durable_name = f"{escape_name(self.client_id)}:{durable_name}"
+        arguments = None
+        if not _SUBSCRIBE_ARGUMENTS.isdisjoint(h):
+            arguments = {argument_name(k): v for k, v in h.items() if k in _SUBSCRIBE_ARGUMENTS}
         sub = Subscription(self, sub_id, text, mode, prefetch)
         buffer = self._buffer(h)
         if buffer is not None:
             sub.buffer = buffer
         channel = self.channel
         assert channel is not None
-        channel.subscribe(sub, text, durable_name, label=sub_id)
+        channel.subscribe(sub, text, durable_name, label=sub_id, arguments=arguments)
         self.subscriptions[sub_id] = sub
         self._receipt(frame)
         # Deliveries waiting on a queue go after the RECEIPT.

@@ -31,7 +31,7 @@ class Subscription(Consumer):
     @ivar mode: C{auto}, C{client} or C{client-individual}.
     """
 
-    __slots__ = ("session", "channel", "id", "destination", "mode", "prefix", "ack_line")
+    __slots__ = ("session", "id", "destination", "mode", "prefix", "ack_line")
 
     def __init__(
         self,
