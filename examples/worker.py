@@ -1,11 +1,16 @@
 """The worker of the live task queue example (qmq/web/examples/tasks.html).
 
 It takes jobs from /queue/tasks one at a time (client-individual acks,
-prefetch 1), does them, and sends each result to the job's reply-to (the
-page's own /temp-queue/, which QMQ rewrote to a /queue/amq.tmp... name),
-with the job's correlation-id, then acknowledges the job. A job that cannot
-be done gets an error reply; nothing is lost if the worker dies before the
-ACK (the broker gives the job to the next worker).
+prefetch 1), does each, acknowledges it, and sends the result to the job's
+reply-to (the page's own /temp-queue/, which QMQ rewrote to a
+/queue/amq.tmp... name) with the job's correlation-id.
+
+The job is acknowledged before the reply is sent: a page that went away
+took its temporary queue with it, and the broker answers a SEND to a queue
+that no longer exists with an ERROR (and closes the connection). Acking
+first means such a job is not handed out again and again; the worker just
+reconnects. A worker that dies before the ACK loses nothing: the broker
+gives the job to the next worker.
 
     pip install stomp.py
     python examples/worker.py --host 127.0.0.1 --port 61613
@@ -43,7 +48,7 @@ def work(body: str) -> dict:
 
 
 class Worker(stomp.ConnectionListener):
-    def __init__(self, conn: stomp.Connection, name: str, delay: float) -> None:
+    def __init__(self, conn: stomp.Connection12, name: str, delay: float) -> None:
         self.conn = conn
         self.name = name
         self.delay = delay
@@ -56,21 +61,37 @@ class Worker(stomp.ConnectionListener):
         reply["worker"] = self.name
         if self.delay:
             time.sleep(self.delay)  # so a person can watch the queue work
+        self.conn.ack(headers["ack"])
+        self.done += 1
         reply_to = headers.get("reply-to")
         if reply_to:
             extra = {"content-type": "application/json"}
             if "correlation-id" in headers:
                 extra["correlation-id"] = headers["correlation-id"]
             self.conn.send(reply_to, json.dumps(reply), headers=extra)
-        self.conn.ack(headers["ack"], headers["subscription"])
-        self.done += 1
         print(f"{self.name}: job {headers.get('correlation-id', '?')} -> {reply}", flush=True)
 
     def on_error(self, frame) -> None:
-        print(f"{self.name}: broker error: {frame.headers.get('message')}", file=sys.stderr)
+        print(f"{self.name}: broker error: {frame.headers.get('message')}", file=sys.stderr,
+              flush=True)
 
     def on_disconnected(self) -> None:
         self.lost.set()
+
+
+def serve(args: argparse.Namespace, stop: threading.Event) -> None:
+    """One connection's life: subscribe, work until it drops or we stop."""
+    conn = stomp.Connection12([(args.host, args.port)], heartbeats=(10000, 10000))
+    worker = Worker(conn, args.name, args.delay)
+    conn.set_listener("worker", worker)
+    conn.connect(wait=True)
+    conn.subscribe(args.queue, id="tasks", ack="client-individual",
+                   headers={"prefetch-count": "1"})
+    print(f"{args.name}: waiting for jobs on {args.queue}", flush=True)
+    while not stop.is_set() and not worker.lost.is_set():
+        stop.wait(0.5)
+    if conn.is_connected():
+        conn.disconnect()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,22 +102,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default=f"worker-{os.getpid()}")
     parser.add_argument("--delay", type=float, default=0.3, help="seconds per job (for show)")
     args = parser.parse_args(argv)
-    conn = stomp.Connection([(args.host, args.port)], heartbeats=(10000, 10000))
-    worker = Worker(conn, args.name, args.delay)
-    conn.set_listener("worker", worker)
-    conn.connect(wait=True)
-    conn.subscribe(args.queue, id="tasks", ack="client-individual", headers={"prefetch-count": "1"})
-    print(f"{args.name}: waiting for jobs on {args.queue}", flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    try:
-        while not stop.is_set() and not worker.lost.is_set():
-            stop.wait(0.5)
-    except KeyboardInterrupt:
-        pass
-    if conn.is_connected():
-        conn.disconnect()
-    return 0 if not worker.lost.is_set() or stop.is_set() else 1
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    backoff = 1.0
+    while not stop.is_set():
+        try:
+            serve(args, stop)
+            backoff = 1.0
+        except stomp.exception.StompException as e:
+            print(f"{args.name}: cannot connect ({e}); retrying in {backoff:g} s", file=sys.stderr,
+                  flush=True)
+            backoff = min(backoff * 2, 30.0)
+        stop.wait(backoff if not stop.is_set() else 0)
+    return 0
 
 
 if __name__ == "__main__":

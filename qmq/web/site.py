@@ -55,7 +55,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from twisted.internet.interfaces import IHandshakeListener, ISSLTransport
+from twisted.internet.interfaces import (
+    IHandshakeListener,
+    IProtocolNegotiationFactory,
+    ISSLTransport,
+)
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
@@ -504,8 +508,14 @@ class RefusedHttpProtocol(Protocol):
         self._grace = None
 
 
+@implementer(IProtocolNegotiationFactory)
 class HttpFactory(WrappingFactory):
     """The factory of an C{http:} listener: the site, behind the registry's caps.
+
+    Over TLS it offers ALPN C{http/1.1} only: a WebSocket needs HTTP/1.1
+    (Twisted has no WebSocket over HTTP/2), and a TLS listener whose factory
+    names no protocol answers a client that offers ALPN (every browser) with
+    an C{internal error} alert.
 
     @ivar ctx: the listener's L{WebContext}.
     @ivar site: the C{twisted.web} site it serves.
@@ -522,6 +532,10 @@ class HttpFactory(WrappingFactory):
     @property
     def listener(self) -> str:
         return self.ctx.listener
+
+    def acceptableProtocols(self) -> list[bytes]:
+        """ALPN: HTTP/1.1 (see the class docstring)."""
+        return [b"http/1.1"]
 
     def buildProtocol(self, addr: Any) -> Protocol | None:  # type: ignore[override]
         host = getattr(addr, "host", None) or ""

@@ -56,10 +56,10 @@ from zope.interface import implementer
 
 from qmq.stomp.reader import StompReader
 from qmq.stomp.session import StompSession
-from qmq.tls import PeerIdentity
+from qmq.tls import PeerIdentity, peer_identity
 from qmq.transport import IConnection, ITransport
 from qmq.twisted_internals import direct_writer, hold_batches_per_read
-from qmq.web.site import WebContext
+from qmq.web.site import HttpConnection, WebContext
 
 __all__ = [
     "SUBPROTOCOLS",
@@ -182,7 +182,26 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
     _grace: Any = None
     _frame_type = "auto"
 
+    #: The listener's connection (L{qmq.web.site.HttpConnection}) that
+    #: carried the upgrade, or None (a test's bare transport).
+    connection: Any = None
+
     # -- the upgrade ----------------------------------------------------------
+
+    def makeConnection(self, transport: Any) -> None:
+        """Take the socket's own transport (TCP or TLS) from under the
+        listener's L{HttpConnection}.
+
+        autobahn's resource hands the upgraded protocol the connection the
+        HTTP channel wrote to, our wrapper; it stays the connection the
+        registry counts and keeps feeding us what it reads, but writing
+        through it would cost a call per write, and autobahn reads TLS
+        details (the channel binding) only from Twisted's own TLS transport.
+        """
+        if isinstance(transport, HttpConnection):
+            self.connection = transport
+            transport = transport.transport
+        super().makeConnection(transport)
 
     def onConnect(self, request: ConnectionRequest) -> str | None:
         ctx = self.factory.ctx
@@ -213,12 +232,16 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
         ctx = self.factory.ctx
         transport = self.transport
         self._frame_type = ctx.web.frame_type
-        self.peer_host = getattr(transport, "peer_host", "") or _host(transport)
-        self.identity = getattr(transport, "identity", None)
-        raw = getattr(transport, "transport", transport)  # under the HttpConnection
-        self._write = direct_writer(raw)
-        if ISSLTransport.providedBy(raw):
-            hold_batches_per_read(raw, ctx.broker.batcher)
+        connection = self.connection
+        if connection is not None:
+            self.peer_host = connection.peer_host
+            self.identity = connection.identity
+        else:
+            self.peer_host = _host(transport)
+            self.identity = peer_identity(transport)
+        self._write = direct_writer(transport)
+        if ISSLTransport.providedBy(transport):
+            hold_batches_per_read(transport, ctx.broker.batcher)
         self._batcher = ctx.broker.batcher
         # The HTTP channel that answered the upgrade is still the socket's
         # producer; the socket is ours now.

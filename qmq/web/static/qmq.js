@@ -170,8 +170,12 @@ class WebSocketTransport {
     });
   }
 
+  get writable() {
+    return Boolean(this.ws) && this.ws.readyState === WebSocket.OPEN;
+  }
+
   send(bytes) {
-    if (this.ws && this.ws.readyState === WebSocket.OPEN) this.ws.send(bytes);
+    if (this.writable) this.ws.send(bytes);
   }
 
   close() {
@@ -287,6 +291,10 @@ class SockJSTransport {
         }
       }
     }
+  }
+
+  get writable() {
+    return this.opened && !this.closed;
   }
 
   send(bytes) {
@@ -630,7 +638,7 @@ export class Client extends EventTarget {
   send(destination, body = "", headers = {}, { receipt = true } = {}) {
     return new Promise((resolve, reject) => {
       const item = { destination, body, headers, receipt, resolve, reject };
-      if (this.state === "open") this._sendNow(item);
+      if (this.state === "open" && this.transport && this.transport.writable) this._sendNow(item);
       else if (this.queued.length < this.options.maxQueued) this.queued.push(item);
       else reject(new Error("qmq.js: too many sends waiting for the connection"));
     });

@@ -1,0 +1,251 @@
+// Drives a real headless Chromium (Debian's /usr/bin/chromium) with
+// playwright-core against a QMQ broker that the trial test started.
+//
+//   node run.mjs SCENARIO BASE_URL [--spki HASH] [--screenshots DIR]
+//
+// SCENARIO is stompjs, qmqjs, qmqjs-reconnect, chat or tasks; BASE_URL the
+// broker's http(s)://127.0.0.1:PORT/. Over HTTPS, --spki gives the base64
+// SHA-256 of the test server certificate's public key, which Chromium is
+// told to accept (--ignore-certificate-errors-spki-list): nothing else is
+// relaxed. Prints one JSON line ({"ok": true, ...} or {"ok": false,
+// "error": ...}) and exits 0 when the scenario passed, 1 when it failed,
+// 3 when Chromium could not start.
+
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { chromium } from "playwright-core";
+
+const here = dirname(fileURLToPath(import.meta.url));
+const [scenario, base, ...rest] = process.argv.slice(2);
+const option = (name) => {
+  const i = rest.indexOf(name);
+  return i >= 0 ? rest[i + 1] : undefined;
+};
+const spki = option("--spki");
+const screenshots = option("--screenshots");
+const executablePath = process.env.CHROMIUM || "/usr/bin/chromium";
+const STEP = 15000;
+
+function finish(code, result) {
+  process.stdout.write(JSON.stringify(result) + "\n");
+  process.exitCode = code;
+}
+
+async function launch() {
+  const userDataDir = mkdtempSync(join(tmpdir(), "qmq-chromium-"));
+  const args = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+  ];
+  if (spki) args.push(`--ignore-certificate-errors-spki-list=${spki}`);
+  const context = await chromium.launchPersistentContext(userDataDir, {
+    executablePath, headless: true, args, viewport: { width: 900, height: 640 },
+  });
+  return { context, cleanup: () => rmSync(userDataDir, { recursive: true, force: true }) };
+}
+
+async function open(context, path) {
+  const page = await context.newPage();
+  const errors = [];
+  page.on("pageerror", (e) => errors.push(String(e)));
+  page.on("console", (m) => { if (m.type() === "error") errors.push(m.text()); });
+  const response = await page.goto(new URL(path, base).href, { timeout: STEP });
+  if (!response || !response.ok()) throw new Error(`GET ${path}: ${response && response.status()}`);
+  page.errors = errors;
+  return page;
+}
+
+// -- scenarios ---------------------------------------------------------------
+
+const scenarios = {
+  // @stomp/stompjs over native WebSocket, at /ws (RabbitMQ's path).
+  async stompjs(context) {
+    const page = await open(context, "/");
+    await page.addScriptTag({ path: join(here, "node_modules/@stomp/stompjs/bundles/stomp.umd.js") });
+    return await page.evaluate(async (step) => {
+      const url = new URL("/ws", location.href);
+      url.protocol = location.protocol === "https:" ? "wss:" : "ws:";
+      const client = new StompJs.Client({ brokerURL: url.href, reconnectDelay: 0,
+        heartbeatIncoming: 4000, heartbeatOutgoing: 4000 });
+      const connected = new Promise((resolve, reject) => {
+        client.onConnect = resolve;
+        client.onStompError = (frame) => reject(new Error(frame.headers.message));
+        client.onWebSocketError = () => reject(new Error("websocket error"));
+      });
+      setTimeout(() => client.deactivate(), step * 2);
+      client.activate();
+      const frame = await connected;
+      const bodies = ["hello", "h\u00e9llo w\u00f6rld \u2713", "x".repeat(70000)];
+      const got = [];
+      const all = new Promise((resolve) => {
+        client.subscribe("/queue/stompjs-test", (message) => {
+          got.push(message.body);
+          message.ack();
+          if (got.length === bodies.length) resolve();
+        }, { ack: "client-individual" });
+      });
+      const topic = [];
+      const topicDone = new Promise((resolve) => {
+        client.subscribe("/topic/stompjs.news", (m) => { topic.push(m.body); resolve(); });
+      });
+      // A receipt proves the subscriptions are in place before sending.
+      await new Promise((resolve) => {
+        client.watchForReceipt("sub-ready", resolve);
+        client.publish({ destination: "/queue/stompjs-warmup", headers: { receipt: "sub-ready" } });
+      });
+      for (const body of bodies) client.publish({ destination: "/queue/stompjs-test", body });
+      client.publish({ destination: "/topic/stompjs.news", body: "extra" });
+      const binary = new Uint8Array([0, 1, 2, 255]);
+      const binaryDone = new Promise((resolve) => {
+        client.subscribe("/queue/stompjs-binary", (m) => resolve(Array.from(m.binaryBody)));
+      });
+      client.publish({ destination: "/queue/stompjs-binary", binaryBody: binary,
+        headers: { "content-type": "application/octet-stream" } });
+      await Promise.all([all, topicDone]);
+      const bin = await binaryDone;
+      await client.deactivate();
+      const ok = JSON.stringify(got) === JSON.stringify(bodies) && topic[0] === "extra"
+        && JSON.stringify(bin) === "[0,1,2,255]";
+      return { ok, version: frame.headers.version, server: frame.headers.server,
+        lengths: got.map((b) => b.length), binary: bin };
+    }, STEP);
+  },
+
+  // qmq.js: subscribe, send with receipts, acks, request/reply.
+  async qmqjs(context) {
+    const page = await open(context, "/");
+    return await page.evaluate(async () => {
+      const { Client } = await import("/qmq.js");
+      const client = new Client(location.href, { transports: ["websocket"] });
+      const states = [];
+      client.addEventListener("state", (e) => states.push(e.detail));
+      const connected = await client.connect();
+      const got = [];
+      const done = new Promise((resolve) => {
+        client.subscribe("/queue/qmqjs-test", async (message) => {
+          got.push(message.body);
+          await message.ack();
+          if (got.length === 3) resolve();
+        }, { ack: "client-individual", "prefetch-count": "2" });
+      });
+      const responder = client.subscribe("/queue/qmqjs-rpc", (message) => {
+        client.send(message.headers["reply-to"], `re: ${message.body}`,
+          { "correlation-id": message.headers["correlation-id"] });
+      });
+      await responder.ready;
+      for (const body of ["one", "tw\u00f6", "three"]) await client.send("/queue/qmqjs-test", body);
+      await done;
+      const reply = await client.request("/queue/qmqjs-rpc", "ping", {}, { timeout: 10000 });
+      await client.disconnect();
+      const ok = got.join(",") === "one,tw\u00f6,three" && reply.body === "re: ping"
+        && states.join(",") === "connecting,open,closed";
+      return { ok, got, reply: reply.body, states, version: connected.version };
+    });
+  },
+
+  // qmq.js: a dropped connection comes back, resubscribed; sends wait.
+  async "qmqjs-reconnect"(context) {
+    const page = await open(context, "/");
+    return await page.evaluate(async () => {
+      const { Client } = await import("/qmq.js");
+      const client = new Client(location.href, { transports: ["websocket"],
+        backoff: { initial: 100, max: 1000, factor: 2 } });
+      const states = [];
+      client.addEventListener("state", (e) => states.push(e.detail));
+      await client.connect();
+      const got = [];
+      let resolveSecond;
+      const second = new Promise((resolve) => { resolveSecond = resolve; });
+      const sub = client.subscribe("/topic/qmqjs.reconnect", (m) => {
+        got.push(m.body);
+        if (m.body === "after") resolveSecond();
+      });
+      await sub.ready;
+      await client.send("/topic/qmqjs.reconnect", "before");
+      // Cut the connection under the client (as a network failure would).
+      const reopened = new Promise((resolve) => client.addEventListener("connect", resolve, { once: true }));
+      client.transport.ws.close(3000, "test cut");
+      const waiting = client.send("/topic/qmqjs.reconnect", "after"); // queued while away
+      await reopened;
+      await sub.ready;
+      await waiting;
+      await Promise.race([second, new Promise((_, reject) => setTimeout(() => reject(new Error("no message after reconnect")), 10000))]);
+      await client.disconnect();
+      const ok = got.join(",") === "before,after" && states.includes("reconnecting");
+      return { ok, got, states };
+    });
+  },
+
+  // The chat example: two people in one room.
+  async chat(context) {
+    const alice = await open(context, "/examples/chat.html");
+    const bob = await open(context, "/examples/chat.html");
+    for (const [page, name] of [[alice, "alice"], [bob, "bob"]]) {
+      await page.locator("#status.open").waitFor({ timeout: STEP });
+      await page.fill("#name", name);
+      await page.fill("#room", "lobby");
+      await page.click("#join-button");
+      await page.locator("#text:not([disabled])").waitFor({ timeout: STEP });
+    }
+    await alice.fill("#text", "hi bob!");
+    await alice.click("#send");
+    await bob.locator("#messages li", { hasText: "hi bob" }).waitFor({ timeout: STEP });
+    await bob.fill("#text", "hello alice");
+    await bob.press("#text", "Enter");
+    await alice.locator("#messages li", { hasText: "hello alice" }).waitFor({ timeout: STEP });
+    const seen = await alice.locator("#messages li").allInnerTexts();
+    if (screenshots) await alice.screenshot({ path: join(screenshots, "chat.png") });
+    const errors = [...alice.errors, ...bob.errors];
+    return { ok: seen.length === 2 && errors.length === 0, seen, errors };
+  },
+
+  // The live task queue: jobs out, results back through /temp-queue/.
+  async tasks(context) {
+    const page = await open(context, "/examples/tasks.html");
+    await page.locator("#status.open").waitFor({ timeout: STEP });
+    const jobs = [["wordcount", "the quick brown fox"], ["reverse", "stressed"], ["sha256", "abc"],
+      ["upper", "qmq"]];
+    for (const [kind, input] of jobs) {
+      await page.selectOption("#kind", kind);
+      await page.fill("#input", input);
+      await page.click("#submit");
+    }
+    for (let i = 1; i <= jobs.length; i++) {
+      await page.locator(`#job-${i}[data-state="done"]`).waitFor({ timeout: STEP });
+    }
+    const rows = await page.locator("#jobs tr").allInnerTexts();
+    if (screenshots) await page.screenshot({ path: join(screenshots, "tasks.png") });
+    const text = rows.join("\n");
+    const ok = text.includes("4") && text.includes("desserts")
+      && text.includes("ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad")
+      && text.includes("QMQ") && page.errors.length === 0;
+    return { ok, rows, errors: page.errors };
+  },
+};
+
+// -- main ----------------------------------------------------------------------
+
+const run = scenarios[scenario];
+if (!run || !base) {
+  finish(2, { ok: false, error: `usage: node run.mjs (${Object.keys(scenarios).join("|")}) BASE_URL` });
+} else {
+  let browser;
+  try {
+    browser = await launch();
+  } catch (e) {
+    finish(3, { ok: false, error: `Chromium could not start: ${e.message.split("\n")[0]}` });
+  }
+  if (browser) {
+    try {
+      const result = await run(browser.context);
+      finish(result.ok ? 0 : 1, result);
+    } catch (e) {
+      finish(1, { ok: false, error: String(e && e.stack || e) });
+    } finally {
+      await browser.context.close().catch(() => {});
+      browser.cleanup();
+    }
+  }
+}

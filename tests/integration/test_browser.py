@@ -1,0 +1,188 @@
+"""Browser tests: a real headless Chromium against a real broker.
+
+Each test starts QMQ in this process (on trial's reactor) with an C{http:}
+listener over TCP or TLS (a C{trustme} test CA) and a STOMP listener, then
+runs C{tests/browser/run.mjs} with node: playwright-core drives Debian's
+C{/usr/bin/chromium} (never a downloaded browser) through a scenario and
+prints one JSON line. Scenarios: C{@stomp/stompjs} over native WebSocket,
+C{qmq.js} (and its reconnection), and a click-through of both example pages
+(the task queue with C{examples/worker.py} running as a real worker).
+
+Over HTTPS Chromium is told to accept exactly the test server's key
+(C{--ignore-certificate-errors-spki-list} with its SPKI hash); nothing else
+about certificates is relaxed.
+
+Requirements (C{.ci/run} installs them): the C{chromium} package, node, and
+C{npm ci} in C{tests/browser}. A test is skipped, saying why, only when one
+of them is missing or Chromium cannot start.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from twisted.internet import defer, reactor
+from twisted.internet.endpoints import quoteStringArgument
+from twisted.internet.utils import getProcessOutputAndValue
+from twisted.trial import unittest
+
+from qmq import config
+from qmq.service import make_service
+from tests.integration.certs import TestPKI
+
+ROOT = Path(__file__).resolve().parents[2]
+BROWSER = ROOT / "tests" / "browser"
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+NODE = shutil.which("node")
+#: Seconds a whole scenario may take (node, Chromium, the pages).
+TIMEOUT = 90
+
+
+def missing() -> str | None:
+    """Why the browser tests cannot run here, or None."""
+    if not Path(CHROMIUM).exists():
+        return f"no Chromium at {CHROMIUM} (apt-get install chromium)"
+    if NODE is None:
+        return "no node on PATH (apt-get install nodejs npm)"
+    if not (BROWSER / "node_modules" / "playwright-core").is_dir():
+        return "tests/browser has no node_modules (run: npm ci --prefix tests/browser)"
+    return None
+
+
+def spki_hash(cert_pem: Path) -> str:
+    """The base64 SHA-256 of a certificate's public key (Chromium's SPKI pin)."""
+    cert = x509.load_pem_x509_certificate(cert_pem.read_bytes())
+    spki = cert.public_key().public_bytes(Encoding.DER, PublicFormat.SubjectPublicKeyInfo)
+    return base64.b64encode(hashlib.sha256(spki).digest()).decode()
+
+
+class BrowserMixin:
+    """Starts the broker; runs a scenario in Chromium."""
+
+    tls = False
+    reason = missing()
+    skip = reason
+
+    def setUp(self) -> Any:
+        pki = TestPKI(self.mktemp())  # type: ignore[attr-defined]
+        self.spki = spki_hash(pki.server_cert)
+        if self.tls:
+            params = ":".join(
+                f"{k}={quoteStringArgument(str(v))}"
+                for k, v in (("privateKey", pki.server_key), ("certKey", pki.server_cert),
+                             ("interface", "127.0.0.1"))
+            )
+            http = f"http:ssl:0:{params}"
+        else:
+            http = "http:tcp:0:interface=127.0.0.1"
+        data = Path(self.mktemp())  # type: ignore[attr-defined]
+        settings = config.load_string(
+            f"listen = [{json.dumps(http)}, \"stomp:tcp:0:interface=127.0.0.1\"]\n"
+            f"data_dir = {json.dumps(str(data))}\n"
+            "[web]\nexamples = true\n"
+        )
+        self.service = make_service(settings, reactor)
+        self.service.startService()
+        self.addCleanup(self.stop)  # type: ignore[attr-defined]
+        web, stomp = self.service.listeners
+        scheme = "https" if self.tls else "http"
+        self.base = f"{scheme}://127.0.0.1:{web.port.getHost().port}/"
+        self.stomp_port = stomp.port.getHost().port
+
+    @defer.inlineCallbacks
+    def stop(self) -> Any:
+        yield self.service.stopService()
+        # The queues' expiry deadlines (an hour) are the broker's last timers.
+        for vhost in self.service.broker.vhosts.values():
+            if vhost.expiry is not None:
+                vhost.expiry.stop()
+
+    def start_worker(self) -> None:
+        """Run examples/worker.py against the STOMP listener until the test ends."""
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        worker = subprocess.Popen(
+            [sys.executable, str(ROOT / "examples" / "worker.py"), "--port", str(self.stomp_port),
+             "--delay", "0"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+
+        def stop() -> None:
+            if worker.poll() is None:
+                os.kill(worker.pid, signal.SIGTERM)
+                try:
+                    worker.wait(10)
+                except subprocess.TimeoutExpired:
+                    worker.kill()
+                    worker.wait()
+
+        self.addCleanup(stop)  # type: ignore[attr-defined]
+
+    @defer.inlineCallbacks
+    def scenario(self, name: str) -> Any:
+        args = [str(BROWSER / "run.mjs"), name, self.base]
+        if self.tls:
+            args += ["--spki", self.spki]
+        screenshots = os.environ.get("QMQ_SCREENSHOTS")
+        if screenshots:
+            args += ["--screenshots", screenshots]
+        d = getProcessOutputAndValue(NODE, args, env=dict(os.environ), path=str(BROWSER))
+        d.addTimeout(TIMEOUT, reactor)
+        out, err, code = yield d
+        lines = out.decode("utf-8", "replace").strip().splitlines()
+        try:
+            result = json.loads(lines[-1])
+        except (IndexError, ValueError):
+            self.fail(f"{name}: no result from run.mjs (exit {code}): {err.decode()[-2000:]}")  # type: ignore[attr-defined]
+        if code == 3:
+            raise unittest.SkipTest(result["error"])
+        self.assertTrue(result.get("ok"), f"{name}: {json.dumps(result)[:3000]}")  # type: ignore[attr-defined]
+        self.assertEqual(code, 0)  # type: ignore[attr-defined]
+        return result
+
+    @defer.inlineCallbacks
+    def test_stompjs(self) -> Any:
+        """@stomp/stompjs over native WebSocket at /ws: queue, topic, UTF-8, binary, 70 KB."""
+        result = yield self.scenario("stompjs")
+        self.assertEqual(result["version"], "1.2")  # type: ignore[attr-defined]
+
+    @defer.inlineCallbacks
+    def test_qmqjs(self) -> Any:
+        """qmq.js: receipts, client acks with a prefetch, request/reply."""
+        yield self.scenario("qmqjs")
+
+    @defer.inlineCallbacks
+    def test_qmqjsReconnect(self) -> Any:
+        """qmq.js: a cut connection comes back, subscribed again; a send waits for it."""
+        yield self.scenario("qmqjs-reconnect")
+
+    @defer.inlineCallbacks
+    def test_chat(self) -> Any:
+        """The chat example, clicked through by two people."""
+        yield self.scenario("chat")
+
+    @defer.inlineCallbacks
+    def test_tasks(self) -> Any:
+        """The live task queue example with examples/worker.py as the worker."""
+        self.start_worker()
+        yield self.scenario("tasks")
+
+
+class HTTPTests(BrowserMixin, unittest.TestCase):
+    """Over http:// and ws://."""
+
+
+class HTTPSTests(BrowserMixin, unittest.TestCase):
+    """Over https:// and wss://, the server's certificate from a test CA."""
+
+    tls = True
