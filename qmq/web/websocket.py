@@ -293,6 +293,11 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
         if self._grace is not None and self._grace.active():
             self._grace.cancel()
         self._grace = None
+        # autobahn leaves its close-handshake timer running when the
+        # connection goes first.
+        timer, self.closeHandshakeTimeoutCall = self.closeHandshakeTimeoutCall, None
+        if timer is not None:
+            timer.cancel()
         super().connectionLost(reason)
         self._release()
         session = self.session
