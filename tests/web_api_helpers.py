@@ -111,6 +111,9 @@ class ApiSiteMixin:
     @defer.inlineCallbacks
     def _stop_site(self) -> Any:
         self.api.close()
+        # The service closes the broker, which stops the core's timers (a
+        # message TTL or delay arms its queue's); here the test does.
+        self.broker.stop_timers()
         yield self.pool.closeCachedConnections()
         yield self.port.stopListening()
         # Let closed client connections finish on the server side.
