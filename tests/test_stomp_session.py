@@ -866,6 +866,20 @@ class ReceiptTests(SessionTestCase):
         )
         self.assertFalse(c.open)
 
+    def test_subscribe_receipt_before_waiting_messages(self) -> None:
+        """A SUBSCRIBE to a queue that already holds messages: its RECEIPT
+        comes before the first MESSAGE, for every ack mode."""
+        for mode in ("auto", "client", "client-individual"):
+            p = self.client()
+            p.publish(f"/queue/w-{mode}", b"1")
+            p.publish(f"/queue/w-{mode}", b"2")
+            c = self.client()
+            c.subscribe(f"/queue/w-{mode}", "s", ack=mode, receipt="r")
+            frames = c.read()
+            self.assertEqual(
+                [f.command for f in frames], ["RECEIPT", "MESSAGE", "MESSAGE"], mode
+            )
+
     def test_receipt_id_escaped(self) -> None:
         c = self.client()
         c.publish("/queue/q", b"x", receipt="a:b\\c")

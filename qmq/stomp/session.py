@@ -813,10 +813,15 @@ class StompSession:
             sub.buffer = buffer
         channel = self.channel
         assert channel is not None
-        channel.subscribe(sub, text, durable_name, label=sub_id, arguments=arguments)
+        # Deliveries waiting on a queue go after the RECEIPT: the queue
+        # would hand them out as the consumer is added.
+        paused, sub.paused = sub.paused, True
+        try:
+            channel.subscribe(sub, text, durable_name, label=sub_id, arguments=arguments)
+        finally:
+            sub.paused = paused
         self.subscriptions[sub_id] = sub
         self._receipt(frame)
-        # Deliveries waiting on a queue go after the RECEIPT.
         if sub.queue is not None and not sub.paused:
             sub.queue.drain()
 
