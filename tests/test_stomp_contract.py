@@ -87,6 +87,21 @@ class DelayingStore(NullStore):
             d.callback(None)
 
 
+class SharingStore(DelayingStore):
+    """A store that hands every publish until the next L{cut} the same
+    Deferred, as a group commit may (see L{qmq.core.store})."""
+
+    def publish(self, vhost, message, queues: Sequence) -> Deferred:
+        self.published.append((message.id, [q.name for q in queues]))
+        if not self.waiting:
+            self.waiting.append(Deferred())
+        return self.waiting[-1]
+
+    def cut(self) -> None:
+        """The next publish gets a new Deferred."""
+        self.waiting.append(Deferred())
+
+
 def frame(command: str, body: bytes = b"", **headers: str) -> Frame:
     return Frame(command, {k.replace("_", "-"): v for k, v in headers.items()}, body)
 
@@ -262,6 +277,52 @@ class DurableReceiptTests(ContractTestCase):
         [error] = t.frames()
         self.assertEqual(error.headers["message"], "message not stored")
         self.assertEqual(t.closed, "message not stored")
+
+
+class SharedWaiterTests(ContractTestCase):
+    """A store may return one Deferred for many publishes, from many sessions."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.store = SharingStore()
+        self.broker = Broker(self.clock, store=self.store)
+
+    def sends(self, s: StompSession, *receipts: str) -> None:
+        self.send(s, *(frame("SEND", b"x", destination="/queue/d", persistent="true", receipt=r)
+                       for r in receipts))
+
+    def test_receipts_in_order(self) -> None:
+        s1, t1 = self.session()
+        s2, t2 = self.session()
+        self.sends(s1, "a1", "a2")
+        self.sends(s2, "b1")
+        first = self.store.waiting[-1]
+        self.store.cut()
+        self.sends(s1, "a3")
+        self.send(s1, frame("BEGIN", transaction="t", receipt="a4"))
+        first.callback(None)
+        self.broker.batcher.flush_all()
+        self.assertEqual([f.headers["receipt-id"] for f in t1.frames()], ["a1", "a2"])
+        self.assertEqual([f.headers["receipt-id"] for f in t2.frames()], ["b1"])
+        self.store.waiting[-1].callback(None)
+        self.broker.batcher.flush_all()
+        self.assertEqual([f.headers["receipt-id"] for f in t1.frames()], ["a3", "a4"])
+
+    def test_failure_reaches_every_session(self) -> None:
+        """Each session's errback passes the failure on, so a shared waiter
+        that fails fails every session waiting on it (none gets a RECEIPT)."""
+        s1, t1 = self.session()
+        s2, t2 = self.session()
+        self.sends(s1, "a1", "a2")
+        self.sends(s2, "b1")
+        d = self.store.waiting.pop()
+        d.addErrback(lambda f: None)  # the store's own, last
+        d.errback(OSError("disk full"))
+        self.flushLoggedErrors(OSError)
+        self.broker.batcher.flush_all()
+        for t in (t1, t2):
+            [error] = t.frames()
+            self.assertEqual(error.headers["message"], "message not stored")
 
 
 class MemoryAlarmTests(ContractTestCase):

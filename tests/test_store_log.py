@@ -18,6 +18,7 @@ import struct
 from twisted.internet import reactor as global_reactor
 from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.task import Clock
+from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from qmq.core.broker import Broker
@@ -427,15 +428,25 @@ class GroupCommitTests(StoreTestCase):
         self.restart()
         self.store._writer.datasync = broken
         q = self.vhost.declare_queue("q")
-        d = self.vhost.publish_to(
-            (q,), self.broker.new_message("", "q", None, b"1", persistent=True)
-        )
+        seen: list[Failure] = []
+
+        def publish(body: bytes) -> Deferred:
+            # A caller of a shared waiter passes the failure on (qmq.core.store).
+            d = self.vhost.publish_to(
+                (q,), self.broker.new_message("", "q", None, body, persistent=True)
+            )
+            d.addErrback(lambda f: seen.append(f) or f)
+            return d
+
+        d1, d2 = publish(b"1"), publish(b"2")
+        self.assertIs(d1, d2, "one waiter for the publishes of one batch")
         self.store.flush()
-        self.failureResultOf(d, StoreFailed)
-        d = self.vhost.publish_to(
-            (q,), self.broker.new_message("", "q", None, b"2", persistent=True)
-        )
-        self.failureResultOf(d, StoreFailed)
+        self.assertEqual([f.type for f in seen], [StoreFailed, StoreFailed])
+        self.successResultOf(d1)  # the store consumed the failure at the end
+        publish(b"3")
+        self.store.flush()
+        self.assertEqual(len(seen), 3)
+        self.assertIs(seen[2].type, StoreFailed)
         self.flushLoggedErrors(OSError)
         self.store._writer.datasync = os.fdatasync
 

@@ -112,7 +112,12 @@ class MessageStore(Protocol):
         """Keep C{message} for C{queues} (durable queues it was routed to).
 
         @return: None when the message is already as durable as this store
-            makes it, else a Deferred that fires when it is.
+            makes it, else a Deferred that fires when it is. The store may
+            return the same Deferred for several publishes (all those of
+            one group commit, from any caller): a caller's callbacks and
+            errbacks must return their argument, so that the next caller's
+            see the same result, and the store consumes a failure after the
+            last of them.
         """
 
     def settle(self, queue: Queue, message: Message, reason: str) -> None:

@@ -152,6 +152,8 @@ class StompSession:
         self._msgid_prefix = self.id + "-"
         self._wrote_flag = True
         self._waiting: deque[list] | None = None
+        self._group: list | None = None
+        self._group_waiter: Any = None
         self._disconnecting = False
         self._alarm = broker.memory_alarm
         self._blocked = False
@@ -462,7 +464,13 @@ class StompSession:
 
     def _reply(self, data: bytes, waiter: Any = None) -> None:
         """The receipt funnel: write a reply now, or once C{waiter} fires,
-        and always after every reply still waiting."""
+        and always after every reply still waiting.
+
+        A store may hand the same waiter to every publish of one group
+        commit (L{qmq.core.store.MessageStore.publish}): replies waiting on
+        the waiter the last one waited on join its group, and one callback
+        serves them all (a Deferred callback per receipt cost more than the
+        rest of a durable publish)."""
         waiting = self._waiting
         if waiter is None and not waiting:
             self.write_frame(data)
@@ -472,10 +480,19 @@ class StompSession:
             waiting = self._waiting = deque()
         waiting.append(entry)
         if waiter is not None:
-            waiter.addCallbacks(self._durable, self._not_durable, callbackArgs=(entry,))
+            if waiter is self._group_waiter:
+                self._group.append(entry)  # type: ignore[union-attr]
+            else:
+                group = self._group = [entry]
+                self._group_waiter = waiter
+                waiter.addCallbacks(self._durable, self._not_durable, callbackArgs=(group,))
 
-    def _durable(self, result: Any, entry: list) -> None:
-        entry[0] = True
+    def _durable(self, result: Any, group: list) -> Any:
+        # Returns its result unchanged: the waiter may be shared.
+        if group is self._group:
+            self._group = self._group_waiter = None
+        for entry in group:
+            entry[0] = True
         waiting = self._waiting
         while waiting and waiting[0][0]:
             self.write_frame(waiting.popleft()[1])
@@ -483,10 +500,16 @@ class StompSession:
             self._waiting = None
             if self._disconnecting:
                 self._finish_disconnect()
+        return result
 
-    def _not_durable(self, failure: Failure) -> None:
-        log.failure("store failed to keep a message session={session}", failure, session=self.id)
+    def _not_durable(self, failure: Failure) -> Failure:
+        self._group = self._group_waiter = None
+        if not self.closed:
+            log.failure("store failed to keep a message session={session}", failure, session=self.id)
         self.error("message not stored", "The broker could not store a message; see its log.")
+        # Passed on: the waiter may be shared with other sessions (see
+        # qmq.core.store), whose errbacks must see the failure too.
+        return failure
 
     def _receipt(self, frame: Frame) -> None:
         receipt = frame.headers.get("receipt")

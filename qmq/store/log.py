@@ -116,6 +116,8 @@ class _Batch:
     @ivar parts: C{[segment, header or None, chunks]} in order; a header
         means the segment file is created by this part.
     @ivar waiters: Deferreds fired once the batch is written (and synced).
+    @ivar done: the Deferred all of the batch's publishes returned, or None
+        (also in C{waiters}).
     @ivar deletes: segments to delete after the batch is synced.
     @ivar sync: whether to fdatasync after writing.
     @ivar interval: whether to sync within the interval after writing.
@@ -123,11 +125,12 @@ class _Batch:
     @ivar ends: segment -> its size once the batch is written.
     """
 
-    __slots__ = ("parts", "waiters", "deletes", "sync", "interval", "other", "ends")
+    __slots__ = ("parts", "waiters", "deletes", "sync", "interval", "other", "ends", "done")
 
     def __init__(self) -> None:
         self.parts: list[list] = []
         self.waiters: list[Deferred] = []
+        self.done: Deferred | None = None
         self.deletes: list[int] = []
         self.sync = False
         # Holds a publish to a queue whose policy is "interval": synced
@@ -406,7 +409,8 @@ class CommitLogStore:
             if not self._opened:
                 self._open()
             if self._failed is not None:
-                return fail(self._failed) if self._always else None
+                # Fails with the batch (see _submit), like any other waiter.
+                return self._shared_waiter() if self._always else None
         if vhost is self._last_vhost:
             vname, vbytes = self._last_vnames
         else:
@@ -449,11 +453,13 @@ class CommitLogStore:
             self._active_size += len(head) + len(tail)
             self._active_records += 1
         if fsync == "always":
+            # One Deferred for every publish of the batch (see
+            # qmq.core.store): a Deferred per publish, created, called back
+            # and fired, cost more than encoding and indexing the record.
             batch = self._batch
             batch.sync = True
-            d: Deferred = Deferred()
-            batch.waiters.append(d)
-            return d
+            d = batch.done
+            return d if d is not None else self._shared_waiter()
         if fsync == "interval":
             self._batch.interval = True
         return None
@@ -470,6 +476,15 @@ class CommitLogStore:
             if policy == "interval":
                 found = policy
         return found
+
+    def _shared_waiter(self) -> Deferred:
+        """The Deferred every publish of the current batch returns."""
+        batch = self._batch
+        d = batch.done
+        if d is None:
+            d = batch.done = Deferred()
+            batch.waiters.append(d)
+        return d
 
     def settle(self, queue: Queue, message: Message, reason: str) -> None:
         if not self._opened:
@@ -748,6 +763,10 @@ class CommitLogStore:
 
     def _fail_batch(self, batch: _Batch, error: Exception) -> None:
         for d in batch.waiters:
+            if d is batch.done:
+                # Shared: each caller's errback passes the failure on; it
+                # ends here (logged once, by _write_failed).
+                d.addErrback(lambda f: None)
             d.errback(error)
 
     # -- space ----------------------------------------------------------------
