@@ -37,7 +37,7 @@ import run  # noqa: E402
 from loadgen import Target  # noqa: E402
 from procstat import cpu_seconds, pid_by_port, system_busy_seconds  # noqa: E402
 from profiles import get_profile  # noqa: E402
-from scenarios import CORE, run_one  # noqa: E402
+from scenarios import CORE, PERSIST, run_one  # noqa: E402
 
 REPO = HERE.parent
 
@@ -159,8 +159,10 @@ class QMQ(Broker):
         extra: list[str],
         name: str = "qmq",
         source: Path = REPO,
+        store: str = "memory",
     ) -> None:
         super().__init__(name, port)
+        self.store = store
         self.tls_port = tls_port
         self.workdir = workdir.resolve()
         self.extra = extra
@@ -193,12 +195,18 @@ class QMQ(Broker):
             key, cert = self._cert()
             cmd += ["--listen", f"stomp:ssl:{self.tls_port}:privateKey={key}:certKey={cert}"
                     ":interface=127.0.0.1:backlog=1024"]
+        conf_text = ""
+        if self.store != "memory":
+            # Durable queues on the commit log, a receipt only after fsync.
+            conf_text += f'store = "{self.store}"\n\n[commit_log]\nfsync = "always"\n\n'
         if (self.source / "qmq" / "connections.py").exists():
             # The load generator opens thousands of connections from one
             # address: lift the per-address and per-listener caps (a QMQ
             # without them, an older commit, takes no such table).
+            conf_text += "[connections]\nmax_per_address = 0\nmax_per_listener = 0\n"
+        if conf_text:
             conf = self.workdir / "bench.toml"
-            conf.write_text("[connections]\nmax_per_address = 0\nmax_per_listener = 0\n")
+            conf.write_text(conf_text)
             cmd += ["--config", str(conf)]
         cmd += self.extra
         env = dict(os.environ, PYTHONPATH=str(self.source) + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -291,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--qmq-port", type=int, default=61653)
     ap.add_argument("--qmq-tls-port", type=int, default=61654, help="0: no TLS listener")
     ap.add_argument("--qmq-arg", action="append", default=[], help="extra twistd qmq argument")
+    ap.add_argument("--qmq-store", choices=["auto", "memory", "log"], default="auto",
+                    help="QMQ's store; auto: the commit log (fsync always) when a persist "
+                    "scenario runs, else memory")
     ap.add_argument("--qmq-base", type=Path,
                     help="a checkout of another QMQ commit (git worktree) to run beside this one as "
                          "broker 'qmq-base' (add it to --brokers), e.g. the commit before a change")
@@ -305,20 +316,25 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     names = [b.strip() for b in args.brokers.split(",") if b.strip()]
     scen = run.expand([s.strip() for s in args.scenarios.split(",") if s.strip()])
+    store = args.qmq_store
+    if store == "auto":
+        store = "log" if any(s in PERSIST for s in scen) else "memory"
     brokers: dict[str, Broker] = {}
     for n in names:
         if n == "qmq":
-            brokers[n] = QMQ(args.qmq_port, args.qmq_tls_port or None, args.out / "qmq-run", args.qmq_arg)
+            brokers[n] = QMQ(args.qmq_port, args.qmq_tls_port or None, args.out / "qmq-run", args.qmq_arg,
+                             store=store)
         elif n == "qmq-base":
             if args.qmq_base is None:
                 ap.error("broker qmq-base needs --qmq-base DIR")
             brokers[n] = QMQ(args.qmq_port + 10, (args.qmq_tls_port + 10) if args.qmq_tls_port else None,
-                             args.out / "qmq-base-run", args.qmq_arg, name=n, source=args.qmq_base)
+                             args.out / "qmq-base-run", args.qmq_arg, name=n, source=args.qmq_base,
+                             store=store)
         else:
             brokers[n] = Peer(n, get_profile(n).port, args.shared, wipe=args.restart == "per-rep",
                               adopt=args.adopt)
     meta = {"machine": machine_info(), "brokers": {}, "scenarios": scen, "reps": args.reps,
-            "argv": sys.argv[1:]}
+            "argv": sys.argv[1:], "qmq_store": store}
     for n, b in brokers.items():
         meta["brokers"][n] = {"version": b.version(), "port": b.port}
     (args.out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
@@ -352,7 +368,9 @@ def main(argv: list[str] | None = None) -> int:
                         continue
                 prof = get_profile("qmq" if isinstance(b, QMQ) else n)
                 if isinstance(b, QMQ):
-                    prof = prof.with_overrides(port=b.port, tls_port=b.tls_port)
+                    prof = prof.with_overrides(port=b.port, tls_port=b.tls_port,
+                                               data_dir=str(b.workdir / "data"),
+                                               durable=b.store != "memory")
                 target = Target("127.0.0.1", b.port, prof)
                 if args.warmup_runs:
                     # Unrecorded warm-up (JIT, allocators, first-queue set-up).

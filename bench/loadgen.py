@@ -213,11 +213,14 @@ async def consume(
     lim: Limits,
     shared: Any = None,
     slot: int = 0,
+    late: bool = False,
 ) -> None:
     """Subscribe one connection per destination and count (or ACK) messages.
 
     ``stalled`` extra connections subscribe to ``dests[0]`` and stop reading.
     ``shared[slot]`` (if given) receives the progress of the slowest subscriber.
+    ``late``: connect before ``go`` but SUBSCRIBE (without a receipt) only
+    after it, for queues that already hold messages.
     """
     protos: list[StompProtocol] = []
     counters: list[_Count] = []
@@ -226,7 +229,10 @@ async def consume(
     left = [len(dests)]
     for i, d in enumerate(dests):
         sub_id = str(i)
-        proto = await _subscribe(t, d, sub_id, ack, prefetch, lim)
+        if late:
+            proto, _ = await open_connection(t.host, t.port, t.profile, t.tls, timeout=lim.setup)
+        else:
+            proto = await _subscribe(t, d, sub_id, ack, prefetch, lim)
         c = _Count(expect_each, progress)
         if proto.buf.strip(b"\r\n"):
             raise StompError("unexpected frames right after SUBSCRIBE")
@@ -245,6 +251,9 @@ async def consume(
     ctl.send("ready", {"connections": len(protos) + len(frozen)})
     t0 = await ctl.wait("go", lim.setup * 3)
     cpu0 = self_cpu()
+    if late:
+        for i, (proto, d) in enumerate(zip(protos, dests, strict=True)):
+            proto.write(subscribe_frame(t.profile, d, str(i), ack, prefetch))
     truncated, failure = await _watch(protos, counters, all_done, t0 + lim.max_seconds, lim.stall)
     cpu = self_cpu() - cpu0
     if failure:
@@ -290,6 +299,7 @@ async def produce(
     block_ok: bool = False,
     shared: Any = None,
     max_lead: int = 0,
+    extra: bytes = b"",
 ) -> None:
     """Send ``n`` SEND frames to ``dest`` (``{i}`` in it makes one per frame).
 
@@ -300,7 +310,8 @@ async def produce(
     many outstanding (at most the cap). ``block_ok``: being blocked by the broker's flow control until
     the deadline is a result (``blocked``), not an error. With ``shared``
     (consumer progress) and ``max_lead`` > 0, never run more than
-    ``max_lead`` messages ahead of the slowest consumer.
+    ``max_lead`` messages ahead of the slowest consumer. ``extra``: header
+    lines added to every SEND (``b"\\npersistent:true"``).
     """
     p = t.profile
     proto, _ = await open_connection(t.host, t.port, p, t.tls, timeout=lim.setup)
@@ -314,7 +325,10 @@ async def produce(
     cpu0 = self_cpu()
     deadline = t0 + lim.max_seconds
     if receipt_window is None and p.max_unreceipted is None and not per_frame_dest:
-        res = await _stream(proto, send_frame(dest, body), n, deadline, lim, block_ok, lead)
+        f = send_frame(dest, body)
+        if extra:
+            f = f.replace(b"\n", extra + b"\n", 1)
+        res = await _stream(proto, f, n, deadline, lim, block_ok, lead)
     else:
         if receipt_window is None:
             assert p.max_unreceipted is not None
@@ -327,10 +341,62 @@ async def produce(
         else:
             per_batch = 1
             window = min(receipt_window, p.max_unreceipted or receipt_window)
-        res = await _windowed(proto, dest, body, n, per_batch, window, deadline, lim, lead)
+        res = await _windowed(proto, dest, body, n, per_batch, window, deadline, lim, lead, extra)
     res["cpu"] = self_cpu() - cpu0
     ctl.send("done", res)
     await _linger(ctl, [proto])
+
+
+async def produce_many(
+    ctl: Control,
+    t: Target,
+    dests: list[str],
+    n_each: int,
+    body_size: int,
+    receipt_window: int,
+    lim: Limits,
+    extra: bytes = b"",
+) -> None:
+    """One connection per destination in this process, each sending
+    ``n_each`` SENDs with a receipt on every frame, ``receipt_window``
+    outstanding per connection (several producers without a process each:
+    the load generator shares the machine with the broker).
+
+    ``done`` carries the sums (``receipts``, ``sent``), the last receipt's
+    time and ``per_conn`` receipts.
+    """
+    p = t.profile
+    protos = []
+    for _ in dests:
+        proto, _ = await open_connection(t.host, t.port, p, t.tls, timeout=lim.setup)
+        assert proto.transport is not None
+        proto.transport.set_write_buffer_limits(high=1 << 20)
+        protos.append(proto)
+    body = _body(body_size)
+    window = min(receipt_window, p.max_unreceipted or receipt_window)
+    ctl.send("ready", {"connections": len(protos)})
+    t0 = await ctl.wait("go", lim.setup * 3)
+    cpu0 = self_cpu()
+    deadline = t0 + lim.max_seconds
+    results = await asyncio.gather(
+        *[
+            _windowed(pr, d, body, n_each, 1, window, deadline, lim, None, extra)
+            for pr, d in zip(protos, dests, strict=True)
+        ]
+    )
+    ctl.send(
+        "done",
+        {
+            "receipts": sum(r["receipts"] for r in results),
+            "sent": sum(r["sent"] for r in results),
+            "per_conn": [r["receipts"] for r in results],
+            "t_last": max(r["t_last"] for r in results),
+            "truncated": any(r["truncated"] for r in results),
+            "window": window,
+            "cpu": self_cpu() - cpu0,
+        },
+    )
+    await _linger(ctl, protos)
 
 
 class _Lead:
@@ -427,12 +493,17 @@ async def _windowed(
     deadline: float,
     lim: Limits,
     lead: _Lead | None = None,
+    extra: bytes = b"",
 ) -> dict[str, Any]:
-    """Send batches whose last frame carries a receipt, ``window`` batches in flight."""
+    """Send batches whose last frame carries a receipt, ``window`` batches in flight.
+
+    ``extra``: header lines (each starting with a newline) added to every SEND.
+    """
     per_frame_dest = "{i}" in dest
     clen = str(len(body)).encode()
-    tail = b"\n\n" + body + NUL
-    plain = send_frame(dest, body) if not per_frame_dest else b""
+    tail = extra + b"\n\n" + body + NUL
+    plain = (b"SEND\ndestination:" + dest.encode() + b"\ncontent-length:" + clen + tail
+             if not per_frame_dest else b"")
     head = b"SEND\ndestination:"
     total_b = math.ceil(n / per_batch)
     st = {"sent_b": 0, "acked": 0, "t_last": 0.0, "stop": False}

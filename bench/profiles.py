@@ -47,6 +47,18 @@ class Profile:
     tls_port: int | None = None
     #: Extra notes copied into every result.
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: Whether the broker can keep messages on disk (the persist-* scenarios).
+    durable: bool = True
+    #: SEND headers of the persist-* scenarios: a persistent message to a
+    #: durable queue.
+    persistent_headers: tuple[tuple[str, str], ...] = (("persistent", "true"),)
+    #: Where the broker keeps its data (``$QMQ_BENCH_RUN`` expanded; the
+    #: persist-* scenarios report its growth as evidence that messages
+    #: reached the disk). None: not reported.
+    data_dir: str | None = None
+    #: RabbitMQ's management HTTP API (login and passcode as above), asked
+    #: whether the persist-* queues are durable and hold persistent messages.
+    http_api: str | None = None
 
     def as_dict(self) -> dict[str, object]:
         """Return the profile as a JSON-friendly dict."""
@@ -81,6 +93,11 @@ PROFILES: dict[str, Profile] = {
         # /topic/ destinations route on the amq.topic exchange: '.' words, '*' and '#'.
         wildcard_pattern="/topic/nomatch.{i}.*",
         notes=("/queue/ destinations declare durable queues; bodies are non-persistent",),
+        # /queue/ declares a durable queue anyway; say so, as a client keeping
+        # messages would (the persist-* scenarios also check it over HTTP).
+        persistent_headers=(("persistent", "true"), ("durable", "true"), ("auto-delete", "false")),
+        data_dir="$QMQ_BENCH_RUN/rabbitmq/mnesia",
+        http_api="http://127.0.0.1:15682",
     ),
     "activemq": Profile(
         name="activemq",
@@ -88,6 +105,8 @@ PROFILES: dict[str, Profile] = {
         prefetch_headers=("activemq.prefetchSize",),
         wildcard_pattern="/topic/nomatch.{i}.*",
         notes=("messages non-persistent (no persistent:true header)",),
+        # KahaDB journal (enableJournalDiskSyncs: true by default).
+        data_dir="$QMQ_BENCH_RUN/activemq/data",
     ),
     "coilmq": Profile(
         name="coilmq",
@@ -101,6 +120,7 @@ PROFILES: dict[str, Profile] = {
         connect_concurrency=4,
         wildcard_pattern=None,
         notes=("STOMP 1.1, memory store, <= 20 unreceipted frames in flight",),
+        durable=False,
     ),
 }
 

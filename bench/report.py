@@ -43,6 +43,22 @@ ROWS: list[tuple[str, str, str, bool]] = [
     ("wildcard msgs/s, 100k subs", "wildcard", "rate", True),
     ("big (1 MiB) MB/s", "big", "mb_per_s", True),
     ("stalled: 9 others deliveries/s", "stalled", "rate", True),
+    ("persist-receipt receipts/s", "persist-receipt", "rate", True),
+    ("persist-receipt broker µs/receipt", "persist-receipt", "broker_cpu_us_per_unit", False),
+    ("persist-receipt-10 receipts/s", "persist-receipt-10", "rate", True),
+    ("persist-receipt-10 broker µs/receipt", "persist-receipt-10", "broker_cpu_us_per_unit", False),
+    ("receipt-10 (memory) receipts/s", "receipt-10", "rate", True),
+    ("persist-consume msgs/s", "persist-consume", "rate", True),
+    ("persist-consume broker µs/msg", "persist-consume", "broker_cpu_us_per_unit", False),
+]
+#: The targets of the durable-message scenarios: (what, row, the subject's
+#: own row it is compared with or None for the best peer, factor).
+TARGETS: list[tuple[str, str, str | None, float]] = [
+    ("persistent receipts, 1 producer >= 2x best peer", "persist-receipt receipts/s", None, 2.0),
+    ("persistent receipts, 10 producers >= 2x best peer", "persist-receipt-10 receipts/s", None, 2.0),
+    ("persistent receipts, 10 producers >= 0.5x QMQ's memory rate", "persist-receipt-10 receipts/s",
+     "receipt-10 (memory) receipts/s", 0.5),
+    ("persistent consume with acks >= 2x best peer", "persist-consume msgs/s", None, 2.0),
 ]
 SUBJECT = "qmq"
 
@@ -148,7 +164,29 @@ def render_table(results: list[dict[str, Any]]) -> str:
         grouped.setdefault((b, reason[:300]), []).append(label)
     for (b, reason), labels in grouped.items():
         out.append(f"  {b} [{'; '.join(labels)}]: {reason}")
+    targets = render_targets(brokers, cells)
+    if targets:
+        out += ["", *targets]
     return "\n".join(out) + "\n"
+
+
+def render_targets(brokers: list[str], cells: dict[tuple[str, str], dict[str, Any]]) -> list[str]:
+    """One line per target of L{TARGETS} whose rows were measured: met or not."""
+    out = []
+    for what, label, own, factor in TARGETS:
+        q = cells.get((label, SUBJECT), {}).get("median")
+        if not q:
+            continue
+        if own is None:
+            peers = [cells[(label, b)]["median"] for b in brokers if b != SUBJECT and (label, b) in cells]
+            base = max([p for p in peers if p], default=None)
+        else:
+            base = cells.get((own, SUBJECT), {}).get("median")
+        if not base:
+            continue
+        got = q / base
+        out.append(f"target {what}: {got:.2f}x {'MET' if got >= factor else 'MISSED'}")
+    return out
 
 
 def render_rst(results: list[dict[str, Any]], blank: set[str] | None = None, order: list[str] | None = None) -> str:

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from loadgen import Limits, Target  # noqa: E402
 from profiles import PROFILES, get_profile  # noqa: E402
-from scenarios import CORE, FOLLOW_UP, SCENARIOS, Options, run_one  # noqa: E402
+from scenarios import CORE, FOLLOW_UP, PERSIST, SCENARIOS, Options, run_one  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "scenarios",
         nargs="+",
-        help=f"scenario names, 'all' (core: {', '.join(CORE)}) or 'follow-up' ({', '.join(FOLLOW_UP)})",
+        help=f"scenario names, 'all' (core: {', '.join(CORE)}), 'follow-up' ({', '.join(FOLLOW_UP)}) "
+        f"or 'persist' ({', '.join(PERSIST)})",
     )
     add_common(ap)
     ap.add_argument("--host", default="127.0.0.1")
@@ -104,10 +105,10 @@ def options_from(args: argparse.Namespace, scenario: str) -> Options:
 
 
 def expand(names: list[str]) -> list[str]:
-    """Expand 'all' and 'follow-up' into scenario names."""
+    """Expand 'all', 'follow-up' and 'persist' into scenario names."""
     out: list[str] = []
     for n in names:
-        out.extend(CORE if n == "all" else FOLLOW_UP if n == "follow-up" else [n])
+        out.extend(CORE if n == "all" else FOLLOW_UP if n == "follow-up" else PERSIST if n == "persist" else [n])
     return out
 
 

@@ -13,13 +13,27 @@ other figures are absent. Scenario-specific keys are documented per function.
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from loadgen import Limits, Target, consume, hold_idle, hold_wildcards, ping_pong, produce
+from loadgen import (
+    Limits,
+    Target,
+    consume,
+    hold_idle,
+    hold_wildcards,
+    ping_pong,
+    produce,
+    produce_many,
+)
 from procstat import (
     CLK_TCK,
     all_process_ticks,
@@ -46,7 +60,13 @@ DEFAULT_COUNTS: dict[str, int] = {
     "wildcard": 100_000,
     "big": 200,
     "stalled": 10_000_000,  # bounded by --max-seconds in practice
+    "persist-receipt": 20_000,
+    "persist-receipt-10": 20_000,  # in all, over the 10 producers
+    "receipt-10": 20_000,
+    "persist-consume": 20_000,
 }
+#: Producers of the persist-receipt-10 and receipt-10 scenarios.
+PRODUCERS_10 = 10
 
 
 @dataclass
@@ -117,7 +137,8 @@ class Probe:
 
 
 #: Scenarios whose default count scales with the profile's ``count_scale``.
-SCALED = {"queue-auto", "queue-ack", "receipt", "fanout", "latency", "tls", "wildcard", "big"}
+SCALED = {"queue-auto", "queue-ack", "receipt", "fanout", "latency", "tls", "wildcard", "big",
+          "persist-receipt", "persist-receipt-10", "receipt-10", "persist-consume"}
 
 
 def _count(name: str, o: Options, t: Target) -> int:
@@ -431,6 +452,164 @@ def wildcard(t: Target, o: Options, probe: Probe) -> dict[str, Any]:
     return loaded
 
 
+# ---------------------------------------------------------------- durable messages
+def _persist_extra(t: Target) -> bytes:
+    """The profile's persistent-message SEND headers as header lines."""
+    return b"".join(b"\n" + k.encode() + b":" + v.encode() for k, v in t.profile.persistent_headers)
+
+
+def _data_dir(t: Target) -> str | None:
+    d = t.profile.data_dir
+    if not d:
+        return None
+    return d.replace("$QMQ_BENCH_RUN", os.environ.get("QMQ_BENCH_RUN", "/tmp/qmqbench"))
+
+
+def disk_kib(path: str | None, max_files: int = 100_000) -> int | None:
+    """KiB allocated to the files under ``path`` (blocks, so preallocated
+    sparse journals count what is written); None if it is not there."""
+    if not path or not os.path.isdir(path):
+        return None
+    total = 0
+    seen = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            seen += 1
+            if seen > max_files:
+                return total // 1024
+            try:
+                total += os.lstat(os.path.join(root, f)).st_blocks * 512
+            except OSError:
+                continue
+    return total // 1024
+
+
+def rabbitmq_queue(t: Target, queue: str, timeout: float = 3.0) -> dict[str, Any] | None:
+    """Ask RabbitMQ's management API about ``queue`` (durable, messages_persistent)."""
+    api = t.profile.http_api
+    if not api:
+        return None
+    vhost = urllib.parse.quote(t.profile.vhost, safe="")
+    req = urllib.request.Request(f"{api}/api/queues/{vhost}/{urllib.parse.quote(queue, safe='')}")
+    auth = base64.b64encode(f"{t.profile.login}:{t.profile.passcode}".encode()).decode()
+    req.add_header("Authorization", "Basic " + auth)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            q = json.loads(r.read())
+    except (OSError, urllib.error.URLError, ValueError) as e:
+        return {"error": str(e)[:200]}
+    return {k: q.get(k) for k in ("durable", "auto_delete", "messages", "messages_persistent",
+                                  "messages_ram")}
+
+
+def _durability(t: Target, queues: list[str], disk0: int | None, stored_bytes: int) -> dict[str, Any]:
+    """Evidence that the messages are kept on disk: the data directory's
+    growth, and RabbitMQ's own account of the queue."""
+    out: dict[str, Any] = {}
+    disk1 = disk_kib(_data_dir(t))
+    if disk0 is not None and disk1 is not None:
+        out["disk_growth_kib"] = disk1 - disk0
+        out["body_kib"] = stored_bytes // 1024
+    if t.profile.http_api and queues:
+        out["rabbitmq_queue"] = rabbitmq_queue(t, queues[0])
+    return out
+
+
+def persist_receipt(t: Target, o: Options, probe: Probe, producers: int, persistent: bool = True) -> dict[str, Any]:
+    """SEND with a receipt on every frame to durable queues, ``window``
+    receipts in flight per producer; receipts/s over all producers.
+
+    ``persistent``: the frames carry the profile's persistent headers
+    (``persistent:true``; RabbitMQ also ``durable:true``), so a receipt
+    means "on disk" (QMQ ``fsync = "always"``, RabbitMQ publisher confirms,
+    ActiveMQ's KahaDB journal sync). Without it this is the same load on
+    memory queues. With several producers each has its own queue and its
+    own connection; they run in ``consumer_procs`` processes.
+
+    Keys: ``producers``, ``window`` (per producer), ``persistent``,
+    ``disk_growth_kib`` and ``body_kib`` (the broker's data directory grew
+    by this much for this many KiB of bodies), ``rabbitmq_queue``.
+    """
+    name = ("persist-receipt" if persistent else "receipt") + ("-10" if producers > 1 else "")
+    if persistent and not t.profile.durable:
+        raise ScenarioSkipped(f"{t.profile.name} keeps no messages on disk")
+    n = _count(name, o, t)
+    extra = _persist_extra(t) if persistent else b""
+    if producers == 1:
+        dests = [f"/queue/bench.{o.runid}.{name}"]
+        workers = [("producer", produce, (t, dests[0], n, o.body_size, o.window, o.limits,
+                                          False, None, 0, extra))]
+    else:
+        dests = [f"/queue/bench.{o.runid}.{name}.{k}" for k in range(producers)]
+        workers = [
+            (f"producers{i}", produce_many, (t, g, max(1, n // producers), o.body_size, o.window, o.limits, extra))
+            for i, g in enumerate(_split(dests, o.consumer_procs))
+        ]
+    disk0 = disk_kib(_data_dir(t)) if persistent else None
+    t0, _, prods, cpu0, cpu1 = _flow(t, o, [], workers, probe)
+    receipts = sum(p["receipts"] for p in prods)
+    res: dict[str, Any] = {
+        "unit": "receipts/s",
+        "producers": producers,
+        "window": prods[0]["window"],
+        "persistent": persistent,
+        "truncated": any(p["truncated"] for p in prods),
+    }
+    res = _finish(res, receipts, max(p["t_last"] for p in prods) - t0, cpu0, cpu1,
+                  sum(p["cpu"] for p in prods), probe)
+    if persistent:
+        res.update(_durability(t, [d.split("/", 2)[2] for d in dests], disk0, receipts * o.body_size))
+    return res
+
+
+def persist_consume(t: Target, o: Options, probe: Probe) -> dict[str, Any]:
+    """Consume with acks (the profile's ack mode, ``prefetch``) from a
+    durable queue filled beforehand with persistent messages.
+
+    The fill (10 producers with receipts, as persist-receipt-10, unmeasured)
+    must end before the consumer subscribes (at the latest after
+    max(``max_seconds``, 120 s): then what was receipted is consumed); then
+    msgs/s at the consumer, each message acked. Keys: ``fill_seconds``, ``fill_rate``, ``prefetch``,
+    ``ack``, ``rabbitmq_queue`` (as seen after the fill), ``disk_growth_kib``.
+    """
+    if not t.profile.durable:
+        raise ScenarioSkipped(f"{t.profile.name} keeps no messages on disk")
+    n = _count("persist-consume", o, t)
+    dest = f"/queue/bench.{o.runid}.persist-consume"
+    extra = _persist_extra(t)
+    per = max(1, n // PRODUCERS_10)
+    n = per * PRODUCERS_10
+    fill_lim = replace(o.limits, max_seconds=max(o.limits.max_seconds, 120.0))
+    fillers = [
+        (f"filler{i}", produce_many, (t, g, per, o.body_size, o.window, fill_lim, extra))
+        for i, g in enumerate(_split([dest] * PRODUCERS_10, o.consumer_procs))
+    ]
+    disk0 = disk_kib(_data_dir(t))
+    f0, _, fills, _, _ = _flow(t, replace(o, limits=fill_lim), [], fillers, probe)
+    filled = sum(p["receipts"] for p in fills)
+    fill_s = max(p["t_last"] for p in fills) - f0
+    if filled < n // 10:
+        raise ScenarioError(f"fill: only {filled} of {n} receipted in {fill_s:.0f}s")
+    # A slow broker's fill stops at its deadline: consume what it took.
+    n = filled
+    evidence = _durability(t, [dest.split("/", 2)[2]], disk0, filled * o.body_size)
+    ack = t.profile.ack_mode
+    t0, cons, _, cpu0, cpu1 = _flow(
+        t, o, [("consumer", consume, (t, [dest], n, ack, o.prefetch, 0, o.limits, None, 0, True))], [], probe
+    )
+    c = cons[0]
+    res: dict[str, Any] = {
+        "unit": "msgs/s",
+        "ack": ack,
+        "prefetch": o.prefetch if t.profile.prefetch_headers else None,
+        "fill_seconds": round(fill_s, 2),
+        "fill_rate": round(filled / fill_s, 1) if fill_s > 0 else None,
+        "truncated": c["truncated"],
+        **evidence,
+    }
+    return _finish(res, sum(c["received"]), c["t_last"] - t0, cpu0, cpu1, c["cpu"], probe)
+
+
 SCENARIOS: dict[str, Callable[[Target, Options, Probe], dict[str, Any]]] = {
     "queue-auto": lambda t, o, p: queue_flow(t, o, p, "queue-auto"),
     "queue-ack": lambda t, o, p: queue_flow(t, o, p, "queue-ack", ack=t.profile.ack_mode),
@@ -444,9 +623,16 @@ SCENARIOS: dict[str, Callable[[Target, Options, Probe], dict[str, Any]]] = {
     "wildcard": wildcard,
     "big": lambda t, o, p: queue_flow(t, o, p, "big", body_size=o.big_size),
     "stalled": lambda t, o, p: fanout(t, o, p, stalled=1),
+    # durable messages (QMQ with store = "log")
+    "persist-receipt": lambda t, o, p: persist_receipt(t, o, p, 1),
+    "persist-receipt-10": lambda t, o, p: persist_receipt(t, o, p, PRODUCERS_10),
+    "receipt-10": lambda t, o, p: persist_receipt(t, o, p, PRODUCERS_10, persistent=False),
+    "persist-consume": persist_consume,
 }
 CORE = ["queue-auto", "queue-ack", "receipt", "fanout", "latency", "tls", "idle", "many-queues"]
 FOLLOW_UP = ["wildcard", "big", "stalled"]
+#: The durable-message scenarios (QMQ runs them with store = "log").
+PERSIST = ["persist-receipt", "persist-receipt-10", "receipt-10", "persist-consume"]
 
 
 def run_one(name: str, t: Target, o: Options, pid: int | None = None) -> dict[str, Any]:
@@ -466,6 +652,8 @@ def run_one(name: str, t: Target, o: Options, pid: int | None = None) -> dict[st
     }
     if name == "queue-ack" and t.profile.ack_note:
         base["note"] = t.profile.ack_note
+    elif name in PERSIST:
+        base["note"] = "SEND headers: " + ", ".join(f"{k}:{v}" for k, v in t.profile.persistent_headers)
     elif t.profile.notes:
         base["note"] = "; ".join(t.profile.notes)
     started = time.monotonic()
