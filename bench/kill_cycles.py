@@ -21,7 +21,9 @@ distinct bodies receipted; delivered; **lost** (receipted, never delivered:
 must be 0, else the exit status is 1); duplicates, split into resent
 bodies (unreceipted when the broker died, so sent twice) and redeliveries
 (an ACK the kill swallowed); deliveries of bodies never sent (must be 0);
-per restart: start time, messages recovered, segment bytes on disk.
+per restart: start time (exec to CONNECTED), recovery time (as the
+broker logs it: ``QMQ recovery took``), messages recovered, segment bytes
+on disk.
 
 Every wait has a deadline; a cycle that cannot start its broker stops the
 run. Only 127.0.0.1 is used; the broker's logs stay in the work directory
@@ -35,6 +37,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -237,6 +240,12 @@ class Broker:
                     raise RuntimeError(f"broker did not answer within {timeout:.0f}s: {self.tail()}") from None
                 await asyncio.sleep(0.02)
 
+    def recovery_seconds(self) -> float | None:
+        """What the broker's log says its last recovery took (None: nothing recovered)."""
+        p = self.workdir / f"broker-{self.runs}.log"
+        found = re.findall(r"QMQ recovery took ([0-9.]+) s", p.read_text(errors="replace")) if p.exists() else []
+        return float(found[-1]) if found else None
+
     def tail(self) -> str:
         p = self.workdir / f"broker-{self.runs}.log"
         return p.read_text(errors="replace")[-800:] if p.exists() else ""
@@ -285,7 +294,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             start_s = await broker.start(args.start_timeout)
             ready = await count_ready(broker.port, args.start_timeout)
             restarts.append({"cycle": cycle, "start_s": round(start_s, 3), "recovered": ready,
-                             "disk_bytes": disk})
+                             "recovery_s": broker.recovery_seconds(), "disk_bytes": disk})
             if cycle == args.cycles:
                 break
             stop = asyncio.Event()
@@ -348,8 +357,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "unreceipted_never_delivered": len(sent_bodies - receipted - set(delivered)),
         "start_s_empty": baseline,
         "start_s_restarts": starts[1:],
-        "recovery_s_median": round(sorted(starts[1:])[len(starts[1:]) // 2] - baseline, 3) if starts[1:] else None,
-        "recovery_s_max": round(max(starts[1:]) - baseline, 3) if starts[1:] else None,
+        # As the broker logs it (the replay and the core's rebuild, no imports).
+        "recovery_s": [r["recovery_s"] for r in restarts[1:]],
         "recovered": [r["recovered"] for r in restarts[1:]],
         "disk_bytes": [r["disk_bytes"] for r in restarts[1:]],
         "problems": problems,

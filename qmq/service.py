@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import gc
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -538,6 +539,7 @@ def _recover(broker: Broker, settings: Settings) -> bool:
         )
 
     before = counts()
+    started = time.monotonic()
     try:
         broker.recover()
     except BrokerError as e:
@@ -558,6 +560,7 @@ def _recover(broker: Broker, settings: Settings) -> bool:
         exchanges=after[2] - before[2],
         store=settings.store,
     )
+    log.info("QMQ recovery took {seconds:.3f} s", seconds=time.monotonic() - started)
     return True
 
 

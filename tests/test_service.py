@@ -346,6 +346,9 @@ class CommitLogTests(ServiceTestCase):
             " configuration's, from the log store",
             self.messages("qmq.service"),
         )
+        self.assertTrue(
+            [m for m in self.messages("qmq.service") if m.startswith("QMQ recovery took ")]
+        )
 
     def test_newer_format(self) -> None:
         """
