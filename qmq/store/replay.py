@@ -94,7 +94,7 @@ class Replay:
                                 ts,
                                 flags & FLAG_PERSISTENT != 0,
                                 priority,
-                                expires,
+                                expires or 0.0,  # one float for "never", not one each
                             ),
                             vhost,
                             queues,
