@@ -30,8 +30,14 @@ setup(
         "avro>=1.11",
         "fastavro>=1.9",
         "prometheus-client>=0.20",
+        "pyjwt[crypto]>=2.8",
     ],
-    entry_points={"console_scripts": ["qmq-store = qmq.store.tool:main_exit"]},
+    entry_points={
+        "console_scripts": [
+            "qmq-store = qmq.store.tool:main_exit",
+            "qmq-passwd = qmq.auth.passwords:main_exit",
+        ]
+    },
     extras_require={
         "test": [
             "stomp.py>=8.1",

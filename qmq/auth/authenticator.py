@@ -1,0 +1,266 @@
+# -*- test-case-name: tests.test_auth -*-
+"""One authenticator for every protocol: credentials in, a L{User} out.
+
+A frontend (the STOMP session today; the HTTP API and WebSocket helpers
+later) does two things at login::
+
+    credentials = auth.credentials(vhost, login, passcode, identity)
+    d = auth.authenticate(vhost, credentials, address)   # Deferred[User]
+
+L{Authenticator.credentials} picks the kind: a passcode shaped like a JWT is
+a token (when the virtual host takes tokens); a login or passcode is a
+password; else a verified client certificate; else anonymous.
+
+L{Authenticator.authenticate} runs the twisted.cred portal (one
+L{twisted.cred.portal.Portal} with every checker of L{qmq.auth.checkers})
+and then checks that the user may use the virtual host.  It fails with an
+L{AuthError} whose C{short} and C{message} a frontend shows as they are:
+
+    L{LoginFailed}      bad credentials: the same answer whether or not the
+                        user exists, given after the throttle's delay
+                        (L{qmq.auth.throttle}) and logged
+    L{TokenRejected}    a token that has expired (said as such, so a browser
+                        fetches a new one); other token faults are
+                        L{LoginFailed}
+    L{VhostRefused}     the user may not use that virtual host, or it does
+                        not exist (one answer for both: nothing is told
+                        about other applications)
+    L{TooManyFailures}  the address has failed so often that its next
+                        attempt would wait too long
+
+The authenticator is off (L{Authenticator.enabled} false) when no user and
+no token key is configured: the broker then keeps its anonymous,
+loopback-only mode and frontends skip it entirely (no cost at CONNECT).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from twisted.cred.credentials import Anonymous, UsernamePassword
+from twisted.cred.error import UnauthorizedLogin, UnhandledCredentials
+from twisted.cred.portal import Portal
+from twisted.internet import defer
+from twisted.internet.task import deferLater
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from qmq.auth.checkers import (
+    AnonymousChecker,
+    CertificateChecker,
+    CertificateCredentials,
+    IUser,
+    PasswordChecker,
+    Realm,
+    TokenChecker,
+    TokenCredentials,
+    TokenRefused,
+)
+from qmq.auth.permissions import User
+from qmq.auth.settings import AuthSettings, PermissionSettings, TokenSettings, UserSettings
+from qmq.auth.throttle import LoginThrottle
+from qmq.auth.tokens import TokenVerifier, looks_like_token
+
+__all__ = [
+    "AuthError",
+    "Authenticator",
+    "LoginFailed",
+    "TokenRejected",
+    "TooManyFailures",
+    "VhostRefused",
+]
+
+log = Logger()
+
+
+class AuthError(Exception):
+    """
+    A login refused.
+
+    @ivar short: a few words (a STOMP ERROR's C{message} header).
+    @ivar message: a sentence for the client.
+    """
+
+    short = "access refused"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class LoginFailed(AuthError):
+    """Bad credentials (the same whether or not the user exists)."""
+
+
+class TokenRejected(AuthError):
+    """An expired token."""
+
+    short = "token expired"
+
+
+class VhostRefused(AuthError):
+    """The virtual host does not exist or is not open to the user."""
+
+
+class TooManyFailures(AuthError):
+    """Too many failed logins from the client's address lately."""
+
+    short = "too many failed logins"
+
+
+#: The message of every bad-credentials refusal.
+LOGIN_FAILED = "Login failed: unknown user, wrong password, or credentials not accepted here."
+
+
+class Authenticator:
+    """
+    The broker's authentication and the source of L{User}s.
+
+    @ivar enabled: whether any user or token key is configured.
+    @ivar anonymous: whether clients without credentials are let in (as
+        C{settings.anonymous_user}) while enabled.
+    @ivar portal: the twisted.cred portal.
+    @ivar throttle: the failed-login throttle.
+    """
+
+    def __init__(
+        self,
+        settings: AuthSettings,
+        clock: Any,
+        users: Iterable[UserSettings] = (),
+        permissions: Mapping[str, Iterable[PermissionSettings]] | None = None,
+        tokens: Mapping[str, TokenSettings] | None = None,
+        run: Callable[..., defer.Deferred] | None = None,
+    ) -> None:
+        """
+        @param settings: the C{[auth]} section.
+        @param clock: the reactor (delays, token times).
+        @param users: the configured users.
+        @param permissions: virtual host -> its users' permissions.
+        @param tokens: virtual host -> its token settings.
+        @param run: runs password checks (a thread by default).
+        """
+        self.settings = settings
+        self.clock = clock
+        users = list(users)
+        tokens = dict(tokens or {})
+        self.enabled = bool(users or tokens)
+        self.anonymous = settings.anonymous
+        self.throttle = LoginThrottle(
+            clock,
+            delay=settings.failure_delay,
+            max_delay=settings.failure_max_delay,
+            window=settings.failure_window,
+            max_addresses=settings.max_tracked_addresses,
+        )
+        self.realm = Realm(
+            {
+                vhost: {p.user: (p.configure, p.write, p.read) for p in perms}
+                for vhost, perms in (permissions or {}).items()
+            },
+            {vhost: (t.configure, t.write, t.read) for vhost, t in tokens.items()},
+        )
+        self.portal = Portal(self.realm)
+        hashes = {u.name: u.password for u in users if u.password}
+        self.portal.registerChecker(PasswordChecker(hashes, run))
+        self.certificates = CertificateChecker(
+            {name: u.name for u in users for name in u.certificate_names}
+        )
+        self.portal.registerChecker(self.certificates)
+        self.tokens = TokenChecker({v: TokenVerifier(t, clock) for v, t in tokens.items()})
+        self.portal.registerChecker(self.tokens)
+        if settings.anonymous:
+            self.portal.registerChecker(AnonymousChecker(settings.anonymous_user))
+
+    def credentials(
+        self,
+        vhost: str,
+        login: str | None = None,
+        passcode: str | None = None,
+        identity: Any = None,
+    ) -> Any:
+        """
+        The credentials a client presented, as twisted.cred credentials.
+
+        @param vhost: the virtual host it asked for.
+        @param login: its user name, if it gave one.
+        @param passcode: its password or token, if it gave one.
+        @param identity: its verified TLS client identity
+            (L{qmq.tls.PeerIdentity}), if any.
+        """
+        if passcode and vhost in self.tokens.verifiers and looks_like_token(passcode):
+            return TokenCredentials(passcode, vhost, login or None)
+        if passcode is not None or login:
+            return UsernamePassword(login or "", passcode or "")
+        if identity is not None:
+            return CertificateCredentials(identity, login or None)
+        return Anonymous()
+
+    def authenticate(self, vhost: str, credentials: Any, address: str = "") -> defer.Deferred:
+        """
+        Log a client in to C{vhost}.
+
+        @param vhost: the virtual host's name.
+        @param credentials: from L{credentials}.
+        @param address: the client's address (for the throttle and the log).
+        @return: a Deferred that fires with the L{User}, or fails with an
+            L{AuthError} (after the throttle's delay for bad credentials).
+        """
+        wait = self.throttle.wait(address)
+        if wait is None:
+            self._log_failure(address, credentials, vhost, "too many failed logins")
+            return defer.fail(
+                TooManyFailures(
+                    "Too many failed logins from this address lately; try again later."
+                )
+            )
+        if wait:
+            d = deferLater(self.clock, wait, self.portal.login, credentials, None, IUser)
+        else:
+            d = self.portal.login(credentials, None, IUser)
+        d.addCallback(self._logged_in, vhost, address, credentials)
+        d.addErrback(self._refused, vhost, address, credentials)
+        return d
+
+    def _logged_in(self, result: tuple, vhost: str, address: str, credentials: Any) -> User:
+        user: User = result[1]
+        if not user.may_use(vhost):
+            self._log_failure(address, credentials, vhost, "virtual host refused", user.name)
+            raise VhostRefused(f"Virtual host {vhost!r} is not open to this user.")
+        return user
+
+    def _refused(self, failure: Failure, vhost: str, address: str, credentials: Any) -> Any:
+        if failure.check(AuthError):
+            return failure
+        if not failure.check(UnauthorizedLogin, UnhandledCredentials):
+            return failure
+        reason = failure.getErrorMessage()
+        self._log_failure(address, credentials, vhost, reason)
+        delay = self.throttle.failed(address)
+        if failure.check(TokenRefused) and failure.value.expired:
+            error: AuthError = TokenRejected("The token has expired; log in with a new one.")
+        else:
+            error = LoginFailed(LOGIN_FAILED)
+
+        def refuse(_: object = None) -> None:
+            raise error
+
+        return deferLater(self.clock, delay, refuse)
+
+    def _log_failure(
+        self, address: str, credentials: Any, vhost: str, reason: str, user: str | None = None
+    ) -> None:
+        if user is None:
+            user = getattr(credentials, "username", None) or getattr(credentials, "login", None)
+            if isinstance(user, bytes):
+                user = user.decode("utf-8", "replace")
+        log.warn(
+            "login failed peer={address} user={user!r} vhost={vhost!r} method={method} "
+            "reason={reason}",
+            address=address or "?",
+            user=(user or "")[:128],
+            vhost=vhost[:128],
+            method=type(credentials).__name__,
+            reason=reason,
+        )

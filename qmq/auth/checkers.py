@@ -1,0 +1,276 @@
+# -*- test-case-name: tests.test_auth -*-
+"""twisted.cred credentials, checkers and the realm.
+
+Each way of logging in is a kind of credentials and a checker for it
+(C{ICredentialsChecker}): the checker turns credentials into an avatar id
+(a L{Principal}: a name, how it logged in, and for a token its expiry and
+narrowing) or fails with C{UnauthorizedLogin}; the L{Realm} turns a
+principal into a L{qmq.auth.permissions.User}.
+
+    credentials                 checker                 source
+    UsernamePassword            L{PasswordChecker}      C{[users.NAME] password}
+    L{CertificateCredentials}   L{CertificateChecker}   C{[users.NAME] certificate_names}
+    L{TokenCredentials}         L{TokenChecker}         C{[vhosts."V".tokens]}
+    Anonymous                   L{AnonymousChecker}     C{[auth] anonymous}
+
+A password is checked in a thread (scrypt is slow on purpose); a user that
+does not exist is checked against a dummy hash, so that the answer takes
+the same time whether or not the user exists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from twisted.cred.checkers import ICredentialsChecker
+from twisted.cred.credentials import IAnonymous, ICredentials, IUsernamePassword
+from twisted.cred.error import UnauthorizedLogin
+from twisted.cred.portal import IRealm
+from twisted.internet import defer
+from zope.interface import Attribute, Interface, implementer
+
+from qmq.auth.passwords import ScryptHash, hash_password, parse_hash, verify_password
+from qmq.auth.permissions import Permission, User
+from qmq.auth.tokens import InvalidToken, TokenExpired, TokenVerifier
+
+__all__ = [
+    "AnonymousChecker",
+    "CertificateChecker",
+    "CertificateCredentials",
+    "ICertificateCredentials",
+    "ITokenCredentials",
+    "IUser",
+    "PasswordChecker",
+    "Principal",
+    "Realm",
+    "TokenChecker",
+    "TokenCredentials",
+    "TokenRefused",
+]
+
+
+class IUser(Interface):
+    """The avatar interface: a L{qmq.auth.permissions.User}."""
+
+    name = Attribute("The user's name.")
+
+
+class ICertificateCredentials(ICredentials):
+    """A verified TLS client certificate."""
+
+    identity = Attribute("The L{qmq.tls.PeerIdentity} of the certificate.")
+    login = Attribute("The user name the client asked for, or None.")
+
+
+class ITokenCredentials(ICredentials):
+    """A browser token for one virtual host."""
+
+    token = Attribute("The token (a JWT).")
+    vhost = Attribute("The virtual host it is presented to.")
+    login = Attribute("The user name the client gave, or None.")
+
+
+@implementer(ICertificateCredentials)
+@dataclass(frozen=True)
+class CertificateCredentials:
+    identity: Any
+    login: str | None = None
+
+
+@implementer(ITokenCredentials)
+@dataclass(frozen=True)
+class TokenCredentials:
+    token: str
+    vhost: str
+    login: str | None = None
+
+
+@dataclass(frozen=True)
+class Principal:
+    """
+    The avatar id every checker returns.
+
+    @ivar name: the user's name.
+    @ivar source: C{"password"}, C{"certificate"}, C{"token"} or C{"anonymous"}.
+    @ivar vhost: for a token, the virtual host it was issued for.
+    @ivar expires: for a token, its C{exp}.
+    @ivar destinations: for a token, its narrowing.
+    """
+
+    name: str
+    source: str
+    vhost: str | None = None
+    expires: float | None = None
+    destinations: Permission | None = None
+
+
+class TokenRefused(UnauthorizedLogin):
+    """A token was refused; C{expired} says whether only its time was wrong."""
+
+    def __init__(self, message: str, expired: bool = False) -> None:
+        super().__init__(message)
+        self.expired = expired
+
+
+def _in_thread(f: Callable[..., Any], *args: Any) -> defer.Deferred:
+    from twisted.internet.threads import deferToThread  # noqa: PLC0415
+
+    return deferToThread(f, *args)
+
+
+@implementer(ICredentialsChecker)
+class PasswordChecker:
+    """
+    Users and their scrypt hashes.
+
+    @param hashes: user name -> hash string (checked when made).
+    @param run: runs a slow function and returns a Deferred of its result:
+        a thread by default; tests pass a synchronous one.
+    """
+
+    credentialInterfaces = (IUsernamePassword,)
+
+    def __init__(
+        self,
+        hashes: Mapping[str, str],
+        run: Callable[..., defer.Deferred] | None = None,
+    ) -> None:
+        self._hashes: dict[str, ScryptHash] = {name: parse_hash(h) for name, h in hashes.items()}
+        cost = max((h.ln for h in self._hashes.values()), default=4)
+        # The hash an unknown user is checked against: same cost as a real one.
+        self._dummy = parse_hash(hash_password("dummy password", cost))
+        self._run = run if run is not None else _in_thread
+
+    def requestAvatarId(self, credentials: Any) -> defer.Deferred:
+        username = credentials.username
+        password = credentials.password
+        if isinstance(username, bytes):
+            username = username.decode("utf-8", "replace")
+        hashed = self._hashes.get(username)
+        d = self._run(verify_password, password, hashed if hashed is not None else self._dummy)
+
+        def checked(ok: bool) -> Principal:
+            if ok and hashed is not None:
+                return Principal(username, "password")
+            raise UnauthorizedLogin("bad user name or password")
+
+        return d.addCallback(checked)
+
+
+@implementer(ICredentialsChecker)
+class CertificateChecker:
+    """
+    Certificate names mapped to users.
+
+    @param names: a name in a certificate -> the user it logs in as.
+    """
+
+    credentialInterfaces = (ICertificateCredentials,)
+
+    def __init__(self, names: Mapping[str, str]) -> None:
+        self._names = dict(names)
+
+    def user_of(self, identity: Any) -> str | None:
+        """The user a certificate logs in as, or None."""
+        for name in identity.names:
+            user = self._names.get(name)
+            if user is not None:
+                return user
+        return None
+
+    def requestAvatarId(self, credentials: Any) -> defer.Deferred:
+        user = self.user_of(credentials.identity)
+        if user is None or (credentials.login and credentials.login != user):
+            return defer.fail(UnauthorizedLogin("certificate names no user"))
+        return defer.succeed(Principal(user, "certificate"))
+
+
+@implementer(ICredentialsChecker)
+class TokenChecker:
+    """
+    Each virtual host's token verifier.
+
+    @param verifiers: virtual host name -> its L{TokenVerifier}.
+    """
+
+    credentialInterfaces = (ITokenCredentials,)
+
+    def __init__(self, verifiers: Mapping[str, TokenVerifier]) -> None:
+        self.verifiers = dict(verifiers)
+
+    def requestAvatarId(self, credentials: Any) -> defer.Deferred:
+        verifier = self.verifiers.get(credentials.vhost)
+        if verifier is None:
+            return defer.fail(TokenRefused("this virtual host takes no tokens"))
+        try:
+            claims = verifier.verify(credentials.token)
+        except TokenExpired as e:
+            return defer.fail(TokenRefused(str(e), expired=True))
+        except InvalidToken as e:
+            return defer.fail(TokenRefused(str(e)))
+        if credentials.login and credentials.login != claims["sub"]:
+            return defer.fail(TokenRefused("the login names another user than the token"))
+        return defer.succeed(
+            Principal(
+                claims["sub"],
+                "token",
+                vhost=credentials.vhost,
+                expires=float(claims["exp"]),
+                destinations=claims.get("destinations"),
+            )
+        )
+
+
+@implementer(ICredentialsChecker)
+class AnonymousChecker:
+    """Lets a client without credentials in as C{name} (C{[auth] anonymous})."""
+
+    credentialInterfaces = (IAnonymous,)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def requestAvatarId(self, credentials: Any) -> defer.Deferred:
+        return defer.succeed(Principal(self.name, "anonymous"))
+
+
+@implementer(IRealm)
+class Realm:
+    """
+    Turns a L{Principal} into a L{User} with its permissions.
+
+    @param permissions: virtual host -> user name -> its three patterns
+        (C{(configure, write, read)}).
+    @param token_permissions: virtual host -> the patterns of its token users.
+    """
+
+    def __init__(
+        self,
+        permissions: Mapping[str, Mapping[str, tuple[str, str, str]]],
+        token_permissions: Mapping[str, tuple[str, str, str]],
+    ) -> None:
+        self._permissions = {v: dict(users) for v, users in permissions.items()}
+        self._token_permissions = dict(token_permissions)
+
+    def user(self, principal: Principal) -> User:
+        """The L{User} of a principal."""
+        name = principal.name
+        if principal.source == "token":
+            patterns = self._token_permissions.get(principal.vhost)  # type: ignore[arg-type]
+            grants = {principal.vhost: patterns} if patterns is not None else {}
+        else:
+            grants = {v: users[name] for v, users in self._permissions.items() if name in users}
+        return User(
+            name=name,
+            source=principal.source,
+            permissions={v: Permission.of(*p, user=name) for v, p in grants.items()},  # type: ignore[misc]
+            destinations=principal.destinations,
+            expires=principal.expires,
+        )
+
+    def requestAvatar(self, avatarId: Any, mind: Any, *interfaces: Any) -> tuple:
+        if IUser not in interfaces:
+            raise NotImplementedError("QMQ's realm only makes IUser avatars")
+        return (IUser, self.user(avatarId), lambda: None)

@@ -1,0 +1,121 @@
+# -*- test-case-name: tests.test_auth -*-
+"""Who may do what: RabbitMQ's permission model, and the L{User} every frontend holds.
+
+A user has, per virtual host, three regular expressions, as in RabbitMQ:
+
+    configure   create or delete a resource (a queue made by naming it, a
+                durable subscription's queue, a temporary reply queue)
+    write       publish to a resource (a queue, an exchange)
+    read        consume from a resource (a queue), or bind to it (an exchange)
+
+A regular expression is searched for in the resource's name (unanchored, as
+RabbitMQ's C{re:run}: write C{^orders$} for one name); the empty string
+allows nothing.  C{{user}} in a pattern stands for the user's own name
+(escaped), so C{"^user\\.{user}\\."} gives each user queues of their own.
+A user with no entry for a virtual host may not use it at all.
+
+A browser token may narrow a user further to destinations: its
+C{destinations} claim holds, per operation, one more regular expression that
+the destination text (C{/topic/chat.room1}) must match too; an operation it
+does not name is refused.
+
+The broker core asks L{User.can} (through the channel,
+L{qmq.core.channel.Channel}), so every protocol is checked the same way; how
+each STOMP destination maps to resources is in C{docs/security.rst}.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+__all__ = ["OPERATIONS", "Permission", "User", "compile_pattern"]
+
+#: The operations a permission names.
+OPERATIONS = ("configure", "write", "read")
+
+_NOTHING = re.compile(r"(?!)")
+
+
+def compile_pattern(pattern: str, user: str = "") -> re.Pattern[str]:
+    """
+    Compile a permission pattern for C{user}.
+
+    @param pattern: a regular expression; C{""} allows nothing; C{{user}}
+        becomes the escaped user name.
+    @raise re.error: the pattern is not a regular expression.
+    """
+    if not pattern:
+        return _NOTHING
+    if "{user}" in pattern:
+        pattern = pattern.replace("{user}", re.escape(user))
+    return re.compile(pattern)
+
+
+@dataclass(frozen=True)
+class Permission:
+    """The three patterns of one user in one virtual host (compiled)."""
+
+    configure: re.Pattern[str] = _NOTHING
+    write: re.Pattern[str] = _NOTHING
+    read: re.Pattern[str] = _NOTHING
+
+    @classmethod
+    def of(cls, configure: str = "", write: str = "", read: str = "", user: str = "") -> Permission:
+        """Compile three patterns (see L{compile_pattern})."""
+        return cls(
+            compile_pattern(configure, user),
+            compile_pattern(write, user),
+            compile_pattern(read, user),
+        )
+
+    def allows(self, operation: str, name: str) -> bool:
+        """Whether C{operation} is allowed on the resource or destination C{name}."""
+        pattern = getattr(self, operation, None) if operation in OPERATIONS else None
+        return pattern is not None and pattern.search(name) is not None
+
+
+@dataclass(frozen=True)
+class User:
+    """
+    An authenticated client: what every frontend gets from
+    L{qmq.auth.Authenticator.authenticate}.
+
+    @ivar name: the user's name (durable subscriptions are named after it).
+    @ivar source: how it logged in: C{"password"}, C{"certificate"},
+        C{"token"} or C{"anonymous"}.
+    @ivar permissions: virtual host name -> its L{Permission}.
+    @ivar destinations: a token's narrowing (a L{Permission} over destination
+        texts), or None.
+    @ivar expires: when its credentials expire (clock seconds; a token's
+        C{exp}), or None.
+    """
+
+    name: str
+    source: str = "password"
+    permissions: Mapping[str, Permission] = field(default_factory=dict)
+    destinations: Permission | None = None
+    expires: float | None = None
+
+    def may_use(self, vhost: str) -> bool:
+        """Whether the user may connect to the virtual host C{vhost} at all."""
+        return vhost in self.permissions
+
+    def can(self, operation: str, vhost: str, resource: str, destination: str | None = None) -> bool:
+        """
+        Whether the user may do C{operation} on C{resource} in C{vhost}.
+
+        @param operation: one of L{OPERATIONS}.
+        @param resource: the queue or exchange name.
+        @param destination: the destination text it was named by; a token's
+            narrowing is checked against it (without one, a narrowed user is
+            refused).
+        """
+        permission = self.permissions.get(vhost)
+        if permission is None or not permission.allows(operation, resource):
+            return False
+        narrowing = self.destinations
+        if narrowing is None:
+            return True
+        return destination is not None and narrowing.allows(operation, destination)
