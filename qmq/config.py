@@ -53,9 +53,9 @@ from the dataclass.
 
 Adding a frontend (or any other part with settings) is therefore its
 dataclass plus one line in L{SECTIONS}; its settings are then
-C{settings.section("NAME")}.  The four sections QMQ has today are also typed
+C{settings.section("NAME")}.  Five of the sections are also typed
 attributes of L{Settings} (C{settings.stomp}, C{settings.connections},
-C{settings.limits}, C{settings.commit_log}).
+C{settings.limits}, C{settings.commit_log}, C{settings.auth}).
 """
 
 from __future__ import annotations
@@ -75,6 +75,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from qmq.auth.permissions import compile_pattern
+from qmq.auth.settings import (
+    TOKEN_ALGORITHMS,
+    AuthSettings,
+    PermissionSettings,
+    TokenSettings,
+    UserSettings,
+)
 from qmq.connections import ConnectionSettings
 from qmq.core.errors import PreconditionFailed
 from qmq.core.limits import LimitSettings
@@ -125,6 +133,7 @@ SECTIONS: dict[str, type] = {
     "web": WebSettings,
     "sockjs": SockJSSettings,
     "http_api": ApiSettings,
+    "auth": AuthSettings,
 }
 
 #: The queue arguments of a queue created on demand (a client names a queue
@@ -254,6 +263,8 @@ class VirtualHostSettings:
     queue_defaults: Mapping[str, Any] = field(default_factory=_queue_defaults)
     allow_create: bool = True
     fsync: str | None = None
+    permissions: tuple[PermissionSettings, ...] = ()
+    tokens: TokenSettings | None = None
 
 
 def _other_sections() -> dict[str, Any]:
@@ -275,8 +286,10 @@ class Settings:
     @ivar limits: the broker-wide limits (C{[limits]}).
     @ivar commit_log: the commit-log store's settings (C{[commit_log]}),
         used when C{store} is C{"log"}.
+    @ivar auth: authentication's settings (C{[auth]}; L{qmq.auth}).
     @ivar vhosts: the virtual hosts with their declarations.
     @ivar shutdown_timeout: seconds a graceful shutdown may take.
+    @ivar users: the users (C{[users.NAME]}), for authentication.
     @ivar other_sections: the settings of sections registered in
         L{SECTIONS} that have no attribute here, by name; read them with
         L{section}.
@@ -293,8 +306,10 @@ class Settings:
     connections: ConnectionSettings = field(default_factory=ConnectionSettings)
     limits: LimitSettings = field(default_factory=LimitSettings)
     commit_log: CommitLogSettings = field(default_factory=CommitLogSettings)
+    auth: AuthSettings = field(default_factory=AuthSettings)
     vhosts: tuple[VirtualHostSettings, ...] = (VirtualHostSettings("/"),)
     shutdown_timeout: float = 10.0
+    users: tuple[UserSettings, ...] = ()
     other_sections: Mapping[str, Any] = field(default_factory=_other_sections)
     listen_source: str = field(default=DEFAULT_CONFIG_NAME, compare=False)
 
@@ -735,6 +750,114 @@ def _queue_defaults_table(value: object, key: str) -> dict[str, Any]:
     return result
 
 
+def _pattern(value: object, key: str) -> str:
+    if not isinstance(value, str):
+        raise _fail(key, "a string (a regular expression)", value)
+    try:
+        compile_pattern(value, "user")
+    except re.error as e:
+        raise _Invalid(key, f"not a regular expression: {e}") from None
+    return value
+
+
+_PERMISSION_SCHEMA: _Schema = {"configure": _pattern, "write": _pattern, "read": _pattern}
+
+
+def _permissions(value: object, key: str) -> dict[str, dict[str, str]]:
+    if not isinstance(value, dict):
+        raise _fail(key, "a table of users' permissions (e.g. [vhosts.\"/\".permissions.alice])", value)
+    return {
+        name: _table(item, _join(key, name), _PERMISSION_SCHEMA)
+        for name, item in value.items()
+    }
+
+
+def _key_file(value: object, key: str) -> dict[str, Any]:
+    if not isinstance(value, str) or not value:
+        raise _fail(key, "a file name (a non-empty string)", value)
+    try:
+        data = Path(value).read_bytes()
+    except OSError as e:
+        raise _Invalid(key, f"cannot read {value!r}: {e.strerror or e}") from None
+    return {"key_file": value, "key": data}
+
+
+_TOKEN_SCHEMA: _Schema = {
+    "algorithm": _one_of(TOKEN_ALGORITHMS),
+    "key_file": _key_file,
+    "audience": _string,
+    "issuer": _string,
+    "leeway": _number(minimum=0),
+    "max_lifetime": _number(minimum=0),
+    **_PERMISSION_SCHEMA,
+}
+
+
+def _tokens(value: object, key: str) -> dict[str, Any]:
+    table = _table(
+        value,
+        key,
+        _TOKEN_SCHEMA,
+        {"algorithm": "one of " + ", ".join(TOKEN_ALGORITHMS), "key_file": "a file name"},
+    )
+    table.update(table.pop("key_file"))
+    key_bytes = table["key"]
+    if table["algorithm"].startswith("HS"):
+        table["key"] = key_bytes.strip()
+        if len(table["key"]) < 32:
+            raise _Invalid(
+                _join(key, "key_file"),
+                f"an HMAC secret needs at least 32 bytes; {table['key_file']!r} has "
+                f"{len(table['key'])}",
+            )
+    else:
+        from cryptography.hazmat.primitives.serialization import (  # noqa: PLC0415
+            load_pem_public_key,
+        )
+
+        try:
+            load_pem_public_key(key_bytes)
+        except ValueError:
+            raise _Invalid(
+                _join(key, "key_file"),
+                f"{table['key_file']!r} holds no PEM public key (needed for "
+                f"{table['algorithm']})",
+            ) from None
+    return table
+
+
+def _string_list(value: object, key: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise _fail(key, "an array of non-empty strings", value)
+    return tuple(value)
+
+
+def _password_hash(value: object, key: str) -> str:
+    from qmq.auth.passwords import HashError, parse_hash  # noqa: PLC0415
+
+    if not isinstance(value, str):
+        raise _fail(key, "a password hash printed by qmq-passwd", value)
+    try:
+        parse_hash(value)
+    except HashError as e:
+        raise _Invalid(key, str(e)) from None
+    return value
+
+
+_USER_SCHEMA: _Schema = {"password": _password_hash, "certificate_names": _string_list}
+
+
+def _users(value: object, key: str) -> dict[str, dict[str, Any]]:
+    if not isinstance(value, dict):
+        raise _fail(key, "a table of users (e.g. [users.alice])", value)
+    result = {}
+    for name, item in value.items():
+        if not name:
+            raise _Invalid(_join(key, name), "a user needs a non-empty name")
+        result[name] = _table(item, _join(key, name), _USER_SCHEMA)
+    return result
+
+
 #: The keys of a virtual host that declare things (arrays of tables).
 _DECLARATION_KEYS = ("exchanges", "queues", "bindings")
 
@@ -745,6 +868,8 @@ _VHOST_SCHEMA: _Schema = {
     "queue_defaults": _queue_defaults_table,
     "allow_create": _boolean,
     "fsync": _one_of(FSYNC_POLICIES),
+    "permissions": _permissions,
+    "tokens": _tokens,
 }
 
 
@@ -766,6 +891,7 @@ _TOP_SCHEMA: _Schema = {
     "store": _store_name,
     "shutdown_timeout": _number(above=0),
     "vhosts": _vhosts,
+    "users": _users,
 }
 
 
@@ -846,9 +972,21 @@ def _build(tree: Mapping[str, Any]) -> Settings:
                 queue_defaults={**QUEUE_DEFAULTS, **vhost.get("queue_defaults", {})},
                 allow_create=vhost.get("allow_create", True),
                 fsync=vhost.get("fsync"),
+                permissions=tuple(
+                    PermissionSettings(user, **p) for user, p in vhost.get("permissions", {}).items()
+                ),
+                tokens=TokenSettings(**vhost["tokens"]) if "tokens" in vhost else None,
             )
         )
-    values: dict[str, Any] = {"vhosts": tuple(vhosts)}
+    users = tuple(
+        UserSettings(
+            name,
+            password=user.get("password"),
+            certificate_names=user.get("certificate_names", ()),
+        )
+        for name, user in tree.get("users", {}).items()
+    )
+    values: dict[str, Any] = {"vhosts": tuple(vhosts), "users": users}
     others = {}
     for name, cls in SECTIONS.items():
         section = cls(**tree.get(name, {}))

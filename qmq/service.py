@@ -28,11 +28,18 @@ L{MultiService}):
        C{limits.memory_high_watermark} and gives it to the broker (when the
        mark is not 0), where every session's publisher flow control and the
        C{/control/memory} destination find it.
-    5. For each C{PROTOCOL:ENDPOINT} listen spec it builds that protocol's
+    5. It builds the L{qmq.auth.Authenticator} from the users, the virtual
+       hosts' permissions and token keys (L{build_authenticator}) and gives
+       it to the broker (C{broker.auth}) when any is configured; without
+       them every client is anonymous.
+    6. For each C{PROTOCOL:ENDPOINT} listen spec it builds that protocol's
        factory from L{PROTOCOLS} and an endpoint with Twisted's
        C{serverFromString}, and adds a L{Listener} child service.  Every
        mistake (unknown protocol, bad endpoint string, missing TLS file) is
-       found here, before anything listens.
+       found here, before anything listens; so is a listener on a
+       non-loopback interface that clients would reach without
+       authentication (authentication off, or C{auth.anonymous}), which is
+       refused unless C{auth.allow_unauthenticated_remote} is true.
 
 Starting the service creates the data directory and binds the listeners (in
 C{privilegedStartService}, so C{twistd --uid} can bind low ports first), one
@@ -66,6 +73,7 @@ the steps itself.
 from __future__ import annotations
 
 import gc
+import ipaddress
 import json
 import time
 from collections.abc import Callable
@@ -90,6 +98,7 @@ from qmq.core.limits import LimitSettings
 from qmq.core.store import MessageStore
 from qmq.store.memory import MemoryStore
 from qmq.store.segment import UnsupportedVersion
+from qmq.twisted_internals import endpoint_interface
 
 __all__ = [
     "PROTOCOLS",
@@ -97,6 +106,7 @@ __all__ = [
     "BrokerService",
     "Listener",
     "StartupError",
+    "build_authenticator",
     "build_memory_alarm",
     "build_store",
     "freeze_gc",
@@ -241,6 +251,67 @@ def build_memory_alarm(
         raise ConfigError("", "limits.memory_high_watermark", str(e)) from None
     return MemoryAlarm(
         clock, high, read_rss=read_rss if read_rss is not None else _alarm.current_rss
+    )
+
+
+def build_authenticator(settings: Settings, clock: Any) -> Any:
+    """
+    Build the broker's authenticator from the users, the virtual hosts'
+    permissions and token keys, and the C{[auth]} section.
+
+    @return: a L{qmq.auth.Authenticator}, or None when no user and no token
+        key is configured (authentication off: every client anonymous).
+    """
+    from qmq.auth import Authenticator  # noqa: PLC0415
+
+    auth = Authenticator(
+        settings.auth,
+        clock,
+        users=settings.users,
+        permissions={v.name: v.permissions for v in settings.vhosts},
+        tokens={v.name: v.tokens for v in settings.vhosts if v.tokens is not None},
+    )
+    return auth if auth.enabled else None
+
+
+def is_loopback(interface: str | None) -> bool:
+    """Whether a listener on C{interface} (None: a unix socket) is reachable
+    from this machine only."""
+    if interface is None:
+        return True
+    if interface == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(interface.split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_exposure(
+    settings: Settings, auth: Any, endpoint: Any, spec: str, source: str, key: str
+) -> None:
+    """Refuse a listener that anyone on the network reaches without
+    authentication, unless C{auth.allow_unauthenticated_remote}."""
+    if settings.auth.allow_unauthenticated_remote:
+        return
+    if auth is not None and not settings.auth.anonymous:
+        return
+    interface = endpoint_interface(endpoint)
+    if is_loopback(interface):
+        return
+    where = f"interface {interface}" if interface else "every interface"
+    why = (
+        "authentication is off (no [users] and no [vhosts.NAME.tokens])"
+        if auth is None
+        else "auth.anonymous = true lets clients in without credentials"
+    )
+    raise ConfigError(
+        source,
+        key,
+        f"{spec!r} listens on {where}, not only on loopback, and {why}: configure users "
+        "(docs/security.rst), listen on 127.0.0.1, or set "
+        "auth.allow_unauthenticated_remote = true to accept unauthenticated clients "
+        "from the network",
     )
 
 
@@ -597,9 +668,11 @@ def make_service(settings: Settings, reactor: Any = None) -> BrokerService:
         freeze_gc()
     alarm = build_memory_alarm(settings.limits, reactor)
     broker.memory_alarm = alarm if alarm.enabled else None
+    broker.auth = build_authenticator(settings, reactor)
     service = BrokerService(broker, settings, reactor, memory_alarm=alarm)
     source = settings.listen_source
     names: set[str] = set()
+    exposure: list[tuple[Any, str, str]] = []
     for index, spec in enumerate(settings.listen):
         key = f"listen[{index}]" if source != "--listen" else ""
         protocol, _, description = spec.partition(":")
@@ -613,10 +686,13 @@ def make_service(settings: Settings, reactor: Any = None) -> BrokerService:
             endpoint = serverFromString(reactor, description)
         except Exception as e:
             raise ConfigError(source, key, f"cannot use endpoint {description!r}: {e}") from None
+        exposure.append((endpoint, spec, key))
         # The spec names the listener in the registry's caps and logs; the
         # same spec twice (port 0) still makes two listeners with two caps.
         name = spec if spec not in names else f"{spec} #{index}"
         names.add(name)
         factory = builder(broker, settings, reactor, service.connections, name)
         service.add_listener(Listener(protocol, spec, endpoint, factory))
+    for endpoint, spec, key in exposure:
+        _check_exposure(settings, broker.auth, endpoint, spec, source, key)
     return service

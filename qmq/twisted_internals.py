@@ -19,6 +19,15 @@ upgrade changes them:
     L{TLSMemoryBIOProtocol} instance (the TCP transport looks that method
     up on every read).
 
+And one check at start-up, not a hot path:
+
+  - L{endpoint_interface}: the address a server endpoint will bind, read
+    from the C{_interface} field that Twisted's TCP and SSL server
+    endpoints keep (there is no public accessor), so that a listener on a
+    non-loopback interface without authentication refuses to start.  An
+    endpoint without the field counts as listening everywhere (the safe
+    answer).
+
 Nothing else in QMQ may touch a private attribute of Twisted; a new trick of
 this kind goes here, with its check, its fallback and its test.
 """
@@ -28,11 +37,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from twisted.internet import tcp
+from twisted.internet import endpoints, tcp
 from twisted.logger import Logger
 from twisted.protocols.tls import TLSMemoryBIOProtocol
 
-__all__ = ["TCP_BUFFER_FIELDS", "direct_writer", "hold_batches_per_read"]
+__all__ = ["TCP_BUFFER_FIELDS", "direct_writer", "endpoint_interface", "hold_batches_per_read"]
 
 log = Logger()
 
@@ -134,3 +143,20 @@ def hold_batches_per_read(tls: Any, batcher: Any) -> bool:
 
     tls.dataReceived = dataReceived
     return True
+
+
+def endpoint_interface(endpoint: Any) -> str | None:
+    """The interface a server endpoint binds.
+
+    @return: the address (C{""}: every interface), or None for a unix
+        socket (local by nature).  An endpoint of another kind, or a TCP or
+        SSL endpoint whose C{_interface} field is gone, gives C{""}.
+    """
+    if isinstance(endpoint, endpoints.UNIXServerEndpoint):
+        return None
+    interface = getattr(endpoint, "_interface", None)
+    if isinstance(interface, str):
+        return interface
+    if isinstance(endpoint, endpoints.TCP4ServerEndpoint | endpoints.SSL4ServerEndpoint):
+        _warn_once("endpoint_interface", "the server endpoint has no _interface")
+    return ""

@@ -12,6 +12,7 @@ from pathlib import Path
 from twisted.trial import unittest
 
 from qmq import config
+from qmq.auth.settings import AuthSettings
 from qmq.config import (
     BindingDeclaration,
     ConfigError,
@@ -116,6 +117,7 @@ class DefaultTests(unittest.TestCase):
                 "web": WebSettings,
                 "sockjs": SockJSSettings,
                 "http_api": ApiSettings,
+                "auth": AuthSettings,
             },
         )
         settings = config.load_string("[limits]\nmax_topic_words = 5\n")
@@ -460,8 +462,9 @@ class ErrorTests(unittest.TestCase):
         """
         self.check(
             'lisen = ["stomp:tcp:1"]',
-            "qmq.toml: lisen: unknown key (expected one of: commit_log, connections, data_dir,"
-            ' http_api, limits, listen, shutdown_timeout, sockjs, stomp, store, vhosts, web); did you'
+            "qmq.toml: lisen: unknown key (expected one of: auth, commit_log, connections, data_dir,"
+            " http_api, limits, listen, shutdown_timeout, sockjs, stomp, store, users, vhosts, web);"
+            " did you"
             ' mean "listen"?',
         )
         self.check(
@@ -480,7 +483,7 @@ class ErrorTests(unittest.TestCase):
         self.check(
             '[vhosts."/"]\nqueue = []',
             'qmq.toml: vhosts."/".queue: unknown key (expected one of: allow_create, bindings,'
-            ' exchanges, fsync, queue_defaults, queues); did you mean "queues"?',
+            ' exchanges, fsync, permissions, queue_defaults, queues, tokens); did you mean "queues"?',
         )
         self.check(
             '[vhosts."/".queue_defaults]\nx-max-len = 1',

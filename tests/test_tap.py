@@ -177,7 +177,9 @@ class OptionsTests(unittest.TestCase):
         L{tap.makeService} wraps the L{BrokerService}; a start-up error ends
         the process with its message.
         """
-        options = self.parse("--data-dir", self.mktemp(), "--listen", "stomp:tcp:0")
+        options = self.parse(
+            "--data-dir", self.mktemp(), "--listen", "stomp:tcp:0:interface=127.0.0.1"
+        )
         top = tap.makeService(options)
         [broker] = list(top)
         self.assertIsInstance(broker, BrokerService)
@@ -262,6 +264,12 @@ class ServiceTests(unittest.TestCase):
     def settings(self, text: str = "", **changes: Any) -> Settings:
         settings = config.load_string(text, "qmq.toml")
         changes.setdefault("data_dir", Path(self.mktemp()))
+        # These tests are about listeners, some on every interface: the rule
+        # that refuses those without authentication has its own tests
+        # (tests.test_auth_service).
+        changes.setdefault(
+            "auth", config.dataclasses.replace(settings.auth, allow_unauthenticated_remote=True)
+        )
         return config.dataclasses.replace(settings, **changes)
 
     def messages(self) -> list[str]:

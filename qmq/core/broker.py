@@ -63,6 +63,7 @@ class Broker:
     @ivar message_ids: the source of message ids (an C{itertools.count}).
     @ivar memory_alarm: the broker-wide memory alarm
         (L{qmq.core.alarm.MemoryAlarm}), or None when there is none.
+    @ivar auth: the authenticator frontends log clients in with, or None.
     @ivar unfinished_bytes: bytes of frames still being received.
     @ivar max_unfinished_bytes: the most allowed (0: no limit), from
         C{limits.max_unfinished_bytes}.
@@ -94,6 +95,10 @@ class Broker:
         self.batcher = WriteBatcher(clock)
         self.message_ids = itertools.count(1)
         self.memory_alarm: Any = None
+        #: Authentication (L{qmq.auth.Authenticator}), set by the service
+        #: when users or tokens are configured; None: every client is
+        #: anonymous with every right.
+        self.auth: Any = None
         #: Bytes of frames still being received, over all connections, and
         #: the most allowed (0: no limit); frontends keep the count.
         self.unfinished_bytes = 0

@@ -65,6 +65,10 @@ class Channel:
     @ivar temp_queues: temp-queue name -> its queue.
     @ivar backlog_budget: the budget the backlogs of its live consumers
         share, or None (each bounded only by its own C{backlog_limit}).
+    @ivar user: the authenticated user whose permissions every new
+        destination is checked against (L{qmq.auth.User}: anything with
+        C{name} and C{can(operation, vhost, resource, destination)}), or
+        None: no checks (authentication is off).
     """
 
     def __init__(
@@ -73,12 +77,15 @@ class Channel:
         vhost: VirtualHost,
         owner_name: str = "",
         backlog_budget: int = 0,
+        user: Any = None,
     ) -> None:
         """
         @param backlog_budget: most messages its live consumers' backlogs
             hold together (0: no shared bound).
+        @param user: the authenticated user, or None (no permission checks).
         """
         self.broker = broker
+        self.user = user
         self.backlog_budget = BacklogBudget(backlog_budget) if backlog_budget else None
         self.vhost = vhost
         self.owner_name = owner_name
@@ -124,6 +131,10 @@ class Channel:
             # Publishing to an existing queue is allowed even if it is
             # exclusive to another channel (a /temp-queue/ reply-to).
             queue = self.vhost.queues.get(name)
+            if self.user is not None:
+                self._authorize("write", name, text)
+                if queue is None:
+                    self._authorize("configure", name, text)
             if queue is None:
                 queue = self.named_queue(name, "write")
             elif name.startswith(DURABLE_SUBSCRIPTION_PREFIX):
@@ -137,7 +148,26 @@ class Channel:
         if kind == "control":
             return (None, None, None, dest.name, None)
         exchange = self.vhost.exchange(dest.name)
+        if self.user is not None:
+            self._authorize("write", exchange.name, text)
         return (None, exchange, exchange.name, dest.key, exchange)
+
+    def _authorize(self, operation: str, resource: str, text: str) -> None:
+        """Check the user's C{operation} permission on C{resource}, named
+        by the destination C{text}.
+
+        Asked only when a destination is first resolved (send targets are
+        cached per channel) or subscribed to: never per message.
+
+        @raise AccessRefused: naming the operation and the destination.
+        """
+        user = self.user
+        if user is not None and not user.can(operation, self.vhost.name, resource, text):
+            raise AccessRefused(
+                f"User {user.name!r} has no {operation} permission for {text!r} "
+                f"(resource {resource!r}).",
+                f"access refused ({operation})",
+            )
 
     def named_queue(
         self, name: str, operation: str = "read", arguments: dict[str, Any] | None = None
@@ -197,13 +227,18 @@ class Channel:
             )
 
     def temp_queue(self, name: str) -> Queue:
-        """This channel's private reply queue C{name} (made on first use)."""
+        """This channel's private reply queue C{name} (made on first use:
+        that needs the configure permission on its queue's name, as
+        RabbitMQ's C{amq.gen-} reply queues do)."""
         queue = self.temp_queues.get(name)
         if queue is None or queue.deleted:
             if not name:
                 raise DestinationError("a /temp-queue/ destination needs a name")
+            queue_name = f"amq.tmp.{self.token}.{name}"
+            if self.user is not None:
+                self._authorize("configure", queue_name, "/temp-queue/" + name)
             queue = self.vhost.declare_queue(
-                f"amq.tmp.{self.token}.{name}",
+                queue_name,
                 durable=False,
                 auto_delete=False,
                 exclusive_owner=self,
@@ -292,15 +327,24 @@ class Channel:
                 "a queue (shared, or kept for a durable subscription), whose own bounds apply.",
                 "buffer not allowed here",
             )
+        user = self.user
         if kind == "queue":
+            if user is not None:
+                self._authorize("read", dest.name, text)
+                if dest.name not in vhost.queues:
+                    self._authorize("configure", dest.name, text)
             queue = self.named_queue(dest.name, arguments=arguments)
         elif kind == "temp-queue":
             queue = self.temp_queue(dest.name)
         else:
             exchange = vhost.exchange(dest.name)
+            if user is not None:
+                self._authorize("read", exchange.name, text)
             if durable_name is not None:
                 name = durable_queue_name(self.owner_name, durable_name)
                 existed = name in vhost.queues
+                if user is not None and not existed:
+                    self._authorize("configure", name, text)
                 queue = vhost.declare_queue(
                     name, durable=True, on_demand=True, subscription=True, arguments=arguments
                 )
@@ -367,6 +411,8 @@ class Channel:
         queue.remove_consumer(consumer, unacked)
         if delete_durable and consumer.durable:
             check_queue_access(self.owner_name, queue.name, "delete")
+            if self.user is not None:
+                self._authorize("configure", queue.name, queue.name)
         if (consumer.private or (delete_durable and consumer.durable)) and not queue.deleted:
             self.vhost.delete_queue(queue.name)
 
@@ -495,8 +541,17 @@ class Channel:
     # -- control destinations ------------------------------------------------------
 
     def control(self, path: str) -> list[tuple[str, str]]:
-        """Answer an ocamlmq control destination (counts)."""
+        """Answer an ocamlmq control destination (counts).
+
+        With a user, a count about a queue needs the read permission on it,
+        a count of topic subscribers the read permission on C{amq.topic}.
+        """
         vhost = self.vhost
+        if self.user is not None:
+            if path.startswith(("count-msgs/queue/", "count-subscribers/queue/")):
+                self._authorize("read", path.partition("/queue/")[2], "/control/" + path)
+            elif path.startswith("count-subscribers/topic/"):
+                self._authorize("read", "amq.topic", "/control/" + path)
         if path.startswith("count-msgs/queue/"):
             name = path[17:]
             if name.startswith(DURABLE_SUBSCRIPTION_PREFIX):

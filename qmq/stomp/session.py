@@ -46,7 +46,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from qmq import __version__
-from qmq.core.broker import Broker
+from qmq.core.broker import DEFAULT_VHOST, Broker
 from qmq.core.channel import Channel
 from qmq.core.consumer import SubscriberBuffer
 from qmq.core.destination import parse_destination
@@ -76,6 +76,8 @@ DURABLE_FLAG_HEADERS = ("durable", "persistent")
 # never piles up more than about this per connection before back-pressure.
 FLUSH_THRESHOLD = 128 * 1024
 _session_ids = itertools.count(1)
+# Frames a client may send after CONNECT before it is answered.
+_MAX_HELD_FRAMES = 1000
 # The cache of relayed SEND header blocks (see _publish): producers repeat a
 # few blocks; these bounds keep a hostile one from pinning megabytes.
 _CACHED_BLOCKS = 64
@@ -138,6 +140,12 @@ class StompSession:
         self.closed = False
         self.paused = False
         self.login: str | None = None
+        #: The authenticated user (L{qmq.auth.User}), or None (authentication off).
+        self.user: Any = None
+        # Frames that arrived while CONNECT's credentials are being checked
+        # (reading is paused meanwhile); None when not authenticating.
+        self._held: list[Frame] | None = None
+        self._expiry: Any = None
         self.client_id: str | None = None
         self._released = False
         self.subscriptions: dict[str, Subscription] = {}
@@ -247,6 +255,19 @@ class StompSession:
 
     def _handle(self, frame: Frame) -> None:
         """The careful path for one frame: checks, dispatch, errors."""
+        held = self._held
+        if held is not None:
+            # CONNECT's credentials are being checked: later frames wait
+            # (reading is paused, so at most what one read brought).
+            if len(held) >= _MAX_HELD_FRAMES:
+                self.error(
+                    "too many frames before CONNECTED",
+                    f"At most {_MAX_HELD_FRAMES} frames may follow CONNECT before the broker "
+                    "answers it.",
+                )
+            else:
+                held.append(frame)
+            return
         try:
             if not self.connected and frame.command not in ("CONNECT", "STOMP"):
                 raise StompError(
@@ -409,11 +430,12 @@ class StompSession:
             if loop is not None and loop.running:
                 loop.stop()
         self._send_loop = self._recv_loop = self._watch_loop = None
-        timer = self._connect_timer
-        if timer is not None:
-            self._connect_timer = None
-            if timer.active():
-                timer.cancel()
+        for name in ("_connect_timer", "_expiry"):
+            timer = getattr(self, name)
+            if timer is not None:
+                setattr(self, name, None)
+                if timer.active():
+                    timer.cancel()
 
     def _connect_timeout(self) -> None:
         self._connect_timer = None
@@ -422,9 +444,10 @@ class StompSession:
 
     @property
     def reading_blocked(self) -> bool:
-        """Whether the session stopped reading its client (the memory alarm):
-        a transport that paused reading for its own reasons leaves it off."""
-        return self._blocked
+        """Whether the session stopped reading its client (the memory alarm,
+        or CONNECT's credentials being checked): a transport that paused
+        reading for its own reasons leaves it off."""
+        return self._blocked or self._held is not None
 
     # -- publisher flow control (memory alarm) --------------------------------------
 
@@ -564,11 +587,83 @@ class StompSession:
                 self.transport.close("unsupported protocol version")
                 return
         host = h.get("host")
+        auth = self.broker.auth
+        if auth is not None:
+            self._authenticate(auth, h, version, host or DEFAULT_VHOST)
+            return
         vhost = self.broker.vhost(host) if host else None
         if vhost is None:
             if host and self.settings.strict_vhost:
                 raise StompError("unknown virtual host", f"There is no virtual host {host!r}.")
             vhost = self.broker.default_vhost
+        self._connected(h, version, vhost)
+
+    def _authenticate(self, auth: Any, h: dict[str, str], version: str, name: str) -> None:
+        """Check CONNECT's credentials (L{qmq.auth.Authenticator}); the
+        client's later frames wait, unread, until it is answered.
+
+        With authentication on, the C{host} header must name a virtual host
+        the user may use (no fallback to the default one): a virtual host
+        that does not exist gets the same ERROR as one the user may not use.
+        """
+        credentials = auth.credentials(
+            name, h.get("login"), h.get("passcode"), getattr(self.transport, "identity", None)
+        )
+        self._held = []
+        self.transport.pause_reading()
+        address = getattr(self.transport, "peer_host", "") or ""
+        d = auth.authenticate(name, credentials, address)
+        d.addCallbacks(
+            self._authenticated, self._not_authenticated, callbackArgs=(h, version, name)
+        )
+
+    def _authenticated(self, user: Any, h: dict[str, str], version: str, name: str) -> None:
+        if self.closed:
+            return
+        vhost = self.broker.vhosts.get(name)
+        if vhost is None:
+            # The user was given permissions in a virtual host that was never made.
+            self._held = None
+            self.transport.resume_reading()
+            self.error("access refused", f"Virtual host {name!r} is not open to this user.")
+            return
+        held, self._held = self._held, None
+        self.user = user
+        self._connected(h, version, vhost)
+        if user.expires is not None:
+            self._expiry = self.clock.callLater(
+                max(0.0, user.expires - self._seconds()), self._credentials_expired
+            )
+        if held:
+            self.frames_received(held)
+        if not self.closed and not self._blocked:
+            self.transport.resume_reading()
+
+    def _not_authenticated(self, failure: Failure) -> None:
+        self._held = None
+        if self.closed:
+            return
+        # Reading was paused for the check; a paused TLS connection would
+        # not see its peer's side of the close.
+        self.transport.resume_reading()
+        from qmq.auth import AuthError  # noqa: PLC0415
+
+        e = failure.value
+        if isinstance(e, AuthError):
+            self.error(e.short, e.message)
+        else:
+            log.failure("authentication failed in session {session}", failure, session=self.id)
+            self.error("internal error", "The broker failed to check the credentials; see its log.")
+
+    def _credentials_expired(self) -> None:
+        self._expiry = None
+        self.error(
+            "token expired",
+            "The token this connection logged in with has expired; connect again with a new one.",
+        )
+
+    def _connected(self, h: dict[str, str], version: str, vhost: VirtualHost) -> None:
+        """CONNECT accepted: negotiate, open the channel, answer CONNECTED."""
         cx = cy = 0
         beat = h.get("heart-beat")
         if beat is not None and version != "1.0":
@@ -588,6 +683,7 @@ class StompSession:
             vhost,
             self._owner_name(),
             backlog_budget=self.settings.topic_backlog,
+            user=self.user,
         )
         self.connected = True
         if self._connect_timer is not None and self._connect_timer.active():
@@ -601,12 +697,13 @@ class StompSession:
         self._start_heartbeats(send_ms, recv_ms)
         log.info(
             "stomp connect session={session} peer={peer} version={version} vhost={vhost} "
-            "login={login} heart-beat={send}/{recv}",
+            "login={login} user={user} heart-beat={send}/{recv}",
             session=self.id,
             peer=self.peer,
             version=version,
             vhost=vhost.name,
             login=self.login,
+            user=self.user.name if self.user is not None else None,
             send=send_ms,
             recv=recv_ms,
         )
@@ -615,9 +712,11 @@ class StompSession:
         """Who the client is, for what it owns (durable subscriptions): its
         login, else its verified TLS identity, else C{""} (anonymous).
 
-        Until authentication exists the login is not checked; the
-        authentication work puts the authenticated user here.
+        With authentication on, the authenticated user's name; without it
+        the login is not checked.
         """
+        if self.user is not None:
+            return self.user.name
         if self.login:
             return self.login
         identity = self.transport.identity
