@@ -21,6 +21,7 @@ from twisted.trial import unittest
 from qmq.auth import (
     Authenticator,
     AuthSettings,
+    Busy,
     LoginFailed,
     Permission,
     PermissionSettings,
@@ -453,3 +454,49 @@ class AuthenticatorTests(unittest.TestCase):
         self.assertEqual(event["user"], "mallory")
         self.assertEqual(event["address"], "192.0.2.1")
         self.assertNotIn("x", re.sub(r"\w{2,}", "", str(event.get("reason"))))
+
+
+class PasswordGateTests(unittest.TestCase):
+    """Password checks (scrypt in threads) are bounded per address and overall."""
+
+    def setUp(self):
+        self.clock = task.Clock()
+        self.started: list[defer.Deferred] = []
+
+        def run(f, *args):
+            d = defer.Deferred()
+            d.addCallback(lambda _: f(*args))
+            self.started.append(d)
+            return d
+
+        self.auth = Authenticator(
+            AuthSettings(),
+            self.clock,
+            users=[UserSettings("alice", hash_password("pw", COST))],
+            permissions={"/": [PermissionSettings("alice", "", "", ".*")]},
+            run=run,
+        )
+
+    def test_two_at_a_time_per_address(self):
+        attempts = [self.auth.authenticate("/", UsernamePassword("alice", "pw"), "a") for _ in range(5)]
+        other = self.auth.authenticate("/", UsernamePassword("alice", "pw"), "b")
+        self.assertEqual(len(self.started), 3)  # two from a, one from b
+        while self.started:
+            self.started.pop(0).callback(None)
+        for d in [*attempts, other]:
+            self.assertEqual(self.successResultOf(d).name, "alice")
+        self.assertEqual(self.auth.gate.pending, 0)
+
+    def test_busy_past_the_bound(self):
+        self.auth.gate.max_pending = 3
+        attempts = [
+            self.auth.authenticate("/", UsernamePassword("alice", "pw"), f"10.0.0.{i}") for i in range(4)
+        ]
+        e = self.failureResultOf(attempts[3], Busy).value
+        self.assertEqual(e.short, "broker busy")
+        # Cheap credentials are not gated.
+        self.assertEqual(self.auth.gate.pending, 3)
+        for d in self.started:
+            d.callback(None)
+        for d in attempts[:3]:
+            self.successResultOf(d)

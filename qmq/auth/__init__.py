@@ -18,6 +18,7 @@ See C{docs/security.rst}.
 from qmq.auth.authenticator import (
     Authenticator,
     AuthError,
+    Busy,
     LoginFailed,
     TokenRejected,
     TooManyFailures,
@@ -32,6 +33,7 @@ __all__ = [
     "AuthError",
     "AuthSettings",
     "Authenticator",
+    "Busy",
     "LoginFailed",
     "Permission",
     "PermissionSettings",

@@ -27,6 +27,14 @@ L{AuthError} whose C{short} and C{message} a frontend shows as they are:
                         about other applications)
     L{TooManyFailures}  the address has failed so often that its next
                         attempt would wait too long
+    L{Busy}             too many password checks are under way or waiting
+
+Password checks cost CPU on purpose (scrypt), so they are gated
+(L{PasswordGate}): at most two at a time from one address (the others wait
+their turn, in order), and at most C{max_pending} under way or waiting over
+all addresses; past that a login is refused at once.  A burst of guesses
+from one address thus costs two threads at a time, and after its first
+failures the throttle spaces the rest.
 
 The authenticator is off (L{Authenticator.enabled} false) when no user and
 no token key is configured: the broker then keeps its anonymous,
@@ -35,10 +43,11 @@ loopback-only mode and frontends skip it entirely (no cost at CONNECT).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from twisted.cred.credentials import Anonymous, UsernamePassword
+from twisted.cred.credentials import Anonymous, IUsernamePassword, UsernamePassword
 from twisted.cred.error import UnauthorizedLogin, UnhandledCredentials
 from twisted.cred.portal import Portal
 from twisted.internet import defer
@@ -65,6 +74,7 @@ from qmq.auth.tokens import TokenVerifier, looks_like_token
 __all__ = [
     "AuthError",
     "Authenticator",
+    "Busy",
     "LoginFailed",
     "TokenRejected",
     "TooManyFailures",
@@ -109,6 +119,59 @@ class TooManyFailures(AuthError):
     short = "too many failed logins"
 
 
+class Busy(AuthError):
+    """Too many password checks under way or waiting."""
+
+    short = "broker busy"
+
+
+class PasswordGate:
+    """
+    Bounds the password checks under way (see the module docstring).
+
+    @ivar per_address: most checks at once from one address.
+    @ivar max_pending: most checks under way or waiting, over all addresses.
+    @ivar pending: checks under way or waiting now.
+    """
+
+    def __init__(self, per_address: int = 2, max_pending: int = 1000) -> None:
+        self.per_address = per_address
+        self.max_pending = max_pending
+        self.pending = 0
+        self._running: dict[str, int] = {}
+        self._waiting: dict[str, deque[defer.Deferred]] = {}
+
+    def acquire(self, address: str) -> defer.Deferred | None:
+        """A Deferred that fires when a check from C{address} may start, or
+        None: refuse it (L{max_pending} reached).  Call L{release} after."""
+        if self.pending >= self.max_pending:
+            return None
+        self.pending += 1
+        running = self._running.get(address, 0)
+        if running < self.per_address:
+            self._running[address] = running + 1
+            return defer.succeed(None)
+        d: defer.Deferred = defer.Deferred()
+        self._waiting.setdefault(address, deque()).append(d)
+        return d
+
+    def release(self, address: str) -> None:
+        """A check from C{address} is done: the next waiting one starts."""
+        self.pending -= 1
+        waiting = self._waiting.get(address)
+        if waiting:
+            d = waiting.popleft()
+            if not waiting:
+                del self._waiting[address]
+            d.callback(None)  # the slot passes to it
+            return
+        running = self._running[address] - 1
+        if running:
+            self._running[address] = running
+        else:
+            del self._running[address]
+
+
 #: The message of every bad-credentials refusal.
 LOGIN_FAILED = "Login failed: unknown user, wrong password, or credentials not accepted here."
 
@@ -122,6 +185,7 @@ class Authenticator:
         C{settings.anonymous_user}) while enabled.
     @ivar portal: the twisted.cred portal.
     @ivar throttle: the failed-login throttle.
+    @ivar gate: the bound on password checks under way.
     """
 
     def __init__(
@@ -154,6 +218,7 @@ class Authenticator:
             window=settings.failure_window,
             max_addresses=settings.max_tracked_addresses,
         )
+        self.gate = PasswordGate()
         self.realm = Realm(
             {
                 vhost: {p.user: (p.configure, p.write, p.read) for p in perms}
@@ -216,12 +281,27 @@ class Authenticator:
                 )
             )
         if wait:
-            d = deferLater(self.clock, wait, self.portal.login, credentials, None, IUser)
+            d = deferLater(self.clock, wait, self._login, credentials, address)
         else:
-            d = self.portal.login(credentials, None, IUser)
+            d = self._login(credentials, address)
         d.addCallback(self._logged_in, vhost, address, credentials)
         d.addErrback(self._refused, vhost, address, credentials)
         return d
+
+    def _login(self, credentials: Any, address: str) -> defer.Deferred:
+        if not IUsernamePassword.providedBy(credentials):
+            return self.portal.login(credentials, None, IUser)
+        gate = self.gate
+        turn = gate.acquire(address)
+        if turn is None:
+            return defer.fail(Busy("The broker is busy checking other logins; try again later."))
+
+        def done(result: Any) -> Any:
+            gate.release(address)
+            return result
+
+        turn.addCallback(lambda _: self.portal.login(credentials, None, IUser))
+        return turn.addBoth(done)
 
     def _logged_in(self, result: tuple, vhost: str, address: str, credentials: Any) -> User:
         user: User = result[1]
