@@ -287,24 +287,37 @@ def is_loopback(interface: str | None) -> bool:
         return False
 
 
+#: The protocols whose every client is authenticated when authentication is
+#: on (C{broker.auth}).  A listener of another protocol (C{http}: its HTTP
+#: API does not check credentials yet) counts as unauthenticated.
+AUTHENTICATING_PROTOCOLS = frozenset({"stomp"})
+
+
 def _check_exposure(
-    settings: Settings, auth: Any, endpoint: Any, spec: str, source: str, key: str
+    settings: Settings,
+    auth: Any,
+    protocol: str,
+    endpoint: Any,
+    spec: str,
+    source: str,
+    key: str,
 ) -> None:
     """Refuse a listener that anyone on the network reaches without
     authentication, unless C{auth.allow_unauthenticated_remote}."""
     if settings.auth.allow_unauthenticated_remote:
         return
-    if auth is not None and not settings.auth.anonymous:
+    if auth is not None and not settings.auth.anonymous and protocol in AUTHENTICATING_PROTOCOLS:
         return
     interface = endpoint_interface(endpoint)
     if is_loopback(interface):
         return
     where = f"interface {interface}" if interface else "every interface"
-    why = (
-        "authentication is off (no [users] and no [vhosts.NAME.tokens])"
-        if auth is None
-        else "auth.anonymous = true lets clients in without credentials"
-    )
+    if auth is None:
+        why = "authentication is off (no [users] and no [vhosts.NAME.tokens])"
+    elif settings.auth.anonymous:
+        why = "auth.anonymous = true lets clients in without credentials"
+    else:
+        why = f"{protocol} listeners do not authenticate every client yet"
     raise ConfigError(
         source,
         key,
@@ -672,7 +685,7 @@ def make_service(settings: Settings, reactor: Any = None) -> BrokerService:
     service = BrokerService(broker, settings, reactor, memory_alarm=alarm)
     source = settings.listen_source
     names: set[str] = set()
-    exposure: list[tuple[Any, str, str]] = []
+    exposure: list[tuple[str, Any, str, str]] = []
     for index, spec in enumerate(settings.listen):
         key = f"listen[{index}]" if source != "--listen" else ""
         protocol, _, description = spec.partition(":")
@@ -686,13 +699,13 @@ def make_service(settings: Settings, reactor: Any = None) -> BrokerService:
             endpoint = serverFromString(reactor, description)
         except Exception as e:
             raise ConfigError(source, key, f"cannot use endpoint {description!r}: {e}") from None
-        exposure.append((endpoint, spec, key))
+        exposure.append((protocol, endpoint, spec, key))
         # The spec names the listener in the registry's caps and logs; the
         # same spec twice (port 0) still makes two listeners with two caps.
         name = spec if spec not in names else f"{spec} #{index}"
         names.add(name)
         factory = builder(broker, settings, reactor, service.connections, name)
         service.add_listener(Listener(protocol, spec, endpoint, factory))
-    for endpoint, spec, key in exposure:
-        _check_exposure(settings, broker.auth, endpoint, spec, source, key)
+    for protocol, endpoint, spec, key in exposure:
+        _check_exposure(settings, broker.auth, protocol, endpoint, spec, source, key)
     return service

@@ -160,3 +160,26 @@ class ConfigTests(unittest.TestCase):
         s = self.load(f'[vhosts.app.tokens]\nalgorithm = "HS256"\nkey_file = "{key}"\nread = ".*"\n')
         self.assertEqual(s.vhosts[-1].tokens.key, b"k" * 40)
         self.assertTrue(build_authenticator(s, MemoryReactorClock()).enabled)
+
+
+class ProtocolExposureTests(unittest.TestCase):
+    """A protocol that does not authenticate every client (http: its HTTP
+    API) stays on loopback even with authentication on."""
+
+    def test_http_remote_refused_with_users(self):
+        settings = config.dataclasses.replace(
+            config.load_string(USERS, "qmq.toml"),
+            listen=["http:tcp:8080"],
+            data_dir=Path(self.mktemp()),
+        )
+        e = self.assertRaises(ConfigError, make_service, settings, MemoryReactorClock())
+        self.assertIn("http listeners do not authenticate every client yet", str(e))
+        self.assertIn("auth.allow_unauthenticated_remote", str(e))
+
+    def test_http_loopback_allowed(self):
+        settings = config.dataclasses.replace(
+            config.load_string(USERS, "qmq.toml"),
+            listen=["http:tcp:8080:interface=127.0.0.1"],
+            data_dir=Path(self.mktemp()),
+        )
+        make_service(settings, MemoryReactorClock())
