@@ -159,9 +159,11 @@ class LoginTests(AuthSessionTestCase):
         self.assertEqual(answers[0][0], "access refused")
 
     def test_no_credentials_refused(self):
-        c = self.attempt(host="app")
+        c = self.attempt(host="app", receipt="c1")
         self.clock.advance(1)
-        self.assertEqual(self.error(c).headers["message"], "access refused")
+        e = self.error(c)
+        self.assertEqual(e.headers["message"], "access refused")
+        self.assertEqual(e.headers["receipt-id"], "c1")
 
     def test_repeated_failures_slow_down(self):
         """Failures from one address: each answer takes twice as long; other

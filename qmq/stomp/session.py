@@ -614,7 +614,10 @@ class StompSession:
         address = getattr(self.transport, "peer_host", "") or ""
         d = auth.authenticate(name, credentials, address)
         d.addCallbacks(
-            self._authenticated, self._not_authenticated, callbackArgs=(h, version, name)
+            self._authenticated,
+            self._not_authenticated,
+            callbackArgs=(h, version, name),
+            errbackArgs=(h.get("receipt"),),
         )
 
     def _authenticated(self, user: Any, h: dict[str, str], version: str, name: str) -> None:
@@ -639,7 +642,7 @@ class StompSession:
         if not self.closed and not self._blocked:
             self.transport.resume_reading()
 
-    def _not_authenticated(self, failure: Failure) -> None:
+    def _not_authenticated(self, failure: Failure, receipt: str | None = None) -> None:
         self._held = None
         if self.closed:
             return
@@ -650,7 +653,7 @@ class StompSession:
 
         e = failure.value
         if isinstance(e, AuthError):
-            self.error(e.short, e.message)
+            self.error(e.short, e.message, receipt)
         else:
             log.failure("authentication failed in session {session}", failure, session=self.id)
             self.error("internal error", "The broker failed to check the credentials; see its log.")
