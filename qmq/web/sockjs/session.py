@@ -11,7 +11,8 @@ messages. L{SockJSSession} holds what lives between them:
   - the one receiving request attached now (a L{Receiver}), if any; a
     second one is answered C{c[2010,"Another connection still open"]};
   - two timers on the injected clock: a heart-beat (C{h}) every
-    C{heartbeat_delay} seconds while a receiver waits, and the session's
+    C{heartbeat_delay} seconds while a receiver waits (skipped when
+    something else was sent since the last one), and the session's
     expiry, C{disconnect_delay} seconds after the last receiver left;
   - its state: C{NEW} (no frame sent yet), C{OPEN}, C{CLOSING} (the close
     frame is served to every receiver until the session expires),
@@ -116,7 +117,7 @@ class SockJSSession:
         "id", "handler", "clock", "state", "peer", "peer_host", "receiver", "websocket",
         "heartbeat_delay", "disconnect_delay", "max_buffered", "outbox", "buffered",
         "close_frame", "reading_paused", "inbox", "inbox_bytes", "_forget", "_expiry",
-        "_heartbeat", "_full", "__weakref__",
+        "_heartbeat", "_full", "_wrote", "__weakref__",
     )
 
     def __init__(
@@ -160,6 +161,7 @@ class SockJSSession:
         self._expiry: Any = None
         self._heartbeat: Any = None
         self._full = False
+        self._wrote = False
         if not websocket:
             # A session nobody polls within the delay of its creation ends.
             self._expiry = clock.callLater(disconnect_delay, self._expire)
@@ -229,8 +231,10 @@ class SockJSSession:
             if not self.websocket and self.state is not CLOSED:
                 self._cancel_expiry()
                 self._expiry = self.clock.callLater(self.disconnect_delay, self._expire)
-        elif self._heartbeat is not None:
-            self._heartbeat.reset(self.heartbeat_delay)
+        else:
+            # The heart-beat timer is not moved on every write (that costs
+            # a timer update per delivery): it looks at this flag instead.
+            self._wrote = True
 
     def _write_outbox(self) -> None:
         outbox = self.outbox
@@ -252,6 +256,11 @@ class SockJSSession:
     def send(self, messages: list[str]) -> None:
         """Queue C{messages} for the client; they go at once if a receiver waits."""
         if self.state is not OPEN_STATE:
+            return
+        receiver = self.receiver
+        if receiver is not None and not self.outbox and not receiver.paused:
+            # The usual case of a live client: straight to its connection.
+            self._write(messages_frame(messages))
             return
         self.outbox.extend(messages)
         size = self.buffered
@@ -336,6 +345,7 @@ class SockJSSession:
 
     def _start_heartbeat(self) -> None:
         if self._heartbeat is None and self.heartbeat_delay:
+            self._wrote = False
             self._heartbeat = self.clock.callLater(self.heartbeat_delay, self._beat)
 
     def _stop_heartbeat(self) -> None:
@@ -344,10 +354,14 @@ class SockJSSession:
             timer.cancel()
 
     def _beat(self) -> None:
+        """C{h} to a receiver that got nothing since the last tick (so a
+        stream is never silent for more than twice C{heartbeat_delay})."""
         self._heartbeat = None
         if self.receiver is not None:
-            self._start_heartbeat()
-            self._write(HEARTBEAT)
+            if not self._wrote:
+                self._write(HEARTBEAT)
+            if self.receiver is not None:
+                self._start_heartbeat()
 
     def _cancel_expiry(self) -> None:
         timer, self._expiry = self._expiry, None
