@@ -9,6 +9,7 @@ test advances the clock where the API would wait.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import json
 
@@ -252,7 +253,7 @@ class ErrorTests(ApiTestCase):
 
     @defer.inlineCallbacks
     def test_body_too_large(self) -> None:
-        self.port.factory.requestFactory.max_body_size = 1000
+        self.factory.site.web_settings = dataclasses.replace(self.factory.site.web_settings, max_request_body=1000)
         code, _, raw, doc = yield self.call("POST", f"{Q}/q/messages", raw=b"x" * 5000,
                                             headers={"Content-Type": "application/json"})
         self.assertEqual((code, doc["code"]), (413, "body-too-large"))
@@ -596,7 +597,7 @@ class UploadTests(ApiTestCase):
         answered 408 and closed once upload_timeout passes."""
         from twisted.internet.protocol import ClientFactory, Protocol  # noqa: PLC0415
 
-        self.port.factory.requestFactory.clock = self.clock
+        self.factory.site.reactor = self.clock
         got = defer.Deferred()
 
         class Slow(Protocol):
@@ -619,6 +620,7 @@ class UploadTests(ApiTestCase):
         data = yield got
         self.assertTrue(data.startswith(b"HTTP/1.1 408 "), data[:100])
         self.assertIn(b'"code": "upload-timeout"', data)
+        self.assertIn(b"content-type: application/problem+json", data)
 
 
 class SiteMountTests(unittest.TestCase):
@@ -656,3 +658,54 @@ class SiteMountTests(unittest.TestCase):
         doc = yield r.json()
         self.assertEqual(len(doc["connections"]), 1)
         self.assertEqual(doc["connections"][0]["peer"].split(":")[0], "127.0.0.1")
+
+
+class ScanTests(ApiSiteMixin, unittest.TestCase):
+    """Range scans of a durable queue on the commit log."""
+
+    def setUp(self) -> None:
+        import os  # noqa: PLC0415
+
+        from qmq.store.log import CommitLogStore  # noqa: PLC0415
+
+        directory = self.mktemp()
+        os.makedirs(directory)
+        self.store = CommitLogStore(directory, reactor=reactor, compact_interval=0)
+        self.start_site(broker=Broker(reactor, store=self.store))
+        self.addCleanup(self.store.close)
+
+    @defer.inlineCallbacks
+    def test_scan_pages_without_consuming(self) -> None:
+        self.broker.default_vhost.declare_queue("kept")
+        code, _, _, doc = yield self.call("POST", f"{Q}/kept/messages", {
+            "messages": [{"body": f"m{i}", "persistent": True} for i in range(5)]})
+        self.assertEqual((code, doc["stored"]), (201, 5))
+        got, cursor = [], None
+        for _ in range(10):
+            q = "?limit=2" + (f"&cursor={cursor}" if cursor else "")
+            code, _, _, page = yield self.call("GET", f"{Q}/kept/scan{q}")
+            self.assertEqual(code, 200)
+            got.extend(m["body"] for m in page["messages"])
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+        self.assertEqual(got, [f"m{i}" for i in range(5)])
+        self.assertEqual(len(self.broker.default_vhost.queues["kept"]), 5)
+        code, _, _, page = yield self.call("GET", f"{Q}/kept/scan?start=0&end=1")
+        self.assertEqual(page["messages"], [])
+        code, headers, raw, _ = yield self.call("GET", f"{Q}/kept/scan?limit=1", headers={"Accept": "avro/binary"})
+        self.assertEqual([r["body"] for r in fastavro.reader(io.BytesIO(raw))], [b"m0"])
+        self.assertTrue(headers.getRawHeaders("qmq-next-cursor"))
+
+    @defer.inlineCallbacks
+    def test_scan_errors(self) -> None:
+        self.broker.default_vhost.declare_queue("mem", durable=False)
+        code, _, _, doc = yield self.call("GET", f"{Q}/mem/scan")
+        self.assertEqual((code, doc["code"]), (400, "cannot-scan"))
+        self.broker.default_vhost.declare_queue("kept")
+        code, _, _, doc = yield self.call("GET", f"{Q}/kept/scan?cursor=nonsense")
+        self.assertEqual((code, doc["code"]), (400, "bad-cursor"))
+        code, _, _, doc = yield self.call("GET", f"{Q}/kept/scan?start=5&end=1")
+        self.assertEqual(code, 400)
+        code, _, _, doc = yield self.call("GET", f"{Q}/nope/scan")
+        self.assertEqual(code, 404)

@@ -13,11 +13,9 @@ import treq
 from twisted.internet import defer, reactor
 from twisted.internet.task import deferLater
 from twisted.web.client import HTTPConnectionPool
-from twisted.web.resource import Resource
-from twisted.web.server import Site
 
 from qmq.core.broker import Broker
-from qmq.web.api import ApiResource, limited_request
+from qmq.web.api import ApiResource
 from qmq.web.api.openapi import document
 from qmq.web.api.settings import ApiSettings
 
@@ -90,19 +88,23 @@ def vh(name: str = "/") -> str:
 
 
 class ApiSiteMixin:
-    """Starts a broker with the API on 127.0.0.1 (call C{start_site} in setUp)."""
+    """Starts a broker's http: listener (the real site, with the API at
+    /api) on 127.0.0.1 (call C{start_site} in setUp)."""
 
-    def start_site(self, settings: ApiSettings | None = None, broker: Broker | None = None, ctx_extra: dict | None = None) -> ApiResource:
+    def start_site(self, settings: ApiSettings | None = None, broker: Broker | None = None,
+                   toml: str = "", ctx_extra: dict | None = None) -> ApiResource:
+        from qmq import config  # noqa: PLC0415
+        from qmq.connections import ConnectionRegistry  # noqa: PLC0415
+        from qmq.web.site import HttpFactory, WebContext  # noqa: PLC0415
+
         self.broker = broker if broker is not None else Broker(reactor)
-        self.api_settings = settings or ApiSettings()
-        self.ctx = Ctx(self.broker, reactor, **(ctx_extra or {}))
-        self.api = ApiResource(self.ctx, self.api_settings)
-        root = Resource()
-        root.putChild(b"api", self.api)
-        self.root = root
-        site = Site(root)
-        site.requestFactory = limited_request(self.api_settings.max_body_size, self.api_settings.upload_timeout)
-        self.port = reactor.listenTCP(0, site, interface="127.0.0.1")
+        app = config.load_string(toml)
+        self.api_settings = settings or app.section("http_api")
+        self.ctx = WebContext(self.broker, reactor, app, ConnectionRegistry(app.connections, reactor), "http:test")
+        self.factory = HttpFactory(self.ctx)
+        self.api = self.factory.site.resource.children[b"api"]
+        self.api.settings = self.api.frontend.settings = self.api_settings
+        self.port = reactor.listenTCP(0, self.factory, interface="127.0.0.1")
         self.base = f"http://127.0.0.1:{self.port.getHost().port}"
         self.pool = HTTPConnectionPool(reactor, persistent=True)
         self.addCleanup(self._stop_site)

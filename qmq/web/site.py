@@ -49,6 +49,7 @@ A connection's life, as this module sees it:
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -318,21 +319,47 @@ class StaticFile(Resource):
 
 
 class QMQRequest(server.Request):
-    """A request whose body is capped and whose failures answer in JSON."""
+    """A request whose body is capped, whose upload has a deadline, and
+    whose failures answer in JSON.
+
+    The body is kept in memory (twisted.web spills bodies over 100 kB to a
+    temporary file: disk work for every batched publish), which the cap
+    bounds. A request whose head and body are not all in within the site's
+    C{upload_timeout} (C{[http_api] upload_timeout}) seconds of its first
+    line is answered 408 and closed: a slow upload cannot hold a connection
+    and its buffer for ever. The 413 and 408 bodies are RFC 9457 problem
+    documents (which also carry C{error}, as L{json_error} bodies do).
+    """
 
     _refused = False
     _received = 0
+    _deadline: Any = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        site = getattr(self.channel, "site", None)
+        timeout = getattr(site, "upload_timeout", None)
+        if timeout:
+            clock = getattr(site, "reactor", None)
+            if clock is None:
+                from twisted.internet import reactor as clock  # noqa: PLC0415
+            self._deadline = clock.callLater(timeout, self._too_slow, timeout)
 
     def _limit(self) -> int:
         site = getattr(self.channel, "site", None)
         web = getattr(site, "web_settings", None)
         return web.max_request_body if web is not None else WebSettings.max_request_body
 
+    def _stop_deadline(self) -> None:
+        deadline, self._deadline = self._deadline, None
+        if deadline is not None and deadline.active():
+            deadline.cancel()
+
     def gotLength(self, length: int | None) -> None:
         if length is not None and length > self._limit():
             self._refuse(length)
             return
-        super().gotLength(length)
+        self.content = io.BytesIO()
 
     def handleContentChunk(self, data: bytes) -> None:
         if self._refused:
@@ -343,25 +370,56 @@ class QMQRequest(server.Request):
             return
         super().handleContentChunk(data)
 
+    def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
+        if self._refused:
+            return
+        self._stop_deadline()
+        super().requestReceived(command, path, version)
+
+    def connectionLost(self, reason: Failure) -> None:
+        self._stop_deadline()
+        super().connectionLost(reason)
+
     def _refuse(self, length: int | None) -> None:
         """Answer 413 at once, before the body is read, and close."""
-        self._refused = True
         limit = self._limit()
         size = f"{length} bytes" if length is not None else "more"
+        self._answer_early(
+            413, "Content Too Large", "request body too large", "body-too-large",
+            f"The body has {size}; this broker takes at most {limit} ([web] max_request_body).",
+        )
+
+    def _too_slow(self, timeout: float) -> None:
+        self._deadline = None
+        self._answer_early(
+            408, "Request Timeout", "request timeout", "upload-timeout",
+            f"The request was not received within {timeout:g} seconds ([http_api] upload_timeout).",
+        )
+
+    def _answer_early(self, status: int, title: str, error: str, code: str, detail: str) -> None:
+        """Answer before the request is complete (a problem document), and close."""
+        if self._refused:
+            return
+        self._refused = True
+        self._stop_deadline()
+        self.content = io.BytesIO()
         body = json.dumps(
-            {
-                "error": "request body too large",
-                "detail": f"The body has {size}; this broker takes at most {limit} "
-                "([web] max_request_body).",
-            }
+            {"type": "about:blank", "title": title, "status": status, "detail": detail, "code": code,
+             "error": error}
         ).encode()
-        transport = self.channel.transport
+        channel = self.channel
+        transport = channel.transport if channel is not None else None
         if transport is None:
             return
-        transport.write(
-            b"HTTP/1.1 413 Content Too Large\r\ncontent-type: application/json\r\n"
-            b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
-        )
+        requests = getattr(channel, "requests", None)
+        if not requests or requests[0] is self:
+            # Only the oldest outstanding request may write; a pipelined one
+            # behind it just closes the connection.
+            transport.write(
+                b"HTTP/1.1 %d %s\r\ncontent-type: application/problem+json\r\n"
+                b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
+                % (status, title.encode(), len(body), body)
+            )
         transport.loseConnection()
 
     def processingFailed(self, reason: Failure) -> None:
@@ -389,6 +447,7 @@ def build_site(ctx: WebContext) -> server.Site:
     site.displayTracebacks = False
     site.noisy = False
     site.web_settings = web  # read by QMQRequest for its body cap
+    site.upload_timeout = ctx.settings.section("http_api").upload_timeout  # and its deadline
     return site
 
 

@@ -4,8 +4,6 @@
   - L{api_resource}: the C{/api} resource (version 1 under C{/api/v1/}),
     built from the site's context (broker, reactor, settings, connection
     registry, portal);
-  - L{limited_request}: the request class the site uses so that bodies are
-    capped and uploads have a deadline (C{[http_api]} settings);
   - L{ApiSettings}: the C{[http_api]} table.
 
 docs/http-api.rst is the user's guide; C{/api/v1/openapi.json} the reference.
@@ -15,7 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from qmq.web.api.request import LimitedRequest, limited_request
 from qmq.web.api.resource import ApiResource
 from qmq.web.api.settings import ApiSettings
 
@@ -33,11 +30,4 @@ def api_resource(ctx: Any) -> ApiResource:
     return ApiResource(ctx, api_settings(ctx))
 
 
-def request_factory(ctx: Any) -> type[LimitedRequest]:
-    """The site's request class, with the C{[http_api]} body cap and upload deadline."""
-    s = api_settings(ctx)
-    clock = getattr(ctx, "clock", None) or getattr(ctx, "reactor", None)
-    return limited_request(s.max_body_size, s.upload_timeout, clock)
-
-
-__all__ = ["ApiResource", "ApiSettings", "LimitedRequest", "api_resource", "api_settings", "request_factory"]
+__all__ = ["ApiResource", "ApiSettings", "api_resource", "api_settings"]

@@ -25,7 +25,7 @@ _REASONS = {
     408: "The request was not received in time (http_api.upload_timeout).",
     409: "Conflicts with what exists (e.g. an exchange of another type).",
     410: "The cursor's follower is gone; poll without a cursor.",
-    413: "The body or the batch is too large (http_api.max_body_size, max_batch).",
+    413: "The body or the batch is too large ([web] max_request_body, [http_api] max_batch).",
     415: "Unsupported Content-Type.",
     429: "A queue is full (reject-publish), or a cap on delayed messages or followers is reached; retry later.",
     503: "Published, but the store failed to keep the messages.",
@@ -44,14 +44,17 @@ def _errors(*codes: int) -> dict:
     return {str(c): {"description": _REASONS[c], "content": PROBLEM} for c in codes}
 
 
-def _path_param(name: str, description: str) -> dict:
-    return {"name": name, "in": "path", "required": True, "description": description, "schema": {"type": "string"}}
+def _path_param(name: str, description: str, example: str | None = None) -> dict:
+    p = {"name": name, "in": "path", "required": True, "description": description, "schema": {"type": "string"}}
+    if example is not None:
+        p["example"] = example
+    return p
 
 
-VHOST = _path_param("vhost", "The virtual host's name, URL-encoded (the default one is %2F).")
-QUEUE = _path_param("queue", "The queue's name.")
-TOPIC = _path_param("topic", "The routing key (publish) or binding pattern (follow) on amq.topic.")
-EXCHANGE = _path_param("exchange", "The exchange's name.")
+VHOST = _path_param("vhost", "The virtual host's name, URL-encoded (the default one is %2F).", "/")
+QUEUE = _path_param("queue", "The queue's name.", "orders")
+TOPIC = _path_param("topic", "The routing key (publish) or binding pattern (follow) on amq.topic.", "weather.paris")
+EXCHANGE = _path_param("exchange", "The exchange's name.", "amq.topic")
 
 
 def _query(name: str, schema: dict, description: str) -> dict:
@@ -228,6 +231,14 @@ def _schemas(s: ApiSettings) -> dict:
                 "dropped": {"type": "integer", "description": "Messages dropped since the last poll (backlog full)."},
             },
         },
+        "Scanned": {
+            "type": "object",
+            "required": ["messages", "next_cursor"],
+            "properties": {
+                "messages": {"type": "array", "items": _ref("Delivery")},
+                "next_cursor": {"type": ["string", "null"], "description": "null once the range is done."},
+            },
+        },
         "Settled": {
             "type": "object",
             "required": ["settled", "unknown"],
@@ -392,6 +403,22 @@ def document(s: ApiSettings | None = None) -> dict:
             params=[VHOST, QUEUE], tag="messages",
             body=_handles_body({"visibility": {"type": "number", "exclusiveMinimum": 0,
                                                "maximum": s.max_visibility}}))},
+        "/api/v1/vhosts/{vhost}/queues/{queue}/scan": {"get": _op(
+            "Scan a queue by time",
+            _ok(_ref("Scanned"), "A page of kept messages, not consumed (in Avro: an object container file; the "
+                "next cursor in the QMQ-Next-Cursor header)", avro=True,
+                headers={"QMQ-Next-Cursor": {"schema": {"type": "string"}, "description": "Avro answers only."}}),
+            404, params=[
+                VHOST, QUEUE,
+                _query("start", {"type": "number", "minimum": 0, "default": 0}, "From (seconds since the epoch)."),
+                _query("end", {"type": "number", "minimum": 0}, "Until, excluded (seconds since the epoch)."),
+                _query("limit", {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100}, "Most messages."),
+                _query("cursor", {"type": "string"}, "next_cursor of the previous page."),
+                _query("encoding", {"enum": ["auto", "base64"], "default": "auto"}, "Body encoding (see receive)."),
+            ], tag="messages",
+            description="Reads a durable queue's persistent messages published in [start, end) from the commit log "
+            "(store = \"log\"), by id, without consuming them: those it holds and those acked less than its "
+            "x-retention ago. A queue with no log to read is a 400 (cannot-scan).")},
         "/api/v1/vhosts/{vhost}/topics/{topic}/messages": {"post": _publish_op("Publish to a topic", [VHOST, TOPIC])},
         "/api/v1/vhosts/{vhost}/topics/{topic}/events": {"get": _op(
             "Follow a topic as Server-Sent Events",

@@ -203,6 +203,7 @@ class ApiResource(Resource):
         ("POST", ("v1", "vhosts", "{vhost}", "queues", "{queue}", "ack"), "ack"),
         ("POST", ("v1", "vhosts", "{vhost}", "queues", "{queue}", "nack"), "nack"),
         ("POST", ("v1", "vhosts", "{vhost}", "queues", "{queue}", "extend"), "extend"),
+        ("GET", ("v1", "vhosts", "{vhost}", "queues", "{queue}", "scan"), "scan"),
         ("POST", ("v1", "vhosts", "{vhost}", "topics", "{topic}", "messages"), "publish_topic"),
         ("GET", ("v1", "vhosts", "{vhost}", "topics", "{topic}", "events"), "topic_events"),
         ("GET", ("v1", "vhosts", "{vhost}", "topics", "{topic}", "poll"), "topic_poll"),
@@ -542,6 +543,45 @@ class ApiResource(Resource):
             token = poller.token
             unknown.extend(f"{token}.{t}" for t in poller.extend(tags, float(visibility)))
         return json_response({"settled": len(handles) - len(unknown), "unknown": unknown})
+
+    # -- range scans ------------------------------------------------------------------
+
+    def h_scan(self, request: Request, vhost: str, queue: str) -> Any:
+        from qmq.core.vhost import MAX_SCAN_LIMIT  # noqa: PLC0415
+
+        v = self._vhost(vhost)
+        self._queue(vhost, queue)
+        start = _float_arg(request, "start", 0.0, 0.0, 1e11)
+        end = _float_arg(request, "end", 1e11, 0.0, 1e11)
+        if start > end:
+            raise bad_request("'start' must not be after 'end'")
+        limit = _int_arg(request, "limit", 100, 1, MAX_SCAN_LIMIT)
+        cursor = _arg(request, "cursor")
+        force64 = _encoding_arg(request)
+        avro = codec.wants_avro(request.getHeader("accept"))
+        try:
+            d = v.scan(queue, start, end, cursor, limit)
+        except BrokerError as e:
+            problem = from_broker_error(e)
+            if problem.status == 409:
+                # A bad cursor or a queue with no log: the request's fault.
+                problem = Problem(400, "cannot-scan" if cursor is None or "cursor" not in e.message
+                                  else "bad-cursor", e.message)
+            raise problem from None
+
+        def page(p: Any) -> Response:
+            if avro:
+                body = codec.avro_container([codec.avro_delivery(m, None, None) for m in p.messages])
+                headers = {"QMQ-Next-Cursor": p.next_cursor} if p.next_cursor else {}
+                return Response(200, body, AVRO, headers)
+            return json_response(
+                {
+                    "messages": [codec.json_delivery(m, None, None, force64) for m in p.messages],
+                    "next_cursor": p.next_cursor,
+                }
+            )
+
+        return d.addCallback(page)
 
     # -- following topics ------------------------------------------------------------------
 

@@ -12,15 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-MiB = 1024 * 1024
-
 
 @dataclass(frozen=True)
 class ApiSettings:
     """What the HTTP API enforces and offers.
 
-    @ivar max_body_size: largest request body, in bytes (a larger one is
-        answered 413 as soon as its size is known).
     @ivar max_batch: most messages one publish or receive request carries.
     @ivar max_wait: most seconds a long poll (C{wait}) may wait.
     @ivar default_visibility: seconds a received message stays invisible
@@ -28,8 +24,10 @@ class ApiSettings:
     @ivar max_visibility: most seconds a C{visibility} may ask for.
     @ivar max_unacked: most messages received over HTTP and not yet
         acknowledged, per queue; past it a receive gets nothing more.
-    @ivar upload_timeout: seconds a request may take from its first byte to
-        the end of its body (a slow upload is answered 408 and closed).
+    @ivar upload_timeout: seconds a request to the web listener may take
+        from its first line to the end of its body (a slow upload is
+        answered 408 and closed; L{qmq.web.site.QMQRequest}). The body cap
+        is C{[web] max_request_body}.
     @ivar follow_backlog: most messages a topic follower (SSE stream or
         cursor) holds for a client that is not reading; the oldest go first.
     @ivar follow_idle_timeout: seconds a cursor follower lives without a poll.
@@ -45,7 +43,6 @@ class ApiSettings:
     @ivar max_metric_queues: most queues C{/metrics} reports one by one.
     """
 
-    max_body_size: int = field(default=16 * MiB, metadata={"min": 1})
     max_batch: int = field(default=10_000, metadata={"min": 1})
     max_wait: float = field(default=20.0, metadata={"min": 0})
     default_visibility: float = field(default=30.0, metadata={"above": 0})

@@ -1,0 +1,103 @@
+"""The API's codecs: JSON parsing rules, and Avro interoperability between
+the two Python libraries (each decodes what the other wrote, with the
+schemas served at /api/v1/schemas)."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import avro.datafile
+import avro.io
+import avro.schema
+import fastavro
+from twisted.trial import unittest
+
+from qmq.core.message import Message
+from qmq.web.api import codec
+from qmq.web.api.problem import Problem
+
+RECORD = {
+    "body": bytes(range(256)),
+    "headers": {"a": "1", "ü": "ö"},
+    "destination": "/queue/x",
+    "routing_key": None,
+    "priority": 7,
+    "ttl": 60000,
+    "delay": None,
+    "persistent": True,
+}
+
+
+def avro_schema(name: str):
+    return avro.schema.parse(codec.schema_text(name))
+
+
+class AvroInteropTests(unittest.SynchronousTestCase):
+    def test_avro_writes_qmq_reads_datum(self) -> None:
+        out = io.BytesIO()
+        avro.io.DatumWriter(avro_schema("PublishMessage")).write(RECORD, avro.io.BinaryEncoder(out))
+        [m], batch = codec.parse_avro(out.getvalue(), 10, 1000)
+        self.assertFalse(batch)
+        self.assertEqual((m.body, m.headers, m.destination, m.priority, m.ttl, m.persistent),
+                         (RECORD["body"], RECORD["headers"], "/queue/x", 7, 60000, True))
+
+    def test_avro_writes_qmq_reads_container(self) -> None:
+        out = io.BytesIO()
+        writer = avro.datafile.DataFileWriter(out, avro.io.DatumWriter(), avro_schema("PublishMessage"))
+        for i in range(5):
+            writer.append({**RECORD, "body": b"%d" % i})
+        writer.flush()
+        messages, batch = codec.parse_avro(out.getvalue(), 10, 1000)
+        self.assertTrue(batch)
+        self.assertEqual([m.body for m in messages], [b"0", b"1", b"2", b"3", b"4"])
+
+    def test_qmq_writes_avro_reads(self) -> None:
+        m = Message(42, "amq.topic", "a.b", {"h": "v"}, b"\x00\xff", 1700000000.25, True, 3, 1700000060.0)
+        m.delivery_count = 2
+        data = codec.avro_container([codec.avro_delivery(m, "tok.7", None)])
+        reader = avro.datafile.DataFileReader(io.BytesIO(data), avro.io.DatumReader())
+        [rec] = list(reader)
+        self.assertEqual(rec["handle"], "tok.7")
+        self.assertEqual((rec["id"], rec["body"], rec["destination"], rec["headers"]),
+                         (42, b"\x00\xff", "/topic/a.b", {"h": "v"}))
+        self.assertEqual((rec["redelivered"], rec["delivery_count"], rec["priority"]), (True, 2, 3))
+        # timestamp-millis: avro gives datetimes; fastavro reads the same file alike.
+        self.assertEqual(int(rec["timestamp"].timestamp() * 1000), 1700000000250)
+        [again] = list(fastavro.reader(io.BytesIO(data)))
+        self.assertEqual(again["body"], b"\x00\xff")
+
+    def test_fastavro_datum_avro_reads(self) -> None:
+        data = codec.avro_datum("PublishMessage", RECORD)
+        rec = avro.io.DatumReader(avro_schema("PublishMessage")).read(avro.io.BinaryDecoder(io.BytesIO(data)))
+        self.assertEqual(rec, RECORD)
+
+    def test_schemas_are_valid_for_both(self) -> None:
+        for name in codec.SCHEMA_NAMES:
+            avro_schema(name)
+            fastavro.parse_schema(json.loads(codec.schema_text(name)))
+
+
+class JsonTests(unittest.SynchronousTestCase):
+    def test_single_and_batch(self) -> None:
+        [m], batch = codec.parse_json(b'{"body": "x", "headers": {"k": "v"}, "ttl": 5}', 10, 10)
+        self.assertEqual((m.body, m.headers, m.ttl, batch), (b"x", {"k": "v"}, 5, False))
+        ms, batch = codec.parse_json(b'{"messages": [{"body": "a"}, {"body": "Yg==", "encoding": "base64"}]}', 10, 10)
+        self.assertEqual(([m.body for m in ms], batch), ([b"a", b"b"], True))
+
+    def test_errors_name_the_message(self) -> None:
+        e = self.assertRaises(Problem, codec.parse_json, b'{"messages": [{"body": "a"}, {"body": 2}]}', 10, 10)
+        self.assertIn("message 1", e.detail)
+        e = self.assertRaises(Problem, codec.parse_json, b'{"body": "x", "delay": 11}', 10, 10)
+        self.assertIn("'delay'", e.detail)
+        e = self.assertRaises(Problem, codec.parse_json, b'{"body": "\\ud800"}', 10, 10)
+        self.assertEqual(e.status, 400)
+        e = self.assertRaises(Problem, codec.parse_json, b'{"messages": [{"body": "a"}, {"body": "b"}]}', 1, 10)
+        self.assertEqual((e.status, e.code), (413, "batch-too-large"))
+
+    def test_accept(self) -> None:
+        self.assertTrue(codec.wants_avro("avro/binary"))
+        self.assertTrue(codec.wants_avro(b"application/json;q=0.5, avro/binary"))
+        self.assertFalse(codec.wants_avro("*/*"))
+        self.assertFalse(codec.wants_avro("avro/binary;q=0.1, application/json"))
+        self.assertFalse(codec.wants_avro(None))
