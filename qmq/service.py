@@ -181,6 +181,7 @@ def _log_store(settings: Settings, reactor: Any) -> MessageStore:
         interval_ms=options.fsync_interval_ms,
         segment_size=options.segment_size,
         compact_ratio=options.compact_ratio,
+        backlog_memory=options.backlog_memory,
         reactor=reactor,
     )
 

@@ -639,6 +639,7 @@ class ErrorTests(unittest.TestCase):
             "fsync_interval_ms": ("0", "expected an integer >= 1, got 0"),
             "segment_size": ("4095", "expected an integer >= 4096, got 4095"),
             "compact_ratio": ("1.5", "expected a number from 0 to 1, got 1.5"),
+            "backlog_memory": ("-1", "expected an integer >= 0, got -1"),
         }
         self.assertEqual(set(cases), {f.name for f in dataclasses.fields(CommitLogSettings)})
         for name, (value, problem) in cases.items():

@@ -18,6 +18,22 @@ DELIVER_AT_HEADER = "deliver-at"
 ACK_TIMEOUT_HEADER = "ack-timeout"
 
 
+class OnDisk(int):
+    """The body of a message a store keeps on disk while it waits in a long
+    backlog (see L{qmq.core.queue.Queue.offload}): an opaque number the
+    store made (where the message is), whose C{len()} is the body's length,
+    so a queue's byte counts stay right. A queue asks its store to load the
+    body back (L{qmq.core.store.MessageStore.load}) before anything reads it.
+
+    The low 31 bits are the body's length; the store owns the rest.
+    """
+
+    __slots__ = ()
+
+    def __len__(self) -> int:
+        return self & 0x7FFFFFFF
+
+
 class Message:
     """A published message.
 
@@ -104,6 +120,26 @@ class Message:
         m.ack_timeout = self.ack_timeout
         m.delivery_count = self.delivery_count + 1
         m.cache = self.cache
+        return m
+
+    def offloaded(self, body: OnDisk) -> Message:
+        """A copy whose body (and headers, and the frontend's cache of them)
+        are left to the store: C{body} says where they are. (Its delivery
+        time and ack timeout, read from headers, stay.)"""
+        m = Message.__new__(Message)
+        m.id = self.id
+        m.exchange = self.exchange
+        m.routing_key = self.routing_key
+        m.headers = None
+        m.body = body
+        m.timestamp = self.timestamp
+        m.persistent = self.persistent
+        m.priority = self.priority
+        m.expires = self.expires
+        m.deliver_at = self.deliver_at
+        m.ack_timeout = self.ack_timeout
+        m.delivery_count = self.delivery_count
+        m.cache = None
         return m
 
     def restore_options(self) -> None:

@@ -66,7 +66,7 @@ from heapq import heapify, heappop, heappush
 from typing import TYPE_CHECKING, Any
 
 from qmq.core.errors import PreconditionFailed, ResourceLimit
-from qmq.core.message import Message
+from qmq.core.message import Message, OnDisk
 
 if TYPE_CHECKING:
     from twisted.internet.interfaces import IDelayedCall
@@ -1005,7 +1005,14 @@ class Queue:
             message = items[head]
             if message.__class__ is not Message:
                 message = self._pop()
+                if message.body.__class__ is OnDisk and not self._load_one(message):
+                    continue
             else:
+                if message.body.__class__ is OnDisk:
+                    # Its body waits on disk (a long backlog): load a batch
+                    # from the head, then look again.
+                    self._load_head()
+                    continue
                 items[head] = None
                 head += 1
                 if head == len(items):
@@ -1056,11 +1063,99 @@ class Queue:
         if self.expiry_key is not None:
             self.touch()
         ttl = self.policy.ttl
-        while self._items:
+        items = self._items
+        while items:
+            first = items[self._head]
+            if first.__class__ is Message and first.body.__class__ is OnDisk:
+                self._load_head()
+                continue
             message = self._pop()
+            if message.body.__class__ is OnDisk and not self._load_one(message):
+                continue
             if not ((message.expires or ttl) and self._expired(message, ttl)):
                 return message
         return None
+
+    # -- bodies on disk ------------------------------------------------------
+    #
+    # A durable queue's long backlog of persistent messages need not keep
+    # their bodies in memory: the store has them. Past a threshold of ready
+    # bytes the store hands the queue, once they are written, the messages
+    # just published with where their records are (offload); the queue
+    # swaps each for a light copy whose body is an OnDisk placeholder and
+    # whose headers are gone. When delivery reaches one, a batch from the
+    # head is read back (_load_head). Copies, not the shared message: the
+    # same message may wait in queues that keep it in memory. Only messages
+    # in the plain list are swapped (not in a priority queue's levels); a
+    # message recovered with its body on disk into levels is read back
+    # alone when taken (_load_one).
+
+    #: Most places L{offload} looks back from the tail for messages.
+    offload_search = 4096
+    #: Most messages, and body bytes, one load reads back.
+    load_batch = 512
+    load_bytes = 1 << 20
+
+    def offload(self, pairs: list[tuple[Message, OnDisk]]) -> list[OnDisk]:
+        """Swap the ready messages of C{pairs} (just published, in publish
+        order) for copies whose body is on disk. Messages gone from the
+        backlog since (delivered, dropped) are skipped.
+
+        @return: the placeholders put in the backlog.
+        """
+        items = self._items
+        wanted = {id(m): (m, body) for m, body in pairs}
+        placed = []
+        stop = max(self._head, len(items) - len(pairs) - self.offload_search)
+        for i in range(len(items) - 1, stop - 1, -1):
+            found = wanted.pop(id(items[i]), None)
+            if found is not None:
+                m, body = found
+                if m.body.__class__ is not OnDisk:
+                    items[i] = m.offloaded(body)
+                    placed.append(body)
+                if not wanted:
+                    break
+        return placed
+
+    def _load_head(self) -> None:
+        """Read back the bodies of a batch of messages from the head (the
+        first of which is on disk). One the store cannot read is dropped
+        (the store logs it): its bytes are not what was sent."""
+        items = self._items
+        head = self._head
+        batch = []
+        size = 0
+        for i in range(head, min(len(items), head + self.load_batch)):
+            m = items[i]
+            body = m.body
+            if body.__class__ is OnDisk:
+                batch.append(m)
+                size += len(body)
+                if size >= self.load_bytes:
+                    break
+        store = self.store
+        if store is not None:
+            store.load(self, batch)
+        lost = [m for m in batch if m.body.__class__ is OnDisk]
+        if lost:
+            gone = {id(m) for m in lost}
+            items[head:] = [m for m in items[head:] if id(m) not in gone]
+            if head == len(items):
+                items.clear()
+                self._head = 0
+            for m in lost:
+                self._bytes -= len(m.body)
+                self._discard(m, "rejected")
+
+    def _load_one(self, message: Message) -> bool:
+        """Read back the body of C{message}, taken from the queue; False
+        (and it is dropped) if it cannot be read."""
+        store = self.store
+        if store is not None and not store.load(self, [message]):
+            return True
+        self._discard(message, "rejected")
+        return False
 
     def purge(self) -> int:
         """Drop every ready message, and every delayed one; return how many
@@ -1243,6 +1338,9 @@ class Queue:
         """
         dead_letter = self.policy.dead_letter_exchange is not None and reason in DEAD_LETTER_REASONS
         store = self.store
+        if dead_letter and message.body.__class__ is OnDisk and store is not None:
+            if store.load(self, [message]):
+                dead_letter = False  # its body cannot be read back: not republished
         if store is not None and message.persistent:
             store.settle(self, message, "dead-letter" if dead_letter else DISCARD_REASONS[reason])
         if reason in _LIMIT_REASONS:

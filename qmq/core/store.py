@@ -22,6 +22,8 @@ When the core calls the store:
   - B{declare_queue}, B{delete_queue}, B{declare_exchange},
     B{delete_exchange}, B{bind}, B{unbind}: durable topology changed.
   - B{recover}: once, before any listener starts: what the store kept.
+  - B{load}: a queue reached messages whose bodies the store left on disk
+    (a long backlog, see L{qmq.core.queue.Queue.offload}): read them back.
   - B{scan}: a range scan (L{qmq.core.vhost.VirtualHost.scan}): a durable
     queue's kept messages between two times, read without consuming them.
   - B{flush}: at the end of every reactor turn that called B{publish}, so a
@@ -166,6 +168,14 @@ class MessageStore(Protocol):
         @raise PreconditionFailed: this store keeps no log to scan.
         """
 
+    def load(self, queue: Queue, messages: list[Message]) -> list[Message]:
+        """Read back the bodies and headers of C{messages}, whose bodies
+        are L{qmq.core.message.OnDisk} placeholders this store gave
+        C{queue} (L{qmq.core.queue.Queue.offload}); set them in place.
+
+        @return: those it could not read (damage), left as they were.
+        """
+
     def flush(self) -> None:
         """End of a reactor turn that called the store: write what is pending."""
 
@@ -228,6 +238,9 @@ class NullStore:
             f"queue {queue.name!r} cannot be scanned: the memory store keeps no log "
             '(range scans need store = "log" and a durable queue)'
         )
+
+    def load(self, queue: Queue, messages: list[Message]) -> list[Message]:
+        return messages  # it never offloads: nothing to read
 
     def flush(self) -> None:
         return None

@@ -85,6 +85,9 @@ class SegmentInfo:
         when it holds none); C{max_ts} the latest; C{min_id} and
         C{max_id} likewise for message ids. Range scans read only the
         segments whose ranges meet theirs.
+    @ivar offloaded: messages waiting in queues with their body left in
+        this segment (L{qmq.core.queue.Queue.offload}): it is not compacted
+        while there are any, so the places they point to stay right.
     """
 
     __slots__ = (
@@ -97,6 +100,7 @@ class SegmentInfo:
         "max_ts",
         "min_id",
         "max_id",
+        "offloaded",
     )
 
     def __init__(self, number: int) -> None:
@@ -109,6 +113,7 @@ class SegmentInfo:
         self.max_ts = -_INF
         self.min_id = 1 << 64
         self.max_id = 0
+        self.offloaded = 0
 
     def published(self, message_id: int, timestamp: float) -> None:
         """Widen the ranges for a publish record of C{message_id} at C{timestamp}."""
@@ -331,9 +336,9 @@ class Index:
         for number in existing:
             if number >= below:
                 break
-            if number in skip or self.segments[number].kept_until > now:
-                continue
             info = self.segments[number]
+            if number in skip or info.kept_until > now or info.offloaded:
+                continue
             if info.live and info.live <= ratio * info.records:
                 if existing[bisect_left(existing, info.cancel_min)] == number:
                     return number

@@ -40,13 +40,14 @@ import errno
 import fcntl
 import gc
 import os
+import struct
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.logger import Logger
 
-from qmq.core.message import Message
+from qmq.core.message import Message, OnDisk
 from qmq.core.store import Recovery
 from qmq.store.index import (
     QUEUE_AUTO_DELETE,
@@ -56,6 +57,8 @@ from qmq.store.index import (
     queue_flag_fields,
 )
 from qmq.store.record import (
+    FRAME,
+    FRAME_SIZE,
     RECORD_BIND,
     RECORD_DECLARE_EXCHANGE,
     RECORD_DECLARE_QUEUE,
@@ -68,14 +71,16 @@ from qmq.store.record import (
     RecordError,
     arguments_key,
     decode_publish,
+    decode_publish_fields,
     decode_requeue,
     decode_topology,
     encode_publish,
     encode_requeue,
     encode_settle,
     encode_topology,
+    record_crc,
 )
-from qmq.store.replay import Replay
+from qmq.store.replay import Replay, on_disk
 from qmq.store.scan import read_page
 from qmq.store.segment import (
     HEADER_SIZE,
@@ -105,6 +110,9 @@ LOCK_FILE = "LOCK"
 
 _log = Logger()
 
+# A publish payload starts with the message id.
+_ID = struct.Struct("<Q")
+
 
 class StoreFailed(Exception):
     """The store could not write: what it was asked to keep may be lost."""
@@ -125,7 +133,17 @@ class _Batch:
     @ivar ends: segment -> its size once the batch is written.
     """
 
-    __slots__ = ("parts", "waiters", "deletes", "sync", "interval", "other", "ends", "done")
+    __slots__ = (
+        "parts",
+        "waiters",
+        "deletes",
+        "sync",
+        "interval",
+        "other",
+        "ends",
+        "done",
+        "offloads",
+    )
 
     def __init__(self) -> None:
         self.parts: list[list] = []
@@ -140,6 +158,8 @@ class _Batch:
         self.other = False
         # Segment -> its size once this batch is written.
         self.ends: dict[int, int] = {}
+        # Queue -> (message, placeholder) of publishes to offload once written.
+        self.offloads: dict[Queue, list] | None = None
 
     def __bool__(self) -> bool:
         return bool(self.parts or self.waiters or self.deletes or self.sync)
@@ -163,6 +183,7 @@ class CommitLogStore:
         reactor: Any = None,
         io: Callable[..., Deferred] | None = None,
         datasync: Callable[[int], None] = os.fdatasync,
+        backlog_memory: int = 16 * MiB,
     ) -> None:
         """
         @param fsync: C{"always"} (a publish's Deferred fires after its
@@ -180,6 +201,10 @@ class CommitLogStore:
             returns a Deferred of its result; by default a dedicated
             one-thread pool. Tests pass a synchronous one.
         @param datasync: what syncs a file descriptor (tests count calls).
+        @param backlog_memory: a durable queue whose ready messages hold
+            more body bytes than this leaves the bodies (and headers) of the
+            persistent messages published to it then on disk, once written,
+            and reads them back as consumers reach them; 0 never does.
         """
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, got {fsync!r}")
@@ -226,6 +251,12 @@ class CommitLogStore:
         # Range scans reading segments now: deletions wait for them.
         self._reading = 0
         self._read_pool: Any = None
+        self.backlog_memory = backlog_memory
+        # Segment -> a descriptor open for reading bodies back (load).
+        self._read_fds: dict[int, int] = {}
+        #: Bodies read back from disk, and offloaded (figures, tests).
+        self.loaded = 0
+        self.offloaded = 0
         self._last_vhost: Any = None
         self._last_vnames: tuple[str, bytes] = ("", b"")
         #: Counts for tests and figures: writes done, segments deleted,
@@ -290,7 +321,7 @@ class CommitLogStore:
         os.makedirs(self.directory, exist_ok=True)
         self._lock()
         index = self._index
-        replay = Replay(index)
+        replay = Replay(index, backlog_memory=self.backlog_memory)
         segments = list_segments(self.directory)
         floor = 1
         append_to = None
@@ -447,10 +478,16 @@ class CommitLogStore:
         if chunks is None:
             chunks = self._place()
         if self._index.publish(self._active, mid, vname, names, message.timestamp):
+            size = len(head) + len(tail)
+            backlog = self.backlog_memory
+            if backlog:
+                for q in queues:
+                    if q.ready_bytes > backlog:
+                        self._offload_later(q, message, size)
             chunks.append(head)
             if tail:
                 chunks.append(tail)
-            self._active_size += len(head) + len(tail)
+            self._active_size += size
             self._active_records += 1
         if fsync == "always":
             # One Deferred for every publish of the batch (see
@@ -463,6 +500,160 @@ class CommitLogStore:
         if fsync == "interval":
             self._batch.interval = True
         return None
+
+    # -- bodies on disk -------------------------------------------------------
+
+    def _offload_later(self, queue: Queue, message: Message, size: int) -> None:
+        """C{message}, whose record of C{size} bytes goes next into the
+        active segment, waits in C{queue}'s long backlog: once written, the
+        queue may leave its body to the disk (L{qmq.core.queue.Queue.offload})."""
+        place = on_disk(self._active, self._active_size, size, len(message.body))
+        if place is None:
+            return
+        batch = self._batch
+        if batch.offloads is None:
+            batch.offloads = {}
+        pairs = batch.offloads.get(queue)
+        if pairs is None:
+            pairs = batch.offloads[queue] = []
+        pairs.append((message, place))
+
+    def _offload(self, offloads: dict[Queue, list]) -> None:
+        """The batch holding these publishes is written: offer them."""
+        segments = self._index.segments
+        for queue, pairs in offloads.items():
+            if queue.deleted:
+                continue
+            for place in queue.offload(pairs):
+                info = segments.get(place >> 102)
+                if info is not None:
+                    info.offloaded += 1
+                    self.offloaded += 1
+
+    def _unpin(self, place: int) -> None:
+        info = self._index.segments.get(place >> 102)
+        if info is not None and info.offloaded:
+            info.offloaded -= 1
+
+    def load(self, queue: Queue, messages: list[Message]) -> list[Message]:
+        """Read back the bodies and headers of C{messages} (offloaded by
+        C{queue}), on the reactor thread: C{pread} of the records, which
+        lie close together (published one after the other), from the page
+        cache as a rule. Records next to each other are read with one call.
+
+        @return: the messages whose record could not be read (logged).
+        """
+        by_segment: dict[int, list[tuple[int, int, Message]]] = {}
+        for m in messages:
+            place = m.body
+            by_segment.setdefault(place >> 102, []).append(
+                ((place >> 62) & ((1 << 40) - 1), (place >> 31) & 0x7FFFFFFF, m)
+            )
+        failed = []
+        for number, wanted in by_segment.items():
+            wanted.sort(key=lambda w: w[0])
+            i = 0
+            while i < len(wanted):
+                # One read for the records within 64 KiB of each other,
+                # at most 4 MiB.
+                start = wanted[i][0]
+                j = i + 1
+                while (
+                    j < len(wanted)
+                    and wanted[j][0] - (wanted[j - 1][0] + wanted[j - 1][1]) < 65536
+                    and wanted[j][0] + wanted[j][1] - start <= 4 * MiB
+                ):
+                    j += 1
+                end = wanted[j - 1][0] + wanted[j - 1][1]
+                data = self._pread(number, start, end - start)
+                for offset, size, m in wanted[i:j]:
+                    if not self._fill(m, data, offset - start, size):
+                        failed.append(m)
+                i = j
+        if failed:
+            failed = self._find_moved(failed)
+        for m in messages:
+            if m.body.__class__ is not OnDisk:
+                self.loaded += 1
+        return failed
+
+    def _pread(self, number: int, offset: int, size: int) -> bytes:
+        fd = self._read_fds.get(number)
+        try:
+            if fd is None:
+                if len(self._read_fds) >= 8:
+                    os.close(self._read_fds.pop(next(iter(self._read_fds))))
+                fd = os.open(os.path.join(self.directory, segment_name(number)), os.O_RDONLY)
+                self._read_fds[number] = fd
+            return os.pread(fd, size, offset)
+        except OSError:
+            return b""
+
+    def _fill(self, message: Message, data: bytes, at: int, size: int) -> bool:
+        """Set C{message}'s body and headers from its record at C{data[at:]}."""
+        if at < 0 or at + size > len(data):
+            return False
+        length, type_, crc = FRAME.unpack_from(data, at)
+        start = at + FRAME_SIZE
+        end = start + length
+        if (
+            type_ != RECORD_PUBLISH
+            or end != at + size
+            or record_crc(type_, memoryview(data)[start:end]) != crc
+        ):
+            return False
+        try:
+            f = decode_publish_fields(data, start, end)
+        except RecordError:
+            return False
+        if f[0] != message.id:
+            return False
+        self._unpin(message.body)  # type: ignore[arg-type]
+        message.headers = f[8]
+        message.body = f[10]
+        return True
+
+    def _find_moved(self, messages: list[Message]) -> list[Message]:
+        """Find the records of C{messages} where the index says they are
+        now (a copy made by compaction), reading those segments whole."""
+        where = self._index.where
+        by_segment: dict[int, dict[int, Message]] = {}
+        lost = []
+        for m in messages:
+            number = where.get(m.id)
+            if number is None:
+                lost.append(m)
+            else:
+                by_segment.setdefault(number, {})[m.id] = m
+        for number, wanted in by_segment.items():
+            path = os.path.join(self.directory, segment_name(number))
+            try:
+                data = read_segment(path)
+            except OSError:
+                lost.extend(wanted.values())
+                continue
+            for type_, start, end in SegmentReader(path, data).records():
+                if type_ != RECORD_PUBLISH:
+                    continue
+                (mid,) = _ID.unpack_from(data, start)
+                m = wanted.get(mid)
+                if m is not None:
+                    if self._fill(m, data, start - FRAME_SIZE, end - start + FRAME_SIZE):
+                        del wanted[mid]
+            lost.extend(wanted.values())
+        for m in lost:
+            _log.error(
+                "commit log: the body of message {id} in queue waiting on disk cannot be "
+                "read back; the message is dropped",
+                id=m.id,
+            )
+        return lost
+
+    def _close_read_fds(self, numbers: Any = None) -> None:
+        for number in list(self._read_fds) if numbers is None else numbers:
+            fd = self._read_fds.pop(number, None)
+            if fd is not None:
+                os.close(fd)
 
     def _strictest(self, vhost: VirtualHost, queues: Sequence[Queue]) -> str:
         """The strictest fsync policy of C{queues} (a message routed to
@@ -501,6 +692,8 @@ class CommitLogStore:
             chunks = self._place()
         mid = message.id
         name = queue.name
+        if message.body.__class__ is OnDisk:
+            self._unpin(message.body)  # type: ignore[arg-type]
         retention = queue.policy.retention
         kept = self._reactor.seconds() + retention if retention and reason == "ack" else 0.0
         if self._index.settle(self._active, vname, name, mid, kept):
@@ -733,6 +926,10 @@ class CommitLogStore:
             for number, size in batch.ends.items():
                 if size > sizes.get(number, 0) and number not in batch.deletes:
                     sizes[number] = size
+        if batch.deletes and self._read_fds:
+            self._close_read_fds(batch.deletes)
+        if batch.offloads is not None:
+            self._offload(batch.offloads)
         for d in batch.waiters:
             d.callback(None)
         if (
@@ -1021,6 +1218,7 @@ class CommitLogStore:
             return self._run(self._writer.close)
 
         def stopped(result: Any) -> Any:
+            self._close_read_fds()
             self._stop_pool()
             self._stop_read_pool()
             self._unlock()

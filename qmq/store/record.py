@@ -343,7 +343,8 @@ def decode_publish_fields(data: bytes, start: int, end: int, with_body: bool = T
     C{(id, timestamp, expiry, priority, flags, vhost, exchange, routing
     key, headers, queue names, body)} (recovery's hot path: no object).
 
-    @param with_body: False gives None for the body (a tool counting).
+    @param with_body: False gives the body's length instead of the body
+        (a tool counting, recovery leaving bodies on disk).
     @raise RecordError: it does not decode.
     """
     try:
@@ -378,7 +379,7 @@ def decode_publish_fields(data: bytes, start: int, end: int, with_body: bool = T
             routing_key = queues[0]
         if pos > end:
             raise RecordError("publish record shorter than its fields")
-        body = data[pos:end] if with_body else None
+        body = data[pos:end] if with_body else end - pos
     except (struct.error, UnicodeDecodeError, ValueError) as e:
         raise RecordError(f"bad publish record: {e}") from None
     return (mid, ts, expiry, prio, flags, vhost, exchange, routing_key, headers, queues, body)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from twisted.logger import Logger
 
-from qmq.core.message import Message
+from qmq.core.message import Message, OnDisk
 from qmq.core.store import RecoveredQueue, Recovery
 from qmq.core.vhost import DURABLE_SUBSCRIPTION_PREFIX
 from qmq.store.index import (
@@ -57,13 +57,20 @@ class Replay:
     """Replays segments into an L{Index} at start and gathers the messages
     and topology that come back (L{recovery})."""
 
-    def __init__(self, index: Index, bodies: bool = True) -> None:
+    def __init__(self, index: Index, bodies: bool = True, backlog_memory: int = 0) -> None:
         """
         @param bodies: False leaves every message's body empty (a tool that
             only counts).
+        @param backlog_memory: past this many body bytes of a queue's live
+            messages (as replay goes), later ones come back with their body
+            left on disk (L{qmq.core.message.OnDisk}), as the store does for
+            a long backlog; 0 keeps every body.
         """
         self.index = index
         self.bodies = bodies
+        self.backlog = backlog_memory
+        # (vhost, queue) -> body bytes of its live messages replay keeps.
+        self.in_memory: dict[tuple[str, str], int] = {}
         # Message id -> (message, vhost, queue names of its publish record):
         # only messages some queue still holds.
         self.messages: dict[int, tuple[Message, str, list[str]]] = {}
@@ -77,33 +84,47 @@ class Replay:
         for type_, start, end in reader.records():
             try:
                 if type_ == RECORD_PUBLISH:
-                    (mid, ts, expires, priority, flags, vhost, exchange, key, headers, queues, body) = (
-                        decode_publish_fields(data, start, end, bodies)
+                    (mid, ts, expires, priority, flags, vhost, exchange, key, headers, queues, size) = (
+                        decode_publish_fields(data, start, end, False)
                     )
                     if mid in messages:
                         old = messages.pop(mid)
                         index.forget(number, mid, old[1], old[2])
                     if index.publish(number, mid, vhost, queues, ts):
-                        messages[mid] = (
-                            Message(
-                                mid,
-                                exchange,
-                                key,
-                                headers,
-                                body if bodies else b"",
-                                ts,
-                                flags & FLAG_PERSISTENT != 0,
-                                priority,
-                                expires or 0.0,  # one float for "never", not one each
-                            ),
-                            vhost,
-                            queues,
+                        if not bodies:
+                            body = b""
+                        elif self.backlog and self._over(vhost, queues, size):
+                            body = on_disk(number, start - FRAME_SIZE, end - start + FRAME_SIZE, size)
+                            if body is None:
+                                body = data[end - size : end]
+                        else:
+                            body = data[end - size : end]
+                        m = Message(
+                            mid,
+                            exchange,
+                            key,
+                            headers,
+                            body,
+                            ts,
+                            flags & FLAG_PERSISTENT != 0,
+                            priority,
+                            expires or 0.0,  # one float for "never", not one each
                         )
+                        if body.__class__ is OnDisk:
+                            # What the headers say of timing is kept; the
+                            # headers themselves come back with the body.
+                            if headers:
+                                m.restore_options()
+                            m.headers = None
+                        messages[mid] = (m, vhost, queues)
                     self.replayed += 1
                 elif type_ == RECORD_SETTLE:
                     vhost, queue, mid, _, kept = decode_settle(data, start, end)
-                    if index.settle(number, vhost, queue, mid, kept) and mid not in where:
-                        messages.pop(mid, None)
+                    if index.settle(number, vhost, queue, mid, kept):
+                        if self.backlog:
+                            self._settled(vhost, queue, mid)
+                        if mid not in where:
+                            messages.pop(mid, None)
                 elif type_ == RECORD_REQUEUE:
                     vhost, queue, mid, count = decode_requeue(data, start, end)
                     index.requeue(number, vhost, queue, mid, count)
@@ -118,6 +139,28 @@ class Replay:
                         f"record does not decode ({e}), skipped",
                     )
                 )
+
+    def _over(self, vhost: str, queues: list[str], size: int) -> bool:
+        """Whether a message of C{size} body bytes for C{queues} is past a
+        queue's backlog in memory; if not, count it in."""
+        counts = self.in_memory
+        backlog = self.backlog
+        for q in queues:
+            if counts.get((vhost, q), 0) > backlog:
+                return True
+        for q in queues:
+            counts[(vhost, q)] = counts.get((vhost, q), 0) + size
+        return False
+
+    def _settled(self, vhost: str, queue: str, mid: int) -> None:
+        entry = self.messages.get(mid)
+        if entry is not None and entry[0].body.__class__ is bytes:
+            key = (vhost, queue)
+            left = self.in_memory.get(key, 0) - len(entry[0].body)
+            if left > 0:
+                self.in_memory[key] = left
+            else:
+                self.in_memory.pop(key, None)
 
     def topology(self, number: int, type_: int, f: dict) -> None:
         index = self.index
@@ -134,6 +177,7 @@ class Replay:
             )
         elif type_ == RECORD_DELETE_QUEUE:
             gone = index.delete_queue(number, f["vhost"], f["queue"])
+            self.in_memory.pop((f["vhost"], f["queue"]), None)
             for mid in gone or ():
                 self.messages.pop(mid, None)
         elif type_ == RECORD_DECLARE_EXCHANGE:
@@ -154,6 +198,7 @@ class Replay:
         index = self.index
         messages = self.messages
         recovery = Recovery()
+        shared: set[int] = set()
         for (vhost, name), (type_, auto_delete, _) in index.exchanges.items():
             recovery.exchanges.append((vhost, name, type_, auto_delete))
         for vhost, queues in index.vhosts.items():
@@ -191,12 +236,28 @@ class Replay:
                         m = entry[0]
                         if count:
                             m = _with_count(m, count)
+                        if m.body.__class__ is OnDisk:
+                            # Each queue its own copy: loading it back
+                            # fills it in place.
+                            if mid in shared:
+                                m = m.offloaded(m.body)
+                            shared.add(mid)
+                            index.segments[m.body >> 102].offloaded += 1
                         restored.append(m)
                     recovery.messages[(vhost, name)] = restored
         for b in index.bindings.values():
             recovery.bindings.append((b.vhost, b.queue, b.exchange, b.key, b.arguments))
         self.messages = {}
         return recovery
+
+
+def on_disk(segment: int, offset: int, size: int, body: int) -> OnDisk | None:
+    """The placeholder of a body left on disk: the record of C{size} bytes
+    at C{offset} in C{segment}, its body C{body} bytes long (None if a
+    length is too large to say)."""
+    if body >= 1 << 31 or size >= 1 << 31 or offset >= 1 << 40:
+        return None
+    return OnDisk(((segment << 40 | offset) << 31 | size) << 31 | body)
 
 
 def _with_count(message: Message, count: int) -> Message:

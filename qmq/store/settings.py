@@ -42,6 +42,11 @@ class CommitLogSettings:
     @ivar compact_ratio: an old segment whose live records are at most this
         part of its records is compacted (its live records copied forward,
         the file deleted); 0 turns compaction off.
+    @ivar backlog_memory: a durable queue whose ready messages hold more
+        body bytes than this leaves the bodies (and headers) of persistent
+        messages published to it then on disk, once written, and reads them
+        back as consumers reach them; recovery does the same past it. 0
+        keeps every body in memory.
     """
 
     fsync: str = field(
@@ -51,3 +56,4 @@ class CommitLogSettings:
     fsync_interval_ms: int = field(default=100, metadata={"min": 1})
     segment_size: int = field(default=64 * MiB, metadata={"min": 4096})
     compact_ratio: float = field(default=0.25, metadata={"min": 0, "max": 1})
+    backlog_memory: int = field(default=16 * MiB, metadata={"min": 0})
