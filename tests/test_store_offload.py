@@ -14,7 +14,7 @@ from qmq.store.segment import list_segments
 from tests.test_store_log import StoreTestCase, Taker
 
 
-class OffloadTests(StoreTestCase):
+class OffloadCase(StoreTestCase):
     backlog = 1000
 
     def start(self, io=None, **kw):
@@ -34,6 +34,9 @@ class OffloadTests(StoreTestCase):
 
     def on_disk(self, queue: str = "q") -> int:
         return sum(m.body.__class__ is OnDisk for m in self.vhost.queue(queue).messages())
+
+
+class OffloadTests(OffloadCase):
 
     def test_offload_and_read_back(self) -> None:
         """Past the threshold, bodies and headers leave memory once written;
@@ -209,3 +212,42 @@ class ThreadOffloadTests(TestCase):
             return store.close()
 
         return gatherResults(waiters).addCallback(written)
+
+
+class OffloadDeliveryTests(OffloadCase):
+    """Bodies on disk meet the delivery rules: dead letters, priorities."""
+
+    def test_dead_letter_reads_back(self) -> None:
+        """A message expiring with its body on disk is dead-lettered whole."""
+        self.vhost.declare_exchange("dlx", "fanout")
+        self.vhost.declare_queue("dlq", durable=False)
+        self.vhost.bind("dlq", "dlx")
+        self.vhost.declare_queue(
+            "q", arguments={"x-message-ttl": 5000, "x-dead-letter-exchange": "dlx"}
+        )
+        sent = self.fill(n=30)
+        self.assertGreater(self.on_disk(), 10)
+        self.clock.advance(10)
+        self.turn()
+        dead = self.vhost.queue("dlq").messages()
+        self.assertEqual([m.body for m in dead], [m.body for m in sent])
+        self.assertEqual([m.headers["n"] for m in dead], [m.headers["n"] for m in sent])
+
+    def test_priority_queue_recovered(self) -> None:
+        """A priority queue's recovered backlog with bodies on disk is read
+        back one by one, in priority order."""
+        self.vhost.declare_queue("p", arguments={"x-max-priority": 5})
+        sent = []
+        for i in range(30):
+            m = self.broker.new_message("", "p", {"i": str(i)}, b"%03d" % i * 40, persistent=True)
+            m.priority = i % 3
+            self.vhost.publish(m)
+            sent.append(m)
+        self.turn()
+        self.restart()
+        q = self.vhost.queue("p")
+        taker = Taker(prefetch=100)
+        q.add_consumer(taker)
+        want = sorted(sent, key=lambda m: (-m.priority, m.id))
+        self.assertEqual([m.body for m, _ in taker.got], [m.body for m in want])
+        self.assertEqual([m.headers for m, _ in taker.got], [m.headers for m in want])
