@@ -20,7 +20,7 @@ from twisted.internet import reactor
 from twisted.trial import unittest
 
 from qmq import config
-from qmq.auth import hash_password
+from qmq.auth import PermissionSettings, hash_password
 from qmq.service import build_authenticator
 from tests.integration.certs import TestPKI
 from tests.integration.test_stomppy import BrokerTestCase, Client
@@ -322,3 +322,78 @@ class CertificateTests(AuthTestCase):
 
 del BrokerTestCase  # not collected again from here
 _ = unittest
+
+
+class TwistdExposureTests(unittest.TestCase):
+    """C{twistd -n qmq} refuses to listen on every interface without
+    authentication: it exits with status 1 and names the key, before binding."""
+
+    def test_refused(self):
+        import subprocess
+
+        from tests.integration.test_twistd import environment, twistd_command
+
+        workdir = Path(self.mktemp()).resolve()
+        workdir.mkdir(parents=True)
+        done = subprocess.run(
+            [*twistd_command(), "-n", "qmq", "--listen", "stomp:tcp:0"],
+            cwd=workdir,
+            env=environment(),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=60,
+        )
+        output = (done.stdout + done.stderr).decode()
+        self.assertEqual(done.returncode, 1, output)
+        self.assertIn("auth.allow_unauthenticated_remote = true", output)
+        self.assertIn("'stomp:tcp:0' listens on every interface", output)
+        self.assertNotIn("Traceback", output)
+        self.assertNotIn("listening on", output)
+
+
+class AnonymousTests(AuthTestCase):
+    """auth.anonymous = true: a client without credentials gets the
+    anonymous user's permissions, and no more."""
+
+    def listen(self, description: str):
+        d = super().listen(description)
+
+        def anonymous(port):
+            from dataclasses import replace
+
+            settings = replace(
+                self.qmq_settings,
+                auth=replace(self.qmq_settings.auth, anonymous=True),
+                vhosts=tuple(
+                    replace(
+                        v,
+                        permissions=(
+                            *v.permissions,
+                            PermissionSettings("anonymous", read="^amq\\.topic$"),
+                        ),
+                    )
+                    if v.name == "app"
+                    else v
+                    for v in self.qmq_settings.vhosts
+                ),
+            )
+            self.broker.auth = build_authenticator(settings, reactor)
+            return port
+
+        return d.addCallback(anonymous)
+
+    def test_anonymous(self):
+        def scenario():
+            c = self.auth_client()
+            assert c.login() is not None, c.rec.errors
+            c.conn.subscribe("/topic/news", id="t", headers={"receipt": "s"})
+            c.rec.wait_receipt("s")
+            c.conn.send("/topic/news", "x", receipt="r")
+            [e] = c.rec.wait(lambda: c.rec.errors, "ERROR")
+            assert e.headers["message"] == "access refused (write)", e.headers
+            # Another virtual host is not open to anonymous clients.
+            other = self.auth_client(vhost="other")
+            other.login()
+            other.refused()
+
+        return self.in_thread(scenario)
