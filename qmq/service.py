@@ -289,9 +289,10 @@ def is_loopback(interface: str | None) -> bool:
 
 
 #: The protocols whose every client is authenticated when authentication is
-#: on (C{broker.auth}).  A listener of another protocol (C{http}: its HTTP
-#: API does not check credentials yet) counts as unauthenticated.
-AUTHENTICATING_PROTOCOLS = frozenset({"stomp"})
+#: on (C{broker.auth}): STOMP at CONNECT; C{http}: STOMP over WebSocket and
+#: SockJS at CONNECT, the HTTP API on every request (Basic or bearer).  A
+#: listener of another protocol counts as unauthenticated.
+AUTHENTICATING_PROTOCOLS = frozenset({"stomp", "http"})
 
 
 def _check_exposure(

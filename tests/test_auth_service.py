@@ -163,18 +163,26 @@ class ConfigTests(unittest.TestCase):
 
 
 class ProtocolExposureTests(unittest.TestCase):
-    """A protocol that does not authenticate every client (http: its HTTP
-    API) stays on loopback even with authentication on."""
+    """An http: listener authenticates every client when authentication is
+    on (STOMP over WebSocket and SockJS at CONNECT, the HTTP API on every
+    request), so it may listen off loopback then; without users it may not."""
 
-    def test_http_remote_refused_with_users(self):
+    def test_http_remote_allowed_with_users(self):
         settings = config.dataclasses.replace(
             config.load_string(USERS, "qmq.toml"),
             listen=["http:tcp:8080"],
             data_dir=Path(self.mktemp()),
         )
+        make_service(settings, MemoryReactorClock())
+
+    def test_http_remote_refused_without_users(self):
+        settings = config.dataclasses.replace(
+            config.load_string("", "qmq.toml"),
+            listen=["http:tcp:8080"],
+            data_dir=Path(self.mktemp()),
+        )
         e = self.assertRaises(ConfigError, make_service, settings, MemoryReactorClock())
-        self.assertIn("http listeners do not authenticate every client yet", str(e))
-        self.assertIn("auth.allow_unauthenticated_remote", str(e))
+        self.assertIn("authentication is off", str(e))
 
     def test_http_loopback_allowed(self):
         settings = config.dataclasses.replace(

@@ -709,3 +709,108 @@ class ScanTests(ApiSiteMixin, unittest.TestCase):
         self.assertEqual(code, 400)
         code, _, _, doc = yield self.call("GET", f"{Q}/nope/scan")
         self.assertEqual(code, 404)
+
+
+class AuthTests(ApiTestCase):
+    """HTTP Basic and bearer tokens through the broker's authenticator; the
+    core's permission checks through each user's channel."""
+
+    SECRET = b"s3cret-key-for-tests-only-32bytes!"
+
+    def setUp(self) -> None:
+        import time  # noqa: PLC0415
+
+        from qmq.auth import (  # noqa: PLC0415
+            Authenticator,
+            AuthSettings,
+            PermissionSettings,
+            TokenSettings,
+            UserSettings,
+        )
+        from qmq.auth.passwords import hash_password  # noqa: PLC0415
+
+        super().setUp()
+        self.now = time.time()
+        hashed = hash_password("wonderland", 4)  # a cheap hash: tests only
+        self.broker.auth = Authenticator(
+            AuthSettings(failure_delay=0.01, failure_max_delay=0.02),
+            reactor,
+            users=[UserSettings("alice", hashed), UserSettings("bob", hashed)],
+            permissions={"/": [PermissionSettings("alice", ".*", ".*", ".*"),
+                               PermissionSettings("bob", "", "^jobs$", "^public$")]},
+            tokens={"/": TokenSettings("HS256", self.SECRET, read=".*", write=".*")},
+            run=lambda f, *a: defer.maybeDeferred(f, *a),
+        )
+        self.api.settings = self.api.frontend.settings = ApiSettings(admins="alice")
+        self.broker.default_vhost.declare_queue("jobs")
+        self.broker.default_vhost.declare_queue("public")
+
+    def basic(self, user: str, password: str = "wonderland") -> dict:
+        return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+    @defer.inlineCallbacks
+    def test_no_credentials(self) -> None:
+        code, headers, _, doc = yield self.call("POST", f"{Q}/jobs/messages", {"body": "x"})
+        self.assertEqual((code, doc["code"]), (401, "unauthorized"))
+        self.assertIn("Basic", headers.getRawHeaders("www-authenticate")[0])
+        code, _, _, _ = yield self.call("GET", "/api/v1/openapi.json")
+        self.assertEqual(code, 200)
+
+    @defer.inlineCallbacks
+    def test_bad_password_and_header(self) -> None:
+        code, _, _, doc = yield self.call("GET", f"{Q}/jobs", headers=self.basic("alice", "nope"))
+        self.assertEqual(code, 401)
+        code, _, _, doc = yield self.call("GET", f"{Q}/jobs", headers={"Authorization": "Basic !!!"})
+        self.assertEqual(code, 401)
+        code, _, _, doc = yield self.call("GET", f"{Q}/jobs", headers={"Authorization": "Digest x"})
+        self.assertEqual(code, 401)
+
+    @defer.inlineCallbacks
+    def test_permissions(self) -> None:
+        bob = self.basic("bob")
+        code, _, _, _ = yield self.call("POST", f"{Q}/jobs/messages", {"body": "x"}, headers=bob)
+        self.assertEqual(code, 201)
+        code, _, _, doc = yield self.call("POST", f"{Q}/public/messages", {"body": "x"}, headers=bob)
+        self.assertEqual((code, doc["code"]), (403, "access-refused"))
+        code, _, _, doc = yield self.call("POST", f"{Q}/jobs/receive", headers=bob)
+        self.assertEqual(code, 403)
+        code, _, _, doc = yield self.call("PUT", f"{Q}/newq", headers=bob)
+        self.assertEqual(code, 403)
+        _, _, _, doc = yield self.call("GET", Q, headers=bob)
+        self.assertEqual([q["name"] for q in doc["queues"]], ["public"])
+        code, _, _, _ = yield self.call("GET", "/api/v1/connections", headers=bob)
+        self.assertEqual(code, 403)
+        alice = self.basic("alice")
+        code, _, _, doc = yield self.call("POST", f"{Q}/jobs/receive", headers=alice)
+        self.assertEqual((code, doc["messages"][0]["body"]), (200, "x"))
+        handle = doc["messages"][0]["handle"]
+        # Bob cannot settle Alice's delivery: his receivers are his own.
+        _, _, _, doc = yield self.call("POST", f"{Q}/jobs/ack", {"handles": [handle]}, headers=bob)
+        self.assertEqual(doc["unknown"], [handle])
+        _, _, _, doc = yield self.call("POST", f"{Q}/jobs/ack", {"handles": [handle]}, headers=alice)
+        self.assertEqual(doc["settled"], 1)
+        code, _, _, _ = yield self.call("GET", "/api/v1/connections", headers=alice)
+        self.assertEqual(code, 200)
+
+    @defer.inlineCallbacks
+    def test_bearer_token(self) -> None:
+        import jwt  # noqa: PLC0415
+
+        token = jwt.encode({"sub": "web-1", "exp": self.now + 600}, self.SECRET, algorithm="HS256")
+        code, _, _, _ = yield self.call("POST", f"{Q}/jobs/messages", {"body": "t"},
+                                        headers={"Authorization": f"Bearer {token}"})
+        self.assertEqual(code, 201)
+        code, _, _, _ = yield self.call("POST", f"{Q}/jobs/messages", {"body": "t"},
+                                        headers={"Authorization": "Bearer not.a.token"})
+        self.assertEqual(code, 401)
+
+    @defer.inlineCallbacks
+    def test_login_remembered(self) -> None:
+        calls = []
+        auth = self.broker.auth
+        original = auth.authenticate
+        auth.authenticate = lambda *a: (calls.append(a), original(*a))[1]
+        for _ in range(3):
+            code, _, _, _ = yield self.call("GET", f"{Q}/public", headers=self.basic("bob"))
+            self.assertEqual(code, 200)
+        self.assertEqual(len(calls), 1)

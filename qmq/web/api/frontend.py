@@ -303,12 +303,20 @@ def parse_handle(handle: Any) -> tuple[str, int] | None:
 class VHostFrontend:
     """The API's channel into one virtual host, its pollers and delayed messages."""
 
-    def __init__(self, broker: Broker, vhost: VirtualHost, settings: ApiSettings, clock: Any) -> None:
+    def __init__(
+        self, broker: Broker, vhost: VirtualHost, settings: ApiSettings, clock: Any, user: Any = None
+    ) -> None:
         self.broker = broker
         self.vhost = vhost
         self.settings = settings
         self.clock = clock
-        self.channel = Channel(broker, vhost, owner_name="http")
+        self.user = user
+        # With authentication, one channel per user: the core checks the
+        # user's permissions on every destination, and receipt handles of
+        # one user's receivers mean nothing to another's.
+        self.channel = Channel(
+            broker, vhost, owner_name=user.name if user is not None else "http", user=user
+        )
         self.pollers: dict[str, PollConsumer] = {}
 
     # -- publishing -------------------------------------------------------------
@@ -442,17 +450,23 @@ class HttpFrontend:
         self.broker = broker
         self.settings = settings
         self.clock = clock
-        self.vhosts: dict[str, VHostFrontend] = {}
+        self.vhosts: dict[tuple[str, str | None], VHostFrontend] = {}
         self.delayed: set[Any] = set()
 
-    def vhost(self, name: str) -> VHostFrontend:
-        """The frontend of virtual host C{name}. @raise Problem: there is none."""
-        fe = self.vhosts.get(name)
+    def vhost(self, name: str, user: Any = None) -> VHostFrontend:
+        """The frontend of virtual host C{name} for C{user} (None: no
+        authentication). @raise Problem: there is no such virtual host."""
+        key = (name, user.name if user is not None else None)
+        fe = self.vhosts.get(key)
         vhost = self.broker.vhosts.get(name)
         if vhost is None:
             raise Problem(404, "unknown-vhost", f"No virtual host {name!r}.")
         if fe is None or fe.vhost is not vhost:
-            fe = self.vhosts[name] = VHostFrontend(self.broker, vhost, self.settings, self.clock)
+            fe = self.vhosts[key] = VHostFrontend(self.broker, vhost, self.settings, self.clock, user)
+        elif user is not None and fe.user is not user:
+            # The same user logged in again (new credentials, a token's new
+            # narrowing): the channel checks with the latest.
+            fe.user = fe.channel.user = user
         return fe
 
     def delay(self, fe: VHostFrontend, text: str, m: Outgoing) -> None:

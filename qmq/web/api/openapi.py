@@ -19,7 +19,8 @@ AVRO_MEDIA = {"avro/binary": {"schema": {"type": "string", "contentMediaType": "
 
 _REASONS = {
     400: "Bad request: bad JSON or Avro, a bad parameter or field (see detail).",
-    403: "Refused: the object is the broker's own or belongs to a session.",
+    401: "Authentication is on and the request has no valid credentials (HTTP Basic or a bearer token).",
+    403: "Refused: no permission (with authentication on), or the object is the broker's own or a session's.",
     404: "No such virtual host, queue, exchange or endpoint.",
     405: "Method not allowed here.",
     408: "The request was not received in time (http_api.upload_timeout).",
@@ -27,7 +28,8 @@ _REASONS = {
     410: "The cursor's follower is gone; poll without a cursor.",
     413: "The body or the batch is too large ([web] max_request_body, [http_api] max_batch).",
     415: "Unsupported Content-Type.",
-    429: "A queue is full (reject-publish), or a cap on delayed messages or followers is reached; retry later.",
+    429: "A queue is full (reject-publish), a cap on delayed messages or followers is reached, or too many "
+    "failed logins; retry later.",
     503: "Published, but the store failed to keep the messages.",
 }
 
@@ -69,8 +71,12 @@ PAGING = [
 
 def _op(summary: str, responses: dict, *errors: int, params: list | None = None, body: dict | None = None,
         description: str = "", tag: str = "") -> dict:
-    # Any request may be malformed, sent with another method, too large or too slow.
-    codes = sorted({400, 405, 408, 413, *errors})
+    # Any request may be malformed, sent with another method, too large or too
+    # slow; with authentication on, any but the documents may be refused.
+    codes = {400, 405, 408, 413, *errors}
+    if tag != "meta":
+        codes |= {401, 403, 429}
+    codes = sorted(codes)
     op: dict[str, Any] = {"summary": summary, "responses": {**responses, **_errors(*codes)}}
     op["operationId"] = summary.lower().replace(" ", "_").replace(",", "").replace("'", "")
     if description:
@@ -476,5 +482,13 @@ def document(s: ApiSettings | None = None) -> dict:
             "follow topics, manage queues, exchanges and bindings. Errors are RFC 9457 problem documents.",
         },
         "paths": paths,
-        "components": {"schemas": _schemas(s)},
+        "components": {
+            "schemas": _schemas(s),
+            "securitySchemes": {
+                "basic": {"type": "http", "scheme": "basic", "description": "A user of the broker ([users])."},
+                "bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT",
+                           "description": "A token of the virtual host ([vhosts.NAME.tokens])."},
+            },
+        },
+        "security": [{}, {"basic": []}, {"bearer": []}],
     }

@@ -17,6 +17,9 @@ origin with C{"*"}) gets C{Access-Control-Allow-Origin}; a preflight
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
 import json
 import math
 import weakref
@@ -178,6 +181,16 @@ def _handles(doc: dict, max_batch: int) -> list[str]:
 Route = tuple[str, tuple[str, ...], str]
 
 
+#: Handlers anyone may call, also with authentication on (the documents).
+PUBLIC = frozenset(("h_index", "h_openapi", "h_schemas", "h_schema"))
+DEFAULT_VHOST = "/"
+_USER_CACHE_SIZE = 10_000
+
+
+def _unauthorized(detail: str) -> Problem:
+    return Problem(401, "unauthorized", detail, headers={"WWW-Authenticate": 'Basic realm="QMQ", Bearer'})
+
+
 class ApiResource(Resource):
     """C{/api}: version 1 of QMQ's HTTP API (see the module docstring)."""
 
@@ -236,6 +249,7 @@ class ApiResource(Resource):
         self._conns: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
         self._next_conn = 1
         self._openapi: bytes | None = None
+        self._users: dict[tuple, tuple[Any, float]] = {}
         self._by_shape: dict[tuple[int, str], list[Route]] = {}
         for route in self.routes:
             self._by_shape.setdefault((len(route[1]), route[1][1] if len(route[1]) > 1 else ""), []).append(route)
@@ -259,7 +273,13 @@ class ApiResource(Resource):
             return self._options(request, segments)
         try:
             handler, params = self._match(method, segments)
-            result = handler(request, **params)
+            if handler.__name__ in PUBLIC or getattr(self.broker, "auth", None) is None:
+                request.qmq_user = None
+                result = handler(request, **params)
+            else:
+                result = self._login(request, params.get("vhost", DEFAULT_VHOST)).addCallback(
+                    self._call, handler, request, params
+                )
         except Exception as e:  # noqa: BLE001 - every error becomes a problem
             return self._write(request, self._problem(e))
         if isinstance(result, defer.Deferred):
@@ -270,6 +290,92 @@ class ApiResource(Resource):
             result.addErrback(lambda f: log.failure("writing an API response", f))
             return NOT_DONE_YET
         return self._write(request, result)
+
+    @staticmethod
+    def _call(user: Any, handler: Any, request: Request, params: dict[str, str]) -> Any:
+        request.qmq_user = user
+        return handler(request, **params)
+
+    # -- authentication ----------------------------------------------------------
+
+    def _login(self, request: Request, vhost: str) -> defer.Deferred:
+        """The user of C{request} (HTTP Basic, or a bearer token), logged in
+        to C{vhost} through the broker's authenticator, as STOMP's CONNECT
+        is; remembered for C{auth_cache} seconds per virtual host and
+        C{Authorization} header (and TLS client)."""
+        auth = self.broker.auth
+        header = request.getHeader("authorization")
+        identity = getattr(getattr(request.channel, "transport", None), "identity", None)
+        key = (vhost, hashlib.sha256(header.encode()).digest() if header else None, identity)
+        now = self.clock.seconds()
+        cached = self._users.get(key)
+        if cached is not None:
+            user, until = cached
+            if until > now and (user.expires is None or user.expires > now):
+                return defer.succeed(user)
+            del self._users[key]
+        login = passcode = None
+        if header:
+            scheme, _, value = header.strip().partition(" ")
+            scheme = scheme.lower()
+            if scheme == "basic":
+                try:
+                    login, sep, passcode = base64.b64decode(value.strip(), validate=True).decode().partition(":")
+                except (binascii.Error, ValueError):
+                    sep = ""
+                if not sep:
+                    raise _unauthorized("The Basic credentials are not base64 of 'user:password'.")
+            elif scheme == "bearer" and value.strip():
+                passcode = value.strip()
+            else:
+                raise _unauthorized("Send credentials as 'Authorization: Basic ...' or 'Authorization: Bearer TOKEN'.")
+        credentials = auth.credentials(vhost, login, passcode, identity)
+        address = getattr(request.getClientAddress(), "host", "") or ""
+        d = auth.authenticate(vhost, credentials, address)
+
+        def logged_in(user: Any) -> Any:
+            if self.settings.auth_cache > 0:
+                if len(self._users) >= _USER_CACHE_SIZE:
+                    self._users.pop(next(iter(self._users)))
+                self._users[key] = (user, now + self.settings.auth_cache)
+            return user
+
+        def refused(failure: Any) -> Any:
+            from qmq.auth import AuthError, Busy, TooManyFailures, VhostRefused  # noqa: PLC0415
+
+            e = failure.value
+            if isinstance(e, TooManyFailures | Busy):
+                raise Problem(429, "too-many-logins", e.message, headers={"Retry-After": "5"})
+            if isinstance(e, VhostRefused):
+                raise Problem(403, "access-refused", e.message)
+            if isinstance(e, AuthError):
+                raise _unauthorized(e.message)
+            return failure
+
+        return d.addCallbacks(logged_in, refused)
+
+    def _is_admin(self, request: Request) -> bool:
+        user = getattr(request, "qmq_user", None)
+        return user is None or user.name in self.settings.admins.split()
+
+    def _require_admin(self, request: Request) -> None:
+        if not self._is_admin(request):
+            raise Problem(403, "access-refused", "Only the users named in http_api.admins may do this.")
+
+    def _can(self, request: Request, operation: str, vhost: str, name: str) -> bool:
+        user = getattr(request, "qmq_user", None)
+        return user is None or user.can(operation, vhost, name, None if user.destinations is None else name)
+
+    def _check(self, request: Request, operation: str, vhost: str, name: str) -> None:
+        if not self._can(request, operation, vhost, name):
+            user = request.qmq_user
+            raise Problem(
+                403, "access-refused",
+                f"User {user.name!r} has no {operation} permission for {name!r} in virtual host {vhost!r}.",
+            )
+
+    def _fe(self, request: Request, vhost: str) -> Any:
+        return self.frontend.vhost(vhost, getattr(request, "qmq_user", None))
 
     def _match(self, method: str, segments: list[str]) -> tuple[Any, dict[str, str]]:
         candidates = self._by_shape.get((len(segments), segments[1] if len(segments) > 1 else ""), ())
@@ -395,7 +501,10 @@ class ApiResource(Resource):
         return {"name": vhost.name, "queues": len(vhost.queues), "exchanges": len(vhost.exchanges)}
 
     def h_list_vhosts(self, request: Request) -> Response:
-        return json_response({"vhosts": [self._vhost_doc(v) for v in self.broker.vhosts.values()]})
+        user = request.qmq_user
+        vhosts = [v for v in self.broker.vhosts.values()
+                  if user is None or self._is_admin(request) or user.may_use(v.name)]
+        return json_response({"vhosts": [self._vhost_doc(v) for v in vhosts]})
 
     def h_get_vhost(self, request: Request, vhost: str) -> Response:
         return json_response(self._vhost_doc(self._vhost(vhost)))
@@ -415,7 +524,7 @@ class ApiResource(Resource):
         )
 
     def _publish(self, request: Request, vhost: str, destination: Any, path_names: str) -> Any:
-        fe = self.frontend.vhost(vhost)
+        fe = self._fe(request, vhost)
         messages, _ = self._outgoing(request)
         if path_names:
             for i, m in enumerate(messages):
@@ -472,7 +581,7 @@ class ApiResource(Resource):
         visibility = _float_arg(request, "visibility", s.default_visibility, 0.001, s.max_visibility)
         force64 = _encoding_arg(request)
         avro = codec.wants_avro(request.getHeader("accept"))
-        fe = self.frontend.vhost(vhost)
+        fe = self._fe(request, vhost)
         poller = fe.poller(queue)
         waiter = poller.receive(want, wait, visibility)
         token = poller.token
@@ -511,8 +620,8 @@ class ApiResource(Resource):
                 tags.append(parsed[1])
         return tags, unknown
 
-    def _settle(self, vhost: str, queue: str, handles: list[str], ack: bool, requeue: bool) -> Response:
-        poller = self.frontend.vhost(vhost).find_poller(queue)
+    def _settle(self, request: Request, vhost: str, queue: str, handles: list[str], ack: bool, requeue: bool) -> Response:
+        poller = self._fe(request, vhost).find_poller(queue)
         tags, unknown = self._tags(poller, handles)
         if tags:
             missed = set(poller.settle(tags, ack, requeue))
@@ -526,18 +635,18 @@ class ApiResource(Resource):
 
     def h_ack(self, request: Request, vhost: str, queue: str) -> Response:
         _, handles = self._settle_body(request, {})
-        return self._settle(vhost, queue, handles, True, True)
+        return self._settle(request, vhost, queue, handles, True, True)
 
     def h_nack(self, request: Request, vhost: str, queue: str) -> Response:
         doc, handles = self._settle_body(request, {"requeue": (bool,)})
-        return self._settle(vhost, queue, handles, False, doc.get("requeue", True))
+        return self._settle(request, vhost, queue, handles, False, doc.get("requeue", True))
 
     def h_extend(self, request: Request, vhost: str, queue: str) -> Response:
         doc, handles = self._settle_body(request, {"visibility": (int, float)})
         visibility = doc.get("visibility", self.settings.default_visibility)
         if not (math.isfinite(visibility) and 0 < visibility <= self.settings.max_visibility):
             raise bad_request(f"'visibility' must be above 0 and at most {self.settings.max_visibility:g}")
-        poller = self.frontend.vhost(vhost).find_poller(queue)
+        poller = self._fe(request, vhost).find_poller(queue)
         tags, unknown = self._tags(poller, handles)
         if tags:
             token = poller.token
@@ -551,6 +660,7 @@ class ApiResource(Resource):
 
         v = self._vhost(vhost)
         self._queue(vhost, queue)
+        self._check(request, "read", vhost, queue)
         start = _float_arg(request, "start", 0.0, 0.0, 1e11)
         end = _float_arg(request, "end", 1e11, 0.0, 1e11)
         if start > end:
@@ -595,7 +705,7 @@ class ApiResource(Resource):
             )
 
     def h_topic_events(self, request: Request, vhost: str, topic: str) -> Any:
-        fe = self.frontend.vhost(vhost)
+        fe = self._fe(request, vhost)
         self._follower_room()
         follower = SseFollower(request, self.settings.follow_backlog, self.clock)
         try:
@@ -663,7 +773,7 @@ class ApiResource(Resource):
         force64 = _encoding_arg(request)
         cursor = _arg(request, "cursor")
         avro = codec.wants_avro(request.getHeader("accept"))
-        fe = self.frontend.vhost(vhost)
+        fe = self._fe(request, vhost)
         if cursor is None:
             self._follower_room()
             follower = CursorFollower(fe, topic, s.follow_backlog)
@@ -728,14 +838,17 @@ class ApiResource(Resource):
         prefix = _arg(request, "prefix")
         queues: Any = v.queues.values()
         total = len(v.queues)
-        if prefix:
-            queues = [q for q in queues if q.name.startswith(prefix)]
+        if prefix or request.qmq_user is not None:
+            queues = [q for q in queues if (not prefix or q.name.startswith(prefix))
+                      and self._can(request, "read", vhost, q.name)]
             total = len(queues)
         page, meta = self._page(request, queues, total)
         return json_response({"queues": [self._queue_doc(vhost, q) for q in page], **meta})
 
     def h_get_queue(self, request: Request, vhost: str, queue: str) -> Response:
-        return json_response(self._queue_doc(vhost, self._queue(vhost, queue)))
+        q = self._queue(vhost, queue)
+        self._check(request, "read", vhost, queue)
+        return json_response(self._queue_doc(vhost, q))
 
     def _queue(self, vhost: str, name: str) -> Queue:
         q = self._vhost(vhost).queues.get(name)
@@ -750,6 +863,7 @@ class ApiResource(Resource):
             doc = _object_body(request, {"durable": (bool,), "auto_delete": (bool,), "arguments": (dict,)}, ())
         if queue.startswith("amq."):
             raise Problem(403, "access-refused", "Queue names starting with 'amq.' are the broker's own.")
+        self._check(request, "configure", vhost, queue)
         existed = queue in v.queues
         try:
             q = v.declare_queue(
@@ -765,13 +879,16 @@ class ApiResource(Resource):
 
     def h_delete_queue(self, request: Request, vhost: str, queue: str) -> Response:
         q = self._queue(vhost, queue)
+        self._check(request, "configure", vhost, queue)
         if q.exclusive_owner is not None:
             raise Problem(403, "access-refused", f"Queue {queue!r} belongs to a session.")
         dropped = self._vhost(vhost).delete_queue(queue)
         return json_response({"deleted": queue, "messages": dropped})
 
     def h_purge_queue(self, request: Request, vhost: str, queue: str) -> Response:
-        return json_response({"purged": self._queue(vhost, queue).purge()})
+        q = self._queue(vhost, queue)
+        self._check(request, "read", vhost, queue)
+        return json_response({"purged": q.purge()})
 
     # -- exchanges and bindings -----------------------------------------------------------
 
@@ -787,7 +904,12 @@ class ApiResource(Resource):
 
     def h_list_exchanges(self, request: Request, vhost: str) -> Response:
         v = self._vhost(vhost)
-        page, meta = self._page(request, v.exchanges.values(), len(v.exchanges))
+        exchanges: Any = v.exchanges.values()
+        total = len(v.exchanges)
+        if request.qmq_user is not None:
+            exchanges = [e for e in exchanges if self._can(request, "read", vhost, e.name)]
+            total = len(exchanges)
+        page, meta = self._page(request, exchanges, total)
         return json_response({"exchanges": [self._exchange_doc(vhost, e) for e in page], **meta})
 
     def _exchange(self, vhost: str, name: str) -> Any:
@@ -797,7 +919,9 @@ class ApiResource(Resource):
         return ex
 
     def h_get_exchange(self, request: Request, vhost: str, exchange: str) -> Response:
-        return json_response(self._exchange_doc(vhost, self._exchange(vhost, exchange)))
+        ex = self._exchange(vhost, exchange)
+        self._check(request, "read", vhost, exchange)
+        return json_response(self._exchange_doc(vhost, ex))
 
     def h_put_exchange(self, request: Request, vhost: str, exchange: str) -> Response:
         v = self._vhost(vhost)
@@ -806,6 +930,7 @@ class ApiResource(Resource):
             raise bad_request(f"'type' must be one of {', '.join(EXCHANGE_TYPES)}")
         if exchange.startswith("amq.") and exchange not in v.exchanges:
             raise Problem(403, "access-refused", "Exchange names starting with 'amq.' are the broker's own.")
+        self._check(request, "configure", vhost, exchange)
         existed = exchange in v.exchanges
         try:
             ex = v.declare_exchange(exchange, doc["type"], doc.get("durable", True), doc.get("auto_delete", False))
@@ -815,6 +940,7 @@ class ApiResource(Resource):
 
     def h_delete_exchange(self, request: Request, vhost: str, exchange: str) -> Response:
         self._exchange(vhost, exchange)
+        self._check(request, "configure", vhost, exchange)
         try:
             self._vhost(vhost).delete_exchange(exchange)
         except BrokerError as e:
@@ -826,7 +952,7 @@ class ApiResource(Resource):
         rows = (
             {"queue": q.name, "exchange": ex.name, "routing_key": key, "arguments": args or {}}
             for q in v.queues.values()
-            if q.bindings
+            if q.bindings and self._can(request, "read", vhost, q.name)
             for ex, key, args in q.bindings
         )
         limit = _int_arg(request, "limit", min(1000, self.settings.max_list), 1, self.settings.max_list)
@@ -849,6 +975,8 @@ class ApiResource(Resource):
         queue, exchange, key = self._binding_fields(doc)
         self._queue(vhost, queue)
         self._exchange(vhost, exchange)
+        self._check(request, "write", vhost, queue)
+        self._check(request, "read", vhost, exchange)
         try:
             v.bind(queue, exchange, key)
         except BrokerError as e:
@@ -864,6 +992,8 @@ class ApiResource(Resource):
         key = _arg(request, "routing_key") or ""
         self._queue(vhost, queue)
         self._exchange(vhost, exchange)
+        self._check(request, "write", vhost, queue)
+        self._check(request, "read", vhost, exchange)
         try:
             v.unbind(queue, exchange, key)
         except BrokerError as e:
@@ -887,6 +1017,7 @@ class ApiResource(Resource):
         return cid
 
     def h_list_connections(self, request: Request) -> Response:
+        self._require_admin(request)
         registry = self._registry()
         conns = list(registry.connections())
         page, meta = self._page(request, conns, len(conns))
@@ -904,6 +1035,7 @@ class ApiResource(Resource):
         return json_response({"connections": rows, **meta})
 
     def h_close_connection(self, request: Request, connection: str) -> Response:
+        self._require_admin(request)
         registry = self._registry()
         conn = self._conns.get(int(connection)) if connection.isdigit() and len(connection) < 19 else None
         if conn is None or conn not in registry.connections():

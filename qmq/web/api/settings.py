@@ -39,6 +39,12 @@ class ApiSettings:
         Server-Sent Events stream.
     @ivar cors_origins: origins allowed to call the API from a browser
         (space-separated; C{"*"} allows any); empty: no CORS headers.
+    @ivar admins: with authentication on, the users (space-separated names)
+        who may list and close connections and list every virtual host.
+    @ivar auth_cache: seconds a successful login over HTTP is remembered
+        (per virtual host and C{Authorization} header), so that a client
+        sending the same credentials on every request is not checked (a
+        password hash) every time; 0: check every request.
     @ivar max_list: most items one management listing returns.
     @ivar max_metric_queues: most queues C{/metrics} reports one by one.
     """
@@ -56,6 +62,8 @@ class ApiSettings:
     max_delay: int = field(default=86_400_000, metadata={"min": 0})
     sse_keepalive: float = field(default=15.0, metadata={"above": 0})
     cors_origins: str = ""
+    admins: str = ""
+    auth_cache: float = field(default=30.0, metadata={"min": 0})
     max_list: int = field(default=10_000, metadata={"min": 1})
     max_metric_queues: int = field(default=1_000, metadata={"min": 0})
 
