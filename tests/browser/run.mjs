@@ -178,6 +178,12 @@ const scenarios = {
     });
   },
 
+  // qmq.js over SockJS transports, and the automatic fallback from a
+  // WebSocket that cannot open (as behind a proxy that blocks it).
+  "qmqjs-xhr-streaming": (context) => sockjs(context, { transports: ["xhr-streaming"] }),
+  "qmqjs-xhr-polling": (context) => sockjs(context, { transports: ["xhr-polling"] }),
+  "qmqjs-fallback": (context) => sockjs(context, { path: "/no-websocket-here" }),
+
   // The chat example: two people in one room.
   async chat(context) {
     const alice = await open(context, "/examples/chat.html");
@@ -224,6 +230,33 @@ const scenarios = {
     return { ok, rows, errors: page.errors };
   },
 };
+
+async function sockjs(context, options) {
+  const page = await open(context, "/");
+  return await page.evaluate(async (options) => {
+    const { Client } = await import("/qmq.js");
+    const client = new Client(location.href, { connectTimeout: 3000, ...options });
+    let transport = null;
+    client.addEventListener("connect", (e) => { transport = e.detail.transport; });
+    await client.connect();
+    const got = [];
+    let done;
+    const all = new Promise((resolve) => { done = resolve; });
+    const bodies = ["one", "tw\u00f6", "x".repeat(20000), "four"];
+    const sub = client.subscribe("/queue/sockjs-test", async (m) => {
+      got.push(m.body);
+      await m.ack();
+      if (got.length === bodies.length) done();
+    }, { ack: "client-individual" });
+    await sub.ready;
+    for (const body of bodies) await client.send("/queue/sockjs-test", body);
+    await Promise.race([all, new Promise((_, reject) => setTimeout(() => reject(new Error(`got ${got.length}`)), 10000))]);
+    await client.disconnect();
+    const expected = options.transports ? options.transports[0] : "xhr-streaming";
+    const ok = transport === expected && JSON.stringify(got) === JSON.stringify(bodies);
+    return { ok, transport, lengths: got.map((b) => b.length) };
+  }, options);
+}
 
 // -- main ----------------------------------------------------------------------
 

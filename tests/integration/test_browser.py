@@ -5,7 +5,8 @@ listener over TCP or TLS (a C{trustme} test CA) and a STOMP listener, then
 runs C{tests/browser/run.mjs} with node: playwright-core drives Debian's
 C{/usr/bin/chromium} (never a downloaded browser) through a scenario and
 prints one JSON line. Scenarios: C{@stomp/stompjs} over native WebSocket,
-C{qmq.js} (and its reconnection), and a click-through of both example pages
+C{qmq.js} (its reconnection, its SockJS transports and its fallback to
+them), and a click-through of both example pages
 (the task queue with C{examples/worker.py} running as a real worker).
 
 Over HTTPS Chromium is told to accept exactly the test server's key
@@ -32,7 +33,7 @@ from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
-from twisted.internet import defer, reactor
+from twisted.internet import defer, reactor, task
 from twisted.internet.endpoints import quoteStringArgument
 from twisted.internet.utils import getProcessOutputAndValue
 from twisted.trial import unittest
@@ -91,6 +92,9 @@ class BrowserMixin:
             f"listen = [{json.dumps(http)}, \"stomp:tcp:0:interface=127.0.0.1\"]\n"
             f"data_dir = {json.dumps(str(data))}\n"
             "[web]\nexamples = true\n"
+            # A closed SockJS session lingers this long (the protocol's
+            # answer to a late poll); the test waits it out at the end.
+            "[sockjs]\ndisconnect_delay = 1.0\n"
         )
         self.service = make_service(settings, reactor)
         self.service.startService()
@@ -107,6 +111,12 @@ class BrowserMixin:
         for vhost in self.service.broker.vhosts.values():
             if vhost.expiry is not None:
                 vhost.expiry.stop()
+        # Closed SockJS sessions expire disconnect_delay after their end.
+        deadline = reactor.seconds() + 10
+        while reactor.seconds() < deadline and any(
+            "SockJS" in getattr(call.func, "__qualname__", "") for call in reactor.getDelayedCalls()
+        ):
+            yield task.deferLater(reactor, 0.1, lambda: None)
 
     def start_worker(self) -> None:
         """Run examples/worker.py against the STOMP listener until the test ends."""
@@ -165,6 +175,21 @@ class BrowserMixin:
     def test_qmqjsReconnect(self) -> Any:
         """qmq.js: a cut connection comes back, subscribed again; a send waits for it."""
         yield self.scenario("qmqjs-reconnect")
+
+    @defer.inlineCallbacks
+    def test_qmqjsXhrStreaming(self) -> Any:
+        """qmq.js over SockJS xhr-streaming (/sockjs)."""
+        yield self.scenario("qmqjs-xhr-streaming")
+
+    @defer.inlineCallbacks
+    def test_qmqjsXhrPolling(self) -> Any:
+        """qmq.js over SockJS xhr-polling."""
+        yield self.scenario("qmqjs-xhr-polling")
+
+    @defer.inlineCallbacks
+    def test_qmqjsFallback(self) -> Any:
+        """qmq.js falls back to xhr-streaming when its WebSocket cannot open."""
+        yield self.scenario("qmqjs-fallback")
 
     @defer.inlineCallbacks
     def test_chat(self) -> Any:
