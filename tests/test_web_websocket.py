@@ -254,6 +254,51 @@ class WebSocketTests(unittest.TestCase):
         self.assertEqual(len(writes), 1)
         self.assertEqual(len(server_frames(writes[0])), 10)
 
+    def test_mixedRead(self) -> None:
+        """One read of whole messages, a ping, a fragmented message and half a
+        message: every byte reaches STOMP in order, the ping is answered."""
+        client = self.connect()
+        client.send(b"SUBSCRIBE\nid:1\ndestination:/queue/q\n\n\x00")
+        send = b"SEND\ndestination:/queue/q\n\n%d\x00"
+        last = client_frame(send % 5, 2)
+        client.send_raw(
+            client_frame(send % 1)
+            + client_frame(b"hi", 9)  # ping
+            + client_frame(send % 2, 2)
+            + client_frame((send % 3)[:10], 1, fin=False)
+            + client_frame((send % 3)[10:], 0, fin=True)
+            + client_frame(send % 4)
+            + last[:7]
+        )
+        client.send_raw(last[7:])
+        frames = client.frames()
+        self.assertIn((10, b"hi"), frames)
+        bodies = [p.partition(b"\n\n")[2] for op, p in frames if op in (1, 2)]
+        self.assertEqual(bodies, [b"%d\x00" % i for i in range(1, 6)])
+
+    def test_badUtf8(self) -> None:
+        """A text message that is not UTF-8 fails the connection (autobahn
+        drops it: failByDrop) and nothing of it is published."""
+        client = self.connect()
+        client.send_raw(client_frame(b"SEND\ndestination:/queue/q\n\n\xff\x00", 1))
+        self.assertFalse(client.transport.connected)
+        self.assertNotIn("q", self.ctx.broker.default_vhost.queues)
+
+    def test_unmasked(self) -> None:
+        """An unmasked client frame is a protocol error: the connection is dropped."""
+        client = self.connect()
+        client.send_raw(b"\x81\x05hello")
+        self.assertFalse(client.transport.connected)
+
+    def test_unmask(self) -> None:
+        from qmq.web.websocket import unmask  # noqa: PLC0415
+
+        for n in (0, 1, 3, 4, 5, 1000):
+            payload = os.urandom(n)
+            key = os.urandom(4)
+            masked = bytes(b ^ key[i % 4] for i, b in enumerate(payload))
+            self.assertEqual(unmask(masked, key), payload)
+
     def test_stompError(self) -> None:
         """A STOMP error: ERROR, then a WebSocket close; abort after the grace."""
         client = self.connect()
