@@ -3,6 +3,14 @@
 
     python bench/compare.py --reps 3 --brokers qmq,rabbitmq,activemq,coilmq --out bench/results/
 
+STOMP over WebSocket: the brokers ``qmq-ws`` (QMQ with an ``http:`` listener,
+path ``/ws``) and ``rabbitmq-ws`` (RabbitMQ's web-stomp on 15684, ``/ws``)
+run the same scenarios through a WebSocket client (one STOMP frame per
+message, as browsers send, unless ``--ws-batch``)::
+
+    python bench/compare.py --reps 1 --brokers qmq,qmq-ws,rabbitmq-ws \
+        --scenarios queue-auto,fanout --out /tmp/ws-bench
+
 For each repetition, each broker in turn (the order rotates from one
 repetition to the next, so drift hits all brokers alike) is started fresh,
 runs every scenario, and is stopped (``--restart once`` keeps every broker up
@@ -64,6 +72,12 @@ def wait_port(port: int, timeout: float, up: bool = True) -> bool:
 class Broker:
     """A broker the comparison can start, stop and locate."""
 
+    #: The profile (quirks) of the broker's STOMP.
+    profile = "generic"
+    #: Over a WebSocket: the HTTP port and path the clients use, else None.
+    ws_port: int | None = None
+    ws_path: str | None = None
+
     def __init__(self, name: str, port: int) -> None:
         self.name = name
         self.port = port
@@ -85,8 +99,12 @@ class Broker:
 class Peer(Broker):
     """A peer broker driven by ``peers.sh``."""
 
-    def __init__(self, name: str, port: int, shared: Path, wipe: bool, adopt: bool = False) -> None:
+    def __init__(self, name: str, port: int, shared: Path, wipe: bool, adopt: bool = False,
+                 peer: str | None = None) -> None:
         super().__init__(name, port)
+        #: The name peers.sh knows it by (``rabbitmq`` for ``rabbitmq-ws``).
+        self.peer = peer or name
+        self.profile = self.peer
         self.script = shared / "peers" / "peers.sh"
         self.wipe = wipe
         self.adopt = adopt
@@ -94,7 +112,7 @@ class Peer(Broker):
 
     def _sh(self, cmd: str, timeout: float = 180) -> str:
         r = subprocess.run(
-            ["bash", str(self.script), cmd, self.name],
+            ["bash", str(self.script), cmd, self.peer],
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -132,11 +150,11 @@ class Peer(Broker):
 
     def version(self) -> str:
         """Return the Debian package or PyPI version."""
-        if self.name in ("rabbitmq", "activemq"):
-            pkg = "rabbitmq-server" if self.name == "rabbitmq" else "activemq"
+        if self.peer in ("rabbitmq", "activemq"):
+            pkg = "rabbitmq-server" if self.peer == "rabbitmq" else "activemq"
             r = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", pkg], capture_output=True, text=True)
             return r.stdout.strip() or "?"
-        if self.name == "coilmq":
+        if self.peer == "coilmq":
             run_dir = Path(os.environ.get("QMQ_BENCH_RUN", "/tmp/qmqbench"))
             py = run_dir / "coilmq-venv" / "bin" / "python"
             r = subprocess.run(
@@ -160,9 +178,14 @@ class QMQ(Broker):
         name: str = "qmq",
         source: Path = REPO,
         store: str = "memory",
+        http_port: int | None = None,
     ) -> None:
         super().__init__(name, port)
         self.store = store
+        self.profile = "qmq"
+        self.http_port = http_port
+        if http_port:
+            self.ws_port, self.ws_path = http_port, "/ws"
         self.tls_port = tls_port
         self.workdir = workdir.resolve()
         self.extra = extra
@@ -195,6 +218,8 @@ class QMQ(Broker):
             key, cert = self._cert()
             cmd += ["--listen", f"stomp:ssl:{self.tls_port}:privateKey={key}:certKey={cert}"
                     ":interface=127.0.0.1:backlog=1024"]
+        if self.http_port:
+            cmd += ["--listen", f"http:tcp:{self.http_port}:interface=127.0.0.1:backlog=1024"]
         conf_text = ""
         if self.store != "memory":
             # Durable queues on the commit log, a receipt only after fsync.
@@ -298,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="use a peer already listening on its port (and leave it running)")
     ap.add_argument("--qmq-port", type=int, default=61653)
     ap.add_argument("--qmq-tls-port", type=int, default=61654, help="0: no TLS listener")
+    ap.add_argument("--qmq-http-port", type=int, default=15653,
+                    help="the HTTP (WebSocket) port of broker qmq-ws")
     ap.add_argument("--qmq-arg", action="append", default=[], help="extra twistd qmq argument")
     ap.add_argument("--qmq-store", choices=["auto", "memory", "log"], default="auto",
                     help="QMQ's store; auto: the commit log (fsync always) when a persist "
@@ -324,6 +351,14 @@ def main(argv: list[str] | None = None) -> int:
         if n == "qmq":
             brokers[n] = QMQ(args.qmq_port, args.qmq_tls_port or None, args.out / "qmq-run", args.qmq_arg,
                              store=store)
+        elif n == "qmq-ws":
+            brokers[n] = QMQ(args.qmq_port + 20, None, args.out / "qmq-ws-run", args.qmq_arg,
+                             name=n, store=store, http_port=args.qmq_http_port)
+        elif n == "rabbitmq-ws":
+            rabbit = Peer(n, get_profile("rabbitmq").port, args.shared,
+                          wipe=args.restart == "per-rep", adopt=args.adopt, peer="rabbitmq")
+            rabbit.ws_port, rabbit.ws_path = 15684, "/ws"  # web-stomp (peers.sh)
+            brokers[n] = rabbit
         elif n == "qmq-base":
             if args.qmq_base is None:
                 ap.error("broker qmq-base needs --qmq-base DIR")
@@ -366,12 +401,16 @@ def main(argv: list[str] | None = None) -> int:
                         for s in scen:
                             emit({"rep": rep, "broker": n, "scenario": s, "error": f"start failed: {e}"})
                         continue
-                prof = get_profile("qmq" if isinstance(b, QMQ) else n)
+                prof = get_profile(b.profile)
                 if isinstance(b, QMQ):
                     prof = prof.with_overrides(port=b.port, tls_port=b.tls_port,
                                                data_dir=str(b.workdir / "data"),
                                                durable=b.store != "memory")
-                target = Target("127.0.0.1", b.port, prof)
+                if b.ws_port:
+                    target = Target("127.0.0.1", b.ws_port, prof, ws_path=b.ws_path,
+                                    ws_batch=args.ws_batch)
+                else:
+                    target = Target("127.0.0.1", b.port, prof)
                 if args.warmup_runs:
                     # Unrecorded warm-up (JIT, allocators, first-queue set-up).
                     for s in ("queue-auto", "fanout"):

@@ -40,6 +40,10 @@ class Target:
     port: int
     profile: Profile
     tls: bool = False
+    #: STOMP over a WebSocket at this path (port: the broker's HTTP port).
+    ws_path: str | None = None
+    #: STOMP frames per WebSocket message the clients send (1: as browsers do).
+    ws_batch: int = 1
 
 
 @dataclass(frozen=True)
@@ -57,7 +61,9 @@ class Limits:
 async def _subscribe(
     t: Target, dest: str, sub_id: str, ack: str, prefetch: int | None, lim: Limits
 ) -> StompProtocol:
-    proto, _ = await open_connection(t.host, t.port, t.profile, t.tls, timeout=lim.setup)
+    proto, _ = await open_connection(
+        t.host, t.port, t.profile, t.tls, timeout=lim.setup, ws_path=t.ws_path, ws_batch=t.ws_batch
+    )
     await proto.request(
         subscribe_frame(t.profile, dest, sub_id, ack, prefetch, receipt=f"sub-{sub_id}"),
         "RECEIPT",
@@ -314,7 +320,9 @@ async def produce(
     lines added to every SEND (``b"\\npersistent:true"``).
     """
     p = t.profile
-    proto, _ = await open_connection(t.host, t.port, p, t.tls, timeout=lim.setup)
+    proto, _ = await open_connection(
+        t.host, t.port, p, t.tls, timeout=lim.setup, ws_path=t.ws_path, ws_batch=t.ws_batch
+    )
     assert proto.transport is not None
     proto.transport.set_write_buffer_limits(high=1 << 20)
     body = _body(body_size)
@@ -720,7 +728,9 @@ async def hold_wildcards(
     deadline = t0 + lim.max_seconds + n / 500.0
     i = 0
     while i < n:
-        proto, _ = await open_connection(t.host, t.port, t.profile, t.tls, timeout=lim.setup)
+        proto, _ = await open_connection(
+        t.host, t.port, t.profile, t.tls, timeout=lim.setup, ws_path=t.ws_path, ws_batch=t.ws_batch
+    )
         proto.transport.set_write_buffer_limits(high=1 << 20)  # type: ignore[union-attr]
         conns.append(proto)
         top = min(n, i + per_conn)

@@ -41,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--port", type=int, help="STOMP port (default: the profile's)")
     ap.add_argument("--tls", action="store_true", help="wrap every connection in TLS (no verification)")
     ap.add_argument("--tls-port", type=int, help="TLS port used by the 'tls' scenario")
+    ap.add_argument("--ws", metavar="PATH",
+                    help="STOMP over a WebSocket at PATH (e.g. /ws; --port is then the HTTP port)")
     ap.add_argument("--login")
     ap.add_argument("--passcode")
     ap.add_argument("--vhost", help="CONNECT host header (default '/')")
@@ -54,6 +56,8 @@ def add_common(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("scenario knobs")
     g.add_argument("--count", type=int, help="units per scenario (default: per scenario)")
     g.add_argument("--body-size", type=int, default=100)
+    g.add_argument("--ws-batch", type=int, default=1,
+                   help="over WebSocket: STOMP frames per message the clients send (1: as browsers)")
     g.add_argument("--window", type=int, default=100, help="outstanding receipts (receipt, many-queues)")
     g.add_argument("--prefetch", type=int, default=500, help="prefetch for queue-ack")
     g.add_argument("--subscribers", type=int, default=10, help="fan-out subscribers")
@@ -118,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     prof = get_profile(args.profile).with_overrides(
         port=args.port, login=args.login, passcode=args.passcode, vhost=args.vhost, tls_port=args.tls_port
     )
-    target = Target(args.host, prof.port, prof, args.tls)
+    target = Target(args.host, prof.port, prof, args.tls, ws_path=args.ws, ws_batch=args.ws_batch)
     rc = 0
     for name in expand(args.scenarios):
         if name not in SCENARIOS:

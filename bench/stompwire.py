@@ -12,14 +12,23 @@ Two client flavours share the frame helpers:
 * :class:`StompProtocol`, an ``asyncio.Protocol`` (uvloop when installed)
   whose ``data_received`` hook is swapped per scenario; writes are batched.
 * :func:`sync_connect`, a blocking socket for the latency ping-pong.
+
+:class:`WebSocketStompProtocol` carries the same STOMP bytes over a WebSocket
+(``open_connection(..., ws_path="/ws")``): it upgrades the connection, sends
+each STOMP frame as one masked text message (as browser clients do; or
+``ws_batch`` frames per message), and hands the handlers the payloads of the
+server's messages as one STOMP byte stream, so every scenario runs unchanged.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import os
 import re
 import socket
 import ssl
+import struct
 import time
 from collections.abc import Callable
 
@@ -223,6 +232,133 @@ class StompProtocol(asyncio.Protocol):
             self.transport.close()
 
 
+def _mask(data: bytes, key: bytes) -> bytes:
+    """XOR ``data`` with the 4-byte ``key`` repeated (one big-int XOR, in C)."""
+    n = len(data)
+    if not n:
+        return data
+    keys = (key * (n // 4 + 1))[:n]
+    return (int.from_bytes(data, "big") ^ int.from_bytes(keys, "big")).to_bytes(n, "big")
+
+
+class WebSocketStompProtocol(StompProtocol):
+    """:class:`StompProtocol` over a WebSocket (RFC 6455, client side).
+
+    :meth:`upgraded` resolves once the server answered 101; until then
+    nothing else is written. Writes are STOMP bytes: split at NULs into
+    frames, each sent as one masked text message (``ws_batch`` > 1 puts that
+    many frames in a message). Reads: the server's message payloads, joined,
+    go to ``on_data``; a ping is answered, a close fails the connection.
+    """
+
+    def __init__(self, host: str, path: str, ws_batch: int = 1) -> None:
+        super().__init__()
+        self.host = host
+        self.path = path
+        self.ws_batch = ws_batch
+        self.key = os.urandom(4)
+        self._head = b""
+        self._in = bytearray()
+        self._upgrade: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._partial = b""  # the unfinished STOMP frame of the last write
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """Send the upgrade request."""
+        super().connection_made(transport)
+        key = base64.b64encode(os.urandom(16)).decode()
+        request = (
+            f"GET {self.path} HTTP/1.1\r\nHost: {self.host}\r\nUpgrade: websocket\r\n"
+            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+            "Sec-WebSocket-Protocol: v12.stomp, v11.stomp, v10.stomp\r\n\r\n"
+        )
+        transport.write(request.encode())  # type: ignore[attr-defined]
+
+    async def upgraded(self, timeout: float) -> None:
+        """Wait for the 101 answer."""
+        await asyncio.wait_for(asyncio.shield(self._upgrade), timeout)
+
+    def data_received(self, data: bytes) -> None:
+        """Upgrade answer first, then WebSocket frames."""
+        if not self._upgrade.done():
+            self._head += data
+            end = self._head.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            status = self._head.split(b"\r\n", 1)[0]
+            rest = self._head[end + 4 :]
+            if b" 101 " not in status + b" ":
+                self.fail(f"WebSocket upgrade refused: {status.decode('latin-1')}")
+                self._upgrade.set_exception(StompError(self.failure or "upgrade refused"))
+                return
+            self._upgrade.set_result(None)
+            if not rest:
+                return
+            data = rest
+        buf = self._in
+        buf += data
+        out = []
+        i = 0
+        n = len(buf)
+        while n - i >= 2:
+            b0, b1 = buf[i], buf[i + 1]
+            length = b1 & 0x7F
+            j = i + 2
+            if length == 126:
+                if n - j < 2:
+                    break
+                (length,) = struct.unpack_from("!H", buf, j)
+                j += 2
+            elif length == 127:
+                if n - j < 8:
+                    break
+                (length,) = struct.unpack_from("!Q", buf, j)
+                j += 8
+            if n - j < length:
+                break
+            opcode = b0 & 0x0F
+            payload = bytes(buf[j : j + length])
+            i = j + length
+            if opcode in (0, 1, 2):
+                out.append(payload)
+            elif opcode == 8:
+                code = struct.unpack("!H", payload[:2])[0] if len(payload) >= 2 else None
+                self.fail(f"WebSocket closed by the broker: {code} {payload[2:].decode('utf-8', 'replace')}")
+            elif opcode == 9:
+                self._send_ws(payload, 0xA)
+        del buf[:i]
+        if out:
+            super().data_received(b"".join(out))
+
+    def _send_ws(self, payload: bytes, opcode: int = 0x1) -> bytes:
+        n = len(payload)
+        if n < 126:
+            head = bytes((0x80 | opcode, 0x80 | n))
+        elif n < 65536:
+            head = struct.pack("!BBH", 0x80 | opcode, 0x80 | 126, n)
+        else:
+            head = struct.pack("!BBQ", 0x80 | opcode, 0x80 | 127, n)
+        key = self.key
+        frame = head + key + _mask(payload, key)
+        if opcode != 0x1:
+            super().write(frame)
+        return frame
+
+    def write(self, data: bytes) -> None:
+        """Write STOMP bytes: one masked message per frame (or per ``ws_batch``)."""
+        data = self._partial + data
+        cut = data.rfind(NUL) + 1
+        self._partial = data[cut:]
+        if not cut:
+            return
+        frames = data[:cut].split(NUL)[:-1]
+        step = self.ws_batch
+        out = []
+        for k in range(0, len(frames), step):
+            group = frames[k : k + step]
+            out.append(self._send_ws(NUL.join(group) + NUL))
+        super().write(b"".join(out))
+
+
 async def open_connection(
     host: str,
     port: int,
@@ -230,13 +366,24 @@ async def open_connection(
     tls: bool = False,
     heart_beat: str = "0,0",
     timeout: float = 15.0,
+    ws_path: str | None = None,
+    ws_batch: int = 1,
 ) -> tuple[StompProtocol, dict[str, str]]:
-    """Connect, send CONNECT and wait for CONNECTED; return protocol and headers."""
+    """Connect, send CONNECT and wait for CONNECTED; return protocol and headers.
+
+    With ``ws_path``, over a WebSocket to that path (:class:`WebSocketStompProtocol`).
+    """
     loop = asyncio.get_running_loop()
     ctx = client_ssl_context() if tls else None
+
+    def factory() -> StompProtocol:
+        if ws_path is None:
+            return StompProtocol()
+        return WebSocketStompProtocol(f"{host}:{port}", ws_path, ws_batch)
+
     try:
         _, proto = await asyncio.wait_for(
-            loop.create_connection(StompProtocol, host, port, ssl=ctx), timeout
+            loop.create_connection(factory, host, port, ssl=ctx), timeout
         )
     except TimeoutError as e:
         raise StompError(f"TCP connect timeout after {timeout:.0f}s") from e
@@ -246,6 +393,8 @@ async def open_connection(
     if sock is not None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
+        if isinstance(proto, WebSocketStompProtocol):
+            await proto.upgraded(timeout)
         headers = await proto.request(connect_frame(p, heart_beat), "CONNECTED", timeout)
     except StompError:
         proto.close()
