@@ -276,6 +276,22 @@ class WebSocketTests(unittest.TestCase):
         bodies = [p.partition(b"\n\n")[2] for op, p in frames if op in (1, 2)]
         self.assertEqual(bodies, [b"%d\x00" % i for i in range(1, 6)])
 
+    def test_anySplit(self) -> None:
+        """Messages cut anywhere by the reads (small, 126-byte-length and
+        64-bit-length frames among them) arrive whole and in order."""
+        client = self.connect()
+        client.send(b"SUBSCRIBE\nid:1\ndestination:/queue/q\n\n\x00")
+        client.frames()
+        bodies = [b"a", b"b" * 200, b"c" * 70_000, b"d" * 3]
+        stream = b"".join(
+            client_frame(b"SEND\ndestination:/queue/q\n\n" + body + b"\x00") for body in bodies
+        )
+        for size in (1, 2, 3, 7, 64, 1000, 65536):
+            for k in range(0, len(stream), size):
+                client.send_raw(stream[k : k + size])
+            got = [p.partition(b"\n\n")[2] for op, p in client.frames() if op in (1, 2)]
+            self.assertEqual(got, [body + b"\x00" for body in bodies], size)
+
     def test_badUtf8(self) -> None:
         """A text message that is not UTF-8 fails the connection (autobahn
         drops it: failByDrop) and nothing of it is published."""

@@ -81,6 +81,9 @@ log = Logger()
 SUBPROTOCOLS = ("v12.stomp", "v11.stomp", "v10.stomp")
 
 _OPEN = WebSocketProtocol.STATE_OPEN
+#: The largest message the fast path takes (and the most it keeps of one
+#: cut by the end of a read); larger ones are autobahn's, streamed.
+FAST_MAX = 65535
 _TEXT = 0x81  # FIN + opcode 1
 _BINARY = 0x82  # FIN + opcode 2
 _HEADERS = {
@@ -193,6 +196,8 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
 
     peer_host = ""
     identity: PeerIdentity | None = None
+    #: The start of a message cut by the end of a read (fast path only).
+    _cut = b""
     _write: Any = None
     _producing = False
     _closing = False
@@ -282,6 +287,9 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
         batcher = self._batcher
         batcher.hold()
         try:
+            if self._cut:
+                data = self._cut + data
+                self._cut = b""
             if (
                 self.state == _OPEN
                 and not self.data
@@ -289,7 +297,7 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
                 and not self.inside_message
             ):
                 done = self._whole_messages(data)
-                if done < len(data):
+                if done < len(data) and not self._cut:
                     self._dataReceived(data[done:] if done else data)
             else:
                 self._dataReceived(data)
@@ -304,21 +312,26 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
         per frame, its callbacks, its bookkeeping), more than the broker
         spends on the STOMP frame inside. A message a browser sends (one
         STOMP frame, one WebSocket frame) is handled here instead, and the
-        payloads of a read reach the reader as one piece; the first
-        frame that is anything else (a control frame, a fragment, a frame
-        cut by the end of the read, a reserved bit, an unmasked frame, a text
-        frame that is not UTF-8) and everything after it go to autobahn,
-        which meets them at a frame boundary with nothing buffered, as if it
-        had read them alone.
+        payloads of a read reach the reader as one piece. A read that ends
+        inside such a message (of at most L{FAST_MAX} bytes) keeps its start
+        in C{_cut} for the next read. The first frame that is anything else
+        (a control frame, a fragment, a larger frame, a reserved bit, an
+        unmasked frame, a text frame that is not UTF-8) and everything after
+        it go to autobahn, which meets them at a frame boundary with nothing
+        buffered, as if it had read them alone; once autobahn is done with
+        them (nothing buffered, no message open), reads come here again.
 
-        @return: how many bytes of C{data} were consumed.
+        @return: how many bytes of C{data} were consumed (or kept in C{_cut}).
         """
         payloads = []
         n = len(data)
         i = 0
-        while n - i >= 6:
+        while i < n:
             b0 = data[i]
             if b0 != 0x81 and b0 != 0x82:
+                break
+            if n - i < 2:
+                self._cut = data[i:]
                 break
             b1 = data[i + 1]
             if b1 < 0x80:
@@ -326,21 +339,24 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
             length = b1 & 0x7F
             j = i + 2
             if length == 126:
+                if n - j < 2:
+                    self._cut = data[i:]
+                    break
                 length = (data[j] << 8) | data[j + 1]
                 j += 2
             elif length == 127:
-                if n - j < 8:
-                    break
-                length = int.from_bytes(data[j : j + 8], "big")
-                j += 8
+                break  # 64 KiB or more: autobahn streams it
+            if length > FAST_MAX:
+                break
             if n - j - 4 < length:
+                self._cut = data[i:]
                 break
             payload = unmask(data[j + 4 : j + 4 + length], data[j : j + 4])
             if b0 == 0x81 and not payload.isascii():
                 try:
                     payload.decode("utf-8")
                 except UnicodeDecodeError:
-                    break  # autobahn fails the connection (1007)
+                    break  # autobahn fails the connection
             i = j + 4 + length
             payloads.append(payload)
         if payloads:
@@ -349,7 +365,7 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
             self.reader.data_received(  # type: ignore[union-attr]
                 payloads[0] if len(payloads) == 1 else b"".join(payloads)
             )
-        return i
+        return n if self._cut else i
 
     def onMessageBegin(self, isBinary: bool) -> None:
         pass  # text or binary: both carry STOMP bytes
@@ -372,6 +388,7 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
 
     def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
         self._lost = True
+        self._cut = b""
         self._producing = False
         if self._grace is not None and self._grace.active():
             self._grace.cancel()
@@ -406,6 +423,7 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
         if self._closing or self._lost:
             return
         self._closing = True
+        self._cut = b""
         if self.reader is not None:
             self.reader.discard()
         transport = self.transport
