@@ -163,6 +163,12 @@ def _api(ctx: WebContext) -> Resource:
     return api_resource(ctx)
 
 
+def _metrics(ctx: WebContext) -> Resource:
+    from qmq.web.metrics import metrics_resource  # noqa: PLC0415
+
+    return metrics_resource(ctx, getattr(ctx, "api", None))
+
+
 #: The site's paths: the first segment -> what builds the resource there.
 #: A part of QMQ that serves HTTP adds one line here (see the module
 #: docstring); C{/ws} is the same resource as C{/stomp} (RabbitMQ's path).
@@ -174,6 +180,7 @@ MOUNTS: dict[str, MountBuilder] = {
     "sockjs": _sockjs,
     "sockjs_test": _sockjs_test,
     "api": _api,
+    "metrics": _metrics,
 }
 
 

@@ -26,8 +26,14 @@ def api_settings(ctx: Any) -> ApiSettings:
 
 
 def api_resource(ctx: Any) -> ApiResource:
-    """The C{/api} resource for the site whose context is C{ctx}."""
-    return ApiResource(ctx, api_settings(ctx))
+    """The C{/api} resource for the site whose context is C{ctx} (kept as
+    C{ctx.api} too, where C{/metrics} finds its counters)."""
+    resource = ApiResource(ctx, api_settings(ctx))
+    try:
+        ctx.api = resource
+    except AttributeError:  # pragma: no cover - a frozen or slotted context
+        pass
+    return resource
 
 
 __all__ = ["ApiResource", "ApiSettings", "api_resource", "api_settings"]

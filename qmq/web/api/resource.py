@@ -354,6 +354,30 @@ class ApiResource(Resource):
 
         return d.addCallbacks(logged_in, refused)
 
+    def admin_check(self, request: Request) -> defer.Deferred:
+        """Fires once C{request}'s user is an admin (L{_login} against the
+        default virtual host); fails with a L{Problem} otherwise. For the
+        site's other resources (C{/metrics})."""
+        if getattr(self.broker, "auth", None) is None:
+            request.qmq_user = None
+            return defer.succeed(None)
+
+        def check(user: Any) -> None:
+            request.qmq_user = user
+            self._require_admin(request)
+
+        return defer.maybeDeferred(self._login, request, DEFAULT_VHOST).addCallback(check)
+
+    def finish_later(self, request: Request, d: defer.Deferred) -> Any:
+        """Write what C{d} fires with (bytes), or the problem it fails with."""
+
+        def ok(body: bytes) -> None:
+            request.write(body)
+            request.finish()
+
+        d.addCallbacks(ok, lambda f: self._write_later(request, self._problem(f.value)))
+        return NOT_DONE_YET
+
     def _is_admin(self, request: Request) -> bool:
         user = getattr(request, "qmq_user", None)
         return user is None or user.name in self.settings.admins.split()

@@ -1,0 +1,144 @@
+"""C{/metrics} on the real site: Prometheus text read back with
+prometheus-client's parser."""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import Histogram
+from prometheus_client.parser import text_string_to_metric_families
+from twisted.internet import defer, reactor
+from twisted.trial import unittest
+
+from qmq.core.broker import Broker
+from qmq.web.metrics import MetricsResource, instrument_fsync, issued_ids
+from tests.web_api_helpers import ApiSiteMixin
+
+Q = "/api/v1/vhosts/%2F/queues"
+
+
+def samples(text: str) -> dict:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+class MetricsTests(ApiSiteMixin, unittest.TestCase):
+    def setUp(self) -> None:
+        self.start_site()
+
+    @defer.inlineCallbacks
+    def scrape(self, headers: dict | None = None) -> defer.Deferred:
+        import treq  # noqa: PLC0415
+
+        r = yield treq.get(self.base + "/metrics", headers=headers, pool=self.pool)
+        body = yield r.text()
+        return r.code, r.headers, body
+
+    @defer.inlineCallbacks
+    def test_scrape(self) -> None:
+        yield self.call("POST", f"{Q}/work/messages", {"messages": [{"body": "a"}, {"body": "b"}, {"body": "c"}]})
+        yield self.call("POST", f"{Q}/work/receive")
+        code, headers, body = yield self.scrape()
+        self.assertEqual(code, 200)
+        self.assertTrue(headers.getRawHeaders("content-type")[0].startswith("text/plain"))
+        got = samples(body)
+        q = (("queue", "work"), ("vhost", "/"))
+        self.assertEqual(got[("qmq_queue_messages_ready", q)], 2)
+        self.assertEqual(got[("qmq_queue_messages_unacked", q)], 1)
+        self.assertEqual(got[("qmq_queue_consumers", q)], 1)
+        self.assertEqual(got[("qmq_vhost_messages_ready", (("vhost", "/"),))], 2)
+        self.assertEqual(got[("qmq_http_messages_published_total", ())], 3)
+        self.assertEqual(got[("qmq_http_messages_delivered_total", ())], 1)
+        self.assertEqual(got[("qmq_messages_published_total", ())], 3)
+        self.assertGreaterEqual(got[("qmq_connections", (("protocol", "http"),))], 1)
+        self.assertEqual(got[("qmq_memory_alarm", ())], 0)
+
+    def test_issued_ids_takes_none(self) -> None:
+        broker = Broker(reactor)
+        self.assertEqual(issued_ids(broker), 0)
+        next(broker.message_ids)
+        self.assertEqual(issued_ids(broker), 1)
+        self.assertEqual(issued_ids(broker), 1)
+
+    def test_max_queues(self) -> None:
+        for i in range(5):
+            self.broker.default_vhost.declare_queue(f"q{i}")
+        resource = MetricsResource(self.ctx, None, max_queues=2)
+        got = samples(resource._answer(_FakeRequest()).decode())
+        per_queue = [k for k in got if k[0] == "qmq_queue_messages_ready"]
+        self.assertEqual(len(per_queue), 2)
+        self.assertEqual(got[("qmq_vhost_queues", (("vhost", "/"),))], 5)
+
+
+class _FakeRequest:
+    def setHeader(self, name: bytes, value: bytes) -> None:
+        pass
+
+
+class FsyncTests(unittest.TestCase):
+    def test_commit_log_fsyncs_timed(self) -> None:
+        """The adapter reaches the commit log's writer (fails if the store
+        changes under it) and times each sync."""
+        from prometheus_client import CollectorRegistry  # noqa: PLC0415
+
+        from qmq.store.log import CommitLogStore  # noqa: PLC0415
+
+        directory = self.mktemp()
+        os.makedirs(directory)
+        syncs = []
+        store = CommitLogStore(directory, reactor=reactor, compact_interval=0, datasync=syncs.append)
+        self.addCleanup(store.close)
+        histogram = Histogram("t_fsync_seconds", "x", registry=CollectorRegistry())
+        self.assertTrue(instrument_fsync(store, histogram))
+        self.assertFalse(instrument_fsync(store, histogram))  # once
+        broker = Broker(reactor, store=store)
+        broker.default_vhost.declare_queue("d")
+        broker.default_vhost.publish(broker.new_message("", "d", None, b"x", persistent=True))
+        broker.batcher.flush_all()
+        d = defer.Deferred()
+
+        def check() -> None:
+            if not syncs:
+                reactor.callLater(0.01, check)
+                return
+            count = [s.value for s in histogram.collect()[0].samples if s.name.endswith("_count")][0]
+            self.assertGreaterEqual(count, 1)
+            d.callback(None)
+
+        check()
+        return d
+
+
+class MetricsAuthTests(ApiSiteMixin, unittest.TestCase):
+    def setUp(self) -> None:
+        self.start_site()
+
+    @defer.inlineCallbacks
+    def test_admins_only(self) -> None:
+        import base64  # noqa: PLC0415
+
+        import treq  # noqa: PLC0415
+
+        from qmq.auth import Authenticator, AuthSettings, PermissionSettings, UserSettings  # noqa: PLC0415
+        from qmq.auth.passwords import hash_password  # noqa: PLC0415
+        from qmq.web.api.settings import ApiSettings  # noqa: PLC0415
+
+        hashed = hash_password("pw", 4)
+        self.broker.auth = Authenticator(
+            AuthSettings(failure_delay=0.01, failure_max_delay=0.02), reactor,
+            users=[UserSettings("root", hashed), UserSettings("joe", hashed)],
+            permissions={"/": [PermissionSettings("root", ".*", ".*", ".*"), PermissionSettings("joe", "", "", ".*")]},
+            run=lambda f, *a: defer.maybeDeferred(f, *a),
+        )
+        self.api.settings = ApiSettings(admins="root")
+
+        def auth(user: str) -> dict:
+            return {"Authorization": "Basic " + base64.b64encode(f"{user}:pw".encode()).decode()}
+
+        for headers, status in ((None, 401), (auth("joe"), 403), (auth("root"), 200)):
+            r = yield treq.get(self.base + "/metrics", headers=headers, pool=self.pool)
+            yield r.content()
+            self.assertEqual(r.code, status, headers)
