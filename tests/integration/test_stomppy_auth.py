@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 
 import jwt
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from stomp.exception import ConnectFailedException
 from twisted.internet import reactor
 from twisted.trial import unittest
@@ -27,11 +29,19 @@ from tests.integration.test_stomppy import BrokerTestCase, Client
 
 SECRET = "an application's secret, 32+ bytes long"
 COST = 4
+#: The signing key of the virtual host "kiosk", whose tokens are ES256.
+KIOSK_KEY = ec.generate_private_key(ec.SECP256R1())
 
 
 def settings_for(directory: Path) -> config.Settings:
     key = directory / "token.key"
     key.write_text(SECRET + "\n")
+    kiosk = directory / "kiosk.pub"
+    kiosk.write_bytes(
+        KIOSK_KEY.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
     return config.load_string(
         f"""
 [auth]
@@ -61,6 +71,12 @@ read = ".*"
 [vhosts.app.tokens]
 algorithm = "HS256"
 key_file = "{key}"
+write = "^amq\\\\.topic$"
+read = "^amq\\\\.topic$"
+
+[vhosts.kiosk.tokens]
+algorithm = "ES256"
+key_file = "{kiosk}"
 write = "^amq\\\\.topic$"
 read = "^amq\\\\.topic$"
 
@@ -247,6 +263,24 @@ class TokenTests(AuthTestCase):
             forged = jwt.encode({"sub": "web-1", "exp": int(time.time()) + 60}, "x" * 40, "HS256")
             c.login(None, forged)
             c.refused()
+
+        return self.in_thread(scenario)
+
+    def test_asymmetric_key(self):
+        """The kiosk's tokens are signed with its private key (ES256): one
+        signed with another key, or an HMAC token, is refused."""
+
+        def scenario():
+            claims = {"sub": "kiosk-1", "exp": int(time.time()) + 60}
+            c = self.auth_client(vhost="kiosk")
+            assert c.login(None, jwt.encode(claims, KIOSK_KEY, "ES256")) is not None, c.rec.errors
+            c.conn.send("/topic/screen", "x", receipt="r")
+            c.rec.wait_receipt("r")
+            other = ec.generate_private_key(ec.SECP256R1())
+            for forged in (jwt.encode(claims, other, "ES256"), token(sub="kiosk-1")):
+                c = self.auth_client(vhost="kiosk")
+                c.login(None, forged)
+                c.refused()
 
         return self.in_thread(scenario)
 
