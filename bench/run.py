@@ -55,6 +55,20 @@ def add_common(ap: argparse.ArgumentParser) -> None:
     """Add the scenario knobs shared by run.py and compare.py."""
     g = ap.add_argument_group("scenario knobs")
     g.add_argument("--count", type=int, help="units per scenario (default: per scenario)")
+    g.add_argument(
+        "--send-header",
+        action="append",
+        default=[],
+        metavar="NAME:VALUE",
+        help="add a header to every streamed SEND (e.g. priority:5, ttl:60000); repeatable",
+    )
+    g.add_argument(
+        "--subscribe-header",
+        action="append",
+        default=[],
+        metavar="NAME:VALUE",
+        help="add a header to every SUBSCRIBE (e.g. x-max-priority:9); repeatable",
+    )
     g.add_argument("--body-size", type=int, default=100)
     g.add_argument("--ws-batch", type=int, default=1,
                    help="over WebSocket: STOMP frames per message the clients send (1: as browsers)")
@@ -116,6 +130,18 @@ def expand(names: list[str]) -> list[str]:
     return out
 
 
+def set_extra_headers(args: argparse.Namespace) -> None:
+    """Put --send-header / --subscribe-header into the frames the workers make."""
+    from stompwire import EXTRA_HEADERS  # noqa: PLC0415
+
+    for command, items in (("SEND", args.send_header), ("SUBSCRIBE", args.subscribe_header)):
+        for item in items:
+            name, colon, value = item.partition(":")
+            if not colon or not name:
+                raise SystemExit(f"--{command.lower()}-header wants NAME:VALUE, got {item!r}")
+            EXTRA_HEADERS[command][name] = value
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the scenarios, print one JSON line each."""
     args = build_parser().parse_args(argv)
@@ -123,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         port=args.port, login=args.login, passcode=args.passcode, vhost=args.vhost, tls_port=args.tls_port
     )
     target = Target(args.host, prof.port, prof, args.tls, ws_path=args.ws, ws_batch=args.ws_batch)
+    set_extra_headers(args)
     rc = 0
     for name in expand(args.scenarios):
         if name not in SCENARIOS:

@@ -63,6 +63,12 @@ def connect_frame(p: Profile, heart_beat: str = "0,0") -> bytes:
     return frame("CONNECT", h)
 
 
+#: Headers added to every SUBSCRIBE and SEND the scenarios make (run.py's
+#: --subscribe-header and --send-header: queue arguments, priorities, TTLs).
+#: Set in the parent before the workers fork.
+EXTRA_HEADERS: dict[str, dict[str, str]] = {"SUBSCRIBE": {}, "SEND": {}}
+
+
 def subscribe_frame(
     p: Profile,
     dest: str,
@@ -78,6 +84,7 @@ def subscribe_frame(
             h[name] = str(prefetch)
     if receipt is not None:
         h["receipt"] = receipt
+    h.update(EXTRA_HEADERS["SUBSCRIBE"])
     return frame("SUBSCRIBE", h)
 
 
@@ -86,6 +93,7 @@ def send_frame(dest: str, body: bytes, receipt: str | None = None) -> bytes:
     h = {"destination": dest, "content-length": str(len(body))}
     if receipt is not None:
         h["receipt"] = receipt
+    h.update(EXTRA_HEADERS["SEND"])
     return frame("SEND", h, body)
 
 

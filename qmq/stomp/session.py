@@ -84,6 +84,8 @@ _CACHED_BLOCKS = 64
 _CACHED_BLOCK_SIZE = 2048
 #: SEND headers that set how a message is delivered (see _delivery_options).
 _DELIVERY_HEADERS = frozenset(("priority", "expires", "ttl", "delay", "deliver-at", ACK_TIMEOUT_HEADER))
+# The priorities as a client writes them (a dict lookup instead of a parse).
+_PRIORITIES = {str(i): i for i in range(10)}
 # Bounds of those headers: an epoch time in ms (year 6429), a span in ms (34 years).
 _MAX_EPOCH_MS = 1 << 47
 _MAX_SPAN_MS = 1 << 40
@@ -855,33 +857,33 @@ class StompSession:
             epoch seconds (0.0: none).
         @raise HeaderError: a value is malformed or out of range.
         """
+        present = _DELIVERY_HEADERS.intersection(h)
         priority = 0
+        if "priority" in present:
+            value = h["priority"]
+            priority = _PRIORITIES.get(value)  # type: ignore[assignment]
+            if priority is None:
+                priority = parse_int(value, "priority", 0, 9)
+            if len(present) == 1:
+                return priority, 0.0, 0.0, 0.0  # the common case: a priority alone
         expires = deliver_at = ack_timeout = 0.0
-        value = h.get("priority")
-        if value is not None:
-            priority = parse_int(value, "priority", 0, 9)
         now = self._seconds()
-        value = h.get("expires")
-        if value is not None:
-            expires = parse_int(value, "expires", 0, _MAX_EPOCH_MS) / 1000.0
-        value = h.get("ttl")
-        if value is not None:
-            at = now + parse_int(value, "ttl", 0, _MAX_SPAN_MS) / 1000.0
+        if "expires" in present:
+            expires = parse_int(h["expires"], "expires", 0, _MAX_EPOCH_MS) / 1000.0
+        if "ttl" in present:
+            at = now + parse_int(h["ttl"], "ttl", 0, _MAX_SPAN_MS) / 1000.0
             if not expires or at < expires:
                 expires = at
-        value = h.get("deliver-at")
-        if value is not None:
-            deliver_at = parse_int(value, "deliver-at", 0, _MAX_EPOCH_MS) / 1000.0
-        value = h.get("delay")
-        if value is not None:
-            deliver_at = max(deliver_at, now + parse_int(value, "delay", 0, _MAX_SPAN_MS) / 1000.0)
+        if "deliver-at" in present:
+            deliver_at = parse_int(h["deliver-at"], "deliver-at", 0, _MAX_EPOCH_MS) / 1000.0
+        if "delay" in present:
+            deliver_at = max(deliver_at, now + parse_int(h["delay"], "delay", 0, _MAX_SPAN_MS) / 1000.0)
         if deliver_at > now:
             h[DELIVER_AT_HEADER] = str(round(deliver_at * 1000))
         else:
             deliver_at = 0.0
-        value = h.get(ACK_TIMEOUT_HEADER)
-        if value is not None:
-            ack_timeout = parse_seconds(value, ACK_TIMEOUT_HEADER, _MAX_SPAN_MS / 1000.0)
+        if ACK_TIMEOUT_HEADER in present:
+            ack_timeout = parse_seconds(h[ACK_TIMEOUT_HEADER], ACK_TIMEOUT_HEADER, _MAX_SPAN_MS / 1000.0)
         return priority, expires, deliver_at, ack_timeout
 
     def _reply_to(self, text: str) -> str:
