@@ -83,7 +83,8 @@ _MAX_HELD_FRAMES = 1000
 _CACHED_BLOCKS = 64
 _CACHED_BLOCK_SIZE = 2048
 #: SEND headers that set how a message is delivered (see _delivery_options).
-_DELIVERY_HEADERS = frozenset(("priority", "expires", "ttl", "delay", "deliver-at", ACK_TIMEOUT_HEADER))
+_TIMING_HEADERS = frozenset(("expires", "ttl", "delay", "deliver-at", ACK_TIMEOUT_HEADER))
+_DELIVERY_HEADERS = _TIMING_HEADERS | {"priority"}
 # The priorities as a client writes them (a dict lookup instead of a parse).
 _PRIORITIES = {str(i): i for i in range(10)}
 # Bounds of those headers: an epoch time in ms (year 6429), a span in ms (34 years).
@@ -795,7 +796,7 @@ class StompSession:
         raw = frame.raw
         persistent = False
         unique = False
-        timing = None
+        timing: Any = None
         if len(h) > 1:
             if "receipt" in h:
                 del h["receipt"]
@@ -813,13 +814,23 @@ class StompSession:
             persistent_header = h.get("persistent")
             if persistent_header is not None:
                 persistent = parse_bool(persistent_header, "persistent")
-            # One C-level pass over the few headers of a plain SEND.
-            if not _DELIVERY_HEADERS.isdisjoint(h):
-                timing = self._delivery_options(h)
+            # Delivery headers: none on a SEND with only its destination left;
+            # else one C-level pass over the few headers.
+            if len(h) > 1 and not _DELIVERY_HEADERS.isdisjoint(h):
+                if "priority" in h and _TIMING_HEADERS.isdisjoint(h):
+                    # A priority alone (the common case): a lookup, no call.
+                    timing = _PRIORITIES.get(h["priority"])
+                    if timing is None:
+                        timing = parse_int(h["priority"], "priority", 0, 9)
+                else:
+                    timing = self._delivery_options(h)
         # None rather than a dict of the destination alone.
         message = channel.new_message(target, h if len(h) > 1 else None, frame.body, persistent)
         if timing is not None:
-            message.priority, message.expires, message.deliver_at, message.ack_timeout = timing
+            if timing.__class__ is int:
+                message.priority = timing
+            else:
+                message.priority, message.expires, message.deliver_at, message.ack_timeout = timing
         if raw is None:
             encode_message_headers(message, text)
         elif unique:
