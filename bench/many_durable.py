@@ -127,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window", type=int, default=100)
     ap.add_argument("--body-size", type=int, default=16)
     ap.add_argument("--segment-size", type=int, default=64 << 20)
-    ap.add_argument("--start-timeout", type=float, default=180.0)
+    ap.add_argument("--start-timeout", type=float, default=900.0,
+                    help="for each start, recovery included (a busy machine is slow)")
     ap.add_argument("--stall-timeout", type=float, default=60.0)
     ap.add_argument("--max-seconds", type=float, default=900.0, help="cap on publishing")
     ap.add_argument("--source", type=Path, default=REPO, help="QMQ tree to run (on PYTHONPATH)")
