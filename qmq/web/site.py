@@ -52,7 +52,7 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +110,9 @@ class WebContext:
     @ivar listener: this listener's name in the registry (its listen spec).
     @ivar portal: the C{twisted.cred} portal that authenticates clients, or
         L{None} while QMQ has no authentication.
+    @ivar on_stop: what to call once the listener stops listening (a mount
+        that keeps state beyond connections, such as SockJS sessions, ends
+        it there).
     """
 
     broker: Broker
@@ -118,6 +121,7 @@ class WebContext:
     connections: ConnectionRegistry
     listener: str = "http"
     portal: Any = None
+    on_stop: list[Callable[[], Any]] = field(default_factory=list)
 
     @property
     def web(self) -> WebSettings:
@@ -612,6 +616,15 @@ class HttpFactory(WrappingFactory):
         if channel is None:
             return None
         return HttpConnection(self, channel, host)
+
+    def stopFactory(self) -> None:
+        """The listener stopped: the mounts' C{on_stop} callbacks run."""
+        super().stopFactory()
+        for stop in self.ctx.on_stop:
+            try:
+                stop()
+            except Exception:
+                log.failure("while stopping a part of the HTTP listener")
 
     def registerProtocol(self, p: Any) -> None:
         pass  # the registry counts connections; no second book

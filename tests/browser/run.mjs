@@ -3,7 +3,8 @@
 //
 //   node run.mjs SCENARIO BASE_URL [--spki HASH] [--screenshots DIR]
 //
-// SCENARIO is stompjs, qmqjs, qmqjs-reconnect, chat or tasks; BASE_URL the
+// SCENARIO is stompjs, sockjs-xhr-streaming, sockjs-xhr-polling,
+// sockjs-services, qmqjs, qmqjs-reconnect, chat or tasks; BASE_URL the
 // broker's http(s)://127.0.0.1:PORT/. Over HTTPS, --spki gives the base64
 // SHA-256 of the test server certificate's public key, which Chromium is
 // told to accept (--ignore-certificate-errors-spki-list): nothing else is
@@ -55,6 +56,59 @@ async function open(context, path) {
   if (!response || !response.ok()) throw new Error(`GET ${path}: ${response && response.status()}`);
   page.errors = errors;
   return page;
+}
+
+// @stomp/stompjs over sockjs-client at /sockjs with one transport: queue,
+// topic, UTF-8 (with characters SockJS must escape), a 70 KB body, client
+// acks; and the transport sockjs-client reports it used.
+async function sockjsStomp(context, transport) {
+  const page = await open(context, "/");
+  await page.addScriptTag({ path: join(here, "node_modules/sockjs-client/dist/sockjs.min.js") });
+  await page.addScriptTag({ path: join(here, "node_modules/@stomp/stompjs/bundles/stomp.umd.js") });
+  return await page.evaluate(async ([step, transport]) => {
+    let sock;
+    const client = new StompJs.Client({
+      webSocketFactory: () => {
+        sock = new SockJS(new URL("/sockjs", location.href).href, null, { transports: [transport] });
+        return sock;
+      },
+      reconnectDelay: 0, heartbeatIncoming: 4000, heartbeatOutgoing: 4000,
+    });
+    const connected = new Promise((resolve, reject) => {
+      client.onConnect = resolve;
+      client.onStompError = (frame) => reject(new Error(frame.headers.message));
+      client.onWebSocketClose = (e) => reject(new Error(`closed ${e.code} ${e.reason}`));
+    });
+    setTimeout(() => client.deactivate(), step * 2);
+    client.activate();
+    const frame = await connected;
+    const bodies = ["hello", "h\u00e9llo \u2028 w\u00f6rld \u2713", "x".repeat(70000)];
+    const got = [];
+    const all = new Promise((resolve) => {
+      client.subscribe("/queue/sockjs-test", (message) => {
+        got.push(message.body);
+        message.ack();
+        if (got.length === bodies.length) resolve();
+      }, { ack: "client-individual" });
+    });
+    const topicDone = new Promise((resolve) => {
+      client.subscribe("/topic/sockjs.news", (m) => resolve(m.body));
+    });
+    await new Promise((resolve) => {
+      client.watchForReceipt("sub-ready", resolve);
+      client.publish({ destination: "/queue/sockjs-warmup", headers: { receipt: "sub-ready" } });
+    });
+    for (const body of bodies) client.publish({ destination: "/queue/sockjs-test", body });
+    client.publish({ destination: "/topic/sockjs.news", body: "extra" });
+    await all;
+    const topic = await topicDone;
+    const used = sock.transport;
+    await client.deactivate();
+    const ok = JSON.stringify(got) === JSON.stringify(bodies) && topic === "extra"
+      && used === transport;
+    return { ok, transport: used, version: frame.headers.version,
+      lengths: got.map((b) => b.length) };
+  }, [STEP, transport]);
 }
 
 // -- scenarios ---------------------------------------------------------------
@@ -110,6 +164,56 @@ const scenarios = {
         && JSON.stringify(bin) === "[0,1,2,255]";
       return { ok, version: frame.headers.version, server: frame.headers.server,
         lengths: got.map((b) => b.length), binary: bin };
+    }, STEP);
+  },
+
+  // @stomp/stompjs over sockjs-client, WebSocket disabled: xhr-streaming.
+  async "sockjs-xhr-streaming"(context) {
+    return await sockjsStomp(context, "xhr-streaming");
+  },
+
+  // @stomp/stompjs over sockjs-client, WebSocket disabled: xhr-polling.
+  async "sockjs-xhr-polling"(context) {
+    return await sockjsStomp(context, "xhr-polling");
+  },
+
+  // sockjs-client against the protocol's test services (echo, close,
+  // cookie_needed_echo), over xhr-streaming and xhr-polling.
+  async "sockjs-services"(context) {
+    const page = await open(context, "/");
+    await page.addScriptTag({ path: join(here, "node_modules/sockjs-client/dist/sockjs.min.js") });
+    return await page.evaluate(async (step) => {
+      const within = (promise, what) => Promise.race([promise, new Promise((_, reject) =>
+        setTimeout(() => reject(new Error(`timed out: ${what}`)), step))]);
+      const results = {};
+      for (const transport of ["xhr-streaming", "xhr-polling"]) {
+        for (const service of ["echo", "cookie_needed_echo"]) {
+          const sock = new SockJS(new URL(`/sockjs_test/${service}`, location.href).href, null,
+            { transports: [transport] });
+          const texts = ["hello", "h\u00e9llo \u2028 \u2713 \ufff0", "x".repeat(20000)];
+          const got = [];
+          await within(new Promise((resolve, reject) => {
+            sock.onopen = () => { for (const t of texts) sock.send(t); };
+            sock.onmessage = (e) => { got.push(e.data); if (got.length === texts.length) resolve(); };
+            sock.onclose = (e) => reject(new Error(`closed ${e.code} ${e.reason}`));
+          }), `${service} over ${transport}`);
+          const used = sock.transport;
+          sock.onclose = null;
+          sock.close();
+          results[`${service}/${transport}`] = {
+            same: JSON.stringify(got) === JSON.stringify(texts), transport: used };
+        }
+        const closing = new SockJS(new URL("/sockjs_test/close", location.href).href, null,
+          { transports: [transport] });
+        const closed = await within(new Promise((resolve) => {
+          closing.onclose = (e) => resolve({ code: e.code, reason: e.reason });
+        }), `close over ${transport}`);
+        results[`close/${transport}`] = closed;
+      }
+      const ok = Object.entries(results).every(([key, r]) => key.startsWith("close/")
+        ? r.code === 3000 && r.reason === "Go away!"
+        : r.same && key.endsWith(r.transport));
+      return { ok, results };
     }, STEP);
   },
 

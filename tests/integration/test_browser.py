@@ -4,9 +4,10 @@ Each test starts QMQ in this process (on trial's reactor) with an C{http:}
 listener over TCP or TLS (a C{trustme} test CA) and a STOMP listener, then
 runs C{tests/browser/run.mjs} with node: playwright-core drives Debian's
 C{/usr/bin/chromium} (never a downloaded browser) through a scenario and
-prints one JSON line. Scenarios: C{@stomp/stompjs} over native WebSocket,
-C{qmq.js} (its reconnection, its SockJS transports and its fallback to
-them), and a click-through of both example pages
+prints one JSON line. Scenarios: C{@stomp/stompjs} over native WebSocket
+and over C{sockjs-client} (xhr-streaming, xhr-polling), sockjs-client
+against the SockJS test services, C{qmq.js} (its reconnection, its SockJS
+transports and its fallback to them), and a click-through of both example pages
 (the task queue with C{examples/worker.py} running as a real worker).
 
 Over HTTPS Chromium is told to accept exactly the test server's key
@@ -94,7 +95,7 @@ class BrowserMixin:
             "[web]\nexamples = true\n"
             # A closed SockJS session lingers this long (the protocol's
             # answer to a late poll); the test waits it out at the end.
-            "[sockjs]\ndisconnect_delay = 1.0\n"
+            "[sockjs]\ndisconnect_delay = 1.0\ntest_services = true\n"
         )
         self.service = make_service(settings, reactor)
         self.service.startService()
@@ -165,6 +166,23 @@ class BrowserMixin:
         """@stomp/stompjs over native WebSocket at /ws: queue, topic, UTF-8, binary, 70 KB."""
         result = yield self.scenario("stompjs")
         self.assertEqual(result["version"], "1.2")  # type: ignore[attr-defined]
+
+    @defer.inlineCallbacks
+    def test_sockjsXhrStreaming(self) -> Any:
+        """@stomp/stompjs over sockjs-client with WebSocket disabled: xhr-streaming."""
+        result = yield self.scenario("sockjs-xhr-streaming")
+        self.assertEqual(result["transport"], "xhr-streaming")  # type: ignore[attr-defined]
+
+    @defer.inlineCallbacks
+    def test_sockjsXhrPolling(self) -> Any:
+        """@stomp/stompjs over sockjs-client with WebSocket disabled: xhr-polling."""
+        result = yield self.scenario("sockjs-xhr-polling")
+        self.assertEqual(result["transport"], "xhr-polling")  # type: ignore[attr-defined]
+
+    @defer.inlineCallbacks
+    def test_sockjsServices(self) -> Any:
+        """sockjs-client against the SockJS test services (echo, cookie, close)."""
+        yield self.scenario("sockjs-services")
 
     @defer.inlineCallbacks
     def test_qmqjs(self) -> Any:

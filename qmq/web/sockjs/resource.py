@@ -164,9 +164,13 @@ class SockJSService:
     def refusal(self, host: str) -> str | None:
         return self.admit(host) if self.admit is not None else None
 
-    def close_all(self) -> None:
-        """End every HTTP session now (the broker is stopping)."""
+    def close_all(self, reason: str = "broker shutting down") -> None:
+        """End every HTTP session now (the listener is stopping): an
+        application that can say why (STOMP: an ERROR frame) does."""
         for session in list(self.sessions.values()):
+            shutdown = getattr(session.handler, "shutdown", None)
+            if shutdown is not None and session.state is not CLOSED:
+                shutdown(reason)
             session.end()
 
 

@@ -188,7 +188,7 @@ def _origin_check(ctx: WebContext) -> Callable[[Any], bool]:
 
 def sockjs_mount(ctx: WebContext) -> SockJSResource:
     """What the site mounts at C{/sockjs}."""
-    return stomp_sockjs_resource(
+    resource = stomp_sockjs_resource(
         ctx.broker,
         ctx.settings.section("stomp"),
         ctx.settings.section("sockjs"),
@@ -197,6 +197,8 @@ def sockjs_mount(ctx: WebContext) -> SockJSResource:
         ctx.clock,
         _origin_check(ctx),
     )
+    ctx.on_stop.append(resource.service.close_all)
+    return resource
 
 
 def sockjs_test_mount(ctx: WebContext) -> Resource | None:
@@ -205,4 +207,7 @@ def sockjs_test_mount(ctx: WebContext) -> Resource | None:
     settings = ctx.settings.section("sockjs")
     if not settings.test_services:
         return None
-    return build_test_services(settings, ctx.clock)
+    root = build_test_services(settings, ctx.clock)
+    for child in root.children.values():
+        ctx.on_stop.append(child.service.close_all)
+    return root
