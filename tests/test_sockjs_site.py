@@ -62,3 +62,17 @@ class SockJSMountTests(SynchronousTestCase):
         self.assertEqual(len(self.ctx.connections.connections("http:test/sockjs")), 1)
         self.clock.advance(5.1)
         self.assertEqual(len(self.ctx.connections.connections("http:test/sockjs")), 0)
+
+    def test_listener_stop_ends_sessions(self) -> None:
+        """When the listener stops, its SockJS sessions end (a STOMP one
+        with an ERROR to a waiting stream), and no timer is left."""
+        site = self.factory("[sockjs]\ntest_services = true\n")
+        r = Exchange(site, "POST", f"/sockjs/000/{uuid.uuid4()}/xhr_streaming")
+        Exchange(site, "POST", f"/sockjs_test/close/000/{uuid.uuid4()}/xhr")  # closing, 5 s left
+        site.doStart()
+        site.doStop()
+        self.clock.advance(0)
+        self.assertTrue(r.text.endswith('c[3000,"broker shutting down"]\n'))
+        names = [c.func.__qualname__ for c in self.clock.getDelayedCalls()]
+        # What is left is the HTTP connections' own idle timeouts.
+        self.assertEqual([n for n in names if "Timeout" not in n], [])

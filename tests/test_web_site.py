@@ -334,6 +334,7 @@ class ContextTests(unittest.TestCase):
     def test_fields(self) -> None:
         ctx = make_context()
         names = [f.name for f in dataclasses.fields(ctx)]
-        self.assertEqual(names, ["broker", "clock", "settings", "connections", "listener", "portal"])
+        self.assertEqual(names, ["broker", "clock", "settings", "connections", "listener", "portal",
+                                 "on_stop"])
         self.assertIsNone(ctx.portal)
         self.assertIs(ctx.web, ctx.settings.section("web"))
