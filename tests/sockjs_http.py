@@ -30,9 +30,12 @@ class Exchange:
         body: bytes | str = b"",
         headers: dict[str, str] | None = None,
         http: str = "1.1",
+        identity: Any = None,
     ) -> None:
         addr = IPv4Address("TCP", "127.0.0.1", next(_ports))
         self.transport = StringTransport(peerAddress=addr)
+        # What the HTTP listener's connection wrapper says of a TLS client.
+        self.transport.identity = identity  # type: ignore[attr-defined]
         self.proto = site.buildProtocol(addr)
         self.proto.makeConnection(self.transport)
         if isinstance(body, str):

@@ -181,3 +181,20 @@ class StompOverSockJSTests(SynchronousTestCase):
         self.assertIsNone(self.successResultOf(d))
         self.assertEqual(len(self.registry), 0)
         self.assertEqual(self._sessions(), [])
+
+    def test_session_bound_to_its_tls_identity(self) -> None:
+        """The STOMP session sees the TLS identity of the connection that
+        opened the SockJS session; requests with another identity (or none)
+        do not reach that session."""
+        url = f"/sockjs/000/{uuid.uuid4()}"
+        alice, mallory = object(), object()
+        Exchange(self.site, "POST", url + "/xhr", identity=alice)
+        (session,) = self._sessions()
+        self.assertIs(session.handler.identity, alice)
+        connect = json.dumps([frame("CONNECT", **{"accept-version": "1.2", "host": "/"})])
+        for other in (mallory, None):
+            r = Exchange(self.site, "POST", url + "/xhr_send", connect, identity=other)
+            self.assertEqual(r.status, 404)
+            self.assertEqual(Exchange(self.site, "POST", url + "/xhr", identity=other).status, 404)
+        r = Exchange(self.site, "POST", url + "/xhr_send", connect, identity=alice)
+        self.assertEqual(r.status, 204)

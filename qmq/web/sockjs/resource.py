@@ -92,6 +92,13 @@ def _header(request: Any, name: bytes) -> str | None:
     return value.decode("latin-1") if value is not None else None
 
 
+def _identity(request: Any) -> Any:
+    """The verified TLS client identity of the request's connection (the
+    HTTP listener's connection wrapper knows it), or None."""
+    channel = request.channel
+    return getattr(getattr(channel, "transport", None), "identity", None)
+
+
 def _peer(request: Any) -> tuple[str, str]:
     """(address for logs, host for caps) of the request's client."""
     peer = request.getClientAddress()
@@ -136,7 +143,8 @@ class SockJSService:
         self.sessions: dict[str, SockJSSession] = {}
 
     def new_session(
-        self, session_id: str, peer: str, peer_host: str, websocket: bool = False, raw: bool = False
+        self, session_id: str, peer: str, peer_host: str, websocket: bool = False, raw: bool = False,
+        identity: Any = None,
     ) -> SockJSSession:
         """A new session; an HTTP one is entered in L{sessions}."""
         settings = self.settings
@@ -151,6 +159,7 @@ class SockJSService:
             peer_host=peer_host,
             websocket=websocket,
             forget=None if websocket else self._forget,
+            identity=identity,
         )
         session.handler = (self.raw_handler_factory if raw else self.handler_factory)(session)
         if not websocket:
@@ -278,7 +287,8 @@ class SockJSWebSocketProtocol(WebSocketServerProtocol):
             # that autobahn took over from it: it has nothing to say now.
             self.transport.unregisterProducer()
         self.registerProducer(_WebSocketProducer(self), True)
-        self.session = service.new_session("", name, host, websocket=True, raw=self.raw)
+        self.session = service.new_session("", name, host, websocket=True, raw=self.raw,
+                                           identity=getattr(self.transport, "identity", None))
         self.session.attach(self)
 
     def onMessage(self, payload: bytes, isBinary: bool) -> None:
@@ -513,12 +523,16 @@ class SockJSResource(Resource):
             if not valid_callback(callback):
                 return self._protocol_error(request, 'invalid "callback" parameter')
         session = self.service.sessions.get(session_id)
+        identity = _identity(request)
         if session is None or session.state is CLOSED:
             peer, host = _peer(request)
             refusal = self.service.refusal(host)
             if refusal is not None:
                 return self._json_error(request, 503, "too many connections", refusal)
-            session = self.service.new_session(session_id, peer, host)
+            session = self.service.new_session(session_id, peer, host, identity=identity)
+        elif session.identity != identity:
+            return self._json_error(request, 404, "no such session",
+                                    "The session is unknown or has ended; open a new one.")
         request.setHeader(b"Content-Type", wrapping.content_type)
         self._no_cache(request)
         self._cors(request)
@@ -533,7 +547,7 @@ class SockJSResource(Resource):
 
     def _send(self, request: Any, session_id: str, transport: str) -> bytes:
         session = self.service.sessions.get(session_id)
-        if session is None or session.state is CLOSED:
+        if session is None or session.state is CLOSED or session.identity != _identity(request):
             return self._json_error(request, 404, "no such session",
                                     "The session is unknown or has ended; open a new one.")
         self._no_cache(request)

@@ -111,13 +111,16 @@ class SockJSSession:
     @ivar peer: the client's address, for logs.
     @ivar peer_host: the client's host, for the connection caps.
     @ivar buffered: bytes (characters) of messages waiting in the outbox.
+    @ivar identity: the verified TLS client identity of the connection that
+        opened the session (L{qmq.tls.PeerIdentity}), or None; every later
+        request of the session must come with the same.
     """
 
     __slots__ = (
         "id", "handler", "clock", "state", "peer", "peer_host", "receiver", "websocket",
         "heartbeat_delay", "disconnect_delay", "max_buffered", "outbox", "buffered",
         "close_frame", "reading_paused", "inbox", "inbox_bytes", "_forget", "_expiry",
-        "_heartbeat", "_full", "_wrote", "__weakref__",
+        "_heartbeat", "_full", "_wrote", "identity", "__weakref__",
     )
 
     def __init__(
@@ -133,6 +136,7 @@ class SockJSSession:
         peer_host: str = "",
         websocket: bool = False,
         forget: Any = None,
+        identity: Any = None,
     ) -> None:
         """
         @param handler: the application end (an L{ISockJSHandler}).
@@ -146,6 +150,7 @@ class SockJSSession:
         self.state = NEW
         self.peer = peer
         self.peer_host = peer_host
+        self.identity = identity
         self.receiver: Any = None
         self.websocket = websocket
         self.heartbeat_delay = heartbeat_delay

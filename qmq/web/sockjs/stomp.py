@@ -58,7 +58,6 @@ class StompOverSockJS:
     """One SockJS session carrying one STOMP session (see the module docstring)."""
 
     heartbeats = True
-    identity = None
 
     def __init__(
         self,
@@ -75,6 +74,8 @@ class StompOverSockJS:
         self.listener = listener
         self.peer = sockjs.peer
         self.peer_host = sockjs.peer_host
+        #: The TLS client identity of the connection that opened the session.
+        self.identity = sockjs.identity
         self.session: StompSession | None = None
         self.reader: StompReader | None = None
         self._closed = False
