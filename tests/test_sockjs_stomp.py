@@ -16,6 +16,7 @@ from qmq.connections import ConnectionRegistry, ConnectionSettings
 from qmq.core.broker import Broker
 from qmq.stomp.frame import StompParser, encode_frame
 from qmq.stomp.settings import StompSettings
+from qmq.tls import PeerIdentity
 from qmq.web.sockjs.settings import SockJSSettings
 from qmq.web.sockjs.stomp import stomp_sockjs_resource
 from tests.sockjs_http import Exchange
@@ -187,7 +188,8 @@ class StompOverSockJSTests(SynchronousTestCase):
         opened the SockJS session; requests with another identity (or none)
         do not reach that session."""
         url = f"/sockjs/000/{uuid.uuid4()}"
-        alice, mallory = object(), object()
+        alice = PeerIdentity("alice", "CN=alice", "CN=ca", fingerprint="a" * 64)
+        mallory = PeerIdentity("mallory", "CN=mallory", "CN=ca", fingerprint="b" * 64)
         Exchange(self.site, "POST", url + "/xhr", identity=alice)
         (session,) = self._sessions()
         self.assertIs(session.handler.identity, alice)
