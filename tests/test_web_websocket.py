@@ -278,15 +278,17 @@ class WebSocketTests(unittest.TestCase):
 
     def test_anySplit(self) -> None:
         """Messages cut anywhere by the reads (small, 126-byte-length and
-        64-bit-length frames among them) arrive whole and in order."""
+        64-bit-length frames among them) arrive whole and in order; a 60 KB
+        message trickled a byte per read is gathered, not copied over and
+        over."""
         client = self.connect()
         client.send(b"SUBSCRIBE\nid:1\ndestination:/queue/q\n\n\x00")
         client.frames()
-        bodies = [b"a", b"b" * 200, b"c" * 70_000, b"d" * 3]
+        bodies = [b"a", b"b" * 200, b"c" * 70_000, b"d" * 3, b"e" * 60_000]
         stream = b"".join(
             client_frame(b"SEND\ndestination:/queue/q\n\n" + body + b"\x00") for body in bodies
         )
-        for size in (1, 2, 3, 7, 64, 1000, 65536):
+        for size in (1, 7, 1000, 65536):
             for k in range(0, len(stream), size):
                 client.send_raw(stream[k : k + size])
             got = [p.partition(b"\n\n")[2] for op, p in client.frames() if op in (1, 2)]

@@ -196,8 +196,10 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
 
     peer_host = ""
     identity: PeerIdentity | None = None
-    #: The start of a message cut by the end of a read (fast path only).
+    #: The start of a message cut by the end of a read (fast path only),
+    #: and how many bytes of it the next step needs.
     _cut = b""
+    _need = 0
     _write: Any = None
     _producing = False
     _closing = False
@@ -287,9 +289,16 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
         batcher = self._batcher
         batcher.hold()
         try:
-            if self._cut:
-                data = self._cut + data
-                self._cut = b""
+            cut = self._cut
+            if cut:
+                # The rest of a cut message: gather (amortised O(1) per
+                # read, so a client trickling bytes costs no quadratic
+                # copying) until it is whole, then go on as usual.
+                cut += data
+                if len(cut) < self._need:
+                    return
+                data = bytes(cut)
+                self._cut = bytearray()
             if (
                 self.state == _OPEN
                 and not self.data
@@ -331,7 +340,7 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
             if b0 != 0x81 and b0 != 0x82:
                 break
             if n - i < 2:
-                self._cut = data[i:]
+                self._keep(data, i, 2)
                 break
             b1 = data[i + 1]
             if b1 < 0x80:
@@ -340,7 +349,7 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
             j = i + 2
             if length == 126:
                 if n - j < 2:
-                    self._cut = data[i:]
+                    self._keep(data, i, 4)
                     break
                 length = (data[j] << 8) | data[j + 1]
                 j += 2
@@ -349,7 +358,7 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
             if length > FAST_MAX:
                 break
             if n - j - 4 < length:
-                self._cut = data[i:]
+                self._keep(data, i, j + 4 + length - i)
                 break
             payload = unmask(data[j + 4 : j + 4 + length], data[j : j + 4])
             if b0 == 0x81 and not payload.isascii():
@@ -366,6 +375,12 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
                 payloads[0] if len(payloads) == 1 else b"".join(payloads)
             )
         return n if self._cut else i
+
+    def _keep(self, data: bytes, start: int, need: int) -> None:
+        """Keep C{data[start:]}, the start of a message, until C{need} bytes
+        of it are there (at most L{FAST_MAX} and its header)."""
+        self._cut = bytearray(data[start:])
+        self._need = need
 
     def onMessageBegin(self, isBinary: bool) -> None:
         pass  # text or binary: both carry STOMP bytes
@@ -388,7 +403,7 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
 
     def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
         self._lost = True
-        self._cut = b""
+        self._cut = bytearray()
         self._producing = False
         if self._grace is not None and self._grace.active():
             self._grace.cancel()
@@ -423,7 +438,7 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
         if self._closing or self._lost:
             return
         self._closing = True
-        self._cut = b""
+        self._cut = bytearray()
         if self.reader is not None:
             self.reader.discard()
         transport = self.transport
