@@ -643,6 +643,7 @@ class SiteMountTests(unittest.TestCase):
                          "http:test")
         port = reactor.listenTCP(0, HttpFactory(ctx), interface="127.0.0.1")
         self.addCleanup(port.stopListening)
+        self.assertIn(ctx.api.close, ctx.on_stop)  # the listener's stop ends the API's state
         base = f"http://127.0.0.1:{port.getHost().port}/api/v1"
         from twisted.web.client import HTTPConnectionPool  # noqa: PLC0415
 

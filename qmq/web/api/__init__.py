@@ -33,6 +33,11 @@ def api_resource(ctx: Any) -> ApiResource:
         ctx.api = resource
     except AttributeError:  # pragma: no cover - a frozen or slotted context
         pass
+    on_stop = getattr(ctx, "on_stop", None)
+    if on_stop is not None:
+        # The listener stops: waiting receives are answered, what they
+        # held goes back to its queues, followers and timers end.
+        on_stop.append(resource.close)
     return resource
 
 
