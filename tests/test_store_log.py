@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import random
 import struct
+from typing import Any
 
 from twisted.internet import reactor as global_reactor
 from twisted.internet.defer import Deferred, maybeDeferred
@@ -921,6 +922,36 @@ reactor.run()
 """
 
 
+class _Drain:
+    """Reads a child's stdout in a thread until it ends."""
+
+    def __init__(self, stream: Any) -> None:
+        import threading
+
+        self._stream = stream
+        self._chunks: list[bytes] = []
+        self.started = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._chunks.append(self._stream.readline())
+        finally:
+            self.started.set()
+        while True:
+            chunk = self._stream.read1(65536)
+            if not chunk:
+                break
+            self._chunks.append(chunk)
+
+    def lines(self) -> list[str]:
+        """Every line the child wrote (once its output has ended)."""
+        self._thread.join(60)
+        self._stream.close()
+        return b"".join(self._chunks).decode().splitlines()
+
+
 class KillTests(TestCase):
     """SIGKILL a broker process at random points: every confirmed, unacked
     message is back after each restart; ids never repeat."""
@@ -950,14 +981,19 @@ class KillTests(TestCase):
                 stdout=subprocess.PIPE,
                 env=env,
             )
+            # A thread reads the child's output all along: a child blocked on
+            # a full pipe would stall, and every line must reach the test.
+            # (communicate() after readline() lost the lines readline had
+            # buffered: reported acks went missing and looked like losses.)
+            output = _Drain(child.stdout)
             # The kill comes at a random moment after the start is done
             # (the first line), however slow the start is on a busy machine.
-            first = child.stdout.readline()
+            self.assertTrue(output.started.wait(60), "the child did not start")
             time.sleep(rng.uniform(0.2, 1.2) if cycle < cycles else 0.3)
             child.send_signal(signal.SIGKILL)
-            output, _ = child.communicate(timeout=60)
-            lines = (first + output).decode().splitlines()
-            self.assertTrue(lines and lines[0].startswith("R"), output[:200])
+            child.wait(60)
+            lines = output.lines()
+            self.assertTrue(lines and lines[0].startswith("R"), lines[:3])
             recovered = [int(x) for x in lines[0].split()[1:]]
             self.assertEqual(len(recovered), len(set(recovered)))
             lost = confirmed - acked - set(recovered)
