@@ -183,6 +183,17 @@ class PriorityTests(DeliveryTestCase):
         # Drop-head drops the head: the highest priority waiting.
         self.assertEqual([m.body for m in q.messages()], [b"c", b"a"])
 
+    def test_bound_counts_every_level(self) -> None:
+        # The bound is counted over all levels: exactly x-max-length kept.
+        q = self.declare(**{"x-max-priority": 9, "x-max-length": 5, "x-overflow": "drop-head"})
+        for i in range(5):
+            self.send("q", b"%d" % i, priority=i % 3)
+        self.assertEqual(len(q), 5)
+        self.send("q", b"5", priority=0)
+        self.assertEqual(len(q), 5)
+        self.assertEqual(q.dropped, 1)
+        self.assertEqual([m.body for m in q.messages()], [b"1", b"4", b"0", b"3", b"5"])
+
 
 class ExpiryTests(DeliveryTestCase):
     def test_queue_ttl_never_delivered(self) -> None:

@@ -747,15 +747,19 @@ class Queue:
                     return
         size = len(message.body)
         policy = self.policy
-        if policy.bounded and (
+        if policy.bounded:
             # The common case decided inline: clearly room for it. The list
-            # holds at least as many entries as ready messages unless a
-            # requeue heap (one entry, many messages) sits at its head.
-            len(items) >= policy.length_room
-            or self._bytes + size > policy.bytes_room
-            or (items and items[self._head].__class__ is not Message)
-        ):
-            if not self._make_room(message):
+            # holds at least as many entries as ready messages, except for
+            # a requeue heap or a priority queue's levels (one entry, many
+            # messages) at its head: then count exactly.
+            n = len(items)
+            if n:
+                first = items[self._head]
+                if first.__class__ is not Message:
+                    n += len(first) - 1 - self._head
+            if (n >= policy.length_room or self._bytes + size > policy.bytes_room) and not (
+                self._make_room(message)
+            ):
                 return True
         top = policy.max_priority
         if top is None:
@@ -773,8 +777,14 @@ class Queue:
         if message.expires or policy.ttl:
             # With the queue's TTL alone, later messages expire later: a
             # timer already set (for an earlier one) will do.
+            # A message of its own expiry needs the timer only if it
+            # expires before the timer is due.
             rare = self._rare
-            if rare is None or rare.timer is None or message.expires:
+            if (
+                rare is None
+                or rare.timer is None
+                or (message.expires and message.expires < rare.timer_at)
+            ):
                 self._wake(self._deadline(message, policy.ttl))
 
     def _levels(self, top: int) -> _Levels:

@@ -87,6 +87,21 @@ _TIMING_HEADERS = frozenset(("expires", "ttl", "delay", "deliver-at", ACK_TIMEOU
 _DELIVERY_HEADERS = _TIMING_HEADERS | {"priority"}
 # The priorities as a client writes them (a dict lookup instead of a parse).
 _PRIORITIES = {str(i): i for i in range(10)}
+# Spans (ttl, delay) already read: a producer repeats the same value, so a
+# lookup replaces parse_int. Bounded: cleared when full.
+_SPANS: dict[str, int] = {}
+_SPANS_MAX = 1024
+
+
+def _span_ms(value: str, name: str) -> int:
+    """A C{ttl} or C{delay} header's milliseconds (see L{parse_int})."""
+    ms = _SPANS.get(value)
+    if ms is None:
+        ms = parse_int(value, name, 0, _MAX_SPAN_MS)
+        if len(_SPANS) >= _SPANS_MAX:
+            _SPANS.clear()
+        _SPANS[value] = ms
+    return ms
 # Bounds of those headers: an epoch time in ms (year 6429), a span in ms (34 years).
 _MAX_EPOCH_MS = 1 << 47
 _MAX_SPAN_MS = 1 << 40
@@ -882,13 +897,13 @@ class StompSession:
         if "expires" in present:
             expires = parse_int(h["expires"], "expires", 0, _MAX_EPOCH_MS) / 1000.0
         if "ttl" in present:
-            at = now + parse_int(h["ttl"], "ttl", 0, _MAX_SPAN_MS) / 1000.0
+            at = now + _span_ms(h["ttl"], "ttl") / 1000.0
             if not expires or at < expires:
                 expires = at
         if "deliver-at" in present:
             deliver_at = parse_int(h["deliver-at"], "deliver-at", 0, _MAX_EPOCH_MS) / 1000.0
         if "delay" in present:
-            deliver_at = max(deliver_at, now + parse_int(h["delay"], "delay", 0, _MAX_SPAN_MS) / 1000.0)
+            deliver_at = max(deliver_at, now + _span_ms(h["delay"], "delay") / 1000.0)
         if deliver_at > now:
             h[DELIVER_AT_HEADER] = str(round(deliver_at * 1000))
         else:
