@@ -720,7 +720,11 @@ class Queue:
 
         @raise ResourceLimit: the queue is full and rejects publishes.
         """
-        if message.expires or message.deliver_at:
+        expires = message.expires
+        if message.deliver_at or (
+            # _held_back, inlined for an expiry alone (a TTL on every message).
+            expires and expires <= self.vhost.broker.clock.seconds()  # type: ignore[union-attr]
+        ):
             held = self._held_back(message)
             if held is not None:
                 return held or None

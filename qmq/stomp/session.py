@@ -837,8 +837,10 @@ class StompSession:
                     timing = _PRIORITIES.get(h["priority"])
                     if timing is None:
                         timing = parse_int(h["priority"], "priority", 0, 9)
-                else:
+                elif "delay" in h or "deliver-at" in h or ACK_TIMEOUT_HEADER in h:
                     timing = self._delivery_options(h)
+                else:
+                    timing = self._expiry_options(h)  # a TTL: no other call
         # None rather than a dict of the destination alone.
         message = channel.new_message(target, h if len(h) > 1 else None, frame.body, persistent)
         if timing is not None:
@@ -883,6 +885,8 @@ class StompSession:
             epoch seconds (0.0: none).
         @raise HeaderError: a value is malformed or out of range.
         """
+        if "delay" not in h and "deliver-at" not in h and ACK_TIMEOUT_HEADER not in h:
+            return self._expiry_options(h)
         present = _DELIVERY_HEADERS.intersection(h)
         priority = 0
         if "priority" in present:
@@ -911,6 +915,35 @@ class StompSession:
         if ACK_TIMEOUT_HEADER in present:
             ack_timeout = parse_seconds(h[ACK_TIMEOUT_HEADER], ACK_TIMEOUT_HEADER, _MAX_SPAN_MS / 1000.0)
         return priority, expires, deliver_at, ack_timeout
+
+    def _expiry_options(self, h: dict[str, str]) -> tuple[int, float, float, float]:
+        """L{_delivery_options} for the common case: a priority, an expiry
+        (C{ttl}, C{expires}) or both, no delivery time or ack timeout."""
+        priority = 0
+        value = h.get("priority")
+        if value is not None:
+            priority = _PRIORITIES.get(value)  # type: ignore[assignment]
+            if priority is None:
+                priority = parse_int(value, "priority", 0, 9)
+        expires = 0.0
+        value = h.get("expires")
+        if value is not None:
+            if len(value) <= 16 and value.isdigit() and value.isascii():
+                ms = int(value)
+                if ms > _MAX_EPOCH_MS:
+                    ms = parse_int(value, "expires", 0, _MAX_EPOCH_MS)  # the error
+            else:
+                ms = parse_int(value, "expires", 0, _MAX_EPOCH_MS)
+            expires = ms / 1000.0
+        value = h.get("ttl")
+        if value is not None:
+            ms = _SPANS.get(value)
+            if ms is None:
+                ms = _span_ms(value, "ttl")
+            at = self._seconds() + ms / 1000.0
+            if not expires or at < expires:
+                expires = at
+        return priority, expires, 0.0, 0.0
 
     def _reply_to(self, text: str) -> str:
         """Rewrite a /temp-queue/ reply-to so the replier reaches this session."""
