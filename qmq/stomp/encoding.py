@@ -24,6 +24,8 @@ relaying raw lines can never forge a frame.
 
 from __future__ import annotations
 
+import re
+
 from qmq.core.destination import destination_of
 from qmq.core.message import Message
 from qmq.stomp.frame import escape_header
@@ -31,8 +33,9 @@ from qmq.stomp.frame import escape_header
 VERSIONS = ("1.2", "1.1", "1.0")
 #: Index of a version's form in a 3-tuple header block.
 VERSION_INDEX = {"1.2": 0, "1.1": 1, "1.0": 2}
-# Headers of a SEND that describe the frame, not the message.
-_STRIPPED_LINES = (b"\nreceipt:", b"\ntransaction:", b"\ncontent-length:")
+# The lines of a SEND's headers that describe the frame, not the message
+# (every one of them, if repeated): one pass of a compiled pattern.
+_FRAME_LINES = re.compile(rb"\n(?:receipt|transaction|content-length):[^\n]*")
 
 
 def _escaped(text: str, version: str) -> str:
@@ -88,11 +91,7 @@ def relay_block(raw: bytes, message: Message, destination: str | None) -> bytes 
         # A colon inside a value (sent unescaped by a STOMP 1.0 client):
         # encode properly for 1.1/1.2 receivers.
         return encode_message_headers(message, destination)
-    block = raw
-    for line in _STRIPPED_LINES:
-        if line in block:
-            block = _strip_header(block, line)
-    return block
+    return _FRAME_LINES.sub(b"", raw)
 
 
 def block_for_version(message: Message, cached: tuple, version_index: int) -> bytes:
@@ -109,12 +108,3 @@ def block_for_version(message: Message, cached: tuple, version_index: int) -> by
             return block  # type: ignore[return-value]
         cached = block  # type: ignore[assignment]
     return cached[version_index]  # type: ignore[no-any-return]
-
-
-def _strip_header(block: bytes, key: bytes) -> bytes:
-    """Remove every C{key} line (C{b"\\nname:"}) from a raw header block."""
-    i = block.find(key)
-    while i >= 0:
-        block = block[:i] + block[block.find(b"\n", i + 1) :]
-        i = block.find(key, i)
-    return block
