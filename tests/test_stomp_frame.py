@@ -1420,3 +1420,28 @@ class FrameSlotsTests(SynchronousTestCase):
                 for slot in Frame.__slots__:
                     getattr(frame, slot)
                 self.assertEqual(repr(frame), repr(Frame(frame.command, frame.headers, frame.body)))
+
+
+class RelayBlockTests(SynchronousTestCase):
+    """A SEND's raw header lines relayed on MESSAGE frames, less the lines
+    that describe the SEND itself."""
+
+    def test_frame_lines_stripped(self) -> None:
+        from qmq.stomp.encoding import relay_block
+
+        raw = (
+            b"\nreceipt:1\ndestination:/queue/a\nreceipt:2\ntransaction:t\n"
+            b"content-length:5\nreceipt-note:kept\nx:receipt:no\n"
+        )
+        # x:receipt:no has a colon in its value: encoded properly instead.
+        self.assertIsInstance(relay_block(raw.replace(b"x:receipt:no\n", b""), None, None), bytes)
+        self.assertEqual(
+            relay_block(raw.replace(b"x:receipt:no\n", b""), None, None),
+            b"\ndestination:/queue/a\nreceipt-note:kept\n",
+        )
+
+    def test_nothing_to_strip(self) -> None:
+        from qmq.stomp.encoding import relay_block
+
+        raw = b"\ndestination:/queue/a\npersistent:true\n"
+        self.assertEqual(relay_block(raw, None, None), raw)
