@@ -237,6 +237,8 @@ class ExpiryWheelTests(SynchronousTestCase):
             self.wheel.schedule(item, 10.01 + i / 10_000)
         self.assertEqual(len(self.clock.getDelayedCalls()), 1)
         self.assertEqual(len(self.wheel), 1000)
+        # One int object for the bucket, not one each (memory per queue).
+        self.assertEqual(len({id(item.expiry_key) for item in items}), 1)
         self.clock.advance(10.25)
         self.assertEqual(len(self.fired), 1000)
         self.assertEqual(self.clock.getDelayedCalls(), [])

@@ -209,6 +209,41 @@ class RoundTripTests(StoreTestCase):
             )
         self.assertEqual(self.store.problems, [])
 
+    def test_recovered_headers_shared(self) -> None:
+        """Recovered messages with the same headers share one dict, and a
+        destination header that the frontends would derive from the
+        exchange and routing key is left out of it: both frontends show
+        the same destination and headers as before the restart. A queue's
+        name and its messages' routing key are one string."""
+        from qmq.stomp.encoding import encode_message_headers  # noqa: PLC0415
+        from qmq.web.api.codec import _app_headers, message_destination  # noqa: PLC0415
+
+        for name in ("a", "b", "c", "d"):
+            self.vhost.declare_queue(name)
+        for name in ("a", "b", "c"):
+            self.send(name, b"x", {"destination": "/queue/" + name, "persistent": "true"})
+        self.send("d", b"y", {"persistent": "true", "destination": "/queue/elsewhere"})
+        self.send("d", b"z", {"destination": "/queue/d"})
+        self.turn()
+        self.restart()
+        got = [self.vhost.queue(name).messages() for name in ("a", "b", "c")]
+        (a,), (b,), (c,) = got
+        self.assertEqual(a.headers, {"persistent": "true"})
+        self.assertIs(a.headers, b.headers)
+        self.assertIs(b.headers, c.headers)
+        for name, m in zip(("a", "b", "c"), (a, b, c), strict=True):
+            self.assertIs(m.routing_key, self.vhost.queue(name).name)
+            self.assertEqual(message_destination(m), "/queue/" + name)
+            self.assertEqual(_app_headers(m), {"persistent": "true"})
+            self.assertEqual(
+                encode_message_headers(m), f"\ndestination:/queue/{name}\npersistent:true\n".encode()
+            )
+        y, z = self.vhost.queue("d").messages()
+        self.assertEqual(y.headers, {"persistent": "true", "destination": "/queue/elsewhere"})
+        self.assertEqual(message_destination(y), "/queue/elsewhere")
+        self.assertIsNone(z.headers)
+        self.assertEqual(encode_message_headers(z), b"\ndestination:/queue/d\n")
+
     def test_priority_and_expiry_survive(self) -> None:
         """A message's priority and expiry time are in its record and come
         back with it."""

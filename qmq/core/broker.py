@@ -21,6 +21,7 @@ and length limits, and frontends read L{Broker.max_unfinished_bytes}.
 
 from __future__ import annotations
 
+import gc
 import itertools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -130,15 +131,39 @@ class Broker:
 
         @raise BrokerError: what the store kept contradicts the declarations.
         """
+        # The rebuild makes millions of objects that all live on (a queue
+        # and its message per durable queue): the cyclic collector would
+        # walk them again and again for nothing (a third of the rebuild's
+        # time), as in the store's replay.
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            self._recover()
+        finally:
+            if enabled:
+                gc.enable()
+        # Replay's buffers (whole segments) and the tables its dicts grew
+        # out of are free now: give the heap's free pages back.
+        if self.trim is not None:
+            self.trim()
+
+    def _recover(self) -> None:
         recovery = self.store.recover()
         self.message_ids = itertools.count(recovery.next_message_id)
         for vhost_name, name, type_, auto_delete in recovery.exchanges:
             self.add_vhost(vhost_name).declare_exchange(name, type_, True, auto_delete)
         gone = []
-        for entry in recovery.queues:
-            q = RecoveredQueue(*entry)
+        kept = recovery.messages
+        entries = recovery.queues
+        for i, entry in enumerate(entries):
+            # Each entry, and its messages' list, is let go as soon as its
+            # queue is made: what a million queues leave behind is then
+            # reused by the next queues' objects rather than left as holes
+            # in the heap (a fifth of the memory of a recovered queue).
+            entries[i] = None
+            q = entry if entry.__class__ is RecoveredQueue else RecoveredQueue(*entry)
             vhost = self.add_vhost(q.vhost)
-            vhost.declare_queue(
+            queue = vhost.declare_queue(
                 q.name,
                 durable=True,
                 auto_delete=q.auto_delete,
@@ -148,9 +173,14 @@ class Broker:
             )
             if q.exclusive:
                 gone.append((vhost, q.name))
-        for vhost_name, queue, exchange, key, arguments in recovery.bindings:
-            self.add_vhost(vhost_name).bind(queue, exchange, key, arguments)
-        for (vhost_name, queue_name), messages in recovery.messages.items():
+            if kept:
+                messages = kept.pop((q.vhost, q.name), None)
+                if messages:
+                    queue.restore(messages)
+        for vhost_name, queue_name, exchange, key, arguments in recovery.bindings:
+            self.add_vhost(vhost_name).bind(queue_name, exchange, key, arguments)
+        for (vhost_name, queue_name), messages in kept.items():
+            # Messages of a queue the store did not list.
             queue = self.add_vhost(vhost_name).queues.get(queue_name)
             if queue is not None:
                 queue.restore(messages)

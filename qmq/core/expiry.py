@@ -46,6 +46,7 @@ class ExpiryWheel:
         self.tick = tick
         self._buckets: dict[int, dict[Any, None]] = {}
         self._calls: dict[int, IDelayedCall] = {}
+        self._keys: dict[int, int] = {}
 
     def __len__(self) -> int:
         """How many objects are scheduled."""
@@ -65,7 +66,12 @@ class ExpiryWheel:
         bucket = self._buckets.get(key)
         if bucket is None:
             bucket = self._buckets[key] = {}
+            self._keys[key] = key
             self._calls[key] = self.clock.callLater(max(0.0, key * self.tick - now), self._fire, key)
+        else:
+            # The bucket's own int: a million queues scheduled in one tick
+            # (a recovery) share one, not 32 bytes each.
+            key = self._keys[key]
         bucket[item] = None
         item.expiry_key = key
 
@@ -81,10 +87,12 @@ class ExpiryWheel:
         del bucket[item]
         if not bucket:
             del self._buckets[key]
+            del self._keys[key]
             self._calls.pop(key).cancel()
 
     def _fire(self, key: int) -> None:
         self._calls.pop(key, None)
+        self._keys.pop(key, None)
         bucket = self._buckets.pop(key, None)
         if not bucket:
             return
@@ -104,3 +112,4 @@ class ExpiryWheel:
                 item.expiry_key = None
         self._calls.clear()
         self._buckets.clear()
+        self._keys.clear()

@@ -43,7 +43,7 @@ from qmq.store.record import (
     RECORD_SETTLE,
     RECORD_UNBIND,
     RecordError,
-    decode_publish_fields,
+    decode_recovered_publish,
     decode_requeue,
     decode_settle,
     decode_topology,
@@ -51,6 +51,9 @@ from qmq.store.record import (
 from qmq.store.segment import Problem, SegmentReader
 
 _log = Logger()
+
+# The virtual host most messages are in (see Replay.segment).
+DEFAULT_VHOST = "/"
 
 
 class Replay:
@@ -69,27 +72,36 @@ class Replay:
         self.index = index
         self.bodies = bodies
         self.backlog = backlog_memory
-        # (vhost, queue) -> body bytes of its live messages replay keeps.
-        self.in_memory: dict[tuple[str, str], int] = {}
-        # Message id -> (message, vhost, queue names of its publish record):
-        # only messages some queue still holds.
-        self.messages: dict[int, tuple[Message, str, list[str]]] = {}
+        # vhost -> queue -> body bytes of its live messages replay keeps
+        # (no (vhost, queue) tuple per queue: a million of them would live
+        # until the end of replay).
+        self.in_memory: dict[str, dict[str, int]] = {}
+        # Message id -> message: only messages some queue still holds (its
+        # cache says where its publish record sent it, see segment()).
+        self.messages: dict[int, Message] = {}
         self.replayed = 0
+        # Queue names as their declarations gave them: the names in publish
+        # records become these strings (decode_recovered_publish).
+        self.names: dict[str, str] = {}
 
     def segment(self, number: int, data: bytes, reader: SegmentReader) -> None:
         index = self.index
         messages = self.messages
         where = index.where
         bodies = self.bodies
+        names = self.names
         for type_, start, end in reader.records():
             try:
                 if type_ == RECORD_PUBLISH:
                     (mid, ts, expires, priority, flags, vhost, exchange, key, headers, queues, size) = (
-                        decode_publish_fields(data, start, end, False)
+                        decode_recovered_publish(data, start, end, names)
                     )
                     if mid in messages:
-                        old = messages.pop(mid)
-                        index.forget(number, mid, old[1], old[2])
+                        old = messages.pop(mid).cache
+                        if old.__class__ is str:
+                            index.forget(number, mid, DEFAULT_VHOST, [old])
+                        else:
+                            index.forget(number, mid, old[0], old[1])
                     if index.publish(number, mid, vhost, queues, ts):
                         if not bodies:
                             body = b""
@@ -116,7 +128,16 @@ class Replay:
                             if headers:
                                 m.restore_options()
                             m.headers = None
-                        messages[mid] = (m, vhost, queues)
+                        # Where its publish record sent it, for a copy of the
+                        # record that replaces it (forget): kept in the
+                        # message's frontend cache, unused until recovery()
+                        # empties it, so that a million messages cost no
+                        # tuple and no list each until then.
+                        if vhost == DEFAULT_VHOST and len(queues) == 1:
+                            m.cache = queues[0]
+                        else:
+                            m.cache = (vhost, queues)
+                        messages[mid] = m
                     self.replayed += 1
                 elif type_ == RECORD_SETTLE:
                     vhost, queue, mid, _, kept = decode_settle(data, start, end)
@@ -143,33 +164,46 @@ class Replay:
     def _over(self, vhost: str, queues: list[str], size: int) -> bool:
         """Whether a message of C{size} body bytes for C{queues} is past a
         queue's backlog in memory; if not, count it in."""
-        counts = self.in_memory
+        counts = self.in_memory.get(vhost)
+        if counts is None:
+            counts = self.in_memory[vhost] = {}
+        get = counts.get
+        if len(queues) == 1:
+            q = queues[0]
+            held = get(q, 0)
+            if held > self.backlog:
+                return True
+            counts[q] = held + size
+            return False
         backlog = self.backlog
         for q in queues:
-            if counts.get((vhost, q), 0) > backlog:
+            if get(q, 0) > backlog:
                 return True
         for q in queues:
-            counts[(vhost, q)] = counts.get((vhost, q), 0) + size
+            counts[q] = get(q, 0) + size
         return False
 
     def _settled(self, vhost: str, queue: str, mid: int) -> None:
         entry = self.messages.get(mid)
-        if entry is not None and entry[0].body.__class__ is bytes:
-            key = (vhost, queue)
-            left = self.in_memory.get(key, 0) - len(entry[0].body)
+        if entry is not None and entry.body.__class__ is bytes:
+            counts = self.in_memory.get(vhost)
+            if counts is None:
+                return
+            left = counts.get(queue, 0) - len(entry.body)
             if left > 0:
-                self.in_memory[key] = left
+                counts[queue] = left
             else:
-                self.in_memory.pop(key, None)
+                counts.pop(queue, None)
 
     def topology(self, number: int, type_: int, f: dict) -> None:
         index = self.index
         if type_ == RECORD_DECLARE_QUEUE:
             since = f.get("since")
+            name = f["queue"]
             index.declare_queue(
                 number,
                 f["vhost"],
-                f["queue"],
+                self.names.setdefault(name, name),
                 f.get("arguments"),
                 flags=queue_flags(f),
                 # Format 1 did not say: every message may be the queue's.
@@ -177,7 +211,7 @@ class Replay:
             )
         elif type_ == RECORD_DELETE_QUEUE:
             gone = index.delete_queue(number, f["vhost"], f["queue"])
-            self.in_memory.pop((f["vhost"], f["queue"]), None)
+            self.in_memory.get(f["vhost"], {}).pop(f["queue"], None)
             for mid in gone or ():
                 self.messages.pop(mid, None)
         elif type_ == RECORD_DECLARE_EXCHANGE:
@@ -202,10 +236,11 @@ class Replay:
         for (vhost, name), (type_, auto_delete, _) in index.exchanges.items():
             recovery.exchanges.append((vhost, name, type_, auto_delete))
         for vhost, queues in index.vhosts.items():
-            for name, qs in list(queues.items()):
+            unknown = []
+            for name, qs in queues.items():
                 if qs.declared is None:
                     if not len(qs) and not qs.bindings:
-                        del queues[name]
+                        unknown.append(name)
                         continue
                     _log.warn(
                         "commit log: queue {queue!r} in vhost {vhost!r} has messages but its "
@@ -227,28 +262,46 @@ class Replay:
                         bool(flags & QUEUE_SUBSCRIPTION),
                     )
                 )
-                if len(qs):
+                one = qs.one()
+                if one is not None:
+                    # One message (a million queues with one each): no sort.
+                    m = messages.get(one)
+                    if m is not None:
+                        m.cache = None
+                        if qs.count(one) or m.body.__class__ is OnDisk:
+                            m = self._restored(m, qs.count(one), shared)  # type: ignore[arg-type]
+                        recovery.messages[(vhost, name)] = [m]
+                elif len(qs):
                     restored = []
                     for mid, count in sorted(qs.items()):
-                        entry = messages.get(mid)
-                        if entry is None:
+                        m = messages.get(mid)
+                        if m is None:
                             continue
-                        m = entry[0]
-                        if count:
-                            m = _with_count(m, count)
-                        if m.body.__class__ is OnDisk:
-                            # Each queue its own copy: loading it back
-                            # fills it in place.
-                            if mid in shared:
-                                m = m.offloaded(m.body)
-                            shared.add(mid)
-                            index.segments[m.body >> 102].offloaded += 1
+                        m.cache = None
+                        if count or m.body.__class__ is OnDisk:
+                            m = self._restored(m, count, shared)
                         restored.append(m)
                     recovery.messages[(vhost, name)] = restored
+            for name in unknown:
+                del queues[name]
         for b in index.bindings.values():
             recovery.bindings.append((b.vhost, b.queue, b.exchange, b.key, b.arguments))
         self.messages = {}
+        self.names = {}
         return recovery
+
+    def _restored(self, m: Message, count: int, shared: set[int]) -> Message:
+        """The copy of C{m} a queue gets back: delivered C{count} times; one
+        whose body is on disk is its queue's own (loading it back fills it
+        in place), and pins its segment."""
+        if count:
+            m = _with_count(m, count)
+        if m.body.__class__ is OnDisk:
+            if m.id in shared:
+                m = m.offloaded(m.body)  # type: ignore[arg-type]
+            shared.add(m.id)
+            self.index.segments[m.body >> 102].offloaded += 1  # type: ignore[operator]
+        return m
 
 
 def on_disk(segment: int, offset: int, size: int, body: int) -> OnDisk | None:
