@@ -3,7 +3,6 @@ the flags of queue declarations, and reading a log of format 1."""
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 import zlib
@@ -14,8 +13,13 @@ from qmq.core.broker import Broker
 from qmq.core.errors import PreconditionFailed
 from qmq.store.log import CommitLogStore
 from qmq.store.record import (
+    DECLARE_BINARY,
     RECORD_DECLARE_QUEUE,
     RECORD_SETTLE,
+    VERSION,
+    decode_declare_queue,
+    decode_topology,
+    encode_declare_queue,
     encode_publish,
     encode_settle,
     encode_topology,
@@ -155,13 +159,15 @@ class FlagTests(StoreTestCase):
         self.assertEqual(self.vhost.queue("durable.fake").policy.expires, 60000)
 
     def test_record_fields(self) -> None:
-        """The declare-queue record names its flags and since."""
+        """The declare-queue record carries its flags and since (binary
+        since format 3; decode_topology gives the fields by name, as the
+        JSON of format 2 named them)."""
         self.vhost.declare_queue("ad", auto_delete=True)
         self.turn()
         (path,) = [p for _, p in list_segments(self.dir)]
         data = read_segment(path)
         (fields,) = [
-            json.loads(data[s:e]) for t, s, e in records(path) if t == RECORD_DECLARE_QUEUE
+            decode_topology(data, s, e, t) for t, s, e in records(path) if t == RECORD_DECLARE_QUEUE
         ]
         self.assertEqual(
             fields,
@@ -177,10 +183,10 @@ class FlagTests(StoreTestCase):
         )
 
 
-def v1_segment(number: int, body: bytes) -> bytes:
-    """A segment of format 1: its header, then C{body} (records)."""
+def v1_segment(number: int, body: bytes, version: int = 1) -> bytes:
+    """A segment of format 1 (or C{version}): its header, then C{body} (records)."""
     header = bytearray(encode_header(number, 1))
-    struct.pack_into("<H", header, 8, 1)
+    struct.pack_into("<H", header, 8, version)
     struct.pack_into("<I", header, 28, zlib.crc32(bytes(header[:28])))
     return bytes(header) + body
 
@@ -221,10 +227,76 @@ class FormatOneTests(StoreTestCase):
         numbers = [n for n, _ in list_segments(self.dir)]
         self.assertEqual(numbers, [7, 8])
         self.assertEqual(
-            struct.unpack_from("<H", read_segment(list_segments(self.dir)[1][1]), 8)[0], 2
+            struct.unpack_from("<H", read_segment(list_segments(self.dir)[1][1]), 8)[0], VERSION
         )
         self.restart()
         self.assertEqual([m.body for m in self.vhost.queue("plain").messages()], [b"m3", b"new"])
+
+    def test_reads_format_two(self) -> None:
+        """A log of format 2 (JSON declarations with flags and since) is
+        read as it was: queues with their arguments and flags, messages
+        back; new records go to a new segment of format 3, and both are
+        read at the next start."""
+        self.successResultOf(self.store.close())
+        for _, path in list_segments(self.dir):
+            os.unlink(path)
+        recs = [
+            encode_topology(
+                RECORD_DECLARE_QUEUE,
+                {
+                    "vhost": "/",
+                    "queue": q,
+                    "arguments": args,
+                    "since": 1,
+                    "auto_delete": ad,
+                    "exclusive": False,
+                    "subscription": False,
+                },
+            )
+            for q, args, ad in (("a", {"x-max-length": 5}, False), ("b", None, True))
+        ]
+        for mid, q in ((1, "a"), (2, "b")):
+            head, tail = encode_publish(
+                mid, 5.0, 0.0, 0, True, b"/", "", q, {"destination": "/queue/" + q}, b"m", [q.encode()]
+            )
+            recs.append(head + tail)
+        with open(os.path.join(self.dir, segment_name(3)), "wb") as f:
+            f.write(v1_segment(3, b"".join(recs), version=2))
+        self.start()
+        self.assertEqual(self.store.problems, [])
+        self.assertEqual(self.vhost.queue("a").policy.max_length, 5)
+        self.assertTrue(self.vhost.queue("b").auto_delete)
+        self.assertEqual([len(self.vhost.queue(q)) for q in "ab"], [1, 1])
+        self.vhost.declare_queue("c", arguments={"x-max-length": 7})
+        self.send("c", b"new")
+        self.turn()
+        self.assertEqual([n for n, _ in list_segments(self.dir)], [3, 4])
+        data = read_segment(list_segments(self.dir)[1][1])
+        self.assertEqual(struct.unpack_from("<H", data, 8)[0], 3)
+        (start,) = [s for t, s, _ in records(list_segments(self.dir)[1][1]) if t == RECORD_DECLARE_QUEUE]
+        self.assertEqual(data[start], DECLARE_BINARY)
+        self.restart()
+        self.assertEqual(self.store.problems, [])
+        self.assertEqual(self.vhost.queue("a").policy.max_length, 5)
+        self.assertEqual(self.vhost.queue("c").policy.max_length, 7)
+        self.assertEqual([len(self.vhost.queue(q)) for q in "abc"], [1, 1, 1])
+
+    def test_binary_declaration(self) -> None:
+        """A format 3 declaration round-trips: names (not ASCII too),
+        arguments or none, flags or none (a copy of a format 1 one)."""
+        for vhost, queue, args, since, flags in (
+            ("/", "q", None, 1, 0),
+            ("vé", "ü" * 300, {"x-max-length": 3, "x-overflow": "drop-head"}, 2**40, 5),
+            ("/", "old", {}, 0, None),
+        ):
+            rec = encode_declare_queue(vhost, queue, args, since, flags)
+            self.assertEqual(rec[4], RECORD_DECLARE_QUEUE)
+            self.assertEqual(
+                decode_declare_queue(rec, 9, len(rec)), (vhost, queue, args, flags, since)
+            )
+            fields = decode_topology(rec, 9, len(rec), RECORD_DECLARE_QUEUE)
+            self.assertEqual((fields["queue"], fields["since"]), (queue, since))
+            self.assertEqual("auto_delete" in fields, flags is not None)
 
     def test_settle_with_time(self) -> None:
         """A settle record with a time decodes; the frame is the documented one."""

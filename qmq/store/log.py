@@ -54,7 +54,6 @@ from qmq.store.index import (
     QUEUE_EXCLUSIVE,
     QUEUE_SUBSCRIPTION,
     Index,
-    queue_flag_fields,
 )
 from qmq.store.record import (
     FRAME,
@@ -74,6 +73,7 @@ from qmq.store.record import (
     decode_publish_fields,
     decode_requeue,
     decode_topology,
+    encode_declare_queue,
     encode_publish,
     encode_requeue,
     encode_settle,
@@ -752,15 +752,7 @@ class CommitLogStore:
         index = self._index
         if index.declare_queue(self._active, vhost, name, arguments, force, flags, since):
             qs = index.vhosts[vhost][name]
-            fields: dict[str, Any] = {
-                "vhost": vhost,
-                "queue": name,
-                "arguments": arguments,
-                "since": qs.since,
-            }
-            if flags is not None:
-                fields.update(queue_flag_fields(flags))
-            self._append(encode_topology(RECORD_DECLARE_QUEUE, fields))
+            self._append(encode_declare_queue(vhost, name, arguments, qs.since, flags))
 
     def delete_queue(self, vhost: VirtualHost, queue: Queue) -> None:
         self._open()

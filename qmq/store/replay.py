@@ -31,6 +31,7 @@ from qmq.store.index import (
     queue_flags,
 )
 from qmq.store.record import (
+    DECLARE_BINARY,
     FLAG_PERSISTENT,
     FRAME_SIZE,
     RECORD_BIND,
@@ -43,6 +44,7 @@ from qmq.store.record import (
     RECORD_SETTLE,
     RECORD_UNBIND,
     RecordError,
+    decode_declare_queue,
     decode_recovered_publish,
     decode_requeue,
     decode_settle,
@@ -149,6 +151,17 @@ class Replay:
                 elif type_ == RECORD_REQUEUE:
                     vhost, queue, mid, count = decode_requeue(data, start, end)
                     index.requeue(number, vhost, queue, mid, count)
+                elif type_ == RECORD_DECLARE_QUEUE and data[start] == DECLARE_BINARY:
+                    # Format 3: one per durable queue, binary, no dict.
+                    vhost, name, arguments, flags, since = decode_declare_queue(data, start, end)
+                    index.declare_queue(
+                        number,
+                        vhost,
+                        names.setdefault(name, name),
+                        arguments,
+                        flags=flags,
+                        since=since,
+                    )
                 else:
                     self.topology(number, type_, decode_topology(data, start, end, type_))
             except (RecordError, KeyError, TypeError) as e:
