@@ -128,6 +128,11 @@ TYPE_CRC = _TYPE_CRC = [zlib.crc32(bytes([t])) for t in range(256)]
 
 _pack_frame = FRAME.pack
 _pack_publish = _PUBLISH.pack
+# The same fixed part in two: what changes with every message (id, times,
+# priority, flags), and the lengths, which a publisher's stream repeats.
+_pack_publish_head = struct.Struct("<QddBB").pack
+_pack_publish_lengths = struct.Struct("<HHHII").pack
+assert struct.calcsize("<QddBB") + struct.calcsize("<HHHII") == PUBLISH_FIXED
 _pack_name = _NAME.pack
 _crc32 = zlib.crc32
 
@@ -262,6 +267,22 @@ def _pairs(block: bytes) -> dict:
     return found
 
 
+# (vhost, exchange, routing key, queues, header items) -> (header flag, the
+# publish payload from the lengths to the queue names).
+_STATIC: dict[tuple, tuple[int, bytes]] = {}
+
+
+def _static_part(
+    vhost: bytes, exchange: str, routing_key: str, headers: dict | None, queues: Sequence[bytes]
+) -> tuple[int, bytes]:
+    hflag, hblock = encode_headers(headers)
+    ex = exchange.encode()
+    rk = routing_key.encode()
+    qblock = b"".join([_pack_name(len(q)) + q for q in queues])
+    lengths = _pack_publish_lengths(len(vhost), len(ex), len(rk), len(hblock), len(queues))
+    return hflag, b"".join((lengths, vhost, ex, rk, hblock, qblock))
+
+
 def encode_publish(
     message_id: int,
     timestamp: float,
@@ -284,34 +305,29 @@ def encode_publish(
     @param expiry: when the message expires (seconds since the epoch), 0
         for never.
     """
-    hflag, hblock = encode_headers(headers)
-    ex = exchange.encode()
-    rk = routing_key.encode()
-    if len(queues) == 1:
-        q = queues[0]
-        qblock = _pack_name(len(q)) + q
-    else:
-        qblock = b"".join([_pack_name(len(q)) + q for q in queues])
-    mid = b"".join(
-        (
-            _pack_publish(
-                message_id,
-                timestamp,
-                expiry,
-                priority,
-                hflag | FLAG_PERSISTENT if persistent else hflag,
-                len(vhost),
-                len(ex),
-                len(rk),
-                len(hblock),
-                len(queues),
-            ),
-            vhost,
-            ex,
-            rk,
-            hblock,
-            qblock,
+    # Everything after the id, times, priority and flags (the lengths, the
+    # names, the header block) repeats in a publisher's stream: memoized.
+    try:
+        key = (vhost, exchange, routing_key, queues, tuple(headers.items()) if headers else headers)
+        found = _STATIC.get(key)
+    except TypeError:  # a header value that is not hashable
+        key = found = None
+    if found is None:
+        found = _static_part(vhost, exchange, routing_key, headers, queues)
+        if key is not None:
+            if len(_STATIC) >= _MEMO_SIZE:
+                _STATIC.clear()
+            _STATIC[key] = found
+    hflag, static = found
+    mid = (
+        _pack_publish_head(
+            message_id,
+            timestamp,
+            expiry,
+            priority,
+            hflag | FLAG_PERSISTENT if persistent else hflag,
         )
+        + static
     )
     if len(body) <= _INLINE_BODY:
         # One checksum call and one chunk instead of two of each.
