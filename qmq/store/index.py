@@ -58,11 +58,6 @@ _FLAG_NAMES = (
 )
 
 
-def queue_flag_fields(flags: int) -> dict[str, bool]:
-    """The fields of a declare-queue record that carry C{flags}."""
-    return {name: bool(flags & bit) for name, bit in _FLAG_NAMES}
-
-
 def queue_flags(fields: dict) -> int | None:
     """The C{QUEUE_*} bits of a declare-queue record, or None if it carries
     none (format 1)."""
