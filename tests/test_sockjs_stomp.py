@@ -81,6 +81,8 @@ class StompOverSockJSTests(SynchronousTestCase):
         c.send(frame("SEND", b"hello", destination="/queue/a"))
         c.poll()
         self.assertEqual([(f.command, f.body) for f in c.frames], [("MESSAGE", b"hello")])
+        # Counted as SockJS traffic (/metrics).
+        self.assertEqual(self.broker.traffic.totals(), {"sockjs": (1, 1, 0)})
 
     def test_frames_split_and_joined(self) -> None:
         """A frame split over two messages, and two frames in one message."""

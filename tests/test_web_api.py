@@ -715,9 +715,9 @@ class ScanTests(ApiSiteMixin, unittest.TestCase):
         self.assertEqual(code, 404)
 
 
-class AuthTests(ApiTestCase):
-    """HTTP Basic and bearer tokens through the broker's authenticator; the
-    core's permission checks through each user's channel."""
+class AuthSetup(ApiTestCase):
+    """Users alice (an admin, every permission) and bob (write jobs, read
+    public), and a token key."""
 
     SECRET = b"s3cret-key-for-tests-only-32bytes!"
 
@@ -751,6 +751,12 @@ class AuthTests(ApiTestCase):
 
     def basic(self, user: str, password: str = "wonderland") -> dict:
         return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+
+class AuthTests(AuthSetup):
+    """HTTP Basic and bearer tokens through the broker's authenticator; the
+    core's permission checks through each user's channel."""
 
     @defer.inlineCallbacks
     def test_no_credentials(self) -> None:
@@ -818,3 +824,157 @@ class AuthTests(ApiTestCase):
             code, _, _, _ = yield self.call("GET", f"{Q}/public", headers=self.basic("bob"))
             self.assertEqual(code, 200)
         self.assertEqual(len(calls), 1)
+
+
+class UserManagementTests(AuthSetup):
+    """Users and permissions over HTTP (admins only), applied at run time."""
+
+    @defer.inlineCallbacks
+    def test_admins_only_and_no_hash_shown(self) -> None:
+        code, _, _, doc = yield self.call("GET", "/api/v1/users", headers=self.basic("bob"))
+        self.assertEqual((code, doc["code"]), (403, "access-refused"))
+        code, _, raw, doc = yield self.call("GET", "/api/v1/users", headers=self.basic("alice"))
+        self.assertEqual(code, 200)
+        self.assertEqual([(u["name"], u["admin"], u["source"]) for u in doc["users"]],
+                         [("alice", True, "config"), ("bob", False, "config")])
+        self.assertNotIn(b"scrypt", raw)
+        code, _, raw, doc = yield self.call("GET", "/api/v1/users/bob", headers=self.basic("alice"))
+        self.assertEqual((code, doc["password"]), (200, True))
+        self.assertNotIn(b"scrypt", raw)
+        _, _, _, doc = yield self.call("GET", "/api/v1/permissions?user=bob", headers=self.basic("alice"))
+        self.assertEqual(doc["permissions"], [{"vhost": "/", "user": "bob", "configure": "", "write": "^jobs$",
+                                               "read": "^public$"}])
+
+    @defer.inlineCallbacks
+    def test_user_lifecycle_takes_effect(self) -> None:
+        admin = self.basic("alice")
+        carol = self.basic("carol", "c4rol")
+        code, _, _, doc = yield self.call("PUT", "/api/v1/users/carol", {"password": "c4rol"}, headers=admin)
+        self.assertEqual((code, doc["source"], doc["password"]), (201, "runtime", True))
+        # No permissions yet: the virtual host is not open to her.
+        code, _, _, doc = yield self.call("POST", f"{Q}/jobs/messages", {"body": "x"}, headers=carol)
+        self.assertEqual(code, 403)
+        code, _, _, doc = yield self.call("PUT", "/api/v1/permissions/%2F/carol",
+                                          {"write": "^jobs$", "read": ".*"}, headers=admin)
+        self.assertEqual((code, doc["write"], doc["configure"]), (201, "^jobs$", ""))
+        code, _, _, _ = yield self.call("POST", f"{Q}/jobs/messages", {"body": "x"}, headers=carol)
+        self.assertEqual(code, 201)
+        # Narrowed: her next request (her login was cached) is refused.
+        code, _, _, _ = yield self.call("PUT", "/api/v1/permissions/%2F/carol", {"read": ".*"}, headers=admin)
+        self.assertEqual(code, 200)
+        code, _, _, doc = yield self.call("POST", f"{Q}/jobs/messages", {"body": "x"}, headers=carol)
+        self.assertEqual((code, doc["code"]), (403, "access-refused"))
+        # A new password: the old one fails at once, cached or not.
+        code, _, _, _ = yield self.call("PUT", "/api/v1/users/carol", {"password_hash": hash_cheap("n3w")},
+                                        headers=admin)
+        self.assertEqual(code, 200)
+        code, _, _, _ = yield self.call("GET", f"{Q}/jobs", headers=carol)
+        self.assertEqual(code, 401)
+        code, _, _, _ = yield self.call("GET", f"{Q}/jobs", headers=self.basic("carol", "n3w"))
+        self.assertEqual(code, 200)
+        code, _, _, doc = yield self.call("DELETE", "/api/v1/permissions/%2F/carol", headers=admin)
+        self.assertEqual(code, 200)
+        code, _, _, _ = yield self.call("GET", f"{Q}/jobs", headers=self.basic("carol", "n3w"))
+        self.assertEqual(code, 403)
+        code, _, _, doc = yield self.call("DELETE", "/api/v1/users/carol", headers=admin)
+        self.assertEqual((code, doc["deleted"]), (200, "carol"))
+        code, _, _, _ = yield self.call("GET", f"{Q}/jobs", headers=self.basic("carol", "n3w"))
+        self.assertEqual(code, 401)
+        code, _, _, doc = yield self.call("GET", "/api/v1/users/carol", headers=admin)
+        self.assertEqual((code, doc["code"]), (404, "unknown-user"))
+
+    @defer.inlineCallbacks
+    def test_bad_input(self) -> None:
+        admin = self.basic("alice")
+        for path, body, status in [
+            ("/api/v1/users/dave", {}, 400),
+            ("/api/v1/users/dave", {"password": ""}, 400),
+            ("/api/v1/users/dave", {"password": "a", "password_hash": hash_cheap("a")}, 400),
+            ("/api/v1/users/dave", {"password_hash": "plaintext"}, 400),
+            ("/api/v1/users/dave", {"certificate_names": [1]}, 400),
+            ("/api/v1/users/dave", {"hash": "x"}, 400),
+            ("/api/v1/users/" + "d" * 200, {"password_hash": hash_cheap("a")}, 400),
+            ("/api/v1/permissions/%2F/nobody", {"read": ".*"}, 404),
+            ("/api/v1/permissions/nowhere/bob", {"read": ".*"}, 404),
+            ("/api/v1/permissions/%2F/bob", {"read": "("}, 400),
+            ("/api/v1/permissions/%2F/bob", {"read": 1}, 400),
+        ]:
+            code, _, _, doc = yield self.call("PUT", path, body, headers=admin)
+            self.assertEqual(code, status, (path, body, doc))
+        code, _, _, doc = yield self.call("PUT", "/api/v1/users/dave", raw=b"{", headers={
+            **admin, "Content-Type": "application/json"})
+        self.assertEqual((code, doc["code"]), (400, "bad-json"))
+        code, _, _, doc = yield self.call("DELETE", "/api/v1/permissions/%2F/nobody", headers=admin)
+        self.assertEqual(code, 404)
+        code, _, _, doc = yield self.call("GET", "/api/v1/permissions/%2F/nobody", headers=admin)
+        self.assertEqual(code, 404)
+        # A certificate name is one user's.
+        code, _, _, _ = yield self.call("PUT", "/api/v1/users/dave", {"certificate_names": ["d.example"]},
+                                        headers=admin)
+        self.assertEqual(code, 201)
+        code, _, _, doc = yield self.call("PUT", "/api/v1/users/erin", {"certificate_names": ["d.example"]},
+                                          headers=admin)
+        self.assertEqual((code, doc["code"]), (409, "conflict"))
+
+
+def hash_cheap(password: str) -> str:
+    from qmq.auth.passwords import hash_password  # noqa: PLC0415
+
+    return hash_password(password, 4)
+
+
+class UsersWithoutAuthTests(ApiTestCase):
+    @defer.inlineCallbacks
+    def test_authentication_off(self) -> None:
+        code, _, _, doc = yield self.call("GET", "/api/v1/users")
+        self.assertEqual((code, doc["users"]), (200, []))
+        code, _, _, doc = yield self.call("PUT", "/api/v1/users/x", {"password": "y"})
+        self.assertEqual((code, doc["code"]), (409, "authentication-off"))
+        code, _, _, doc = yield self.call("GET", "/api/v1/permissions")
+        self.assertEqual((code, doc["permissions"]), (200, []))
+
+
+class OwnershipTests(AuthSetup):
+    """A durable subscription's queue is its owner's: nobody else receives
+    from, purges, deletes, scans or binds it over HTTP."""
+
+    @defer.inlineCallbacks
+    def test_two_users(self) -> None:
+        auth = self.broker.auth
+        auth.set_permission("/", "bob", ".*", ".*", ".*")
+        vhost = self.broker.default_vhost
+        vhost.declare_queue("durable.alice.news")
+        vhost.queues["durable.alice.news"].publish(self.broker_message(b"m1"))
+        bob, alice = self.basic("bob"), self.basic("alice")
+        path = f"{Q}/durable.alice.news"
+        for method, suffix, body in [
+            ("POST", "/receive", None),
+            ("DELETE", "/messages", None),
+            ("DELETE", "", None),
+            ("POST", "/ack", {"handles": ["x.1"]}),
+            ("POST", "/messages", {"body": "x"}),
+            ("PUT", "", None),
+        ]:
+            code, _, _, doc = yield self.call(method, path + suffix, body, headers=bob)
+            self.assertEqual((code, doc["code"]), (403, "access-refused"), (method, suffix, doc))
+        code, _, _, doc = yield self.call("POST", "/api/v1/vhosts/%2F/bindings",
+                                          {"queue": "durable.alice.news", "exchange": "amq.topic"}, headers=bob)
+        self.assertEqual(code, 403)
+        # Bob, not an admin, does not see it; alice (an admin and its owner) does.
+        _, _, _, doc = yield self.call("GET", Q, headers=bob)
+        self.assertNotIn("durable.alice.news", [q["name"] for q in doc["queues"]])
+        code, _, _, _ = yield self.call("GET", path, headers=bob)
+        self.assertEqual(code, 403)
+        _, _, _, doc = yield self.call("GET", Q, headers=alice)
+        self.assertIn("durable.alice.news", [q["name"] for q in doc["queues"]])
+        code, _, _, doc = yield self.call("POST", path + "/receive", headers=alice)
+        self.assertEqual((code, [m["body"] for m in doc["messages"]]), (200, ["m1"]))
+        code, _, _, doc = yield self.call("DELETE", path + "/messages", headers=alice)
+        self.assertEqual(code, 200)
+        code, _, _, doc = yield self.call("DELETE", path, headers=alice)
+        self.assertEqual(code, 200)
+
+    def broker_message(self, body: bytes) -> object:
+        from qmq.core.message import Message  # noqa: PLC0415
+
+        return Message(next(self.broker.message_ids), "", "durable.alice.news", None, body)

@@ -41,7 +41,14 @@ def _masked(doc: object) -> object:
     return doc
 
 
+#: The examples with credentials run against a broker with authentication
+#: on (users admin and the ones they make); the others against one without.
+WITH_AUTH = " -u "
+
+
 class CurlExamplesTests(ApiSiteMixin, unittest.TestCase):
+    auth = False
+
     def setUp(self) -> None:
         if shutil.which("curl") is None:
             raise unittest.SkipTest("curl is not installed")
@@ -49,8 +56,8 @@ class CurlExamplesTests(ApiSiteMixin, unittest.TestCase):
 
     @defer.inlineCallbacks
     def test_examples(self) -> None:
-        cases = examples(PAGE.read_text(encoding="utf-8"))
-        self.assertGreater(len(cases), 10)
+        cases = [(c, e) for c, e in examples(PAGE.read_text(encoding="utf-8")) if (WITH_AUTH in c) == self.auth]
+        self.assertGreater(len(cases), 5)
         address = self.base.split("//", 1)[1]
         token = None
         for command, expected in cases:
@@ -70,3 +77,21 @@ class CurlExamplesTests(ApiSiteMixin, unittest.TestCase):
                 self.assertTrue(actual.startswith(prefix), (command, actual[:300]))
                 continue
             self.assertEqual(_masked(json.loads(actual)), _masked(json.loads(expected)), command)
+
+
+class CurlAuthExamplesTests(CurlExamplesTests):
+    auth = True
+
+    def setUp(self) -> None:
+        super().setUp()
+        from twisted.internet import reactor  # noqa: PLC0415
+
+        from qmq.auth import Authenticator, AuthSettings, PermissionSettings, UserSettings  # noqa: PLC0415
+        from qmq.auth.passwords import hash_password  # noqa: PLC0415
+        from qmq.web.api.settings import ApiSettings  # noqa: PLC0415
+
+        self.broker.auth = Authenticator(
+            AuthSettings(), reactor, users=[UserSettings("admin", hash_password("Adm1n-pass", 4))],
+            permissions={"/": [PermissionSettings("admin", ".*", ".*", ".*")]},
+        )
+        self.api.settings = self.api.frontend.settings = ApiSettings(admins="admin")

@@ -8,6 +8,7 @@ import os
 from prometheus_client import Histogram
 from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet import defer, reactor
+from twisted.internet.task import Clock
 from twisted.trial import unittest
 
 from qmq.core.broker import Broker
@@ -55,6 +56,51 @@ class MetricsTests(ApiSiteMixin, unittest.TestCase):
         self.assertEqual(got[("qmq_messages_published_total", ())], 3)
         self.assertGreaterEqual(got[("qmq_connections", (("protocol", "http"),))], 1)
         self.assertEqual(got[("qmq_memory_alarm", ())], 0)
+        http = (("protocol", "http"),)
+        self.assertEqual(got[("qmq_protocol_messages_published_total", http)], 3)
+        self.assertEqual(got[("qmq_protocol_messages_delivered_total", http)], 1)
+        self.assertEqual(got[("qmq_protocol_messages_acked_total", http)], 0)
+        self.assertEqual(got[("qmq_queue_published_total", q)], 3)
+        self.assertEqual(got[("qmq_queue_delivered_total", q)], 1)
+
+    @defer.inlineCallbacks
+    def test_protocols_and_queue_rates(self) -> None:
+        """STOMP and HTTP counted apart; a queue's rates in its description."""
+        from qmq.core.channel import Channel  # noqa: PLC0415
+        from qmq.core.consumer import Consumer  # noqa: PLC0415
+
+        clock = self.api.clock = Clock()
+        stomp = Channel(self.broker, self.broker.default_vhost, "s", protocol="stomp")
+        target = stomp.send_target("/queue/work")
+        for i in range(4):
+            stomp.publish(target, stomp.new_message(target, None, b"m%d" % i, False))
+        yield self.call("GET", f"{Q}/work")  # the first reading: rates 0
+        _, _, _, doc = yield self.call("POST", f"{Q}/work/receive?max=3")
+        yield self.call("POST", f"{Q}/work/ack", {"handles": [m["handle"] for m in doc["messages"][:2]]})
+        class Taker(Consumer):
+            def deliver(self, message: object, queue: object) -> None:
+                stomp.track(self, message)
+
+        taker = Taker(True, 10)
+        stomp.subscribe(taker, "/queue/work")
+        stomp.settle(taker, next(iter(taker.unacked)), True)
+        clock.advance(2.0)
+        _, _, _, doc = yield self.call("GET", f"{Q}/work")
+        # The four were published before the first reading, delivered after it.
+        self.assertEqual(doc["message_stats"], {"publish": 4, "deliver": 4, "publish_rate": 0.0,
+                                                "deliver_rate": 2.0})
+        _, _, body = yield self.scrape()
+        got = samples(body)
+        stomp_label, http = (("protocol", "stomp"),), (("protocol", "http"),)
+        self.assertEqual(got[("qmq_protocol_messages_published_total", stomp_label)], 4)
+        self.assertEqual(got[("qmq_protocol_messages_delivered_total", stomp_label)], 1)
+        self.assertEqual(got[("qmq_protocol_messages_acked_total", stomp_label)], 1)
+        self.assertEqual(got[("qmq_protocol_messages_delivered_total", http)], 3)
+        self.assertEqual(got[("qmq_protocol_messages_acked_total", http)], 2)
+        # A closed channel's counts stay.
+        stomp.close()
+        _, _, body = yield self.scrape()
+        self.assertEqual(samples(body)[("qmq_protocol_messages_published_total", stomp_label)], 4)
 
     def test_issued_ids_takes_none(self) -> None:
         broker = Broker(reactor)

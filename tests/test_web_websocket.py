@@ -196,6 +196,11 @@ class WebSocketTests(unittest.TestCase):
         """C{/ws} is the same endpoint (RabbitMQ's path)."""
         self.connect(path="/ws")
 
+    def test_counted_as_websocket(self) -> None:
+        client = self.connect()
+        client.send(b"SEND\ndestination:/queue/w\n\nx\x00")
+        self.assertEqual(self.ctx.broker.traffic.totals(), {"websocket": (1, 0, 0)})
+
     def test_subprotocols(self) -> None:
         for offered, chosen in (
             ("v10.stomp", "v10.stomp"),

@@ -228,7 +228,15 @@ class Authenticator:
         )
         self.portal = Portal(self.realm)
         hashes = {u.name: u.password for u in users if u.password}
-        self.portal.registerChecker(PasswordChecker(hashes, run))
+        self.passwords = PasswordChecker(hashes, run)
+        self.portal.registerChecker(self.passwords)
+        #: The users by name (changed at run time by L{set_user} and
+        #: L{delete_user}); C{"config"} or C{"runtime"} says where each came from.
+        self.users: dict[str, UserSettings] = {u.name: u for u in users}
+        self.user_sources: dict[str, str] = {u.name: "config" for u in users}
+        #: Bumped by every change at run time (caches of logged-in users
+        #: compare it, L{qmq.web.api}).
+        self.generation = 0
         self.certificates = CertificateChecker(
             {name: u.name for u in users for name in u.certificate_names}
         )
@@ -237,6 +245,99 @@ class Authenticator:
         self.portal.registerChecker(self.tokens)
         if settings.anonymous:
             self.portal.registerChecker(AnonymousChecker(settings.anonymous_user))
+
+    # -- users and permissions at run time --------------------------------------
+
+    def set_user(self, name: str, password_hash: str | None, certificate_names: tuple[str, ...] = ()) -> bool:
+        """
+        Add or replace the user C{name} (the HTTP API's C{PUT
+        /api/v1/users/NAME}). It takes effect for the next login; sessions
+        logged in already keep the user they got. Not written anywhere: a
+        restart goes back to the configuration.
+
+        @param password_hash: a hash from L{qmq.auth.hash_password} (checked),
+            or None: no password login.
+        @param certificate_names: names in a client certificate that log in
+            as this user (replacing any it had).
+        @return: whether the user is new.
+        @raise qmq.auth.passwords.HashError: a bad hash.
+        @raise ValueError: a certificate name belongs to another user.
+        """
+        for cert in certificate_names:
+            owner = self.certificates.names.get(cert)
+            if owner is not None and owner != name:
+                raise ValueError(f"the certificate name {cert!r} logs in as the user {owner!r} already")
+        self.passwords.set(name, password_hash)
+        names = self.certificates.names
+        for cert in [c for c, owner in names.items() if owner == name]:
+            del names[cert]
+        for cert in certificate_names:
+            names[cert] = name
+        new = name not in self.users
+        self.users[name] = UserSettings(name, password_hash, tuple(certificate_names))
+        if new:
+            self.user_sources[name] = "runtime"
+        self.generation += 1
+        return new
+
+    def delete_user(self, name: str) -> bool:
+        """
+        Remove the user C{name} and its permissions in every virtual host
+        (until a restart, which reads the configuration again).
+
+        @return: whether there was such a user.
+        """
+        if name not in self.users:
+            return False
+        del self.users[name]
+        self.user_sources.pop(name, None)
+        self.passwords.set(name, None)
+        names = self.certificates.names
+        for cert in [c for c, owner in names.items() if owner == name]:
+            del names[cert]
+        for users in self.realm.permissions.values():
+            users.pop(name, None)
+        self.generation += 1
+        return True
+
+    def permissions(self) -> list[tuple[str, PermissionSettings]]:
+        """Every user's permissions: (virtual host, its settings), by virtual
+        host then user."""
+        return [
+            (vhost, PermissionSettings(user, *patterns))
+            for vhost, users in sorted(self.realm.permissions.items())
+            for user, patterns in sorted(users.items())
+        ]
+
+    def permission(self, vhost: str, user: str) -> tuple[str, str, str] | None:
+        """The (configure, write, read) patterns of C{user} in C{vhost}, or None."""
+        return self.realm.permissions.get(vhost, {}).get(user)
+
+    def set_permission(self, vhost: str, user: str, configure: str, write: str, read: str) -> bool:
+        """
+        Set C{user}'s patterns in C{vhost}; they apply from its next login.
+
+        @return: whether the user had none there before.
+        @raise re.error: a pattern is not a regular expression.
+        """
+        from qmq.auth.permissions import compile_pattern  # noqa: PLC0415
+
+        for pattern in (configure, write, read):
+            compile_pattern(pattern, user)
+        users = self.realm.permissions.setdefault(vhost, {})
+        new = user not in users
+        users[user] = (configure, write, read)
+        self.generation += 1
+        return new
+
+    def clear_permission(self, vhost: str, user: str) -> bool:
+        """Take C{user}'s permissions in C{vhost} away; @return: whether it had some."""
+        users = self.realm.permissions.get(vhost)
+        if not users or user not in users:
+            return False
+        del users[user]
+        self.generation += 1
+        return True
 
     def credentials(
         self,

@@ -143,6 +143,21 @@ class PasswordChecker:
         self._dummy = parse_hash(hash_password("dummy password", cost))
         self._run = run if run is not None else _in_thread
 
+    def hash(self, password: str) -> defer.Deferred:
+        """A new hash of C{password} (L{hash_password}, run as checks are:
+        in a thread)."""
+        return self._run(hash_password, password)
+
+    def set(self, name: str, hashed: str | None) -> None:
+        """Give C{name} the hash C{hashed} (None: no password login).
+
+        @raise HashError: C{hashed} is not a valid hash.
+        """
+        if hashed is None:
+            self._hashes.pop(name, None)
+        else:
+            self._hashes[name] = parse_hash(hashed)
+
     def requestAvatarId(self, credentials: Any) -> defer.Deferred:
         username = credentials.username
         password = credentials.password
@@ -170,12 +185,12 @@ class CertificateChecker:
     credentialInterfaces = (ICertificateCredentials,)
 
     def __init__(self, names: Mapping[str, str]) -> None:
-        self._names = dict(names)
+        self.names = dict(names)
 
     def user_of(self, identity: Any) -> str | None:
         """The user a certificate logs in as, or None."""
         for name in identity.names:
-            user = self._names.get(name)
+            user = self.names.get(name)
             if user is not None:
                 return user
         return None
@@ -251,7 +266,9 @@ class Realm:
         permissions: Mapping[str, Mapping[str, tuple[str, str, str]]],
         token_permissions: Mapping[str, tuple[str, str, str]],
     ) -> None:
-        self._permissions = {v: dict(users) for v, users in permissions.items()}
+        #: virtual host -> user -> (configure, write, read); changed at run
+        #: time by L{qmq.auth.Authenticator.set_permission}.
+        self.permissions = {v: dict(users) for v, users in permissions.items()}
         self._token_permissions = dict(token_permissions)
 
     def user(self, principal: Principal) -> User:
@@ -261,7 +278,7 @@ class Realm:
             patterns = self._token_permissions.get(principal.vhost)  # type: ignore[arg-type]
             grants = {principal.vhost: patterns} if patterns is not None else {}
         else:
-            grants = {v: users[name] for v, users in self._permissions.items() if name in users}
+            grants = {v: users[name] for v, users in self.permissions.items() if name in users}
         return User(
             name=name,
             source=principal.source,

@@ -31,6 +31,7 @@ from qmq.core.batch import WriteBatcher
 from qmq.core.limits import LimitSettings
 from qmq.core.message import Message
 from qmq.core.store import MessageStore, NullStore, RecoveredQueue
+from qmq.core.traffic import Traffic
 from qmq.core.vhost import VirtualHost
 
 if TYPE_CHECKING:
@@ -95,6 +96,8 @@ class Broker:
         self.default_vhost = self.add_vhost(DEFAULT_VHOST)
         self.batcher = WriteBatcher(clock)
         self.message_ids = itertools.count(1)
+        #: Messages published, delivered and acked, by protocol (L{qmq.core.traffic}).
+        self.traffic = Traffic()
         self.memory_alarm: Any = None
         #: Authentication (L{qmq.auth.Authenticator}), set by the service
         #: when users or tokens are configured; None: every client is

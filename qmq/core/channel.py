@@ -78,13 +78,22 @@ class Channel:
         owner_name: str = "",
         backlog_budget: int = 0,
         user: Any = None,
+        protocol: str = "",
     ) -> None:
         """
         @param backlog_budget: most messages its live consumers' backlogs
             hold together (0: no shared bound).
         @param user: the authenticated user, or None (no permission checks).
+        @param protocol: the frontend's name, for the counts by protocol
+            (L{qmq.core.traffic}).
         """
         self.broker = broker
+        self.protocol = protocol
+        #: Messages published and deliveries acknowledged through it (plain
+        #: counts, read by L{qmq.core.traffic.Traffic}); its deliveries are
+        #: C{next_tag - 1}.
+        self.published = 0
+        self.acked = 0
         self.user = user
         self.backlog_budget = BacklogBudget(backlog_budget) if backlog_budget else None
         self.vhost = vhost
@@ -102,6 +111,16 @@ class Channel:
         self._targets: dict[str, SendTarget] = {}
         self._ids = broker.message_ids
         self._seconds = broker.clock.seconds
+        traffic = getattr(broker, "traffic", None)
+        if traffic is not None:
+            traffic.opened(self)
+
+    def set_user(self, user: Any) -> None:
+        """Check later destinations against C{user} (the same client logged
+        in again, with permissions changed since): the send targets resolved
+        under the old permissions are forgotten."""
+        self.user = user
+        self._targets.clear()
 
     # -- destinations ----------------------------------------------------------
 
@@ -270,6 +289,7 @@ class Channel:
         @raise ResourceLimit: a bounded queue refused it (then no queue has it).
         @raise PreconditionFailed: the routing key breaks a limit.
         """
+        self.published += 1
         queue = target[0]
         if queue is not None:
             # VirtualHost.publish_to for one queue, inlined (the hot path).
@@ -495,6 +515,7 @@ class Channel:
         if queue is None or not done:
             return
         if ack:
+            self.acked += len(done)
             for m in done:
                 queue.ack(consumer, m)
         else:
@@ -601,6 +622,9 @@ class Channel:
         if self.closed:
             return
         self.closed = True
+        traffic = getattr(self.broker, "traffic", None)
+        if traffic is not None:
+            traffic.close(self)
         consumers = list(self.consumers)
         if len(consumers) > self.close_batch:
             for consumer in consumers:

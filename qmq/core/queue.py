@@ -603,6 +603,8 @@ class Queue:
         "_rr",
         "_bytes",
         "_rare",
+        "published",
+        "delivered",
     )
 
     def __init__(
@@ -648,6 +650,11 @@ class Queue:
         self._rr = 0
         self._bytes = 0
         self._rare: _Rare | None = None
+        #: Messages routed to it and messages it handed out (to consumers
+        #: or L{get}), since it was made: plain counts, read when asked
+        #: (C{/metrics}, the HTTP API's rates).
+        self.published = 0
+        self.delivered = 0
         # The bucket of the virtual host's ExpiryWheel this queue waits in.
         self.expiry_key: int | None = None
         expires = self.policy.expires
@@ -720,6 +727,7 @@ class Queue:
 
         @raise ResourceLimit: the queue is full and rejects publishes.
         """
+        self.published += 1
         expires = message.expires
         if message.deliver_at or (
             # _held_back, inlined for an expiry alone (a TTL on every message).
@@ -741,6 +749,7 @@ class Queue:
                 else:
                     c = self._ready_consumer()
                 if c is not None:
+                    self.delivered += 1
                     if c.ack_required:
                         c.credit -= 1
                         c.deliver(message, self)
@@ -1065,6 +1074,7 @@ class Queue:
                 if expires <= now:
                     self._discard(message, "expired")
                     continue
+            self.delivered += 1
             if c.ack_required:
                 c.credit -= 1
                 c.deliver(message, self)
@@ -1105,6 +1115,7 @@ class Queue:
             if message.body.__class__ is OnDisk and not self._load_one(message):
                 continue
             if not ((message.expires or ttl) and self._expired(message, ttl)):
+                self.delivered += 1
                 return message
         return None
 

@@ -705,6 +705,7 @@ class StompSession:
             self._owner_name(),
             backlog_budget=self.settings.topic_backlog,
             user=self.user,
+            protocol=getattr(self.transport, "traffic_name", "stomp"),
         )
         self.connected = True
         if self._connect_timer is not None and self._connect_timer.active():

@@ -1,11 +1,13 @@
 # -*- test-case-name: tests.test_web_metrics -*-
 """C{/metrics}: the broker in Prometheus's text format (prometheus-client).
 
-Nothing is counted on the message path for this page: a scrape reads what
-the broker keeps anyway (queue lengths, consumers and their unacked
+No prometheus-client object is touched on the message path: a scrape reads
+what the broker keeps anyway (queue lengths, consumers and their unacked
 deliveries, the connection registry, the memory alarm, the message id
-counter) through a custom collector, in its own registry (not the
-process-global one, so two brokers in one process never mix). The HTTP
+counter) and a few plain integer counts (each queue's C{published} and
+C{delivered}; each channel's publishes and acks, added up by protocol in
+L{qmq.core.traffic}) through a custom collector, in its own registry (not
+the process-global one, so two brokers in one process never mix). The HTTP
 API's own counters are kept per request (a batch adds its size once). The
 one timing it adds is the commit log's fsync latency, a histogram observed
 on the store's writer thread around each sync (one sync per group commit,
@@ -108,6 +110,18 @@ class BrokerCollector:
             c.add_metric([], ids)
             yield c
 
+        traffic = getattr(broker, "traffic", None)
+        if traffic is not None:
+            families = [
+                CounterMetricFamily(f"qmq_protocol_messages_{what}", f"Messages {what}, by client protocol "
+                                    "(stomp, websocket, sockjs, http).", labels=["protocol"])
+                for what in ("published", "delivered", "acked")
+            ]
+            for protocol, counts in traffic.totals().items():
+                for family, n in zip(families, counts, strict=True):
+                    family.add_metric([protocol or "internal"], n)
+            yield from families
+
         api = self.api
         if api is not None:
             for name, attr, what in (
@@ -129,6 +143,8 @@ class BrokerCollector:
         consumers = GaugeMetricFamily("qmq_queue_consumers", "Consumers.", labels=["vhost", "queue"])
         dropped = CounterMetricFamily("qmq_queue_dropped", "Messages the queue discarded by its limits.",
                                       labels=["vhost", "queue"])
+        qpub = CounterMetricFamily("qmq_queue_published", "Messages routed to the queue.", labels=["vhost", "queue"])
+        qdel = CounterMetricFamily("qmq_queue_delivered", "Messages the queue handed out.", labels=["vhost", "queue"])
         for vname, vhost in list(broker.vhosts.items()):
             total_ready = total_unacked = 0
             for i, q in enumerate(list(vhost.queues.values())):
@@ -142,10 +158,12 @@ class BrokerCollector:
                     unacked.add_metric(labels, u)
                     consumers.add_metric(labels, len(q.consumers))
                     dropped.add_metric(labels, q.dropped)
+                    qpub.add_metric(labels, q.published)
+                    qdel.add_metric(labels, q.delivered)
             vq.add_metric([vname], len(vhost.queues))
             vready.add_metric([vname], total_ready)
             vunacked.add_metric([vname], total_unacked)
-        yield from (vq, vready, vunacked, ready, unacked, consumers, dropped)
+        yield from (vq, vready, vunacked, ready, unacked, consumers, dropped, qpub, qdel)
 
         alarm = getattr(broker, "memory_alarm", None)
         a = GaugeMetricFamily("qmq_memory_alarm", "1 while the memory alarm is raised (publishers blocked).")

@@ -191,6 +191,8 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
 
     factory: StompWebSocketFactory
     heartbeats = True
+    #: The protocol its messages are counted under (L{qmq.core.traffic}).
+    traffic_name = "websocket"
     session: StompSession | None = None
     reader: StompReader | None = None
 

@@ -315,7 +315,7 @@ class VHostFrontend:
         # user's permissions on every destination, and receipt handles of
         # one user's receivers mean nothing to another's.
         self.channel = Channel(
-            broker, vhost, owner_name=user.name if user is not None else "http", user=user
+            broker, vhost, owner_name=user.name if user is not None else "http", user=user, protocol="http"
         )
         self.pollers: dict[str, PollConsumer] = {}
 
@@ -466,7 +466,8 @@ class HttpFrontend:
         elif user is not None and fe.user is not user:
             # The same user logged in again (new credentials, a token's new
             # narrowing): the channel checks with the latest.
-            fe.user = fe.channel.user = user
+            fe.user = user
+            fe.channel.set_user(user)
         return fe
 
     def delay(self, fe: VHostFrontend, text: str, m: Outgoing) -> None:

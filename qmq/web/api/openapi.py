@@ -24,7 +24,8 @@ _REASONS = {
     404: "No such virtual host, queue, exchange or endpoint.",
     405: "Method not allowed here.",
     408: "The request was not received in time (http_api.upload_timeout).",
-    409: "Conflicts with what exists (e.g. an exchange of another type).",
+    409: "Conflicts with what exists (e.g. an exchange of another type), or a change of users while "
+    "authentication is off.",
     410: "The cursor's follower is gone; poll without a cursor.",
     413: "The body or the batch is too large ([web] max_request_body, [http_api] max_batch).",
     415: "Unsupported Content-Type.",
@@ -57,6 +58,15 @@ VHOST = _path_param("vhost", "The virtual host's name, URL-encoded (the default 
 QUEUE = _path_param("queue", "The queue's name.", "orders")
 TOPIC = _path_param("topic", "The routing key (publish) or binding pattern (follow) on amq.topic.", "weather.paris")
 EXCHANGE = _path_param("exchange", "The exchange's name.", "amq.topic")
+
+
+USER = _path_param("user", "The user's name.", "alice")
+ADMIN_ONLY = "For the users named in http_api.admins (anyone when authentication is off)."
+RUNTIME_CHANGE = (
+    "The change applies at once to new logins and to the next request over HTTP (cached logins are dropped); "
+    "STOMP, WebSocket and SockJS sessions keep the permissions they logged in with until they reconnect. "
+    "It is kept in memory only: a restart goes back to the configuration file."
+)
 
 
 def _query(name: str, schema: dict, description: str) -> dict:
@@ -258,13 +268,23 @@ def _schemas(s: ApiSettings) -> dict:
         "Queue": {
             "type": "object",
             "required": ["name", "vhost", "durable", "auto_delete", "exclusive", "arguments", "messages",
-                         "messages_ready", "messages_unacknowledged", "ready_bytes", "consumers", "dropped"],
+                         "messages_ready", "messages_unacknowledged", "ready_bytes", "consumers", "dropped",
+                         "message_stats"],
             "properties": {
                 "name": {"type": "string"}, "vhost": {"type": "string"}, "durable": {"type": "boolean"},
                 "auto_delete": {"type": "boolean"}, "exclusive": {"type": "boolean"}, "arguments": {"type": "object"},
                 "messages": {"type": "integer"}, "messages_ready": {"type": "integer"},
                 "messages_unacknowledged": {"type": "integer"}, "ready_bytes": {"type": "integer"},
                 "consumers": {"type": "integer"}, "dropped": {"type": "integer"},
+                "message_stats": {
+                    "type": "object",
+                    "description": "Messages routed to the queue (publish) and handed out by it over every "
+                    "protocol (deliver) since it was made, and their rates: messages a second since the previous "
+                    "reading at least a second before (0 at the first reading).",
+                    "required": ["publish", "deliver", "publish_rate", "deliver_rate"],
+                    "properties": {"publish": {"type": "integer"}, "deliver": {"type": "integer"},
+                                   "publish_rate": {"type": "number"}, "deliver_rate": {"type": "number"}},
+                },
             },
         },
         "QueueDeclaration": {
@@ -314,6 +334,44 @@ def _schemas(s: ApiSettings) -> dict:
             "required": ["id", "protocol", "peer", "user"],
             "properties": {"id": {"type": "string"}, "protocol": {"type": "string"}, "peer": {"type": "string"},
                            "user": {"type": "string"}},
+        },
+        "User": {
+            "type": "object",
+            "description": "A user of the broker. Its password hash is never shown.",
+            "required": ["name", "password", "certificate_names", "source", "admin"],
+            "properties": {
+                "name": {"type": "string"},
+                "password": {"type": "boolean", "description": "Whether it may log in with a password."},
+                "certificate_names": {"type": "array", "items": {"type": "string"}},
+                "source": {"enum": ["config", "runtime"], "description": "config: from the configuration file; "
+                           "runtime: made through this API (gone after a restart)."},
+                "admin": {"type": "boolean", "description": "Whether it is named in http_api.admins."},
+            },
+        },
+        "UserDeclaration": {
+            "type": "object",
+            "additionalProperties": False,
+            "description": "At least one of password, password_hash, certificate_names.",
+            "properties": {
+                "password": {"type": "string", "minLength": 1, "description": "Hashed by the broker (scrypt)."},
+                "password_hash": {"type": "string", "description": "A hash printed by qmq-passwd."},
+                "certificate_names": {"type": "array", "items": {"type": "string", "minLength": 1}},
+            },
+        },
+        "Permission": {
+            "type": "object",
+            "required": ["vhost", "user", "configure", "write", "read"],
+            "properties": {"vhost": {"type": "string"}, "user": {"type": "string"},
+                           "configure": {"type": "string"}, "write": {"type": "string"},
+                           "read": {"type": "string"}},
+        },
+        "PermissionDeclaration": {
+            "type": "object",
+            "additionalProperties": False,
+            "description": "Regular expressions searched for in resource names; empty (the default) allows "
+            "nothing; {user} stands for the user's name.",
+            "properties": {"configure": {"type": "string", "default": ""}, "write": {"type": "string", "default": ""},
+                           "read": {"type": "string", "default": ""}},
         },
         "Page": {
             "type": "object",
@@ -472,6 +530,37 @@ def document(s: ApiSettings | None = None) -> dict:
             "Close a connection", _ok({"type": "object", "required": ["closed"],
                                        "properties": {"closed": {"type": "string"}}}), 404,
             params=[_path_param("connection", "The id from the listing.")], tag="management")},
+        "/api/v1/users": {"get": _op("List users", _ok(_list("users", "User")), 400, params=PAGING,
+                                     tag="users", description=ADMIN_ONLY)},
+        "/api/v1/users/{user}": {
+            "get": _op("Get a user", _ok(_ref("User")), 404, params=[USER], tag="users", description=ADMIN_ONLY),
+            "put": _op("Create or change a user", {**_ok(_ref("User"), "Changed"), **_ok(_ref("User"), "Created", 201)},
+                       400, 409, 415, params=[USER], body={"required": True, "content": _json(_ref("UserDeclaration"))},
+                       tag="users", description=ADMIN_ONLY + " " + RUNTIME_CHANGE + " 409: authentication is off, "
+                       "or a certificate name is another user's."),
+            "delete": _op("Delete a user", _ok({"type": "object", "required": ["deleted", "connections_closed"],
+                                                "properties": {"deleted": {"type": "string"},
+                                                               "connections_closed": {"type": "integer"}}}),
+                          404, 409, params=[USER], tag="users",
+                          description=ADMIN_ONLY + " " + RUNTIME_CHANGE + " Its permissions go with it and its "
+                          "connections (STOMP, WebSocket, SockJS) are closed."),
+        },
+        "/api/v1/permissions": {"get": _op(
+            "List permissions", _ok(_list("permissions", "Permission")), 400, tag="users", description=ADMIN_ONLY,
+            params=[*PAGING, _query("user", {"type": "string"}, "Only this user's."),
+                    _query("vhost", {"type": "string"}, "Only this virtual host's.")])},
+        "/api/v1/permissions/{vhost}/{user}": {
+            "get": _op("Get a user's permissions in a virtual host", _ok(_ref("Permission")), 404,
+                       params=[VHOST, USER], tag="users", description=ADMIN_ONLY),
+            "put": _op("Set a user's permissions in a virtual host",
+                       {**_ok(_ref("Permission"), "Changed"), **_ok(_ref("Permission"), "Created", 201)},
+                       400, 404, 409, 415, params=[VHOST, USER], tag="users",
+                       body={"required": True, "content": _json(_ref("PermissionDeclaration"))},
+                       description=ADMIN_ONLY + " " + RUNTIME_CHANGE),
+            "delete": _op("Remove a user's permissions in a virtual host", _ok({
+                "type": "object", "required": ["deleted"], "properties": {"deleted": {"type": "object"}}}),
+                404, 409, params=[VHOST, USER], tag="users", description=ADMIN_ONLY + " " + RUNTIME_CHANGE),
+        },
     }
     return {
         "openapi": "3.1.0",

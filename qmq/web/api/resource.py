@@ -35,6 +35,7 @@ from twisted.web.server import NOT_DONE_YET
 
 from qmq.core.errors import BrokerError
 from qmq.core.exchange import EXCHANGE_TYPES
+from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX, check_queue_access
 from qmq.core.queue import Queue
 from qmq.web.api import codec
 from qmq.web.api.codec import AVRO, AVRO_TYPES, JSON, SCHEMA_NAMES
@@ -183,6 +184,14 @@ Route = tuple[str, tuple[str, ...], str]
 
 #: Handlers anyone may call, also with authentication on (the documents).
 PUBLIC = frozenset(("h_index", "h_openapi", "h_schemas", "h_schema"))
+#: Handlers of the broker as a whole (users, permissions): their caller
+#: logs in to the default virtual host whatever the path names.
+GLOBAL = frozenset(("h_get_permission", "h_put_permission", "h_delete_permission"))
+#: Most characters of a user name.
+MAX_USER_NAME = 128
+#: Seconds a queue's rates are averaged over at least (L{ApiResource._message_stats}).
+RATE_INTERVAL = 1.0
+_RATE_SAMPLES = 100_000
 DEFAULT_VHOST = "/"
 _USER_CACHE_SIZE = 10_000
 
@@ -230,6 +239,14 @@ class ApiResource(Resource):
         ("DELETE", ("v1", "vhosts", "{vhost}", "bindings"), "delete_binding"),
         ("GET", ("v1", "connections"), "list_connections"),
         ("DELETE", ("v1", "connections", "{connection}"), "close_connection"),
+        ("GET", ("v1", "users"), "list_users"),
+        ("GET", ("v1", "users", "{user}"), "get_user"),
+        ("PUT", ("v1", "users", "{user}"), "put_user"),
+        ("DELETE", ("v1", "users", "{user}"), "delete_user"),
+        ("GET", ("v1", "permissions"), "list_permissions"),
+        ("GET", ("v1", "permissions", "{vhost}", "{user}"), "get_permission"),
+        ("PUT", ("v1", "permissions", "{vhost}", "{user}"), "put_permission"),
+        ("DELETE", ("v1", "permissions", "{vhost}", "{user}"), "delete_permission"),
     )
 
     def __init__(self, ctx: Any, settings: ApiSettings | None = None) -> None:
@@ -249,7 +266,8 @@ class ApiResource(Resource):
         self._conns: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
         self._next_conn = 1
         self._openapi: bytes | None = None
-        self._users: dict[tuple, tuple[Any, float]] = {}
+        self._users: dict[tuple, tuple[Any, float, int]] = {}
+        self._rates: dict[tuple[str, str], tuple[float, int, int, float, float]] = {}
         self._by_shape: dict[tuple[int, str], list[Route]] = {}
         for route in self.routes:
             self._by_shape.setdefault((len(route[1]), route[1][1] if len(route[1]) > 1 else ""), []).append(route)
@@ -287,7 +305,8 @@ class ApiResource(Resource):
                 request.qmq_user = None
                 result = handler(request, **params)
             else:
-                result = self._login(request, params.get("vhost", DEFAULT_VHOST)).addCallback(
+                vhost = DEFAULT_VHOST if handler.__name__ in GLOBAL else params.get("vhost", DEFAULT_VHOST)
+                result = self._login(request, vhost).addCallback(
                     self._call, handler, request, params
                 )
         except Exception as e:  # noqa: BLE001 - every error becomes a problem
@@ -319,9 +338,10 @@ class ApiResource(Resource):
         key = (vhost, hashlib.sha256(header.encode()).digest() if header else None, identity)
         now = self.clock.seconds()
         cached = self._users.get(key)
+        generation = auth.generation
         if cached is not None:
-            user, until = cached
-            if until > now and (user.expires is None or user.expires > now):
+            user, until, seen = cached
+            if until > now and seen == generation and (user.expires is None or user.expires > now):
                 return defer.succeed(user)
             del self._users[key]
         login = passcode = None
@@ -347,7 +367,7 @@ class ApiResource(Resource):
             if self.settings.auth_cache > 0:
                 if len(self._users) >= _USER_CACHE_SIZE:
                     self._users.pop(next(iter(self._users)))
-                self._users[key] = (user, now + self.settings.auth_cache)
+                self._users[key] = (user, now + self.settings.auth_cache, generation)
             return user
 
         def refused(failure: Any) -> Any:
@@ -407,6 +427,33 @@ class ApiResource(Resource):
                 403, "access-refused",
                 f"User {user.name!r} has no {operation} permission for {name!r} in virtual host {vhost!r}.",
             )
+
+    @staticmethod
+    def _owner(request: Request) -> str:
+        """Who the request's client is for what it owns (the owner name of its channel)."""
+        user = getattr(request, "qmq_user", None)
+        return user.name if user is not None else "http"
+
+    def _own(self, request: Request, queue: str, operation: str) -> None:
+        """A durable subscription's queue is its owner's alone
+        (L{check_queue_access}): nobody else reads, purges or deletes it
+        over HTTP either. @raise Problem: 403."""
+        if queue.startswith(DURABLE_SUBSCRIPTION_PREFIX):
+            try:
+                check_queue_access(self._owner(request), queue, operation)
+            except BrokerError as e:
+                raise from_broker_error(e) from None
+
+    def _visible(self, request: Request, queue: str) -> bool:
+        """Whether the queue's description is shown to the request's user:
+        admins see every queue; others not other users' durable subscriptions."""
+        if not queue.startswith(DURABLE_SUBSCRIPTION_PREFIX) or self._is_admin(request):
+            return True
+        try:
+            check_queue_access(self._owner(request), queue, "read")
+        except BrokerError:
+            return False
+        return True
 
     def _fe(self, request: Request, vhost: str) -> Any:
         return self.frontend.vhost(vhost, getattr(request, "qmq_user", None))
@@ -618,6 +665,7 @@ class ApiResource(Resource):
         visibility = _float_arg(request, "visibility", s.default_visibility, 0.001, s.max_visibility)
         force64 = _encoding_arg(request)
         avro = codec.wants_avro(request.getHeader("accept"))
+        self._own(request, queue, "read")
         fe = self._fe(request, vhost)
         poller = fe.poller(queue)
         waiter = poller.receive(want, wait, visibility)
@@ -658,6 +706,7 @@ class ApiResource(Resource):
         return tags, unknown
 
     def _settle(self, request: Request, vhost: str, queue: str, handles: list[str], ack: bool, requeue: bool) -> Response:
+        self._own(request, queue, "read")
         poller = self._fe(request, vhost).find_poller(queue)
         tags, unknown = self._tags(poller, handles)
         if tags:
@@ -683,6 +732,7 @@ class ApiResource(Resource):
         visibility = doc.get("visibility", self.settings.default_visibility)
         if not (math.isfinite(visibility) and 0 < visibility <= self.settings.max_visibility):
             raise bad_request(f"'visibility' must be above 0 and at most {self.settings.max_visibility:g}")
+        self._own(request, queue, "read")
         poller = self._fe(request, vhost).find_poller(queue)
         tags, unknown = self._tags(poller, handles)
         if tags:
@@ -698,6 +748,7 @@ class ApiResource(Resource):
         v = self._vhost(vhost)
         self._queue(vhost, queue)
         self._check(request, "read", vhost, queue)
+        self._own(request, queue, "read")
         start = _float_arg(request, "start", 0.0, 0.0, 1e11)
         end = _float_arg(request, "end", 1e11, 0.0, 1e11)
         if start > end:
@@ -861,7 +912,32 @@ class ApiResource(Resource):
             "ready_bytes": q.ready_bytes,
             "consumers": len(q.consumers),
             "dropped": q.dropped,
+            "message_stats": self._message_stats(fe_name, q),
         }
+
+    def _message_stats(self, vhost: str, q: Queue) -> dict:
+        """A queue's publish and deliver counts and rates. A rate is the
+        change of its count per second since the previous reading at least
+        L{RATE_INTERVAL} seconds before (0 at the first); nothing is
+        sampled in between, so the queues nobody asks about cost nothing."""
+        now = self.clock.seconds()
+        key = (vhost, q.name)
+        published, delivered = q.published, q.delivered
+        sample = self._rates.get(key)
+        if sample is None or published < sample[1] or delivered < sample[2]:
+            if len(self._rates) >= _RATE_SAMPLES:
+                self._rates.clear()
+            self._rates[key] = (now, published, delivered, 0.0, 0.0)
+            publish_rate = deliver_rate = 0.0
+        else:
+            then, p, d, publish_rate, deliver_rate = sample
+            elapsed = now - then
+            if elapsed >= RATE_INTERVAL:
+                publish_rate = round((published - p) / elapsed, 1)
+                deliver_rate = round((delivered - d) / elapsed, 1)
+                self._rates[key] = (now, published, delivered, publish_rate, deliver_rate)
+        return {"publish": published, "deliver": delivered, "publish_rate": publish_rate,
+                "deliver_rate": deliver_rate}
 
     def _page(self, request: Request, items: Any, total: int) -> tuple[list, dict]:
         limit = _int_arg(request, "limit", min(1000, self.settings.max_list), 1, self.settings.max_list)
@@ -877,7 +953,7 @@ class ApiResource(Resource):
         total = len(v.queues)
         if prefix or request.qmq_user is not None:
             queues = [q for q in queues if (not prefix or q.name.startswith(prefix))
-                      and self._can(request, "read", vhost, q.name)]
+                      and self._can(request, "read", vhost, q.name) and self._visible(request, q.name)]
             total = len(queues)
         page, meta = self._page(request, queues, total)
         return json_response({"queues": [self._queue_doc(vhost, q) for q in page], **meta})
@@ -885,6 +961,8 @@ class ApiResource(Resource):
     def h_get_queue(self, request: Request, vhost: str, queue: str) -> Response:
         q = self._queue(vhost, queue)
         self._check(request, "read", vhost, queue)
+        if not self._visible(request, queue):
+            self._own(request, queue, "read")
         return json_response(self._queue_doc(vhost, q))
 
     def _queue(self, vhost: str, name: str) -> Queue:
@@ -901,6 +979,7 @@ class ApiResource(Resource):
         if queue.startswith("amq."):
             raise Problem(403, "access-refused", "Queue names starting with 'amq.' are the broker's own.")
         self._check(request, "configure", vhost, queue)
+        self._own(request, queue, "write")
         existed = queue in v.queues
         try:
             q = v.declare_queue(
@@ -917,6 +996,7 @@ class ApiResource(Resource):
     def h_delete_queue(self, request: Request, vhost: str, queue: str) -> Response:
         q = self._queue(vhost, queue)
         self._check(request, "configure", vhost, queue)
+        self._own(request, queue, "delete")
         if q.exclusive_owner is not None:
             raise Problem(403, "access-refused", f"Queue {queue!r} belongs to a session.")
         dropped = self._vhost(vhost).delete_queue(queue)
@@ -925,6 +1005,7 @@ class ApiResource(Resource):
     def h_purge_queue(self, request: Request, vhost: str, queue: str) -> Response:
         q = self._queue(vhost, queue)
         self._check(request, "read", vhost, queue)
+        self._own(request, queue, "delete")
         return json_response({"purged": q.purge()})
 
     # -- exchanges and bindings -----------------------------------------------------------
@@ -989,7 +1070,7 @@ class ApiResource(Resource):
         rows = (
             {"queue": q.name, "exchange": ex.name, "routing_key": key, "arguments": args or {}}
             for q in v.queues.values()
-            if q.bindings and self._can(request, "read", vhost, q.name)
+            if q.bindings and self._can(request, "read", vhost, q.name) and self._visible(request, q.name)
             for ex, key, args in q.bindings
         )
         limit = _int_arg(request, "limit", min(1000, self.settings.max_list), 1, self.settings.max_list)
@@ -1014,6 +1095,7 @@ class ApiResource(Resource):
         self._exchange(vhost, exchange)
         self._check(request, "write", vhost, queue)
         self._check(request, "read", vhost, exchange)
+        self._own(request, queue, "write")
         try:
             v.bind(queue, exchange, key)
         except BrokerError as e:
@@ -1031,6 +1113,7 @@ class ApiResource(Resource):
         self._exchange(vhost, exchange)
         self._check(request, "write", vhost, queue)
         self._check(request, "read", vhost, exchange)
+        self._own(request, queue, "write")
         try:
             v.unbind(queue, exchange, key)
         except BrokerError as e:
@@ -1079,6 +1162,162 @@ class ApiResource(Resource):
             raise Problem(404, "unknown-connection", f"No connection {connection[:40]!r}; list them first.")
         conn.shutdown("closed by an administrator (HTTP API)")
         return json_response({"closed": connection})
+
+    # -- users and permissions -----------------------------------------------------------
+
+    def _auth(self, request: Request, changing: bool = False) -> Any:
+        """The broker's authenticator, for an admin's request. Without one
+        (authentication off) a change is a 409: there is no user to change."""
+        self._require_admin(request)
+        auth = getattr(self.broker, "auth", None)
+        if auth is None and changing:
+            raise Problem(
+                409,
+                "authentication-off",
+                "Authentication is off (no [users] and no token key configured), so there are no users to "
+                "change; configure one user to turn it on (see docs/security.rst).",
+            )
+        return auth
+
+    def _user_doc(self, auth: Any, name: str) -> dict:
+        u = auth.users[name]
+        return {
+            "name": name,
+            "password": u.password is not None,
+            "certificate_names": list(u.certificate_names),
+            "source": auth.user_sources.get(name, "config"),
+            "admin": name in self.settings.admins.split(),
+        }
+
+    @staticmethod
+    def _user_name(name: str) -> str:
+        if not name or len(name) > MAX_USER_NAME or not name.isprintable():
+            raise bad_request(f"a user name is 1 to {MAX_USER_NAME} printable characters")
+        return name
+
+    def h_list_users(self, request: Request) -> Response:
+        auth = self._auth(request)
+        names = sorted(auth.users) if auth is not None else []
+        page, meta = self._page(request, names, len(names))
+        return json_response({"users": [self._user_doc(auth, n) for n in page], **meta})
+
+    def _known_user(self, auth: Any, name: str) -> None:
+        if auth is None or name not in auth.users:
+            raise Problem(404, "unknown-user", f"No user {name[:MAX_USER_NAME]!r}.")
+
+    def h_get_user(self, request: Request, user: str) -> Response:
+        auth = self._auth(request)
+        self._known_user(auth, user)
+        return json_response(self._user_doc(auth, user))
+
+    def h_put_user(self, request: Request, user: str) -> Any:
+        from qmq.auth.passwords import HashError, parse_hash  # noqa: PLC0415
+
+        auth = self._auth(request, changing=True)
+        name = self._user_name(user)
+        doc = _object_body(
+            request, {"password": (str,), "password_hash": (str,), "certificate_names": (list,)}, ()
+        )
+        if "password" in doc and "password_hash" in doc:
+            raise bad_request("give 'password' or 'password_hash', not both")
+        certs = doc.get("certificate_names", [])
+        if not all(c.__class__ is str and c for c in certs):
+            raise bad_request("'certificate_names' must be an array of non-empty strings")
+        if "password_hash" in doc:
+            try:
+                parse_hash(doc["password_hash"])
+            except HashError as e:
+                raise bad_request(f"'password_hash': {e}") from None
+        password = doc.get("password")
+        if password is not None and not password:
+            raise bad_request("'password' is empty")
+        if password is None and "password_hash" not in doc and not certs:
+            raise bad_request("a user needs a 'password', a 'password_hash' or 'certificate_names' to log in with")
+
+        def store(hashed: str | None) -> Response:
+            try:
+                new = auth.set_user(name, hashed, tuple(certs))
+            except ValueError as e:
+                raise Problem(409, "conflict", str(e)) from None
+            log.info("http api: user {user} {what} by {admin}", user=name, what="created" if new else "changed",
+                     admin=self._who(request))
+            return json_response(self._user_doc(auth, name), 201 if new else 200)
+
+        if password is None:
+            return store(doc.get("password_hash"))
+        # scrypt costs 0.1-0.3 s of CPU: in a thread, as a login's check is.
+        return auth.passwords.hash(password).addCallback(store)
+
+    @staticmethod
+    def _who(request: Request) -> str:
+        user = getattr(request, "qmq_user", None)
+        return user.name if user is not None else "(no authentication)"
+
+    def h_delete_user(self, request: Request, user: str) -> Response:
+        auth = self._auth(request, changing=True)
+        self._known_user(auth, user)
+        auth.delete_user(user)
+        closed = 0
+        registry = getattr(self.ctx, "connections", None)
+        if registry is not None:
+            # As RabbitMQ does: the deleted user's connections close.
+            for conn in list(registry.connections()):
+                session = getattr(conn, "session", None)
+                who = getattr(session, "user", None)
+                if who is not None and who.name == user and who.source != "token":
+                    conn.shutdown(f"user {user!r} was deleted by an administrator")
+                    closed += 1
+        log.info("http api: user {user} deleted by {admin}", user=user, admin=self._who(request))
+        return json_response({"deleted": user, "connections_closed": closed})
+
+    @staticmethod
+    def _permission_doc(vhost: str, user: str, patterns: tuple[str, str, str]) -> dict:
+        return {"vhost": vhost, "user": user, "configure": patterns[0], "write": patterns[1], "read": patterns[2]}
+
+    def h_list_permissions(self, request: Request) -> Response:
+        auth = self._auth(request)
+        who = _arg(request, "user")
+        where = _arg(request, "vhost")
+        rows = [
+            self._permission_doc(vhost, p.user, (p.configure, p.write, p.read))
+            for vhost, p in (auth.permissions() if auth is not None else [])
+            if (who is None or p.user == who) and (where is None or vhost == where)
+        ]
+        page, meta = self._page(request, rows, len(rows))
+        return json_response({"permissions": page, **meta})
+
+    def h_get_permission(self, request: Request, vhost: str, user: str) -> Response:
+        auth = self._auth(request)
+        patterns = auth.permission(vhost, user) if auth is not None else None
+        if patterns is None:
+            raise Problem(404, "unknown-permission", f"User {user[:MAX_USER_NAME]!r} has no permissions in "
+                          f"virtual host {vhost!r}.")
+        return json_response(self._permission_doc(vhost, user, patterns))
+
+    def h_put_permission(self, request: Request, vhost: str, user: str) -> Response:
+        import re  # noqa: PLC0415
+
+        auth = self._auth(request, changing=True)
+        self._vhost(vhost)
+        self._known_user(auth, user)
+        doc = _object_body(request, {"configure": (str,), "write": (str,), "read": (str,)}, ())
+        patterns = (doc.get("configure", ""), doc.get("write", ""), doc.get("read", ""))
+        try:
+            new = auth.set_permission(vhost, user, *patterns)
+        except re.error as e:
+            raise bad_request(f"a pattern is not a regular expression: {e}") from None
+        log.info("http api: permissions of {user} in {vhost} set to {patterns} by {admin}", user=user,
+                 vhost=vhost, patterns=patterns, admin=self._who(request))
+        return json_response(self._permission_doc(vhost, user, patterns), 201 if new else 200)
+
+    def h_delete_permission(self, request: Request, vhost: str, user: str) -> Response:
+        auth = self._auth(request, changing=True)
+        if not auth.clear_permission(vhost, user):
+            raise Problem(404, "unknown-permission", f"User {user[:MAX_USER_NAME]!r} has no permissions in "
+                          f"virtual host {vhost!r}.")
+        log.info("http api: permissions of {user} in {vhost} removed by {admin}", user=user, vhost=vhost,
+                 admin=self._who(request))
+        return json_response({"deleted": {"vhost": vhost, "user": user}})
 
     # -- the end -----------------------------------------------------------------------
 

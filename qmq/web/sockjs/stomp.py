@@ -58,6 +58,8 @@ class StompOverSockJS:
     """One SockJS session carrying one STOMP session (see the module docstring)."""
 
     heartbeats = True
+    #: The protocol its messages are counted under (L{qmq.core.traffic}).
+    traffic_name = "sockjs"
 
     def __init__(
         self,
