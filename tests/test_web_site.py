@@ -216,6 +216,30 @@ class SiteTests(unittest.TestCase):
         self.assertNotIn(b"secret", body)
         self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
 
+    def test_accessLog(self) -> None:
+        """No access log line unless C{[web] access_log} asks for one."""
+        for toml, lines in (("", 0), ("[web]\naccess_log = true", 1)):
+            factory = HttpFactory(make_context(toml))
+            written: list[Any] = []
+            factory.site._logFile = type("F", (), {"write": lambda self, line: written.append(line),
+                                                   "close": lambda self: None})()
+            client = Client(factory)
+            client.send(b"GET /nothing-here HTTP/1.1\r\nHost: x\r\n\r\n")
+            self.assertTrue(client.response())
+            self.assertEqual(len(written), lines, toml)
+
+    def test_formNotParsed(self) -> None:
+        """A form POST's body is not read into C{args} (nothing takes forms)."""
+        factory = HttpFactory(make_context(""))
+        client = Client(factory)
+        seen = []
+        factory.site.resource.putChild(b"form", type("R", (), {
+            "isLeaf": True, "render": lambda self, request: seen.append(dict(request.args)) or b"ok"})())
+        client.send(b"POST /form HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+                    b"Content-Length: 3\r\n\r\na=1")
+        self.assertTrue(client.response())
+        self.assertEqual(seen, [{}])
+
     def test_bodyTooLarge(self) -> None:
         """A body over C{max_request_body} is refused before it is read."""
         factory = HttpFactory(make_context("[web]\nmax_request_body = 10"))

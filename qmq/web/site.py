@@ -446,6 +446,16 @@ class QMQRequest(server.Request):
         self.finish()
 
 
+class QMQSite(server.Site):
+    """A site that writes its access log only when asked (C{[web] access_log})."""
+
+    access_log = True
+
+    def log(self, request: Any) -> None:
+        if self.access_log:
+            super().log(request)
+
+
 def build_site(ctx: WebContext) -> server.Site:
     """The listener's C{twisted.web} site (the root of L{build_root}).
 
@@ -453,7 +463,11 @@ def build_site(ctx: WebContext) -> server.Site:
     @return: the site, on the context's clock.
     """
     web = ctx.web
-    site = server.Site(build_root(ctx), timeout=web.idle_timeout, reactor=ctx.clock)
+    # twisted.web parses the Content-Type of every POST (with the email
+    # package: a tenth of a one-message publish) to read HTML form fields;
+    # nothing here takes forms (SockJS's jsonp_send reads its own body).
+    site = QMQSite(build_root(ctx), timeout=web.idle_timeout, reactor=ctx.clock, parsePOSTFormSubmission=False)
+    site.access_log = web.access_log
     site.requestFactory = QMQRequest
     site.displayTracebacks = False
     site.noisy = False

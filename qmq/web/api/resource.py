@@ -62,8 +62,11 @@ class Response:
     headers: dict[str, str] = field(default_factory=dict)
 
 
+_encode = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def json_response(obj: Any, status: int = 200) -> Response:
-    return Response(status, json.dumps(obj, separators=(",", ":")).encode(), JSON)
+    return Response(status, _encode(obj).encode(), JSON)
 
 
 # -- parameters ---------------------------------------------------------------------
