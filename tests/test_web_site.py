@@ -221,7 +221,7 @@ class SiteTests(unittest.TestCase):
         for toml, lines in (("", 0), ("[web]\naccess_log = true", 1)):
             factory = HttpFactory(make_context(toml))
             written: list[Any] = []
-            factory.site._logFile = type("F", (), {"write": lambda self, line: written.append(line),
+            factory.site._logFile = type("F", (), {"write": lambda self, line, w=written: w.append(line),
                                                    "close": lambda self: None})()
             client = Client(factory)
             client.send(b"GET /nothing-here HTTP/1.1\r\nHost: x\r\n\r\n")
