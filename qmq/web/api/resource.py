@@ -615,8 +615,10 @@ class ApiResource(Resource):
         messages, _ = self._outgoing(request)
         if path_names:
             for i, m in enumerate(messages):
-                if m.destination is not None:
+                if m.__class__ is not bytes and m.destination is not None:
                     raise bad_request(f"message {i}: the path names the {path_names}; drop 'destination'")
+        if path_names == "exchange":
+            destination = destination(messages)
         ids, waits = fe.publish(messages, destination, self.frontend)
         self.published += len(messages)
         body = {"published": len(ids), "ids": ids, "stored": len(waits)}
@@ -638,26 +640,30 @@ class ApiResource(Resource):
         return d.addCallbacks(stored, failed)
 
     def h_publish_any(self, request: Request, vhost: str) -> Any:
-        def destination(m: codec.Outgoing) -> str:
-            if m.destination is None:
+        def destination(m: codec.Parsed) -> str:
+            if m.__class__ is bytes or m.destination is None:  # type: ignore[union-attr]
                 raise bad_request("every message needs a 'destination' (/queue/NAME, /topic/KEY, /exchange/NAME/KEY)")
-            return m.destination
+            return m.destination  # type: ignore[union-attr,return-value]
 
         return self._publish(request, vhost, destination, "")
 
     def h_publish_queue(self, request: Request, vhost: str, queue: str) -> Any:
-        text = "/queue/" + queue
-        return self._publish(request, vhost, lambda m: text, "queue")
+        return self._publish(request, vhost, "/queue/" + queue, "queue")
 
     def h_publish_topic(self, request: Request, vhost: str, topic: str) -> Any:
-        text = "/topic/" + topic
-        return self._publish(request, vhost, lambda m: text, "topic")
+        return self._publish(request, vhost, "/topic/" + topic, "topic")
 
     def h_publish_exchange(self, request: Request, vhost: str, exchange: str) -> Any:
         if not exchange:
             raise bad_request("an exchange needs a name (the default exchange is the queue endpoint)")
         prefix = f"/exchange/{exchange}/"
-        return self._publish(request, vhost, lambda m: prefix + (m.routing_key or ""), "exchange")
+
+        def destination(messages: list[codec.Parsed]) -> Any:
+            if not any(m.__class__ is not bytes and m.routing_key for m in messages):
+                return prefix  # one destination for the batch: resolved once
+            return lambda m: prefix + (m.__class__ is not bytes and m.routing_key or "")
+
+        return self._publish(request, vhost, destination, "exchange")
 
     # -- receiving -------------------------------------------------------------------
 
