@@ -240,6 +240,21 @@ class SiteTests(unittest.TestCase):
         self.assertTrue(client.response())
         self.assertEqual(seen, [{}])
 
+    def test_headAndBigBodyInOneRead(self) -> None:
+        """A read holding a head, a large body and the next request is cut
+        after the head (the body never sits in the line buffer); both
+        requests are answered as usual."""
+        factory = HttpFactory(make_context(""))
+        seen = []
+        factory.site.resource.putChild(b"size", type("R", (), {
+            "isLeaf": True, "render": lambda self, request: seen.append(len(request.content.read())) or b"ok"})())
+        client = Client(factory)
+        body = b"x" * 50_000
+        client.send(b"POST /size HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                    b"POST /size HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc" % (len(body), body))
+        self.assertEqual(client.response().count(b"HTTP/1.1 200"), 2)
+        self.assertEqual(seen, [50_000, 3])
+
     def test_bodyTooLarge(self) -> None:
         """A body over C{max_request_body} is refused before it is read."""
         factory = HttpFactory(make_context("[web]\nmax_request_body = 10"))

@@ -484,6 +484,12 @@ def _abort(transport: Any) -> None:
         transport.loseConnection()
 
 
+#: Reads longer than this are cut after their first header block
+#: (L{HttpConnection.dataReceived}), found in their first L{_HEAD_SCAN} bytes.
+_SPLIT_ABOVE = 8192
+_HEAD_SCAN = 16384
+
+
 @implementer(IConnection, IHandshakeListener)
 class HttpConnection(ProtocolWrapper):
     """One connection of an C{http:} listener, as the registry sees it.
@@ -505,6 +511,20 @@ class HttpConnection(ProtocolWrapper):
         self._handshake: Any = None
         self._grace: Any = None
         self._lost = False
+
+    def dataReceived(self, data: bytes) -> None:
+        # twisted.web reads a request's head a line at a time from a buffer
+        # that also holds the body, and each line's split copies the rest:
+        # ten header lines over a 100 kB batch copied a megabyte (0.4 of
+        # the request's CPU). Handing it the head first and the body after
+        # keeps the body out of the line buffer; a byte stream cut in two is
+        # the same stream, so this is harmless whatever the data is.
+        if len(data) > _SPLIT_ABOVE:
+            end = data.find(b"\r\n\r\n", 0, _HEAD_SCAN)
+            if end != -1:
+                self.wrappedProtocol.dataReceived(data[: end + 4])
+                data = data[end + 4 :]
+        self.wrappedProtocol.dataReceived(data)
 
     def connectionMade(self) -> None:
         ctx = self.factory.ctx
