@@ -29,6 +29,7 @@ setup(
         "autobahn>=24.4",
         "avro>=1.11",
         "fastavro>=1.9",
+        "orjson>=3.9",
         "prometheus-client>=0.20",
         "pyjwt[crypto]>=2.8",
     ],

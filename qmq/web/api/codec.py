@@ -35,6 +35,7 @@ from importlib import resources
 from typing import Any
 
 import fastavro
+import orjson
 from fastavro.schema import to_parsing_canonical_form
 
 from qmq.core.destination import destination_of
@@ -214,8 +215,8 @@ def parse_json(data: bytes, max_batch: int, max_delay: int) -> tuple[list[Outgoi
     @raise Problem: bad JSON, a bad message, too many messages.
     """
     try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as e:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError as e:
         raise bad_request(f"The body is not valid JSON: {e}", "bad-json") from None
     if doc.__class__ is dict and "messages" in doc:
         if len(doc) != 1:

@@ -23,11 +23,11 @@ before. Two forms:
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+import orjson
 from twisted.internet import defer
 from twisted.internet.interfaces import IPushProducer
 from zope.interface import implementer
@@ -55,8 +55,8 @@ class SseFollower(Consumer):
         self.open = True
 
     def deliver(self, message: Message, queue: Queue | None) -> None:
-        data = json.dumps(json_delivery(message, None, None, False), separators=(",", ":"))
-        self.request.write(b"id: %d\nevent: message\ndata: %s\n\n" % (message.id, data.encode()))
+        data = orjson.dumps(json_delivery(message, None, None, False))
+        self.request.write(b"id: %d\nevent: message\ndata: %s\n\n" % (message.id, data))
 
     def cancelled(self) -> None:
         self.close()
