@@ -50,6 +50,8 @@ setup(
             "schemathesis>=4.0",
         ],
         "bench": ["matplotlib>=3.8"],
+        # The Spark data source and jobs (qmq.spark); the broker never imports them.
+        "spark": ["pyspark==4.3.0", "pyarrow>=15", "matplotlib>=3.8"],
     },
     classifiers=[
         "Framework :: Twisted",
