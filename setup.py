@@ -37,6 +37,7 @@ setup(
         "console_scripts": [
             "qmq-store = qmq.store.tool:main_exit",
             "qmq-passwd = qmq.auth.passwords:main_exit",
+            "qmq-spark = qmq.spark.jobs:main_exit",
         ]
     },
     extras_require={
