@@ -96,7 +96,10 @@ class BatchReadTests(BrokerSiteMixin, unittest.TestCase):
         """The path option reads segment files: the same rows as HTTP."""
         published = yield self.fill()
         df = (self.spark.read.format("qmq").option("path", self.data)
-              .option("destinations", "orders,clicks").load())
+              .option("destinations", "orders,clicks").option("splitBytes", "700").load())
+        # the segment is cut in byte ranges: each record read by one split
+        parts = yield in_thread(lambda: df.rdd.getNumPartitions())
+        self.assertGreater(parts, 5)
         rows = yield in_thread(lambda: df.orderBy("queue", "message_id").collect())
         self.check(rows, published)
         over_http = (self.spark.read.format("qmq").option("url", self.base)
@@ -141,6 +144,52 @@ class BatchReadTests(BrokerSiteMixin, unittest.TestCase):
         # fields named like a message column are body_NAME
         self.assertEqual([tuple(r) for r in rows],
                          [("/queue/a", b"inner", {"a": "b"}, "/queue/z", 4, True)])
+
+
+class SegmentDecoderTests(unittest.TestCase):
+    """qmq.spark.segments alone (pyarrow, no Spark)."""
+
+    skip = SKIP
+
+    def segment(self, bodies: list[bytes]) -> tuple[str, list[int]]:
+        from qmq.store.record import encode_publish  # noqa: PLC0415
+        from qmq.store.segment import encode_header  # noqa: PLC0415
+
+        out, starts = [encode_header(1, 1)], []
+        pos = len(out[0])
+        for i, b in enumerate(bodies):
+            head, tail = encode_publish(i + 1, 1000.0 + i, 0.0, 0, True, b"/", "", "q",
+                                        {"k": str(i)}, b, [b"q"])
+            starts.append(pos)
+            out.append(head + tail)
+            pos += len(head) + len(tail)
+        path = os.path.abspath(self.mktemp())
+        with open(path, "wb") as f:
+            f.write(b"".join(out))
+        return path, starts
+
+    def read(self, path: str, **kw: int) -> list[int]:
+        from qmq.spark import segments  # noqa: PLC0415
+
+        match = segments.queue_matcher(["q"], None)
+        return [i for b in segments.read_messages(path, "/", match, **kw)
+                for i in b.column("message_id").to_pylist()]
+
+    def test_damage_skipped_and_tail_cut(self) -> None:
+        """A record failing its checksum is skipped; a torn tail ends the
+        read; splits partition the records."""
+        path, starts = self.segment([b"a" * 10, b"b" * 5000, b"c", b"d"])
+        self.assertEqual(self.read(path), [1, 2, 3, 4])
+        self.assertEqual(self.read(path, lo=0, hi=starts[2]) + self.read(path, lo=starts[2]),
+                         [1, 2, 3, 4])
+        self.assertEqual(self.read(path, lo=starts[1] + 1, hi=starts[3]), [3])
+        with open(path, "r+b") as f:
+            f.seek(starts[1] + 20)
+            f.write(b"X")  # inside record 2's payload: its checksum fails
+        self.assertEqual(self.read(path), [1, 3, 4])
+        with open(path, "r+b") as f:
+            f.truncate(os.path.getsize(path) - 2)  # record 4 torn
+        self.assertEqual(self.read(path), [1, 3])
 
 
 class EmptyTests(unittest.TestCase):

@@ -20,24 +20,37 @@ id); C{dropDuplicates(["queue", "message_id"])} removes those.
 from __future__ import annotations
 
 import fnmatch
+import mmap
 import os
+import struct
+import zlib
 from collections.abc import Callable, Iterator
+from itertools import accumulate, chain
 from typing import Any
 
 import pyarrow as pa
 
+from qmq.store.record import _NAME as NAME  # noqa: E402 - the record format's own structs
+from qmq.store.record import _PUBLISH as PUBLISH  # noqa: E402
 from qmq.store.record import (
+    FLAG_HEADERS_JSON,
+    FLAG_HEADERS_PAIRS,
+    FRAME,
+    FRAME_SIZE,
+    MAX_RECORD,
     RECORD_DECLARE_QUEUE,
     RECORD_PUBLISH,
     RECORD_REQUEUE,
     RECORD_SETTLE,
+    TYPE_CRC,
     RecordError,
+    decode_headers,
     decode_publish_fields,
     decode_requeue,
     decode_settle,
     decode_topology,
 )
-from qmq.store.segment import SegmentReader, list_segments, read_segment
+from qmq.store.segment import HEADER_SIZE, SegmentReader, list_segments, read_segment
 
 #: Rows per record batch.
 BATCH_ROWS = 8192
@@ -192,37 +205,183 @@ def read_messages(
     match: Callable[[str], bool],
     start: float = 0.0,
     end: float = float("inf"),
+    lo: int = 0,
+    hi: int | None = None,
     batch_rows: int = BATCH_ROWS,
 ) -> Iterator[pa.RecordBatch]:
     """The message rows of one segment file: publishes of C{vhost} to a
-    queue that C{match}es, published in [C{start}, C{end})."""
-    data = read_segment(file)
-    reader = SegmentReader(file, data)
-    cols = _MessageColumns()
+    queue that C{match}es, published in [C{start}, C{end}).
+
+    @param lo: with C{hi}, read only the records that begin in [lo, hi)
+        (a split of the file: every split walks the same chain of record
+        frames from the header, so each record belongs to exactly one).
+
+    Damage is handled as the broker does: a record failing its checksum is
+    skipped, reading stops at a frame that runs past the end of the file.
+    """
+    with open(file, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size <= HEADER_SIZE:
+            return
+        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        yield from _read_messages(data, size, vhost, match, start, end, lo,
+                                  size if hi is None else min(hi, size), batch_rows)
+    finally:
+        data.close()
+
+
+#: Caches of the fast decoder (bounded: emptied when full).
+_CACHE_SIZE = 4096
+
+
+def _read_messages(data: Any, size: int, vhost: str, match: Callable[[str], bool],
+                   start: float, end: float, lo: int, hi: int,
+                   batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """The loop of L{read_messages}: the publish payload decoded inline (the
+    format of L{qmq.store.record.decode_publish_fields}), with what repeats
+    from message to message (header blocks, queue names, exchange and
+    routing key) decoded once and cached by its bytes."""
+    unpack = FRAME.unpack_from
+    unpack_publish = PUBLISH.unpack_from
+    unpack_name = NAME.unpack_from
+    crc32 = zlib.crc32
+    publish_crc = TYPE_CRC[RECORD_PUBLISH]
+    view = memoryview(data)
     vname = vhost.encode()
-    for type_, rstart, rend in reader.records():
-        if type_ != RECORD_PUBLISH:
-            continue
-        if data.find(vname, rstart, rend) < 0:
-            continue
-        try:
-            (mid, ts, _exp, prio, _flags, vh, exchange, rk, headers, queues, body) = (
-                decode_publish_fields(data, rstart, rend)
-            )
-        except RecordError:
-            continue  # damage: never shown (as the broker)
-        if vh != vhost or not start <= ts < end:
-            continue
-        dest = None
-        for q in queues:
-            if match(q):
+    nv = len(vname)
+    fixed = PUBLISH.size
+    headers_mask = FLAG_HEADERS_PAIRS | FLAG_HEADERS_JSON
+    # header block -> (keys, values, destination header or None)
+    header_cache: dict[bytes, tuple[list[str], list[str], str | None]] = {}
+    # exchange + routing key bytes, exchange length -> destination
+    dest_cache: dict[tuple[bytes, int], str] = {}
+    # queue name bytes -> name if selected, else None
+    queue_cache: dict[bytes, str | None] = {}
+    rows: list[tuple] = []
+    row = rows.append
+    pos = HEADER_SIZE
+    try:
+        while pos + FRAME_SIZE <= size and pos < hi:
+            length, type_, crc = unpack(data, pos)
+            rstart = pos + FRAME_SIZE
+            rend = rstart + length
+            if rend > size or length > MAX_RECORD:
+                break  # a torn tail, or damage: nothing after it is found safely
+            if pos < lo or type_ != RECORD_PUBLISH:
+                pos = rend
+                continue
+            pos = rend
+            if crc32(view[rstart:rend], publish_crc) != crc:
+                continue  # damage: never shown (as the broker)
+            try:
+                (mid, ts, _exp, prio, flags, lv, le, lr, lh, nq) = unpack_publish(data, rstart)
+                p = rstart + fixed
+                if lv != nv or data[p : p + lv] != vname or not start <= ts < end:
+                    continue
+                p += lv
+                q = p + le + lr
+                h = q + lh
+                if flags & headers_mask:
+                    block = data[q:h]
+                    found = header_cache.get(block)
+                    if found is None:
+                        hd = decode_headers(flags, block) or {}
+                        d = hd.pop("destination", None)
+                        found = ([str(k) for k in hd], [v if v.__class__ is str else str(v)
+                                                        for v in hd.values()], d)
+                        if len(header_cache) >= _CACHE_SIZE:
+                            header_cache.clear()
+                        header_cache[block] = found
+                    keys, values, dest = found
+                else:
+                    keys, values, dest = [], [], None
                 if dest is None:
-                    dest = _destination(headers, exchange, rk)
-                cols.add(dest, mid, _ms(ts), prio, headers, body, q)
-        if len(cols) >= batch_rows:
-            yield cols.batch()
-    if len(cols):
-        yield cols.batch()
+                    exrk = data[p:q]
+                    dest = dest_cache.get((exrk, le))
+                    if dest is None:
+                        ex = exrk[:le].decode()
+                        rk = exrk[le:].decode()
+                        if not ex:
+                            dest = "/queue/" + rk
+                        elif ex == "amq.topic":
+                            dest = "/topic/" + rk
+                        else:
+                            dest = f"/exchange/{ex}/{rk}"
+                        if len(dest_cache) >= _CACHE_SIZE:
+                            dest_cache.clear()
+                        dest_cache[(exrk, le)] = dest
+                names = []
+                for _ in range(nq):
+                    (n,) = unpack_name(data, h)
+                    h += 2
+                    raw = data[h : h + n]
+                    h += n
+                    if raw in queue_cache:
+                        name = queue_cache[raw]
+                    else:
+                        text = raw.decode()
+                        name = text if match(text) else None
+                        if len(queue_cache) >= _CACHE_SIZE:
+                            queue_cache.clear()
+                        queue_cache[raw] = name
+                    if name is not None:
+                        names.append(name)
+                if h > rend:
+                    continue  # shorter than its fields: damage
+                if not names:
+                    continue
+                body = data[h:rend]
+            except (struct.error, UnicodeDecodeError, ValueError):
+                continue
+            us = int(ts * 1000) * 1000
+            for name in names:
+                row((dest, mid, us, prio, keys, values, body, name))
+            if len(rows) >= batch_rows:
+                yield _rows_batch(rows)
+                rows.clear()
+        if rows:
+            yield _rows_batch(rows)
+    finally:
+        view.release()
+
+
+def _rows_batch(rows: list[tuple]) -> pa.RecordBatch:
+    """A record batch of C{(destination, id, microseconds, priority, header
+    names, header values, body, queue)} rows (transposed by C{zip})."""
+    dest, ids, ts, prio, keys, values, body, queue = zip(*rows, strict=True)
+    offsets = [0]
+    offsets.extend(accumulate(map(len, keys)))
+    headers = pa.MapArray.from_arrays(
+        pa.array(offsets, pa.int32()),
+        pa.array(list(chain.from_iterable(keys)), pa.string()),
+        pa.array(list(chain.from_iterable(values)), pa.string()),
+    )
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(dest, pa.string()),
+            pa.array(ids, pa.int64()),
+            pa.array(ts, pa.int64()).cast(TIMESTAMP),
+            pa.array(prio, pa.int32()),
+            headers.cast(HEADERS),
+            pa.array(body, pa.binary()),
+            pa.array(queue, pa.string()),
+        ],
+        schema=MESSAGE_SCHEMA,
+    )
+
+
+def splits(path: str, split_bytes: int) -> list[tuple[int, str, int, int]]:
+    """C{(segment number, file, lo, hi)}: the segments under C{path}, each
+    cut into byte ranges of about C{split_bytes} (see L{read_messages})."""
+    out = []
+    for number, file in segment_files(path):
+        size = os.path.getsize(file)
+        n = max(1, -(-size // max(1, split_bytes)))
+        step = -(-size // n)
+        for k in range(n):
+            out.append((number, file, k * step, size if k == n - 1 else (k + 1) * step))
+    return out
 
 
 def read_events(

@@ -144,6 +144,7 @@ class Options:
         self.end = _timestamp(o.get("endingtimestamp"))
         self.slices = int(o.get("partitionsperdestination", "1"))
         self.page = min(1000, int(o.get("pagesize", "1000")))
+        self.split_bytes = int(o.get("splitbytes", str(8 * 1024 * 1024)))
         self.user = o.get("user")
         self.password = o.get("password")
         self.token = o.get("token")
@@ -336,14 +337,17 @@ class ScanPartition(InputPartition):
 
 
 class SegmentPartition(InputPartition):
-    """One segment file of a data directory."""
+    """A segment file of a data directory, or the records that begin in
+    its bytes [lo, hi)."""
 
-    def __init__(self, file: str, number: int) -> None:
+    def __init__(self, file: str, number: int, lo: int = 0, hi: int | None = None) -> None:
         self.file = file
         self.number = number
+        self.lo = lo
+        self.hi = hi
 
     def __repr__(self) -> str:
-        return f"SegmentPartition({self.file!r})"
+        return f"SegmentPartition({self.file!r}, {self.lo}, {self.hi})"
 
 
 def scan_batches(client: Client, vhost: str, p: ScanPartition, page: int,
@@ -408,7 +412,8 @@ class _Reading:
                     yield pa.RecordBatch.from_arrays(b.columns, schema=nullable)
                 return
             source = segments.read_messages(partition.file, opts.vhost, opts.matcher(),
-                                            opts.start or 0.0, opts.end or math.inf)
+                                            opts.start or 0.0, opts.end or math.inf,
+                                            partition.lo, partition.hi)
         elif isinstance(partition, ScanPartition):
             client = opts.client()
             source = scan_batches(client, opts.vhost, partition, opts.page)
@@ -432,7 +437,10 @@ class QmqReader(_Reading, DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         opts = self.opts
         if opts.path:
-            return [SegmentPartition(f, n) for n, f in segments.segment_files(opts.path)]
+            if opts.records == "events":
+                return [SegmentPartition(f, n) for n, f in segments.segment_files(opts.path)]
+            return [SegmentPartition(f, n, lo, hi)
+                    for n, f, lo, hi in segments.splits(opts.path, opts.split_bytes)]
         client = opts.client()
         try:
             parts: list[InputPartition] = []
