@@ -292,3 +292,39 @@ class StreamingTests(BrokerSiteMixin, unittest.TestCase):
         got = yield in_thread(lambda: self.spark.read.parquet(out).collect())
         bodies = sorted(bytes(r["body"]).decode() for r in got)
         self.assertEqual(bodies, sorted([f"a{i}" for i in range(30)] + [f"b{i}" for i in range(13)]))
+
+    @defer.inlineCallbacks
+    def test_stream_write_replayed_batch(self) -> None:
+        """A streaming write's dedup ids are the query's and the micro-batch's:
+        a micro-batch replayed after a restart (its commit lost) publishes
+        nothing new into an effectively-once queue."""
+        self.vhost.declare_queue("src", arguments={"x-retention": 3600})
+        self.vhost.declare_queue("dst", arguments={"x-delivery-guarantee": "effectively-once"})
+        yield self.publish("src", [{"body": f"m{i}"} for i in range(20)])
+        checkpoint = os.path.abspath(self.mktemp())
+
+        def run() -> str:
+            q = (self.spark.readStream.format("qmq").option("url", self.base)
+                 .option("destination", "src").option("maxRowsPerTrigger", "8").load()
+                 .select("body", "headers")
+                 .writeStream.format("qmq").option("url", self.base).option("destination", "dst")
+                 .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+            q.awaitTermination(120)
+            q.stop()
+            return str(q.id)
+
+        query = yield in_thread(run)
+        dst = self.vhost.queues["dst"]
+        self.assertEqual(len(dst), 20)
+        back = self.spark.read.format("qmq").option("url", self.base).option("destination", "dst")
+        rows = yield in_thread(back.collect)
+        ids = {r["headers"]["dedup-id"] for r in rows}
+        self.assertEqual(len(ids), 20)
+        self.assertEqual({i.rsplit(".", 3)[0] for i in ids}, {query})
+        commits = os.path.join(checkpoint, "commits")
+        last = max(int(n) for n in os.listdir(commits) if n.isdigit())
+        os.remove(os.path.join(commits, str(last)))
+        yield in_thread(run)
+        self.assertEqual(len(dst), 20)
+        # the last micro-batch (8, 8, then 4 rows) ran again: 4 duplicates dropped
+        self.assertEqual(dst.window.duplicates, 4)
