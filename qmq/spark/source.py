@@ -27,7 +27,12 @@ from pyspark.sql.datasource import (
     InputPartition,
     WriterCommitMessage,
 )
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -404,6 +409,7 @@ class _Reading:
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         opts = self.opts
         arrow = _arrow_schema(self.schema)
+        client: Client | None = None
         if isinstance(partition, SegmentPartition):
             if opts.records == "events":
                 nullable = _arrow_schema(EVENT_SCHEMA)
@@ -421,9 +427,13 @@ class _Reading:
             return  # no partition planned: Spark reads one empty one
         decoder = _decoder(opts, self.schema)
         base = _arrow_schema(MESSAGE_SCHEMA)
-        for b in source:
-            b = _base_batch(b, base)
-            yield _with_bodies(b, decoder, arrow)
+        try:
+            for b in source:
+                b = _base_batch(b, base)
+                yield _with_bodies(b, decoder, arrow)
+        finally:
+            if client is not None:
+                client.close()  # no idle connection left behind in a reused worker
 
 
 class QmqReader(_Reading, DataSourceReader):
@@ -471,7 +481,7 @@ class QmqReader(_Reading, DataSourceReader):
         return [ScanPartition(queue, bounds[i], bounds[i + 1]) for i in range(opts.slices)]
 
 
-class QmqStreamReader(_Reading, DataSourceStreamReader):
+class QmqStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Streaming reads over HTTP. An offset is, per queue, the last message
     id read (C{{"orders": 1042}}); a micro-batch reads each queue's ids in
     (start, end] with range scans, which go by id, so a query restarted from
@@ -483,6 +493,8 @@ class QmqStreamReader(_Reading, DataSourceStreamReader):
         self.opts = opts
         self.schema = schema
         self._client: Client | None = None
+        self._available_now = False
+        self._target: dict[str, int] | None = None
 
     @property
     def client(self) -> Client:
@@ -493,9 +505,10 @@ class QmqStreamReader(_Reading, DataSourceStreamReader):
     def _window(self) -> tuple[float, float]:
         return (self.opts.start or 0.0, self.opts.end or FAR)
 
-    def _last_ids(self, queue: str, after: int, budget: int | None) -> tuple[int, int]:
-        """The id C{budget} messages after C{after} (all, if None), and how
-        many messages that is."""
+    def _last_ids(self, queue: str, after: int, budget: int | None,
+                  cap: int | None = None) -> tuple[int, int]:
+        """The id C{budget} messages after C{after} (all, if None; none
+        above C{cap}), and how many messages that is."""
         opts = self.opts
         start, end = self._window()
         cursor = cursor_after(after) if after else None
@@ -504,13 +517,28 @@ class QmqStreamReader(_Reading, DataSourceStreamReader):
             limit = opts.page if budget is None else max(1, min(opts.page, budget - count))
             records, cursor = self.client.scan(opts.vhost, queue, start, end, cursor, limit)
             for r in records[: None if budget is None else budget - count]:
+                if cap is not None and r["id"] > cap:
+                    return last, count
                 last = r["id"]
                 count += 1
             if cursor is None:
                 break
         return last, count
 
+    def prepareForTriggerAvailableNow(self) -> None:
+        """C{trigger(availableNow=True)}: the first micro-batch's planning
+        fixes, per queue, the last id there is (L{latestOffset}); batches of
+        the per-trigger limit then go up to it, and no further."""
+        self._available_now = True
+        self._target = None
+
     def initialOffset(self) -> dict:
+        try:
+            return self._initial_offset()
+        finally:
+            self.stop()  # no connection idles between micro-batches
+
+    def _initial_offset(self) -> dict:
         queues = self.opts.select_queues(self.client)
         how = self.opts.starting_offsets
         if how == "earliest":
@@ -526,10 +554,22 @@ class QmqStreamReader(_Reading, DataSourceStreamReader):
         return ReadAllAvailable()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        try:
+            return self._latest_offset(start, limit)
+        finally:
+            self.stop()
+
+    def _latest_offset(self, start: dict, limit: ReadLimit) -> dict:
         queues = self.opts.select_queues(self.client)
         for q in start:
             if q not in queues:
                 queues.append(q)
+        if self._available_now:
+            if self._target is None:
+                self._target = {q: self._last_ids(q, int(start.get(q, 0)), None)[0]
+                                for q in queues}
+            queues = [q for q in queues if q in self._target]
+        target = self._target or {}
         budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         end = dict(start)
         for i, q in enumerate(queues):
@@ -537,7 +577,7 @@ class QmqStreamReader(_Reading, DataSourceStreamReader):
             if share == 0:
                 end.setdefault(q, 0)
                 continue
-            last, count = self._last_ids(q, int(start.get(q, 0)), share)
+            last, count = self._last_ids(q, int(start.get(q, 0)), share, target.get(q))
             end[q] = last
             if budget is not None:
                 budget -= count
@@ -557,6 +597,7 @@ class QmqStreamReader(_Reading, DataSourceStreamReader):
     def stop(self) -> None:
         if self._client is not None:
             self._client.close()
+            self._client = None
 
 
 # -- writing -----------------------------------------------------------------------------------
