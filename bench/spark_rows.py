@@ -19,7 +19,6 @@ Usage: python bench/spark_rows.py [--messages 200000] [--body 100] [--queues 2]
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import socket
@@ -49,7 +48,8 @@ def start_broker(data: str, port: int) -> subprocess.Popen:
                 f'data_dir = "{data}/data"\nstore = "log"\n')
     env = dict(os.environ, PYTHONPATH=ROOT)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "twisted.scripts.twistd", "-n", "--pidfile=", "qmq", "--config", conf],
+        [os.path.join(os.path.dirname(sys.executable), "twistd"), "-n", "--pidfile=", "qmq",
+         "--config", conf],
         cwd=data, env=env, stdout=open(os.path.join(data, "broker.log"), "wb"),
         stderr=subprocess.STDOUT)
     for _ in range(200):
@@ -148,7 +148,7 @@ def main() -> None:
             lambda: from_segments.write.format("noop").mode("overwrite").save())
         results["read_http"] = timed(
             "read over HTTP (range scans)", args.messages,
-            lambda: over_http.write.format("noop").mode("overwrite").save())
+            lambda: over_http.write.format("noop").mode("overwrite").save(), repeat=1)
         back = from_segments.select("body", "headers").repartition(2).cache()
         back.count()
         target = "bench-back"
@@ -167,5 +167,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    _ = io
     main()
