@@ -200,3 +200,19 @@ class FastContainerTests(unittest.SynchronousTestCase):
             self.assertEqual([codec.outgoing(m) for m in fast], self.slow(data), odd)
             plain_count = 50 if odd is None or "body" in odd else 49
             self.assertEqual(sum(m.__class__ is bytes for m in fast), plain_count, odd)
+
+
+class DeliveryTests(unittest.SynchronousTestCase):
+    def test_batch_as_one_by_one(self) -> None:
+        """json_deliveries gives what json_delivery gives, message by message."""
+        messages = [
+            Message(1, "", "q", None, b"text", 1700000000.5),
+            Message(2, "amq.topic", "a.b", {"h": "v"}, b"\xff\xfe", 1700000001.0, True, 4, 1700000100.0),
+            Message(3, "ex", "k", None, b"\xff", 1700000002.0),
+            Message(4, "", "q", {"destination": "/queue/q"}, b"", 1700000003.0),
+        ]
+        messages[2].delivery_count = 3
+        got = list(enumerate(messages, 10))
+        for force in (False, True):
+            self.assertEqual(codec.json_deliveries(got, "tok", force),
+                             [codec.json_delivery(m, f"tok.{t}", None, force) for t, m in got])

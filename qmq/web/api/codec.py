@@ -592,6 +592,50 @@ def json_delivery(message: Message, handle: str | None, seq: int | None, force_b
     return d
 
 
+def json_deliveries(got: list[tuple[int, Message]], token: str, force_base64: bool) -> list[dict]:
+    """Received messages (delivery tag, message) as JSON objects with their
+    receipt handles (C{TOKEN.TAG}): L{json_delivery} for a batch, without a
+    call or a destination's text built per message."""
+    if force_base64:
+        return [json_delivery(m, f"{token}.{tag}", None, True) for tag, m in got]
+    out = []
+    append = out.append
+    names: dict[tuple[str, str], str] = {}
+    prefix = token + "."
+    for tag, m in got:
+        headers = m.headers
+        if headers:
+            append(json_delivery(m, prefix + str(tag), None, False))
+            continue
+        body = m.body
+        try:
+            text, encoding = body.decode(), "utf-8"
+        except UnicodeDecodeError:
+            text, encoding = base64.b64encode(body).decode(), "base64"
+        key = (m.exchange, m.routing_key)
+        destination = names.get(key)
+        if destination is None:
+            destination = names[key] = destination_of(*key)
+        count = m.delivery_count
+        append({
+            "id": m.id,
+            "destination": destination,
+            "exchange": m.exchange,
+            "routing_key": m.routing_key,
+            "headers": {},
+            "body": text,
+            "encoding": encoding,
+            "timestamp": m.timestamp,
+            "redelivered": count > 0,
+            "delivery_count": count,
+            "priority": m.priority,
+            "persistent": m.persistent,
+            "expires": m.expires or None,
+            "handle": prefix + str(tag),
+        })
+    return out
+
+
 def avro_delivery(message: Message, handle: str | None, seq: int | None) -> dict:
     """A delivered message as a C{Delivery} record."""
     return {

@@ -221,12 +221,20 @@ class PollConsumer(Consumer):
         """Ack or nack C{tags}; return those that were not waiting."""
         unknown = []
         channel = self.channel
+        unacked = self.unacked
+        batch_of = self.batch_of
+        settle = channel.settle
         for tag in tags:
-            if tag not in self.unacked:
+            if tag not in unacked:
                 unknown.append(tag)
                 continue
-            self._unbatch(tag)
-            channel.settle(self, tag, ack, requeue)
+            # _unbatch, inlined.
+            batch = batch_of.pop(tag, None)
+            if batch is not None:
+                batch.tags.discard(tag)
+                if not batch.tags and batch.timer is not None and batch.timer.active():
+                    batch.timer.cancel()
+            settle(self, tag, ack, requeue)
         self._maybe_detach()
         return unknown
 

@@ -686,7 +686,7 @@ class ApiResource(Resource):
                 return Response(200, codec.avro_container(records), AVRO)
             return json_response(
                 {
-                    "messages": [codec.json_delivery(m, f"{token}.{tag}", None, force64) for tag, m in got],
+                    "messages": codec.json_deliveries(got, token, force64),
                     "visibility": visibility,
                 }
             )
@@ -701,9 +701,18 @@ class ApiResource(Resource):
         return doc, _handles(doc, self.settings.max_batch)
 
     def _tags(self, poller: Any, handles: list[str]) -> tuple[list[int], list[str]]:
-        tags = []
-        unknown = []
+        tags: list[int] = []
+        unknown: list[str] = []
+        append = tags.append
+        prefix = poller.token + "." if poller is not None else "\x00"
+        start = len(prefix)
         for h in handles:
+            # The common handle, this receiver's TOKEN.TAG, without a call.
+            if h.__class__ is str and h.startswith(prefix):
+                tag = h[start:]
+                if tag.isascii() and tag.isdigit() and len(tag) < 19:
+                    append(int(tag))
+                    continue
             parsed = parse_handle(h)
             if parsed is None:
                 raise bad_request(f"{str(h)[:80]!r} is not a receipt handle", "bad-handle")
