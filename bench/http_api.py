@@ -15,7 +15,7 @@ keep-alive connections each, one request in flight per connection):
 
 Usage:
     python bench/http_api.py --target qmq --port 8080 single batch batch-avro consume
-    python bench/http_api.py --target rabbitmq --port 15682 single consume
+    python bench/http_api.py --target rabbitmq --port 15682 --fill-stomp 61633 single consume
 
 QMQ must run with an http: listener (twistd -n qmq --listen
 http:tcp:8080:interface=127.0.0.1); RabbitMQ with its management plugin
@@ -84,17 +84,33 @@ def rmq_publish_one(queue: str) -> bytes:
                    extra=f"Authorization: {AUTH}\r\n")
 
 
+async def _call(port: int, conn: list, data: bytes) -> tuple[int, bytes]:
+    """Send one request on the kept-alive connection conn ([reader, writer]),
+    opening a new one when the server has closed it (RabbitMQ's web server,
+    Cowboy, closes a connection after 1,000 requests)."""
+    for _ in range(2):
+        if not conn:
+            conn[:] = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            conn[1].write(data)
+            return await read_response(conn[0])
+        except (asyncio.IncompleteReadError, ConnectionError):
+            conn[1].close()
+            conn.clear()
+    raise ConnectionError("the server closed two connections in a row")
+
+
 async def _publisher(port: int, data: bytes, per_request: int, until: float, counts: list) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    conn: list = []
     done = bad = 0
     while time.monotonic() < until:
-        writer.write(data)
-        status, _ = await read_response(reader)
+        status, _ = await _call(port, conn, data)
         if 200 <= status < 300:
             done += per_request
         else:
             bad += 1
-    writer.close()
+    if conn:
+        conn[1].close()
     counts.append((done, bad))
 
 
@@ -130,19 +146,19 @@ async def _qmq_consumer(port: int, queue: str, batch: int, until: float, counts:
 
 
 async def _rmq_consumer(port: int, queue: str, batch: int, until: float, counts: list) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    conn: list = []
     got = reqs = 0
     doc = json.dumps({"count": batch, "ackmode": "ack_requeue_false", "encoding": "auto"}).encode()
     get = request("POST", f"/api/queues/%2F/{queue}/get", doc, extra=f"Authorization: {AUTH}\r\n")
     while time.monotonic() < until:
-        writer.write(get)
-        status, body = await read_response(reader)
+        status, body = await _call(port, conn, get)
         reqs += 1
         n = len(json.loads(body)) if status == 200 else 0
         if not n:
             break
         got += n
-    writer.close()
+    if conn:
+        conn[1].close()
     counts.append((got, reqs))
 
 
@@ -176,7 +192,8 @@ def setup_queue(target: str, port: int, queue: str) -> None:
             writer.write(request("DELETE", f"/api/v1/vhosts/%2F/queues/{queue}", b""))
             await read_response(reader)
             writer.write(request("PUT", f"/api/v1/vhosts/%2F/queues/{queue}",
-                                 json.dumps({"arguments": {"x-max-length": 100_000_000}}).encode()))
+                                 json.dumps({"arguments": {"x-max-length": 100_000_000,
+                                                              "x-max-length-bytes": 1 << 40}}).encode()))
         else:
             writer.write(request("DELETE", f"/api/queues/%2F/{queue}", b"", extra=f"Authorization: {AUTH}\r\n"))
             await read_response(reader)
@@ -187,6 +204,27 @@ def setup_queue(target: str, port: int, queue: str) -> None:
         writer.close()
 
     asyncio.run(main())
+
+
+def fill_stomp(port: int, queue: str, n: int) -> float:
+    """Put n messages in RabbitMQ's queue over its STOMP port (its HTTP API
+    publishes one message a request: a fill of 100,000 took minutes)."""
+    import socket  # noqa: PLC0415
+
+    start = time.monotonic()
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(b"CONNECT\naccept-version:1.2\nhost:/\nlogin:guest\npasscode:guest\n\n\x00")
+    assert s.recv(4096).startswith(b"CONNECTED")
+    frame = b"SEND\ndestination:/amq/queue/%s\ncontent-length:%d\n\n%s\x00" % (
+        queue.encode(), len(BODY), BODY.encode())
+    for _ in range(n // 1000):
+        s.sendall(frame * 1000)
+    s.sendall(frame.replace(b"SEND\n", b"SEND\nreceipt:done\n"))
+    data = b""
+    while b"RECEIPT" not in data:
+        data += s.recv(4096)
+    s.close()
+    return time.monotonic() - start
 
 
 def fill(target: str, port: int, queue: str, n: int, procs: int) -> float:
@@ -201,11 +239,11 @@ def fill(target: str, port: int, queue: str, n: int, procs: int) -> float:
         args = (port, data, 1, 1, 3600.0)
 
     async def main(count: int) -> None:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        conn: list = []
         for _ in range(count):
-            writer.write(data)
-            await read_response(reader)
-        writer.close()
+            await _call(port, conn, data)
+        if conn:
+            conn[1].close()
 
     start = time.monotonic()
     ps = [multiprocessing.Process(target=lambda: asyncio.run(main(per))) for _ in range(procs)]
@@ -227,6 +265,8 @@ def main() -> None:
     ap.add_argument("--conns", type=int, default=8)
     ap.add_argument("--batch", type=int, default=1000)
     ap.add_argument("--fill", type=int, default=400_000)
+    ap.add_argument("--fill-stomp", type=int, metavar="PORT",
+                    help="RabbitMQ: fill the consume queue over its STOMP port (e.g. 61633), not its HTTP API")
     args = ap.parse_args()
     server = pid_by_port(args.port)
     for scenario in args.scenarios:
@@ -234,7 +274,10 @@ def main() -> None:
         setup_queue(args.target, args.port, queue)
         cpu0 = cpu_seconds(server) if server else 0.0
         if scenario == "consume":
-            filled = fill(args.target, args.port, queue, args.fill, args.procs)
+            if args.target == "rabbitmq" and args.fill_stomp:
+                filled = fill_stomp(args.fill_stomp, queue, args.fill)
+            else:
+                filled = fill(args.target, args.port, queue, args.fill, args.procs)
             results, elapsed = run_procs(
                 _consume_proc, (args.target, args.port, queue, args.batch, args.conns, args.seconds), args.procs
             )
