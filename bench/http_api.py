@@ -185,6 +185,21 @@ def run_procs(target, args, procs: int) -> tuple[list, float]:
     return results, time.monotonic() - start
 
 
+def delete_queue(target: str, port: int, queue: str) -> None:
+    """Drop a scenario's queue once measured: millions of messages left in
+    it would weigh on the next scenario (the garbage collector scans them)."""
+    async def main() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        if target == "qmq":
+            writer.write(request("DELETE", f"/api/v1/vhosts/%2F/queues/{queue}", b""))
+        else:
+            writer.write(request("DELETE", f"/api/queues/%2F/{queue}", b"", extra=f"Authorization: {AUTH}\r\n"))
+        await read_response(reader)
+        writer.close()
+
+    asyncio.run(main())
+
+
 def setup_queue(target: str, port: int, queue: str) -> None:
     async def main() -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -305,6 +320,7 @@ def main() -> None:
             extra["server_cpu_s"] = round(cpu, 2)
             extra["server_us_per_msg"] = round(cpu / max(msgs, 1) * 1e6, 1)
             extra["server_us_per_req"] = round(cpu / max(reqs, 1) * 1e6, 1)
+        delete_queue(args.target, args.port, queue)
         print(json.dumps({
             "target": args.target, "scenario": scenario, "seconds": round(elapsed, 2),
             "messages": msgs, "msgs_per_s": round(msgs / elapsed), "reqs_per_s": round(reqs / elapsed),
