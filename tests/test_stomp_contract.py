@@ -308,6 +308,30 @@ class SharedWaiterTests(ContractTestCase):
         self.broker.batcher.flush_all()
         self.assertEqual([f.headers["receipt-id"] for f in t1.frames()], ["a3", "a4"])
 
+    def test_replies_between_receipts_of_one_group(self) -> None:
+        """Replies that need no store, between and after receipts sharing
+        one waiter, come out in order once it fires, in one batch."""
+        s, t = self.session()
+        self.sends(s, "a1", "a2")
+        self.send(s, frame("SEND", b"x", destination="/queue/d", receipt="b1"),
+                  frame("BEGIN", transaction="t", receipt="b2"))
+        self.sends(s, "a3")
+        self.send(s, frame("SEND", b"x", destination="/queue/d", receipt="b3"))
+        self.sends(s, "a4")
+        self.broker.batcher.flush_all()
+        self.assertEqual(t.frames(), [])
+        self.store.cut()
+        self.sends(s, "c1")
+        self.send(s, frame("ABORT", transaction="t", receipt="c2"))
+        self.store.waiting[0].callback(None)
+        self.broker.batcher.flush_all()
+        self.assertEqual(len(t.batches), 1)
+        self.assertEqual([f.headers["receipt-id"] for f in t.frames()],
+                         ["a1", "a2", "b1", "b2", "a3", "b3", "a4"])
+        self.store.waiting[1].callback(None)
+        self.broker.batcher.flush_all()
+        self.assertEqual([f.headers["receipt-id"] for f in t.frames()], ["c1", "c2"])
+
     def test_failure_reaches_every_session(self) -> None:
         """Each session's errback passes the failure on, so a shared waiter
         that fails fails every session waiting on it (none gets a RECEIPT)."""

@@ -209,6 +209,25 @@ class RoundTripTests(StoreTestCase):
             )
         self.assertEqual(self.store.problems, [])
 
+    def test_stream_of_publishes_keeps_each_own_headers(self) -> None:
+        """The store reuses the encoded names and header block of the last
+        publish of the same stream: a message whose headers differ, or
+        equal the last ones' only once those were changed in place after
+        their publish, still keeps its own."""
+        self.vhost.declare_queue("q")
+        first = {"a": "1"}
+        heads = [first, {"a": "2"}, {"a": "2"}, None, {"a": "1"}, {"a": "1", "b": "2"}]
+        for i, headers in enumerate(heads):
+            self.vhost.publish(Message(i + 1, "", "q", headers, b"x", 0.0, True))
+            if i == 0:
+                first["a"] = "2"
+        self.turn()
+        self.restart()
+        self.assertEqual(
+            [m.headers for m in self.vhost.queue("q").messages()],
+            [{"a": "1"}, {"a": "2"}, {"a": "2"}, None, {"a": "1"}, {"a": "1", "b": "2"}],
+        )
+
     def test_recovered_headers_shared(self) -> None:
         """Recovered messages with the same headers share one dict, and a
         destination header that the frontends would derive from the

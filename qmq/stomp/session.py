@@ -315,6 +315,17 @@ class StompSession:
         elif self._out_size > FLUSH_THRESHOLD:
             self.flush()
 
+    def write_frames(self, frames: list[bytes]) -> None:
+        """Buffer several outgoing frames (L{write_frame} for each)."""
+        out = self._out
+        was_empty = not out
+        out.extend(frames)
+        self._out_size += sum(map(len, frames))
+        if was_empty:
+            self._batcher.want_flush(self)
+        if self._out_size > FLUSH_THRESHOLD:
+            self.flush()
+
     def flush(self) -> None:
         """Hand everything buffered to the transport in one call."""
         out = self._out
@@ -351,6 +362,7 @@ class StompSession:
                 self.broker.release_memory()
             self.unfinished = 0
         self._waiting = None
+        self._group = self._group_waiter = None
         self._stop_timers()
         self._unblock()
         self.transactions.clear()
@@ -507,26 +519,43 @@ class StompSession:
         """The receipt funnel: write a reply now, or once C{waiter} fires,
         and always after every reply still waiting.
 
-        A store may hand the same waiter to every publish of one group
-        commit (L{qmq.core.store.MessageStore.publish}): replies waiting on
-        the waiter the last one waited on join its group, and one callback
-        serves them all (a Deferred callback per receipt cost more than the
-        rest of a durable publish)."""
+        Replies wait in C{_waiting} as entries C{[ready, replies]}, in
+        order. A store may hand the same waiter to every publish of one
+        group commit (L{qmq.core.store.MessageStore.publish}): a reply
+        waiting on the waiter the last one waited on joins that entry's
+        list while it is the last entry, and one callback writes the whole
+        list at once (a Deferred callback, or even a list and a write call,
+        per receipt cost more than the rest of a durable publish)."""
         waiting = self._waiting
-        if waiter is None and not waiting:
-            self.write_frame(data)
+        if waiter is None:
+            if not waiting:
+                self.write_frame(data)
+                return
+            last = waiting[-1]
+            if last[0]:
+                last[1].append(data)  # behind replies that are ready too
+            else:
+                waiting.append([True, [data]])
             return
-        entry = [waiter is None, data]
         if waiting is None:
             waiting = self._waiting = deque()
+        elif waiter is self._group_waiter:
+            group = self._group
+            entry = group[-1]  # type: ignore[index]
+            if waiting[-1] is entry:
+                entry[1].append(data)
+                return
+            # A reply that did not wait came in between: a new entry,
+            # still freed by the same waiter.
+            entry = [False, [data]]
+            waiting.append(entry)
+            group.append(entry)  # type: ignore[union-attr]
+            return
+        entry = [False, [data]]
         waiting.append(entry)
-        if waiter is not None:
-            if waiter is self._group_waiter:
-                self._group.append(entry)  # type: ignore[union-attr]
-            else:
-                group = self._group = [entry]
-                self._group_waiter = waiter
-                waiter.addCallbacks(self._durable, self._not_durable, callbackArgs=(group,))
+        group = self._group = [entry]
+        self._group_waiter = waiter
+        waiter.addCallbacks(self._durable, self._not_durable, callbackArgs=(group,))
 
     def _durable(self, result: Any, group: list) -> Any:
         # Returns its result unchanged: the waiter may be shared.
@@ -536,7 +565,7 @@ class StompSession:
             entry[0] = True
         waiting = self._waiting
         while waiting and waiting[0][0]:
-            self.write_frame(waiting.popleft()[1])
+            self.write_frames(waiting.popleft()[1])
         if not waiting:
             self._waiting = None
             if self._disconnecting:
@@ -564,10 +593,19 @@ class StompSession:
             if "\\" in receipt or ":" in receipt or "\n" in receipt or "\r" in receipt:
                 receipt = escape_header(receipt, self.version)
             data = b"RECEIPT\nreceipt-id:%s\n\n\x00" % receipt.encode()
-            if waiter is None and not self._waiting:
-                self.write_frame(data)  # _reply's first case, inlined
-            else:
-                self._reply(data, waiter)
+            # _reply's two common cases, inlined: no reply waiting, and a
+            # receipt joining its group commit's list.
+            if waiter is None:
+                if not self._waiting:
+                    self.write_frame(data)
+                    return
+            elif waiter is self._group_waiter:
+                entry = self._group[-1]  # type: ignore[index]
+                waiting = self._waiting
+                if waiting and waiting[-1] is entry:
+                    entry[1].append(data)
+                    return
+            self._reply(data, waiter)
         else:
             self._reply(
                 encode_frame("RECEIPT", [("receipt-id", receipt), *extra], b"", self.version), waiter

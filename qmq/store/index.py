@@ -396,7 +396,13 @@ class Index:
             qs = vqueues.get(queues[0])
             if qs is None:
                 qs = vqueues[queues[0]] = QueueState()
-            if not qs.hold(message_id):
+            ids = qs._ids
+            if ids is not None:
+                # QueueState.hold's common case, inlined (once per publish).
+                if message_id in ids:
+                    return 0
+                ids[message_id] = 0
+            elif not qs.hold(message_id):
                 return 0
             if qs.since == message_id:
                 # The queue's first message (a queue made by a publish to

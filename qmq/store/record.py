@@ -96,7 +96,7 @@ MAX_RECORD = 1 << 30
 
 # Bodies up to this size are copied into the record's head (see
 # encode_publish).
-_INLINE_BODY = 4096
+_INLINE_BODY = INLINE_BODY = 4096
 
 # Publish payload, fixed part: id, timestamp, expiry (0: none), priority,
 # flags, then the lengths of vhost, exchange, routing key, header block, and
@@ -130,7 +130,7 @@ _pack_frame = FRAME.pack
 _pack_publish = _PUBLISH.pack
 # The same fixed part in two: what changes with every message (id, times,
 # priority, flags), and the lengths, which a publisher's stream repeats.
-_pack_publish_head = struct.Struct("<QddBB").pack
+_pack_publish_head = pack_publish_head = struct.Struct("<QddBB").pack
 _pack_publish_lengths = struct.Struct("<HHHII").pack
 assert struct.calcsize("<QddBB") + struct.calcsize("<HHHII") == PUBLISH_FIXED
 _pack_name = _NAME.pack
@@ -283,6 +283,30 @@ def _static_part(
     return hflag, b"".join((lengths, vhost, ex, rk, hblock, qblock))
 
 
+def publish_static(
+    vhost: bytes, exchange: str, routing_key: str, headers: dict | None, queues: Sequence[bytes]
+) -> tuple[int, bytes]:
+    """The part of a publish payload after the id, times, priority and
+    flags (the lengths, the names, the header block), which repeats in a
+    publisher's stream (memoized), and the header flag to add to the flags.
+
+    A publish payload is C{pack_publish_head(id, timestamp, expiry,
+    priority, flags | hflag) + static + body}.
+    """
+    try:
+        key = (vhost, exchange, routing_key, queues, tuple(headers.items()) if headers else headers)
+        found = _STATIC.get(key)
+    except TypeError:  # a header value that is not hashable
+        key = found = None
+    if found is None:
+        found = _static_part(vhost, exchange, routing_key, headers, queues)
+        if key is not None:
+            if len(_STATIC) >= _MEMO_SIZE:
+                _STATIC.clear()
+            _STATIC[key] = found
+    return found
+
+
 def encode_publish(
     message_id: int,
     timestamp: float,
@@ -305,20 +329,7 @@ def encode_publish(
     @param expiry: when the message expires (seconds since the epoch), 0
         for never.
     """
-    # Everything after the id, times, priority and flags (the lengths, the
-    # names, the header block) repeats in a publisher's stream: memoized.
-    try:
-        key = (vhost, exchange, routing_key, queues, tuple(headers.items()) if headers else headers)
-        found = _STATIC.get(key)
-    except TypeError:  # a header value that is not hashable
-        key = found = None
-    if found is None:
-        found = _static_part(vhost, exchange, routing_key, headers, queues)
-        if key is not None:
-            if len(_STATIC) >= _MEMO_SIZE:
-                _STATIC.clear()
-            _STATIC[key] = found
-    hflag, static = found
+    hflag, static = publish_static(vhost, exchange, routing_key, headers, queues)
     mid = (
         _pack_publish_head(
             message_id,
