@@ -529,9 +529,13 @@ class CommitLogStore:
             size = len(head) if tail is None else len(head) + len(tail)
             backlog = self.backlog_memory
             if backlog:
-                for q in queues:
+                if len(queues) == 1:
                     if q.ready_bytes > backlog:
                         self._offload_later(q, message, size)
+                else:
+                    for q in queues:
+                        if q.ready_bytes > backlog:
+                            self._offload_later(q, message, size)
             chunks.append(head)
             if tail is not None:
                 chunks.append(tail)
