@@ -224,6 +224,9 @@ class QMQ(Broker):
         if self.store != "memory":
             # Durable queues on the commit log, a receipt only after fsync.
             conf_text += f'store = "{self.store}"\n\n[commit_log]\nfsync = "always"\n\n'
+        elif 'store = "log"' in (self.source / "qmq" / "default.toml").read_text():
+            # A tree whose default is the commit log, asked for memory.
+            conf_text += 'store = "memory"\n\n'
         if (self.source / "qmq" / "connections.py").exists():
             # The load generator opens thousands of connections from one
             # address: lift the per-address and per-listener caps (a QMQ

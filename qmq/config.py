@@ -301,7 +301,7 @@ class Settings:
         default_factory=lambda: ["stomp:tcp:61613:interface=127.0.0.1:backlog=1024"]
     )
     data_dir: Path = Path("qmq-data")
-    store: str = "memory"
+    store: str = "log"
     stomp: StompSettings = field(default_factory=StompSettings)
     connections: ConnectionSettings = field(default_factory=ConnectionSettings)
     limits: LimitSettings = field(default_factory=LimitSettings)

@@ -671,6 +671,22 @@ def make_service(settings: Settings, reactor: Any = None) -> BrokerService:
     """
     if reactor is None:
         from twisted.internet import reactor  # noqa: PLC0415
+    source = settings.listen_source
+    endpoints = []
+    # Listeners first: a mistake there is found before the store is opened
+    # (opening the commit log reads every segment).
+    for index, spec in enumerate(settings.listen):
+        key = f"listen[{index}]" if source != "--listen" else ""
+        protocol, _, description = spec.partition(":")
+        if protocol not in PROTOCOLS:
+            known = ", ".join(sorted(PROTOCOLS))
+            raise ConfigError(
+                source, key, f"unknown protocol {protocol!r} in {spec!r} (expected one of: {known})"
+            )
+        try:
+            endpoints.append(serverFromString(reactor, description))
+        except Exception as e:
+            raise ConfigError(source, key, f"cannot use endpoint {description!r}: {e}") from None
     broker = Broker(clock=reactor, store=build_store(settings, reactor), limits=settings.limits)
     try:
         # A durable declaration may be the store's first use, which reads
@@ -685,22 +701,12 @@ def make_service(settings: Settings, reactor: Any = None) -> BrokerService:
     broker.memory_alarm = alarm if alarm.enabled else None
     broker.auth = build_authenticator(settings, reactor)
     service = BrokerService(broker, settings, reactor, memory_alarm=alarm)
-    source = settings.listen_source
     names: set[str] = set()
     exposure: list[tuple[str, Any, str, str]] = []
-    for index, spec in enumerate(settings.listen):
+    for index, (spec, endpoint) in enumerate(zip(settings.listen, endpoints, strict=True)):
         key = f"listen[{index}]" if source != "--listen" else ""
-        protocol, _, description = spec.partition(":")
-        builder = PROTOCOLS.get(protocol)
-        if builder is None:
-            known = ", ".join(sorted(PROTOCOLS))
-            raise ConfigError(
-                source, key, f"unknown protocol {protocol!r} in {spec!r} (expected one of: {known})"
-            )
-        try:
-            endpoint = serverFromString(reactor, description)
-        except Exception as e:
-            raise ConfigError(source, key, f"cannot use endpoint {description!r}: {e}") from None
+        protocol = spec.partition(":")[0]
+        builder = PROTOCOLS[protocol]
         exposure.append((protocol, endpoint, spec, key))
         # The spec names the listener in the registry's caps and logs; the
         # same spec twice (port 0) still makes two listeners with two caps.

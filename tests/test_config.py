@@ -67,7 +67,7 @@ class DefaultTests(unittest.TestCase):
         self.assertEqual(settings.data_dir, Path("qmq-data"))
         self.assertEqual(settings.shutdown_timeout, 10.0)
         self.assertEqual(settings.vhosts, (VirtualHostSettings("/"),))
-        self.assertEqual(settings.store, "memory")
+        self.assertEqual(settings.store, "log")
         self.assertEqual(settings.listen_source, config.DEFAULT_CONFIG_NAME)
 
     def test_queueDefaults(self) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 import struct
 import zlib
 from pathlib import Path
@@ -101,6 +102,10 @@ class ServiceTestCase(unittest.TestCase):
     def settings(self, text: str = "", **changes: Any) -> Settings:
         settings = config.load_string(text, "qmq.toml")
         changes.setdefault("data_dir", Path(self.mktemp()))
+        if not re.search(r"^store\s*=", text, re.M):
+            # These tests run on a fake reactor (no threads): the memory
+            # store, unless a test names one (the default is the log).
+            changes.setdefault("store", "memory")
         return dataclasses.replace(settings, **changes)
 
     def messages(self, namespace: str | None = None) -> list[str]:
@@ -121,9 +126,15 @@ class StoreTests(ServiceTestCase):
         """Every store the configuration accepts has a builder, and no more."""
         self.assertEqual(sorted(STORES), sorted(config.STORES))
 
+    def test_default_is_the_log(self) -> None:
+        """The default store is the commit log (durable queues survive)."""
+        self.assertEqual(config.load().store, "log")
+        store = build_store(self.settings(store="log"), self.reactor)
+        self.assertIsInstance(store, CommitLogStore)
+
     def test_memory(self) -> None:
-        """The default store is the memory store."""
-        settings = self.settings()
+        """C{store = "memory"} is the memory store."""
+        settings = self.settings('store = "memory"\n')
         self.assertEqual(settings.store, "memory")
         self.assertIsInstance(build_store(settings), MemoryStore)
         svc = make_service(settings, self.reactor)

@@ -8,6 +8,7 @@ shutdown end to end.
 from __future__ import annotations
 
 import io
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -177,9 +178,13 @@ class OptionsTests(unittest.TestCase):
         L{tap.makeService} wraps the L{BrokerService}; a start-up error ends
         the process with its message.
         """
+        conf = Path(self.mktemp())
+        conf.write_text('store = "memory"\n')  # no store to close after
         options = self.parse(
-            "--data-dir", self.mktemp(), "--listen", "stomp:tcp:0:interface=127.0.0.1"
-        )
+            "--config", str(conf),
+            "--data-dir", self.mktemp(),
+            "--listen", "stomp:tcp:0:interface=127.0.0.1",
+        )  # fmt: skip
         top = tap.makeService(options)
         [broker] = list(top)
         self.assertIsInstance(broker, BrokerService)
@@ -264,6 +269,10 @@ class ServiceTests(unittest.TestCase):
     def settings(self, text: str = "", **changes: Any) -> Settings:
         settings = config.load_string(text, "qmq.toml")
         changes.setdefault("data_dir", Path(self.mktemp()))
+        if not re.search(r"^store\s*=", text, re.M):
+            # These tests run on a fake reactor (no threads): the memory
+            # store, unless a test names one (the default is the log).
+            changes.setdefault("store", "memory")
         # These tests are about listeners, some on every interface: the rule
         # that refuses those without authentication has its own tests
         # (tests.test_auth_service).
