@@ -171,7 +171,7 @@ class DefaultTests(unittest.TestCase):
             self.assertIn(f"``{key}``", docs, key)
         for key in ("exchanges", "queues", "bindings", "routing_key", "auto_delete", "arguments"):
             self.assertIn(key, docs)
-        self.assertEqual(toml_value(rows["store"][1]), "memory")
+        self.assertEqual(toml_value(rows["store"][1]), "log")
         for key, value in config.QUEUE_DEFAULTS.items():
             self.assertIn(key, rows)
             self.assertEqual(toml_value(rows[key][1]), value, key)
