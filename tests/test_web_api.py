@@ -876,8 +876,29 @@ class UserManagementTests(AuthSetup):
         self.assertEqual(code, 200)
         code, _, _, _ = yield self.call("GET", f"{Q}/jobs", headers=self.basic("carol", "n3w"))
         self.assertEqual(code, 403)
+        from types import SimpleNamespace  # noqa: PLC0415
+
+        from qmq.auth import User  # noqa: PLC0415
+
+        class Conn:
+            peer_host = "127.0.0.1"
+            closed = None
+
+            def __init__(self, name: str, source: str = "password") -> None:
+                self.session = SimpleNamespace(user=User(name, source), login=name)
+
+            def shutdown(self, reason: str) -> None:
+                self.closed = reason
+
+        registry = self.ctx.connections
+        hers, token, others = Conn("carol"), Conn("carol", "token"), Conn("bob")
+        for conn in (hers, token, others):
+            registry.add(conn, "test")
+            self.addCleanup(registry.remove, conn)
         code, _, _, doc = yield self.call("DELETE", "/api/v1/users/carol", headers=admin)
-        self.assertEqual((code, doc["deleted"]), (200, "carol"))
+        self.assertEqual((code, doc["deleted"], doc["connections_closed"]), (200, "carol", 1))
+        self.assertIn("deleted", hers.closed)
+        self.assertEqual((token.closed, others.closed), (None, None))
         code, _, _, _ = yield self.call("GET", f"{Q}/jobs", headers=self.basic("carol", "n3w"))
         self.assertEqual(code, 401)
         code, _, _, doc = yield self.call("GET", "/api/v1/users/carol", headers=admin)

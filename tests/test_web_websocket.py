@@ -200,6 +200,7 @@ class WebSocketTests(unittest.TestCase):
         client = self.connect()
         client.send(b"SEND\ndestination:/queue/w\n\nx\x00")
         self.assertEqual(self.ctx.broker.traffic.totals(), {"websocket": (1, 0, 0)})
+        self.assertEqual(client.protocol.protocol_name, "websocket")
 
     def test_subprotocols(self) -> None:
         for offered, chosen in (

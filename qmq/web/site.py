@@ -512,6 +512,12 @@ class HttpConnection(ProtocolWrapper):
         self._grace: Any = None
         self._lost = False
 
+    @property
+    def protocol_name(self) -> str:
+        """What it carries, for C{/metrics} and the connection listing:
+        C{websocket} once upgraded to STOMP over WebSocket, else C{http}."""
+        return getattr(self.wrappedProtocol, "traffic_name", "http")
+
     def dataReceived(self, data: bytes) -> None:
         # twisted.web reads a request's head a line at a time from a buffer
         # that also holds the body, and each line's split copies the rest:

@@ -198,6 +198,15 @@ DEFAULT_VHOST = "/"
 _USER_CACHE_SIZE = 10_000
 
 
+def _session(conn: Any) -> Any:
+    """The STOMP session of a registered connection (over TCP, or a
+    WebSocket inside an HTTP connection), or None."""
+    session = getattr(conn, "session", None)
+    if session is None:
+        session = getattr(getattr(conn, "wrappedProtocol", None), "session", None)
+    return session
+
+
 def _unauthorized(detail: str) -> Problem:
     return Problem(401, "unauthorized", detail, headers={"WWW-Authenticate": 'Basic realm="QMQ", Bearer'})
 
@@ -1160,7 +1169,7 @@ class ApiResource(Resource):
         page, meta = self._page(request, conns, len(conns))
         rows = []
         for conn in page:
-            session = getattr(conn, "session", None)
+            session = _session(conn)
             rows.append(
                 {
                     "id": str(self._conn_id(conn)),
@@ -1279,8 +1288,7 @@ class ApiResource(Resource):
         if registry is not None:
             # As RabbitMQ does: the deleted user's connections close.
             for conn in list(registry.connections()):
-                session = getattr(conn, "session", None)
-                who = getattr(session, "user", None)
+                who = getattr(_session(conn), "user", None)
                 if who is not None and who.name == user and who.source != "token":
                     conn.shutdown(f"user {user!r} was deleted by an administrator")
                     closed += 1

@@ -58,8 +58,9 @@ class StompOverSockJS:
     """One SockJS session carrying one STOMP session (see the module docstring)."""
 
     heartbeats = True
-    #: The protocol its messages are counted under (L{qmq.core.traffic}).
-    traffic_name = "sockjs"
+    #: The protocol its messages are counted under (L{qmq.core.traffic}),
+    #: and its name in C{/metrics} and the connection listing.
+    traffic_name = protocol_name = "sockjs"
 
     def __init__(
         self,
