@@ -216,3 +216,23 @@ class DeliveryTests(unittest.SynchronousTestCase):
         for force in (False, True):
             self.assertEqual(codec.json_deliveries(got, "tok", force),
                              [codec.json_delivery(m, f"tok.{t}", None, force) for t, m in got])
+
+    def test_avro_deliveries_as_fastavro_writes_them(self) -> None:
+        """QMQ's own Delivery writer: the same records as fastavro's writer
+        of avro_delivery dicts (read back by fastavro and by avro)."""
+        messages = [
+            Message(1, "", "q", None, b"text", 1700000000.5),
+            Message(2, "amq.topic", "a.b", {"h": "v", "\u00e9": "\u00fc"}, b"\xff\xfe", 1700000001.25, True, 4,
+                    1700000100.0),
+            Message(2**40, "ex", "k", {"destination": "/queue/elsewhere", "x": "y"}, b"x" * 300, 1700000002.0),
+            Message(4, "", "q", None, b"", 1700000003.0),
+        ]
+        messages[2].delivery_count = 70
+        entries = [(messages[0], "tok.1", None), (messages[1], None, 9), (messages[2], "tok.3", 2**33),
+                   (messages[3], None, None)]
+        ours = codec.avro_deliveries(entries)
+        theirs = codec.avro_container([codec.avro_delivery(m, h, s) for m, h, s in entries])
+        self.assertEqual(list(fastavro.reader(io.BytesIO(ours))), list(fastavro.reader(io.BytesIO(theirs))))
+        reader = avro.datafile.DataFileReader(io.BytesIO(ours), avro.io.DatumReader())
+        self.assertEqual([r["id"] for r in reader], [1, 2, 2**40, 4])
+        self.assertEqual(list(fastavro.reader(io.BytesIO(codec.avro_deliveries([])))), [])

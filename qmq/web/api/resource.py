@@ -691,8 +691,8 @@ class ApiResource(Resource):
         def answer(got: list) -> Response:
             self.delivered += len(got)
             if avro:
-                records = [codec.avro_delivery(m, f"{token}.{tag}", None) for tag, m in got]
-                return Response(200, codec.avro_container(records), AVRO)
+                body = codec.avro_deliveries([(m, f"{token}.{tag}", None) for tag, m in got])
+                return Response(200, body, AVRO)
             return json_response(
                 {
                     "messages": codec.json_deliveries(got, token, force64),
@@ -795,7 +795,7 @@ class ApiResource(Resource):
 
         def page(p: Any) -> Response:
             if avro:
-                body = codec.avro_container([codec.avro_delivery(m, None, None) for m in p.messages])
+                body = codec.avro_deliveries([(m, None, None) for m in p.messages])
                 headers = {"QMQ-Next-Cursor": p.next_cursor} if p.next_cursor else {}
                 return Response(200, body, AVRO, headers)
             return json_response(
@@ -906,7 +906,7 @@ class ApiResource(Resource):
             dropped, follower.dropped = follower.dropped, 0
             cursor_out = f"{follower.fid}.{last}"
             if avro:
-                body = codec.avro_container([codec.avro_delivery(m, None, seq) for seq, m in got])
+                body = codec.avro_deliveries([(m, None, seq) for seq, m in got])
                 return Response(200, body, AVRO, {"QMQ-Cursor": cursor_out, "QMQ-Dropped": str(dropped)})
             return json_response(
                 {
