@@ -12,6 +12,7 @@ keep-alive connections each, one request in flight per connection):
              messages, then one ack request for all their handles (QMQ);
              RabbitMQ: POST /api/queues/%2F/Q/get with count and
              ackmode ack_requeue_false
+  consume-avro  the same, the messages received in Avro (QMQ)
 
 Usage:
     python bench/http_api.py --target qmq --port 8080 single batch batch-avro consume
@@ -124,15 +125,23 @@ def _publish_proc(port: int, data: bytes, per_request: int, conns: int, seconds:
     asyncio.run(main())
 
 
-async def _qmq_consumer(port: int, queue: str, batch: int, until: float, counts: list) -> None:
+async def _qmq_consumer(port: int, queue: str, batch: int, until: float, counts: list, avro: bool = False) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     got = reqs = 0
-    recv = request("POST", f"/api/v1/vhosts/%2F/queues/{queue}/receive?max={batch}&wait=1", b"")
+    recv = request("POST", f"/api/v1/vhosts/%2F/queues/{queue}/receive?max={batch}&wait=1", b"",
+                   extra="Accept: avro/binary\r\n" if avro else "")
     while time.monotonic() < until:
         writer.write(recv)
         status, body = await read_response(reader)
         reqs += 1
-        handles = [m["handle"] for m in json.loads(body)["messages"]] if status == 200 else []
+        if status != 200:
+            handles = []
+        elif avro:
+            import fastavro  # noqa: PLC0415
+
+            handles = [r["handle"] for r in fastavro.reader(io.BytesIO(body))]
+        else:
+            handles = [m["handle"] for m in json.loads(body)["messages"]]
         if not handles:
             break
         writer.write(request("POST", f"/api/v1/vhosts/%2F/queues/{queue}/ack",
@@ -166,8 +175,12 @@ def _consume_proc(target: str, port: int, queue: str, batch: int, conns: int, se
     async def main() -> None:
         counts: list = []
         until = time.monotonic() + seconds
-        consumer = _qmq_consumer if target == "qmq" else _rmq_consumer
-        await asyncio.gather(*[consumer(port, queue, batch, until, counts) for _ in range(conns)])
+        if target == "qmq-avro":
+            consumers = [_qmq_consumer(port, queue, batch, until, counts, True) for _ in range(conns)]
+        else:
+            consumer = _qmq_consumer if target == "qmq" else _rmq_consumer
+            consumers = [consumer(port, queue, batch, until, counts) for _ in range(conns)]
+        await asyncio.gather(*consumers)
         q.put((sum(c[0] for c in counts), sum(c[1] for c in counts)))
 
     asyncio.run(main())
@@ -272,7 +285,7 @@ def fill(target: str, port: int, queue: str, n: int, procs: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("scenarios", nargs="+", choices=["single", "batch", "batch-avro", "consume"])
+    ap.add_argument("scenarios", nargs="+", choices=["single", "batch", "batch-avro", "consume", "consume-avro"])
     ap.add_argument("--target", choices=["qmq", "rabbitmq"], default="qmq")
     ap.add_argument("--port", type=int, default=8080)
     ap.add_argument("--seconds", type=float, default=10.0)
@@ -288,13 +301,17 @@ def main() -> None:
         queue = f"bench-{scenario}"
         setup_queue(args.target, args.port, queue)
         cpu0 = cpu_seconds(server) if server else 0.0
-        if scenario == "consume":
+        if scenario in ("consume", "consume-avro"):
+            if scenario == "consume-avro" and args.target != "qmq":
+                print(json.dumps({"target": args.target, "scenario": scenario, "skipped": "JSON only"}))
+                continue
             if args.target == "rabbitmq" and args.fill_stomp:
                 filled = fill_stomp(args.fill_stomp, queue, args.fill)
             else:
                 filled = fill(args.target, args.port, queue, args.fill, args.procs)
+            target = "qmq-avro" if scenario == "consume-avro" else args.target
             results, elapsed = run_procs(
-                _consume_proc, (args.target, args.port, queue, args.batch, args.conns, args.seconds), args.procs
+                _consume_proc, (target, args.port, queue, args.batch, args.conns, args.seconds), args.procs
             )
             msgs = sum(r[0] for r in results)
             reqs = sum(r[1] for r in results)
