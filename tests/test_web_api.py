@@ -938,6 +938,32 @@ class UserManagementTests(AuthSetup):
         self.assertEqual((code, doc["code"]), (409, "conflict"))
 
 
+class LiveSessionTests(AuthSetup):
+    @defer.inlineCallbacks
+    def test_permission_changes_reach_open_sessions(self) -> None:
+        """A session logged in before a change (here a STOMP session's
+        channel) is checked against the new permissions from its next
+        destination on, a send target it resolved before included."""
+        from qmq.auth.checkers import Principal  # noqa: PLC0415
+        from qmq.core.channel import Channel  # noqa: PLC0415
+        from qmq.core.errors import AccessRefused  # noqa: PLC0415
+
+        auth = self.broker.auth
+        channel = Channel(self.broker, self.broker.default_vhost, "bob",
+                          user=auth.realm.user(Principal("bob", "password")), protocol="stomp")
+        self.addCleanup(channel.close)
+        channel.send_target("/queue/jobs")
+        self.assertRaises(AccessRefused, channel.send_target, "/queue/public")
+        admin = self.basic("alice")
+        code, _, _, _ = yield self.call("PUT", "/api/v1/permissions/%2F/bob", {"write": "^public$"}, headers=admin)
+        self.assertEqual(code, 200)
+        self.assertRaises(AccessRefused, channel.send_target, "/queue/jobs")
+        channel.send_target("/queue/public")
+        code, _, _, _ = yield self.call("DELETE", "/api/v1/permissions/%2F/bob", headers=admin)
+        self.assertEqual(code, 200)
+        self.assertRaises(AccessRefused, channel.send_target, "/queue/public")
+
+
 def hash_cheap(password: str) -> str:
     from qmq.auth.passwords import hash_password  # noqa: PLC0415
 

@@ -61,6 +61,7 @@ from qmq.auth.checkers import (
     CertificateCredentials,
     IUser,
     PasswordChecker,
+    Principal,
     Realm,
     TokenChecker,
     TokenCredentials,
@@ -338,6 +339,13 @@ class Authenticator:
         del users[user]
         self.generation += 1
         return True
+
+    def refreshed(self, user: User) -> User | None:
+        """C{user} (logged in before a change) with the permissions it has
+        now, or None for a token's user (a token carries its own)."""
+        if user.source == "token":
+            return None
+        return self.realm.user(Principal(user.name, user.source))
 
     def credentials(
         self,

@@ -63,8 +63,8 @@ EXCHANGE = _path_param("exchange", "The exchange's name.", "amq.topic")
 USER = _path_param("user", "The user's name.", "alice")
 ADMIN_ONLY = "For the users named in http_api.admins (anyone when authentication is off)."
 RUNTIME_CHANGE = (
-    "The change applies at once to new logins and to the next request over HTTP (cached logins are dropped); "
-    "STOMP, WebSocket and SockJS sessions keep the permissions they logged in with until they reconnect. "
+    "The change applies at once to new logins, to the next request over HTTP (cached logins are dropped) and "
+    "to the next destination an open STOMP, WebSocket or SockJS session of the user names. "
     "It is kept in memory only: a restart goes back to the configuration file."
 )
 

@@ -1274,6 +1274,22 @@ class ApiResource(Resource):
         # scrypt costs 0.1-0.3 s of CPU: in a thread, as a login's check is.
         return auth.passwords.hash(password).addCallback(store)
 
+    def _refresh_sessions(self, auth: Any, name: str) -> int:
+        """Give the open sessions of user C{name} (every protocol's channel
+        into the core) its permissions as they are now: the next
+        destination they name is checked against them (send targets
+        resolved before are forgotten). @return: how many channels."""
+        traffic = getattr(self.broker, "traffic", None)
+        done = 0
+        for channel in list(traffic.live) if traffic is not None else ():
+            user = channel.user
+            if user is not None and user.name == name:
+                fresh = auth.refreshed(user)
+                if fresh is not None:
+                    channel.set_user(fresh)
+                    done += 1
+        return done
+
     @staticmethod
     def _who(request: Request) -> str:
         user = getattr(request, "qmq_user", None)
@@ -1331,6 +1347,7 @@ class ApiResource(Resource):
             new = auth.set_permission(vhost, user, *patterns)
         except re.error as e:
             raise bad_request(f"a pattern is not a regular expression: {e}") from None
+        self._refresh_sessions(auth, user)
         log.info("http api: permissions of {user} in {vhost} set to {patterns} by {admin}", user=user,
                  vhost=vhost, patterns=patterns, admin=self._who(request))
         return json_response(self._permission_doc(vhost, user, patterns), 201 if new else 200)
@@ -1340,6 +1357,7 @@ class ApiResource(Resource):
         if not auth.clear_permission(vhost, user):
             raise Problem(404, "unknown-permission", f"User {user[:MAX_USER_NAME]!r} has no permissions in "
                           f"virtual host {vhost!r}.")
+        self._refresh_sessions(auth, user)
         log.info("http api: permissions of {user} in {vhost} removed by {admin}", user=user, vhost=vhost,
                  admin=self._who(request))
         return json_response({"deleted": {"vhost": vhost, "user": user}})
