@@ -824,6 +824,30 @@ class SendSubscribeTests(SessionTestCase):
         [m] = c.messages()
         self.assertEqual(m.headers["persistent"], "true")
 
+    def test_repeated_headers_shared(self) -> None:
+        """Messages a producer sends with the same headers share one dict
+        (receipts apart); others keep their own, and every message is
+        delivered with its own headers."""
+        c = self.client()
+        c.publish("/queue/q", b"1", persistent="true", receipt="a")
+        c.publish("/queue/q", b"2", persistent="true", receipt="b")
+        c.publish("/queue/q", b"3", persistent="true", app="x")
+        c.publish("/queue/q", b"4", persistent="true")
+        c.publish("/queue/q", b"5")
+        self.assertEqual([f.headers["receipt-id"] for f in c.read()], ["a", "b"])
+        m1, m2, m3, m4, m5 = self.vhost.queue("q").messages()
+        self.assertEqual(m1.headers, {"destination": "/queue/q", "persistent": "true"})
+        self.assertIs(m1.headers, m2.headers)
+        self.assertEqual(m3.headers, {"destination": "/queue/q", "persistent": "true", "app": "x"})
+        self.assertEqual(m4.headers, m1.headers)
+        self.assertIsNone(m5.headers)
+        c.subscribe("/queue/q")
+        self.assertEqual(
+            [(m.body, m.headers.get("app"), m.headers.get("persistent")) for m in c.messages()],
+            [(b"1", None, "true"), (b"2", None, "true"), (b"3", "x", "true"),
+             (b"4", None, "true"), (b"5", None, None)],
+        )
+
 
 class ReceiptTests(SessionTestCase):
     def test_receipt_for_every_frame(self) -> None:

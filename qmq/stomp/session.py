@@ -174,6 +174,7 @@ class StompSession:
         self._out: list[bytes] = []
         self._out_size = 0
         self._blocks: dict[bytes, bytes] = {}
+        self._last_headers: dict[str, str] | None = None
         self._seconds = self.clock.seconds
         self._msgid_prefix = self.id + "-"
         self._wrote_flag = True
@@ -880,8 +881,20 @@ class StompSession:
                     timing = self._delivery_options(h)
                 else:
                     timing = self._expiry_options(h)  # a TTL: no other call
-        # None rather than a dict of the destination alone.
-        message = channel.new_message(target, h if len(h) > 1 else None, frame.body, persistent)
+        if len(h) > 1:
+            # A producer's messages repeat their headers: they share one
+            # dict, as recovered messages do (a message's headers are never
+            # changed in place). Each would otherwise keep its own dict and
+            # strings, about 430 bytes for destination and persistent.
+            last = self._last_headers
+            if h == last:
+                h = last
+            else:
+                self._last_headers = h
+            headers: dict[str, str] | None = h
+        else:
+            headers = None  # rather than a dict of the destination alone
+        message = channel.new_message(target, headers, frame.body, persistent)
         if timing is not None:
             if timing.__class__ is int:
                 message.priority = timing
