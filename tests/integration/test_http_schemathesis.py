@@ -35,12 +35,16 @@ class SchemathesisTests(ApiSiteMixin, unittest.TestCase):
 
     @defer.inlineCallbacks
     def test_no_server_error_no_schema_violation(self) -> None:
+        yield self.run_st("--exclude-path-regex", "/events$")
+
+    @defer.inlineCallbacks
+    def run_st(self, *selection: str) -> defer.Deferred:
         command = [
             *self.st, "run", f"{self.base}/api/v1/openapi.json", "--url", self.base,
             "--phases", "examples,fuzzing", "-n", "4", "--seed", "7",
             "--checks", "not_a_server_error,status_code_conformance,content_type_conformance,"
             "response_schema_conformance",
-            "--exclude-path-regex", "/events$",
+            *selection,
             "--request-timeout", "10", "--suppress-health-check", "all", "--no-color",
         ]
         workdir = self.mktemp()  # schemathesis leaves a .schemathesis/ directory behind
@@ -51,3 +55,27 @@ class SchemathesisTests(ApiSiteMixin, unittest.TestCase):
         tail = (result.stdout + result.stderr)[-4000:]
         self.assertEqual(result.returncode, 0, tail)
         self.assertIn("passed", tail)
+
+
+class SchemathesisAuthTests(SchemathesisTests):
+    """The users and permissions endpoints with authentication on, as an
+    admin (they change the broker's users: a 409 without authentication)."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        from twisted.internet import reactor  # noqa: PLC0415
+
+        from qmq.auth import Authenticator, AuthSettings, PermissionSettings, UserSettings  # noqa: PLC0415
+        from qmq.auth.passwords import hash_password  # noqa: PLC0415
+        from qmq.web.api.settings import ApiSettings  # noqa: PLC0415
+
+        self.broker.auth = Authenticator(
+            AuthSettings(failure_delay=0.01, failure_max_delay=0.02), reactor,
+            users=[UserSettings("admin", hash_password("fuzz-admin", 4)), UserSettings("alice", None, ("a.example",))],
+            permissions={"/": [PermissionSettings("admin", ".*", ".*", ".*")]},
+        )
+        self.api.settings = self.api.frontend.settings = ApiSettings(admins="admin")
+
+    @defer.inlineCallbacks
+    def test_no_server_error_no_schema_violation(self) -> None:
+        yield self.run_st("--include-path-regex", "/(users|permissions)", "--auth", "admin:fuzz-admin")

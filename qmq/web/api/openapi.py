@@ -60,7 +60,8 @@ TOPIC = _path_param("topic", "The routing key (publish) or binding pattern (foll
 EXCHANGE = _path_param("exchange", "The exchange's name.", "amq.topic")
 
 
-USER = _path_param("user", "The user's name.", "alice")
+USER = {**_path_param("user", "The user's name (1 to 128 printable characters).", "alice"),
+        "schema": {"type": "string", "minLength": 1, "maxLength": 128}}
 ADMIN_ONLY = "For the users named in http_api.admins (anyone when authentication is off)."
 RUNTIME_CHANGE = (
     "The change applies at once to new logins, to the next request over HTTP (cached logins are dropped) and "
@@ -351,10 +352,14 @@ def _schemas(s: ApiSettings) -> dict:
         "UserDeclaration": {
             "type": "object",
             "additionalProperties": False,
-            "description": "At least one of password, password_hash, certificate_names.",
+            "description": "At least one of password, password_hash, certificate_names (not both password and "
+            "password_hash).",
+            "minProperties": 1,
             "properties": {
                 "password": {"type": "string", "minLength": 1, "description": "Hashed by the broker (scrypt)."},
-                "password_hash": {"type": "string", "description": "A hash printed by qmq-passwd."},
+                "password_hash": {"type": "string", "pattern": "^\\$scrypt\\$ln=[0-9]{1,2},r=[0-9]{1,2},p=[0-9]{1,2}"
+                                  "\\$[A-Za-z0-9+/=]+\\$[A-Za-z0-9+/=]+$",
+                                  "description": "A hash printed by qmq-passwd."},
                 "certificate_names": {"type": "array", "items": {"type": "string", "minLength": 1}},
             },
         },
