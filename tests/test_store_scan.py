@@ -77,6 +77,30 @@ class RangeScanTests(ScanTestCase):
         self.assertEqual(self.scan_all("q", 0, 100, limit=4), [m.id for m in sent])
         self.assertEqual(self.scan_all("q", 0, 100, limit=1), [m.id for m in sent])
 
+    def test_page_decodes_about_its_limit(self) -> None:
+        """A page decodes the records it returns, not every record of the
+        queue in the segment: a record above the page's ids is passed over
+        on its id (a scan of a big segment paged by 1,000 read every
+        message of it per page)."""
+        import qmq.store.scan as scan  # noqa: PLC0415
+
+        self.vhost.declare_queue("q")
+        sent = self.publish_at("q", [float(i) for i in range(1, 301)])
+        calls = []
+        real = scan.decode_publish_fields
+
+        def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+            calls.append(args[1])
+            return real(*args, **kwargs)
+
+        self.patch(scan, "decode_publish_fields", counting)
+        page = self.scan("q", 0, 1000, limit=10)
+        self.assertEqual([m.id for m in page.messages], [m.id for m in sent[:10]])
+        self.assertLessEqual(len(calls), 2 * 10)
+        del calls[:]
+        self.assertEqual(self.scan_all("q", 0, 1000, limit=10), [m.id for m in sent])
+        self.assertLessEqual(len(calls), 2 * 300 + 2 * 10)
+
     def test_other_queues_and_vhosts(self) -> None:
         """Only the queue asked for, in its virtual host."""
         self.vhost.declare_queue("q")

@@ -22,7 +22,9 @@ unread segment's lowest), and a cursor past it.
 
 from __future__ import annotations
 
+import heapq
 import os
+import struct
 from collections.abc import Sequence
 
 from qmq.core.message import Message
@@ -30,6 +32,9 @@ from qmq.store.record import FLAG_PERSISTENT, RECORD_PUBLISH, RecordError, decod
 from qmq.store.segment import SegmentReader, segment_name
 
 MiB = 1024 * 1024
+
+# A publish payload starts with the message id.
+_ID = struct.Struct("<Q")
 
 #: Most bytes one page reads past its first segment.
 PAGE_BYTES = 32 * MiB
@@ -55,6 +60,14 @@ def read_page(
         (None: nothing more in the range).
     """
     found: dict[int, Message] = {}
+    # The largest ids kept, as a heap of negated ids: a page keeps only its
+    # `limit` smallest ids, so a record whose id is above all of them (once
+    # it has that many) is passed over on its id alone, not decoded. Ids
+    # grow through a segment (but for records compaction copied forward),
+    # so a page decodes about `limit` records, not every record of the
+    # queue in the segments it reads.
+    largest: list[int] = []
+    over: int | None = None  # the smallest id passed over or dropped, if any
     qname = queue.encode()
     read = 0
     bound: int | None = None  # every id below it was read, when set
@@ -74,21 +87,39 @@ def read_page(
             if type_ != RECORD_PUBLISH or data.find(qname, rstart, rend) < 0:
                 continue
             try:
+                (mid,) = _ID.unpack_from(data, rstart)
+            except struct.error:
+                continue
+            if mid <= after:
+                continue
+            if len(largest) >= limit and mid > -largest[0]:
+                if over is None or mid < over:
+                    over = mid
+                continue
+            try:
                 f = decode_publish_fields(data, rstart, rend, False)
             except RecordError:
                 continue  # damage: the store reports it at start, never shows it
-            mid, ts = f[0], f[1]
-            if mid <= after or not start <= ts < end or f[5] != vhost or queue not in f[9]:
+            ts = f[1]
+            if not start <= ts < end or f[5] != vhost or queue not in f[9]:
                 continue
             body = decode_publish_fields(data, rstart, rend)[10]
+            if mid not in found:
+                heapq.heappush(largest, -mid)
             found[mid] = Message(
                 mid, f[6], f[7], f[8], bytes(body), ts, f[4] & FLAG_PERSISTENT != 0, f[3], f[2]
             )
+            if len(largest) > limit:
+                dropped = -heapq.heappop(largest)
+                del found[dropped]
+                if over is None or dropped < over:
+                    over = dropped
     ids = sorted(found)
     if bound is not None:
         ids = [i for i in ids if i < bound]
     page = ids[:limit]
-    if len(ids) > limit:
+    if len(page) == limit and over is not None and (bound is None or over < bound):
+        # more (perhaps) after the page: go on after its last id
         following: int | None = page[-1]
     elif bound is not None:
         following = max(bound - 1, after)
