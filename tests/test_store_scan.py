@@ -4,6 +4,7 @@ L{Clock}, real segment files in a temporary directory."""
 
 from __future__ import annotations
 
+import itertools
 import os
 
 from twisted.internet.task import Clock
@@ -332,12 +333,13 @@ class PageTests(SynchronousTestCase):
             if store._sizes.get(n)
         )
         self.assertGreater(len(plan), 5)
-        for budget in (0, 1, 5000, 1 << 30):
-            for limit in (1, 7, 1000):
+        for budget, limit, marks in itertools.product((0, 1, 5000, 1 << 30), (1, 7, 1000),
+                                                      (None, {})):
+            if True:
                 got, after = [], 0
                 for _ in range(1000):
                     page, following = read_page(
-                        directory, plan, "/", "q", 0, 1e9, after, limit, budget
+                        directory, plan, "/", "q", 0, 1e9, after, limit, budget, marks
                     )
                     self.assertLessEqual(len(page), limit)
                     got.extend(m.id for m in page)
@@ -345,8 +347,63 @@ class PageTests(SynchronousTestCase):
                         break
                     self.assertGreaterEqual(following, after)
                     after = following
-                self.assertEqual(got, ids, (budget, limit))
+                self.assertEqual(got, ids, (budget, limit, marks))
         self.successResultOf(store.close())
+
+
+class MarksTests(SynchronousTestCase):
+    """A page begins near its cursor and stops early with the segment's
+    marks (L{qmq.store.scan.Marks}), ids out of order included."""
+
+    def test_out_of_order_ids(self) -> None:
+        from qmq.store import scan  # noqa: PLC0415
+        from qmq.store.record import encode_publish  # noqa: PLC0415
+        from qmq.store.segment import SegmentReader, encode_header, segment_name  # noqa: PLC0415
+
+        # ids 1-1500, with copies of 5, 6, 7 and 1200 (as compaction writes
+        # them) in the middle, and records of another queue between
+        order = list(range(1, 1001)) + [5, 6, 7, 1200] + list(range(1001, 1501))
+        out = [encode_header(1, 1)]
+        for i, mid in enumerate(order):
+            q = b"q" if i % 4 else b"r"
+            head, tail = encode_publish(mid, 10.0, 0.0, 0, True, b"/", "", q.decode(), None,
+                                        b"x", [q])
+            out.append(head + tail)
+        directory = self.mktemp()
+        os.makedirs(directory)
+        data = b"".join(out)
+        with open(os.path.join(directory, segment_name(1)), "wb") as f:
+            f.write(data)
+        want = sorted({mid for i, mid in enumerate(order) if i % 4})
+        walked = []
+        real = SegmentReader.records
+
+        def counting(reader, start=None):  # type: ignore[no-untyped-def]
+            for r in real(reader, start):
+                walked.append(r)
+                yield r
+
+        self.patch(SegmentReader, "records", counting)
+        plan = [(1, 1, len(data))]
+        for limit in (1, 7, 50):
+            marks: dict = {}
+            got, after, pages = [], 0, 0
+            del walked[:]
+            for _ in range(5000):
+                page, following = scan.read_page(directory, plan, "/", "q", 0, 100, after,
+                                                 limit, scan.PAGE_BYTES, marks)
+                pages += 1
+                got.extend(m.id for m in page)
+                if following is None:
+                    break
+                after = following
+            self.assertEqual(got, want, limit)
+            # one walk to make the marks, then a few chunks and a page a
+            # page (the copies hold some pages back), not the segment a page
+            self.assertLess(len(walked), len(order) + pages * (3 * scan.CHUNK + 4 * limit + 8),
+                            limit)
+            self.assertLess(len(walked), pages * len(order) / 2, limit)
+            self.assertEqual(marks[1].walked, len(data))
 
 
 def _now(f, *args):

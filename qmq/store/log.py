@@ -87,7 +87,7 @@ from qmq.store.record import (
     record_crc,
 )
 from qmq.store.replay import Replay, on_disk
-from qmq.store.scan import read_page
+from qmq.store.scan import PAGE_BYTES, read_page
 from qmq.store.segment import (
     HEADER_SIZE,
     Problem,
@@ -260,6 +260,9 @@ class CommitLogStore:
         self._sizes: dict[int, int] = {}
         # Range scans reading segments now: deletions wait for them.
         self._reading = 0
+        # Range scans' marks of the segments (qmq.store.scan.Marks), used
+        # and kept up to date by the reader thread only.
+        self._scan_marks: dict = {}
         self._read_pool: Any = None
         self.backlog_memory = backlog_memory
         # Segment -> a descriptor open for reading bodies back (load).
@@ -1210,7 +1213,8 @@ class CommitLogStore:
                 self._want_flush()
             return result
 
-        d = self._read(read_page, self.directory, plan, vhost, queue, start, end, after, limit)
+        d = self._read(read_page, self.directory, plan, vhost, queue, start, end, after, limit,
+                       PAGE_BYTES, self._scan_marks)
         return d.addBoth(done)
 
     def _read(self, f: Callable, *args: Any) -> Deferred:

@@ -25,11 +25,12 @@ from __future__ import annotations
 import heapq
 import os
 import struct
+from bisect import bisect_right
 from collections.abc import Sequence
 
 from qmq.core.message import Message
 from qmq.store.record import FLAG_PERSISTENT, RECORD_PUBLISH, RecordError, decode_publish_fields
-from qmq.store.segment import SegmentReader, segment_name
+from qmq.store.segment import FRAME_SIZE, SegmentReader, segment_name
 
 MiB = 1024 * 1024
 
@@ -50,12 +51,17 @@ def read_page(
     after: int,
     limit: int,
     budget: int = PAGE_BYTES,
+    marks: dict[int, Marks] | None = None,
 ) -> tuple[list[Message], int | None]:
     """Read one page of a range scan (in the store's reader thread).
 
     @param plan: C{(lowest id, segment number, bytes to read)} of the
         segments to read, by lowest id.
     @param after: only ids above this one.
+    @param marks: the store's L{Marks} of its segments, by number (kept
+        between pages, made and extended here): with them a page begins
+        near its cursor and stops once the rest of a segment holds only
+        higher ids than it keeps, instead of walking every segment whole.
     @return: at most C{limit} messages by id, and the id to go on after
         (None: nothing more in the range).
     """
@@ -82,8 +88,32 @@ def read_page(
         if data is None:
             continue
         read += len(data)
-        reader = SegmentReader(os.path.join(directory, segment_name(number)), data)
-        for type_, rstart, rend in reader.records():
+        path = os.path.join(directory, segment_name(number))
+        reader = SegmentReader(path, data)
+        m = None
+        if marks is not None:
+            m = marks.get(number)
+            if m is None:
+                if len(marks) >= MAX_MARKED:
+                    marks.clear()
+                m = marks[number] = Marks()
+            m.extend(SegmentReader(path, data), data)
+        if m is not None and m.offsets:
+            chunk = bisect_right(m.prefix_max, after) - 1
+            begin: int | None = m.offsets[chunk]
+            following_mark = m.offsets[chunk + 1] if chunk + 1 < len(m.offsets) else None
+        else:
+            chunk, begin, following_mark = 0, None, None
+        for type_, rstart, rend in reader.records(begin):
+            if following_mark is not None and rstart - FRAME_SIZE >= following_mark:
+                chunk += 1  # type: ignore[union-attr]
+                following_mark = m.offsets[chunk + 1] if chunk + 1 < len(m.offsets) else None  # type: ignore[union-attr]
+                if len(largest) >= limit and m.suffix_min[chunk] > -largest[0]:  # type: ignore[union-attr]
+                    # Every id from here on is above the page's: done here.
+                    low_rest = m.suffix_min[chunk]  # type: ignore[union-attr]
+                    if over is None or low_rest < over:
+                        over = low_rest
+                    break
             if type_ != RECORD_PUBLISH or data.find(qname, rstart, rend) < 0:
                 continue
             try:
@@ -126,6 +156,82 @@ def read_page(
     else:
         following = None
     return [found[i] for i in page], following
+
+
+#: Records per chunk of L{Marks}.
+CHUNK = 256
+#: Segments whose marks a store keeps (all are forgotten past it).
+MAX_MARKED = 4096
+
+
+class Marks:
+    """What a store remembers of one segment's message ids, so a range-scan
+    page need not walk the segment from its start to its end: the offset of
+    every L{CHUNK}th record, the highest publish id before it
+    (C{prefix_max}: a page with a cursor at or above it may begin there),
+    and the lowest publish id from it to the end (C{suffix_min}: a page
+    that holds C{limit} messages below it may stop there). Ids grow through
+    a segment but for records that compaction copied forward, which these
+    bounds allow for. A segment only grows while it lives: L{extend}
+    walks what was appended since (from the last mark).
+    """
+
+    __slots__ = ("offsets", "prefix_max", "chunk_min", "suffix_min", "walked")
+
+    def __init__(self) -> None:
+        self.offsets: list[int] = []
+        self.prefix_max: list[int] = []
+        self.chunk_min: list[int] = []
+        self.suffix_min: list[int] = []
+        self.walked = 0
+
+    def extend(self, reader: SegmentReader, data: bytes) -> None:
+        """Cover C{data} (the segment's bytes so far) with marks."""
+        size = len(data)
+        if size <= self.walked:
+            return
+        if self.offsets:
+            # Walk the last chunk again (it may have grown), from its mark.
+            start: int | None = self.offsets.pop()
+            high = self.prefix_max.pop()
+            self.chunk_min.pop()
+        else:
+            start, high = None, 0
+        unpack = _ID.unpack_from
+        offsets, prefix_max, chunk_min = self.offsets, self.prefix_max, self.chunk_min
+        n = 0
+        low = _NO_ID
+        for type_, rstart, _rend in reader.records(start):
+            if n % CHUNK == 0:
+                if offsets and len(offsets) > len(chunk_min):
+                    chunk_min.append(low)
+                offsets.append(rstart - FRAME_SIZE)
+                prefix_max.append(high)
+                low = _NO_ID
+            n += 1
+            if type_ == RECORD_PUBLISH:
+                try:
+                    (mid,) = unpack(data, rstart)
+                except struct.error:
+                    continue
+                if mid > high:
+                    high = mid
+                if mid < low:
+                    low = mid
+        if len(offsets) > len(chunk_min):
+            chunk_min.append(low)
+        self.walked = size
+        suffix = [_NO_ID] * len(chunk_min)
+        rest = _NO_ID
+        for i in range(len(chunk_min) - 1, -1, -1):
+            if chunk_min[i] < rest:
+                rest = chunk_min[i]
+            suffix[i] = rest
+        self.suffix_min = suffix
+
+
+# Above every message id.
+_NO_ID = 1 << 64
 
 
 def _read(directory: str, number: int, size: int) -> bytes | None:

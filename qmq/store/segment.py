@@ -151,10 +151,19 @@ class SegmentReader:
     end: int = 0
     clean: bool = True
 
-    def records(self) -> Iterator[tuple[int, int, int]]:
+    def records(self, start: int | None = None) -> Iterator[tuple[int, int, int]]:
+        """C{(type, payload start, payload end)} of each whole record.
+
+        @param start: the offset of a record to begin at (one this reader,
+            or another over the same bytes, yielded before): the header is
+            then not read again.
+        """
         data = self.data
         size = len(data)
         path = self.path
+        if start is not None:
+            yield from self._walk(start, size)
+            return
         try:
             self.header = decode_header(data)
         except UnsupportedVersion as e:
@@ -172,7 +181,11 @@ class SegmentReader:
             self.clean = False
         elif not self.header.crc_ok:
             self.problems.append(Problem(path, 0, "header", "header checksum mismatch"))
-        pos = HEADER_SIZE
+        yield from self._walk(HEADER_SIZE, size)
+
+    def _walk(self, pos: int, size: int) -> Iterator[tuple[int, int, int]]:
+        data = self.data
+        path = self.path
         unpack = FRAME.unpack_from
         crc32 = zlib.crc32
         view = memoryview(data)
