@@ -332,3 +332,54 @@ class StreamingTests(BrokerSiteMixin, unittest.TestCase):
         self.assertEqual(len(dst), 20)
         # the last micro-batch (8, 8, then 4 rows) ran again: 4 duplicates dropped
         self.assertEqual(dst.window.duplicates, 4)
+
+
+class AuthTests(BrokerSiteMixin, unittest.TestCase):
+    """Reads and writes with HTTP Basic against a broker that authenticates."""
+
+    skip = SKIP
+    timeout = 120
+
+    def setUp(self) -> None:
+        from twisted.internet import reactor  # noqa: PLC0415
+
+        from qmq.auth import Authenticator, AuthSettings, PermissionSettings, UserSettings  # noqa: PLC0415
+        from qmq.auth.passwords import hash_password  # noqa: PLC0415
+
+        self.start_broker()
+        self.spark = spark_session()
+        hashed = hash_password("wonderland", 4)  # a cheap hash: tests only
+        self.broker.auth = Authenticator(
+            AuthSettings(failure_delay=0.01, failure_max_delay=0.02),
+            reactor,
+            users=[UserSettings("alice", hashed)],
+            permissions={"/": [PermissionSettings("alice", ".*", ".*", ".*")]},
+            run=lambda f, *a: defer.maybeDeferred(f, *a),
+        )
+        self.vhost.declare_queue("locked", arguments={"x-retention": 3600})
+
+    @defer.inlineCallbacks
+    def test_basic_auth(self) -> None:
+        """user and password authenticate the writes and the reads; a wrong
+        password fails the job, saying why."""
+        df = self.spark.createDataFrame([(f"m{i}",) for i in range(5)], "body STRING")
+
+        def write() -> None:
+            (df.write.format("qmq").option("url", self.base).option("destination", "locked")
+             .option("user", "alice").option("password", "wonderland").mode("append").save())
+
+        yield in_thread(write)
+        self.assertEqual(len(self.vhost.queues["locked"]), 5)
+
+        def read(password: str) -> int:
+            return int(self.spark.read.format("qmq").option("url", self.base)
+                       .option("destination", "locked").option("user", "alice")
+                       .option("password", password).load().count())
+
+        self.assertEqual((yield in_thread(read, "wonderland")), 5)
+        try:
+            yield in_thread(read, "nope")
+        except Exception as e:  # noqa: BLE001 - PySpark's wrapped Python error
+            self.assertIn("401", str(e))
+        else:
+            self.fail("a wrong password read something")
