@@ -167,6 +167,15 @@ class RecordFormatTests(SynchronousTestCase):
             self.assertEqual(decode_headers(flag, block), h)
         self.assertEqual(encode_headers(None), (0, b""))
 
+    def test_equal_values_of_other_types(self) -> None:
+        """1, 1.0 and True are equal (as dict keys too) but not the same
+        JSON: each header dict is written as itself, memos or not."""
+        for h in ({"n": 1}, {"n": True}, {"n": 1.0}, {"n": 1}):
+            flag, block = encode_headers(h)
+            self.assertEqual(repr(decode_headers(flag, block)), repr(h))
+            head, _ = encode_publish(1, 1.0, 0.0, 0, True, b"/", "", "q", h, b"", [b"q"])
+            self.assertEqual(repr(decode_publish(head, FRAME_SIZE, len(head)).headers), repr(h))
+
     def test_publish_round_trip(self) -> None:
         head, tail = encode_publish(
             7, 1.5, 9.0, 3, True, b"vh", "ex", "rk", {"a": "b"}, b"body", [b"q1", "é".encode()]
@@ -226,6 +235,19 @@ class RoundTripTests(StoreTestCase):
         self.assertEqual(
             [m.headers for m in self.vhost.queue("q").messages()],
             [{"a": "1"}, {"a": "2"}, {"a": "2"}, None, {"a": "1"}, {"a": "1", "b": "2"}],
+        )
+
+    def test_stream_with_equal_values_of_other_types(self) -> None:
+        """Header values 1, True and 1.0 are equal but each is kept as
+        itself, one publish after the other in one stream."""
+        self.vhost.declare_queue("q")
+        heads = [{"n": 1}, {"n": True}, {"n": 1.0}, {"n": 1}]
+        for i, headers in enumerate(heads):
+            self.vhost.publish(Message(i + 1, "", "q", headers, b"x", 0.0, True))
+        self.turn()
+        self.restart()
+        self.assertEqual(
+            [repr(m.headers) for m in self.vhost.queue("q").messages()], [repr(h) for h in heads]
         )
 
     def test_recovered_headers_shared(self) -> None:

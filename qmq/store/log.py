@@ -57,6 +57,7 @@ from qmq.store.index import (
     Index,
 )
 from qmq.store.record import (
+    FLAG_HEADERS_JSON,
     FLAG_PERSISTENT,
     FRAME,
     FRAME_SIZE,
@@ -497,11 +498,12 @@ class CommitLogStore:
             static = last[6]
         else:
             hflag, static = publish_static(vbytes, exchange, routing_key, headers, encoded)
-            # A copy: the message's own dict may change later.
-            self._last_static = (
-                vbytes, exchange, routing_key, encoded,
-                None if headers is None else dict(headers), hflag, static,
-            )  # fmt: skip
+            if hflag != FLAG_HEADERS_JSON:  # strings only (see encode_headers)
+                # A copy: the message's own dict may change later.
+                self._last_static = (
+                    vbytes, exchange, routing_key, encoded,
+                    None if headers is None else dict(headers), hflag, static,
+                )  # fmt: skip
         body = message.body
         mid = message.id
         timestamp = message.timestamp

@@ -190,7 +190,9 @@ def encode_headers(headers: dict | None) -> tuple[int, bytes]:
         pass
     if found is None:
         found = FLAG_HEADERS_JSON, json.dumps(headers, default=str).encode()
-    if key is not None:
+    if key is not None and found[0] == FLAG_HEADERS_PAIRS:
+        # Only strings are remembered: 1, 1.0 and True are equal keys but
+        # different JSON, and no string equals anything but itself.
         if len(_ENCODED) >= _MEMO_SIZE:
             _ENCODED.clear()
         _ENCODED[key] = found
@@ -300,7 +302,7 @@ def publish_static(
         key = found = None
     if found is None:
         found = _static_part(vhost, exchange, routing_key, headers, queues)
-        if key is not None:
+        if key is not None and found[0] != FLAG_HEADERS_JSON:  # strings only (see encode_headers)
             if len(_STATIC) >= _MEMO_SIZE:
                 _STATIC.clear()
             _STATIC[key] = found
