@@ -237,6 +237,20 @@ class WriteTests(BrokerSiteMixin, unittest.TestCase):
         self.assertEqual(len(ids), 250)
 
     @defer.inlineCallbacks
+    def test_destination_option_topic(self) -> None:
+        """The destination option may name a topic: its rows reach the
+        queues bound to it."""
+        self.vhost.declare_queue("t1", arguments={"x-retention": 3600})
+        self.vhost.bind("t1", "amq.topic", "prices.#")
+        df = self.spark.createDataFrame([(f"p{i}",) for i in range(7)], "body STRING")
+        yield in_thread(lambda: df.write.format("qmq").option("url", self.base)
+                        .option("destination", "/topic/prices.eu").mode("append").save())
+        back = self.spark.read.format("qmq").option("url", self.base).option("destination", "t1").load()
+        rows = yield in_thread(back.collect)
+        self.assertEqual(sorted(bytes(r["body"]) for r in rows), [f"p{i}".encode() for i in range(7)])
+        self.assertEqual({r["destination"] for r in rows}, {"/topic/prices.eu"})
+
+    @defer.inlineCallbacks
     def test_retried_batch_no_duplicates(self) -> None:
         """The same write retried (same dedup prefix, as a retried task or
         micro-batch has) into an effectively-once queue adds nothing."""

@@ -143,7 +143,8 @@ class Options:
         self.path: str | None = o.get("path")
         self.vhost: str = o.get("vhost", "/")
         names = o.get("destinations") or o.get("destination") or ""
-        self.queues: list[str] = [_queue_name(n) for n in names.split(",") if n.strip()]
+        #: The destinations as given (a write's may be a topic or an exchange).
+        self.destinations: list[str] = [n.strip() for n in names.split(",") if n.strip()]
         self.pattern: str | None = o.get("pattern")
         self.start = _timestamp(o.get("startingtimestamp"))
         self.end = _timestamp(o.get("endingtimestamp"))
@@ -172,6 +173,11 @@ class Options:
             raise ValueError("records=events reads segment files: give path")
         if self.slices < 1:
             raise ValueError("partitionsPerDestination must be at least 1")
+
+    @property
+    def queues(self) -> list[str]:
+        """The queues a read covers, by name (a read takes queues only)."""
+        return [_queue_name(n) for n in self.destinations]
 
     def client(self) -> Client:
         if not self.url:
@@ -645,7 +651,7 @@ class _Writing:
         opts = self.opts
         partition, prefix = self._prefix()
         client = opts.client()
-        fixed = _normalize_destination(opts.queues[0]) if opts.queues else None
+        fixed = _normalize_destination(opts.destinations[0]) if opts.destinations else None
         pending: list[dict] = []
         ids: list[int] = []
         published = 0
