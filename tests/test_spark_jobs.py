@@ -65,6 +65,23 @@ def write_log(directory: str) -> None:
         f.write(b"".join(out))
 
 
+class MasterTests(unittest.TestCase):
+    skip = SKIP
+
+    def test_master(self) -> None:
+        """--master wins; under spark-submit (its gateway in the
+        environment) the job keeps spark-submit's master; alone, local[*]."""
+        from qmq.spark import jobs  # noqa: PLC0415
+
+        env = {k: v for k, v in os.environ.items() if k != "PYSPARK_GATEWAY_PORT"}
+        self.patch(os, "environ", env)
+        self.assertEqual(jobs._master("spark://h:7077"), "spark://h:7077")
+        self.assertEqual(jobs._master(None), "local[*]")
+        env["PYSPARK_GATEWAY_PORT"] = "40001"
+        self.assertIsNone(jobs._master(None))
+        self.assertEqual(jobs._master("local[2]"), "local[2]")
+
+
 class ReportTests(unittest.TestCase):
     skip = SKIP
     timeout = 180

@@ -342,12 +342,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _master(given: str | None) -> str | None:
+    """The master to ask for: C{--master}; else, under C{spark-submit}, None
+    (keep spark-submit's: it started the JVM and told this driver its
+    gateway); else C{local[*]}."""
     if given:
         return given
-    from pyspark import SparkConf  # noqa: PLC0415
-
-    # Under spark-submit the master is already set; alone, local[*].
-    return None if SparkConf().contains("spark.master") else "local[*]"
+    return None if os.environ.get("PYSPARK_GATEWAY_PORT") else "local[*]"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
