@@ -41,7 +41,6 @@ import fcntl
 import gc
 import os
 import struct
-import zlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -61,7 +60,6 @@ from qmq.store.record import (
     FLAG_PERSISTENT,
     FRAME,
     FRAME_SIZE,
-    INLINE_BODY,
     RECORD_BIND,
     RECORD_DECLARE_EXCHANGE,
     RECORD_DECLARE_QUEUE,
@@ -70,7 +68,6 @@ from qmq.store.record import (
     RECORD_PUBLISH,
     RECORD_REQUEUE,
     RECORD_UNBIND,
-    TYPE_CRC,
     VERSION,
     RecordError,
     arguments_key,
@@ -83,7 +80,7 @@ from qmq.store.record import (
     encode_requeue,
     encode_settle,
     encode_topology,
-    pack_publish_head,
+    publish_record,
     publish_static,
     record_crc,
 )
@@ -119,10 +116,6 @@ _log = Logger()
 
 # A publish payload starts with the message id.
 _ID = struct.Struct("<Q")
-_pack_frame = FRAME.pack
-_crc32 = zlib.crc32
-# The checksum of a publish record starts from its type byte's.
-_PUBLISH_CRC = TYPE_CRC[RECORD_PUBLISH]
 
 
 class StoreFailed(Exception):
@@ -454,7 +447,7 @@ class CommitLogStore:
 
     def publish(self, vhost: VirtualHost, message: Message, queues: Sequence[Queue]) -> Any:
         # The hot path (twice the CPU of a memory publish before it was cut
-        # down): the record encoded here (encode_publish, inlined), its
+        # down): the record encoded here (encode_publish's steps), its
         # static part (lengths, names, header block) reused from the last
         # publish when that one had the same stream (same objects, equal
         # headers), the queue's names and the vhost's cached, one call of
@@ -504,34 +497,24 @@ class CommitLogStore:
                     vbytes, exchange, routing_key, encoded,
                     None if headers is None else dict(headers), hflag, static,
                 )  # fmt: skip
-        body = message.body
         mid = message.id
         timestamp = message.timestamp
-        payload = (
-            pack_publish_head(
-                mid,
-                timestamp,
-                message.expires,
-                message.priority,
-                hflag | FLAG_PERSISTENT if message.persistent else hflag,
-            )
-            + static
+        head, tail = publish_record(
+            mid,
+            timestamp,
+            message.expires,
+            message.priority,
+            hflag | FLAG_PERSISTENT if message.persistent else hflag,
+            static,
+            message.body,
         )
-        if len(body) <= INLINE_BODY:
-            payload += body
-            head = _pack_frame(len(payload), RECORD_PUBLISH, _crc32(payload, _PUBLISH_CRC)) + payload
-            tail = None
-        else:
-            crc = _crc32(body, _crc32(payload, _PUBLISH_CRC))
-            head = _pack_frame(len(payload) + len(body), RECORD_PUBLISH, crc) + payload
-            tail = body
         if self._active_size >= self.segment_size and self._active_records:
             self._roll()
         chunks = self._chunks
         if chunks is None:
             chunks = self._place()
         if self._index.publish(self._active, mid, vname, names, timestamp):
-            size = len(head) if tail is None else len(head) + len(tail)
+            size = len(head) + len(tail)
             backlog = self.backlog_memory
             if backlog:
                 if len(queues) == 1:
@@ -542,7 +525,7 @@ class CommitLogStore:
                         if q.ready_bytes > backlog:
                             self._offload_later(q, message, size)
             chunks.append(head)
-            if tail is not None:
+            if tail:
                 chunks.append(tail)
             self._active_size += size
             self._active_records += 1

@@ -96,7 +96,7 @@ MAX_RECORD = 1 << 30
 
 # Bodies up to this size are copied into the record's head (see
 # encode_publish).
-_INLINE_BODY = INLINE_BODY = 4096
+_INLINE_BODY = 4096
 
 # Publish payload, fixed part: id, timestamp, expiry (0: none), priority,
 # flags, then the lengths of vhost, exchange, routing key, header block, and
@@ -127,10 +127,9 @@ _REQUEUE = struct.Struct("<QIHH")
 TYPE_CRC = _TYPE_CRC = [zlib.crc32(bytes([t])) for t in range(256)]
 
 _pack_frame = FRAME.pack
-_pack_publish = _PUBLISH.pack
 # The same fixed part in two: what changes with every message (id, times,
 # priority, flags), and the lengths, which a publisher's stream repeats.
-_pack_publish_head = pack_publish_head = struct.Struct("<QddBB").pack
+_pack_publish_head = struct.Struct("<QddBB").pack
 _pack_publish_lengths = struct.Struct("<HHHII").pack
 assert struct.calcsize("<QddBB") + struct.calcsize("<HHHII") == PUBLISH_FIXED
 _pack_name = _NAME.pack
@@ -292,8 +291,7 @@ def publish_static(
     flags (the lengths, the names, the header block), which repeats in a
     publisher's stream (memoized), and the header flag to add to the flags.
 
-    A publish payload is C{pack_publish_head(id, timestamp, expiry,
-    priority, flags | hflag) + static + body}.
+    L{publish_record} makes the record from it.
     """
     try:
         key = (vhost, exchange, routing_key, queues, tuple(headers.items()) if headers else headers)
@@ -332,24 +330,39 @@ def encode_publish(
         for never.
     """
     hflag, static = publish_static(vhost, exchange, routing_key, headers, queues)
-    mid = (
-        _pack_publish_head(
-            message_id,
-            timestamp,
-            expiry,
-            priority,
-            hflag | FLAG_PERSISTENT if persistent else hflag,
-        )
-        + static
+    return publish_record(
+        message_id,
+        timestamp,
+        expiry,
+        priority,
+        hflag | FLAG_PERSISTENT if persistent else hflag,
+        static,
+        body,
     )
+
+
+_PUBLISH_CRC = _TYPE_CRC[RECORD_PUBLISH]
+
+
+def publish_record(
+    message_id: int,
+    timestamp: float,
+    expiry: float,
+    priority: int,
+    flags: int,
+    static: bytes,
+    body: bytes,
+) -> tuple[bytes, bytes]:
+    """A publish record as C{(head, tail)} (see L{encode_publish}) from its
+    fields, C{flags} with the header flag in, and its static part (see
+    L{publish_static})."""
+    payload = _pack_publish_head(message_id, timestamp, expiry, priority, flags) + static
     if len(body) <= _INLINE_BODY:
         # One checksum call and one chunk instead of two of each.
-        payload = mid + body
-        return _pack_frame(
-            len(payload), RECORD_PUBLISH, _crc32(payload, _TYPE_CRC[RECORD_PUBLISH])
-        ) + payload, b""
-    crc = _crc32(body, _crc32(mid, _TYPE_CRC[RECORD_PUBLISH]))
-    return _pack_frame(len(mid) + len(body), RECORD_PUBLISH, crc) + mid, body
+        payload += body
+        return _pack_frame(len(payload), RECORD_PUBLISH, _crc32(payload, _PUBLISH_CRC)) + payload, b""
+    crc = _crc32(body, _crc32(payload, _PUBLISH_CRC))
+    return _pack_frame(len(payload) + len(body), RECORD_PUBLISH, crc) + payload, body
 
 
 class Publish:
