@@ -87,6 +87,9 @@ _TIMING_HEADERS = frozenset(("expires", "ttl", "delay", "deliver-at", ACK_TIMEOU
 _DELIVERY_HEADERS = _TIMING_HEADERS | {"priority"}
 # The priorities as a client writes them (a dict lookup instead of a parse).
 _PRIORITIES = {str(i): i for i in range(10)}
+# Bounds of those headers: an epoch time in ms (year 6429), a span in ms (34 years).
+_MAX_EPOCH_MS = 1 << 47
+_MAX_SPAN_MS = 1 << 40
 # Spans (ttl, delay) already read: a producer repeats the same value, so a
 # lookup replaces parse_int. Bounded: cleared when full.
 _SPANS: dict[str, int] = {}
@@ -102,9 +105,8 @@ def _span_ms(value: str, name: str) -> int:
             _SPANS.clear()
         _SPANS[value] = ms
     return ms
-# Bounds of those headers: an epoch time in ms (year 6429), a span in ms (34 years).
-_MAX_EPOCH_MS = 1 << 47
-_MAX_SPAN_MS = 1 << 40
+
+
 #: SUBSCRIBE headers that are queue arguments without their x- prefix; the
 #: others (expires, ack-timeout) mean something else on a SEND, so on a
 #: SUBSCRIBE only their x- spelling is read.
@@ -937,40 +939,26 @@ class StompSession:
             epoch seconds (0.0: none).
         @raise HeaderError: a value is malformed or out of range.
         """
-        if "delay" not in h and "deliver-at" not in h and ACK_TIMEOUT_HEADER not in h:
-            return self._expiry_options(h)
-        present = _DELIVERY_HEADERS.intersection(h)
-        priority = 0
-        if "priority" in present:
-            value = h["priority"]
-            priority = _PRIORITIES.get(value)  # type: ignore[assignment]
-            if priority is None:
-                priority = parse_int(value, "priority", 0, 9)
-            if len(present) == 1:
-                return priority, 0.0, 0.0, 0.0  # the common case: a priority alone
-        expires = deliver_at = ack_timeout = 0.0
-        now = self._seconds()
-        if "expires" in present:
-            expires = parse_int(h["expires"], "expires", 0, _MAX_EPOCH_MS) / 1000.0
-        if "ttl" in present:
-            at = now + _span_ms(h["ttl"], "ttl") / 1000.0
-            if not expires or at < expires:
-                expires = at
-        if "deliver-at" in present:
+        priority, expires, _, _ = self._expiry_options(h)
+        deliver_at = ack_timeout = 0.0
+        if "deliver-at" in h:
             deliver_at = parse_int(h["deliver-at"], "deliver-at", 0, _MAX_EPOCH_MS) / 1000.0
-        if "delay" in present:
-            deliver_at = max(deliver_at, now + _span_ms(h["delay"], "delay") / 1000.0)
-        if deliver_at > now:
-            h[DELIVER_AT_HEADER] = str(round(deliver_at * 1000))
-        else:
-            deliver_at = 0.0
-        if ACK_TIMEOUT_HEADER in present:
+        if "delay" in h or deliver_at:
+            now = self._seconds()
+            if "delay" in h:
+                deliver_at = max(deliver_at, now + _span_ms(h["delay"], "delay") / 1000.0)
+            if deliver_at > now:
+                h[DELIVER_AT_HEADER] = str(round(deliver_at * 1000))
+            else:
+                deliver_at = 0.0
+        if ACK_TIMEOUT_HEADER in h:
             ack_timeout = parse_seconds(h[ACK_TIMEOUT_HEADER], ACK_TIMEOUT_HEADER, _MAX_SPAN_MS / 1000.0)
         return priority, expires, deliver_at, ack_timeout
 
     def _expiry_options(self, h: dict[str, str]) -> tuple[int, float, float, float]:
-        """L{_delivery_options} for the common case: a priority, an expiry
-        (C{ttl}, C{expires}) or both, no delivery time or ack timeout."""
+        """The part of L{_delivery_options} that reads C{priority},
+        C{expires} and C{ttl}; the whole of it when a SEND has no delivery
+        time or ack timeout (the common case, called directly)."""
         priority = 0
         value = h.get("priority")
         if value is not None:
