@@ -312,6 +312,22 @@ def _string(data: bytes, pos: int) -> tuple[str, int]:
         raise _Bad("a string is not UTF-8") from None
 
 
+def _read_map(data: bytes, pos: int, kind: Any) -> tuple[dict[str, Any], int]:
+    """An Avro map whose values C{kind} reads (its blocks, a negative
+    count followed by the block's size)."""
+    out: dict[str, Any] = {}
+    while True:
+        count, pos = _long(data, pos)
+        if count == 0:
+            return out, pos
+        if count < 0:
+            count = -count
+            _, pos = _long(data, pos)
+        for _ in range(count):
+            key, pos = _string(data, pos)
+            out[key], pos = kind(data, pos)
+
+
 def _optional(data: bytes, pos: int, kind: Any) -> tuple[Any, int]:
     branch, pos = _long(data, pos)
     if branch == 0:
@@ -336,18 +352,7 @@ _HEADERS: dict[bytes, tuple[str, bool]] = {}
 def _header(data: bytes) -> tuple[str, bool, bytes, int]:
     """A container's codec, whether its writer schema is QMQ's, its sync
     marker and where its first block starts."""
-    pos = 4
-    meta: dict[str, bytes] = {}
-    while True:
-        count, pos = _long(data, pos)
-        if count == 0:
-            break
-        if count < 0:
-            count = -count
-            _, pos = _long(data, pos)
-        for _ in range(count):
-            key, pos = _string(data, pos)
-            meta[key], pos = _bytes(data, pos)
+    meta, pos = _read_map(data, 4, _bytes)
     sync = data[pos : pos + 16]
     if len(sync) != 16:
         raise _Bad("the header ends early")
@@ -461,18 +466,7 @@ def _read_container(data: bytes, max_batch: int, max_delay: int) -> list[Parsed]
                 append(Outgoing(None, None, None, body, persistent=True))
                 p = q + 7
                 continue
-            p = q
-            headers: dict[str, str] = {}
-            while True:
-                hcount, p = _long(block, p)
-                if hcount == 0:
-                    break
-                if hcount < 0:
-                    hcount = -hcount
-                    _, p = _long(block, p)
-                for _ in range(hcount):
-                    k, p = _string(block, p)
-                    headers[k], p = _string(block, p)
+            headers, p = _read_map(block, q, _string)
             destination, p = _optional(block, p, _string)
             routing_key, p = _optional(block, p, _string)
             priority, p = _long(block, p)
