@@ -407,24 +407,16 @@ def read_events(
     data = read_segment(file)
     reader = SegmentReader(file, data)
     rows: dict[str, list[Any]] = {n: [] for n in EVENT_SCHEMA.names}
+    # The columns in EVENT_SCHEMA's order, which add's parameters follow.
+    columns = list(rows.values())
     count = 0
 
     def add(kind: str, vh: str, queue: str, mid: int | None, ts: int | None, dest: str | None,
             size: int | None, producer: str | None, reason: str | None, kept: int | None,
             dc: int | None, retention: float | None) -> None:
-        rows["kind"].append(kind)
-        rows["vhost"].append(vh)
-        rows["queue"].append(queue)
-        rows["message_id"].append(mid)
-        rows["timestamp"].append(ts)
-        rows["destination"].append(dest)
-        rows["bytes"].append(size)
-        rows["producer"].append(producer)
-        rows["reason"].append(reason)
-        rows["kept_until"].append(kept)
-        rows["delivery_count"].append(dc)
-        rows["retention"].append(retention)
-        rows["segment"].append(number)
+        values = (kind, vh, queue, mid, ts, dest, size, producer, reason, kept, dc, retention, number)
+        for column, value in zip(columns, values, strict=True):
+            column.append(value)
 
     for type_, rstart, rend in reader.records():
         try:
