@@ -21,7 +21,6 @@ and length limits, and frontends read L{Broker.max_unfinished_bytes}.
 
 from __future__ import annotations
 
-import gc
 import itertools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -30,7 +29,7 @@ from qmq.core.alarm import trim_heap
 from qmq.core.batch import WriteBatcher
 from qmq.core.limits import LimitSettings
 from qmq.core.message import Message
-from qmq.core.store import MessageStore, NullStore, RecoveredQueue
+from qmq.core.store import MessageStore, NullStore, RecoveredQueue, collector_paused
 from qmq.core.traffic import Traffic
 from qmq.core.vhost import VirtualHost
 
@@ -134,17 +133,9 @@ class Broker:
 
         @raise BrokerError: what the store kept contradicts the declarations.
         """
-        # The rebuild makes millions of objects that all live on (a queue
-        # and its message per durable queue): the cyclic collector would
-        # walk them again and again for nothing (a third of the rebuild's
-        # time), as in the store's replay.
-        enabled = gc.isenabled()
-        gc.disable()
-        try:
+        # A queue and its message per durable queue, all long-lived.
+        with collector_paused():
             self._recover()
-        finally:
-            if enabled:
-                gc.enable()
         # Replay's buffers (whole segments) and the tables its dicts grew
         # out of are free now: give the heap's free pages back.
         if self.trim is not None:

@@ -38,7 +38,9 @@ it is what a broker gets when nobody chose a store.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import gc
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -247,3 +249,18 @@ class NullStore:
 
     def close(self) -> None:
         return None
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Keep the cyclic garbage collector off for the block (and on again
+    after, if it was): recovery makes millions of objects that all live
+    on, which the collector would otherwise walk again and again for
+    nothing (a third of the time of recovering a million queues)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()

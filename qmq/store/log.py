@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import gc
 import os
 import struct
 from collections.abc import Callable, Sequence
@@ -48,7 +47,7 @@ from twisted.internet.defer import Deferred, fail, succeed
 from twisted.logger import Logger
 
 from qmq.core.message import Message, OnDisk
-from qmq.core.store import Recovery
+from qmq.core.store import Recovery, collector_paused
 from qmq.store.index import (
     QUEUE_AUTO_DELETE,
     QUEUE_EXCLUSIVE,
@@ -294,16 +293,8 @@ class CommitLogStore:
         if self._opened:
             return
         self._opened = True
-        # Replay makes millions of objects that all live on: the cyclic
-        # collector would walk them again and again for nothing (a third of
-        # the time of recovering a million queues).
-        enabled = gc.isenabled()
-        gc.disable()
-        try:
+        with collector_paused():  # replay's objects all live on
             self._replay()
-        finally:
-            if enabled:
-                gc.enable()
 
     def _lock(self) -> None:
         """Hold C{LOCK} in the directory for as long as the store is open:
