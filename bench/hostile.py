@@ -351,7 +351,8 @@ class BrokerProc:
             tables.setdefault(table, {})[name] = value
             applied[key] = value
         lines = ["# written by bench/hostile.py"]
-        for table, items in tables.items():
+        # Top-level keys (--set store=memory) before any [table].
+        for table, items in sorted(tables.items(), key=lambda kv: kv[0] != ""):
             if table:
                 lines.append(f"[{table}]")
             lines.extend(f"{k} = {_toml_value(v)}" for k, v in items.items())
