@@ -1225,6 +1225,12 @@ class Queue:
         rare = self._rare
         return len(rare.delayed) if rare is not None else 0
 
+    def delayed_messages(self) -> list[Message]:
+        """The messages waiting for their delivery time, soonest first (a
+        copy; for inspection and tests)."""
+        rare = self._rare
+        return [entry[2] for entry in sorted(rare.delayed)] if rare is not None else []
+
     def _take_all(self) -> list[Message]:
         """Empty the queue in place; return what was ready, in order."""
         gone = self.messages()

@@ -43,6 +43,7 @@ import fastavro
 import orjson
 from fastavro.schema import to_parsing_canonical_form
 
+from qmq.core import options
 from qmq.core.destination import destination_of
 from qmq.core.message import Message
 from qmq.web.api.problem import Problem, bad_request
@@ -90,8 +91,9 @@ class Outgoing:
     @ivar headers: application headers, or None.
     @ivar body: the payload.
     @ivar priority: 0 to 9.
-    @ivar ttl: milliseconds to live, or None.
-    @ivar delay: milliseconds to wait before publishing, or None.
+    @ivar ttl: milliseconds from the publish until it expires, or None.
+    @ivar delay: milliseconds from the publish before its first delivery,
+        or None.
     @ivar persistent: keep on disk in durable queues.
     """
 
@@ -137,12 +139,6 @@ def _check_headers(headers: Any, where: str) -> dict[str, str] | None:
     return headers or None
 
 
-def _check_int(value: Any, name: str, where: str, low: int, high: int) -> int:
-    if value.__class__ is not int or not low <= value <= high:
-        raise bad_request(f"{where}: {name!r} must be an integer from {low} to {high}, got {value!r}")
-    return value
-
-
 def _optional_text(value: Any, name: str, where: str) -> str | None:
     if value is None or value.__class__ is str:
         return value
@@ -159,24 +155,36 @@ def check_message(
     delay: Any,
     persistent: Any,
     where: str,
-    max_delay: int,
 ) -> Outgoing:
-    """An L{Outgoing} from decoded fields. @raise Problem: a field is bad."""
+    """An L{Outgoing} from decoded fields. @raise Problem: a field is bad.
+
+    The delivery options (C{priority}, C{ttl}, C{delay}) are checked by the
+    core's one parser (L{qmq.core.options}), with the bounds every frontend
+    shares; the frontend reads their times at publish.
+    """
     if persistent.__class__ is not bool:
         raise bad_request(f"{where}: 'persistent' must be true or false")
+    if priority != 0 or priority.__class__ is not int or ttl is not None or delay is not None:
+        for name, value in (("priority", priority), ("ttl", ttl), ("delay", delay)):
+            if value.__class__ is str:  # text is STOMP's spelling, not this API's
+                raise bad_request(f"{where}: {name!r} must be a number, not a string")
+        try:
+            options.read(0.0, priority, None, ttl, delay)
+        except options.OptionError as e:
+            raise bad_request(f"{where}: {e.describe(repr(e.option))}") from None
     return Outgoing(
         _optional_text(destination, "destination", where),
         _optional_text(routing_key, "routing_key", where),
         _check_headers(headers, where),
         body,
-        0 if priority == 0 else _check_int(priority, "priority", where, 0, 9),
-        None if ttl is None else _check_int(ttl, "ttl", where, 0, 1 << 40),
-        None if delay is None else _check_int(delay, "delay", where, 0, max_delay),
+        priority,
+        ttl,
+        delay,
         persistent,
     )
 
 
-def _json_message(obj: Any, index: int | None, max_delay: int) -> Outgoing:
+def _json_message(obj: Any, index: int | None) -> Outgoing:
     where = _where(index)
     if obj.__class__ is not dict:
         raise bad_request(f"{where} must be a JSON object")
@@ -210,11 +218,10 @@ def _json_message(obj: Any, index: int | None, max_delay: int) -> Outgoing:
         obj.get("delay"),
         obj.get("persistent", False),
         where,
-        max_delay,
     )
 
 
-def parse_json(data: bytes, max_batch: int, max_delay: int) -> tuple[list[Outgoing], bool]:
+def parse_json(data: bytes, max_batch: int) -> tuple[list[Outgoing], bool]:
     """The messages of a JSON publish body and whether it was a batch.
 
     @raise Problem: bad JSON, a bad message, too many messages.
@@ -245,9 +252,9 @@ def parse_json(data: bytes, max_batch: int, max_delay: int) -> tuple[list[Outgoi
                         continue
                     except UnicodeEncodeError:
                         pass
-            append(_json_message(m, i, max_delay))
+            append(_json_message(m, i))
         return out, True
-    return [_json_message(doc, None, max_delay)], False
+    return [_json_message(doc, None)], False
 
 
 def too_many(n: int, max_batch: int) -> Problem:
@@ -258,7 +265,7 @@ def too_many(n: int, max_batch: int) -> Problem:
     )
 
 
-def _avro_message(rec: Any, index: int | None, max_delay: int) -> Outgoing:
+def _avro_message(rec: Any, index: int | None) -> Outgoing:
     return check_message(
         rec["body"],
         rec["headers"],
@@ -269,7 +276,6 @@ def _avro_message(rec: Any, index: int | None, max_delay: int) -> Outgoing:
         rec["delay"],
         rec["persistent"],
         _where(index),
-        max_delay,
     )
 
 
@@ -398,7 +404,7 @@ def _uniform(block: bytes, count: int) -> list[bytes] | None:
     return [block[i : i + n] for i in range(start, len(block), size)]
 
 
-def _read_container(data: bytes, max_batch: int, max_delay: int) -> list[Parsed] | None:
+def _read_container(data: bytes, max_batch: int) -> list[Parsed] | None:
     """The messages of an object container file written with QMQ's own
     schema, uncompressed or deflated, decoded here: a body-only message
     (the common case) costs a varint, a slice and a compare, a third of
@@ -477,13 +483,13 @@ def _read_container(data: bytes, max_batch: int, max_delay: int) -> list[Parsed]
                 raise _Bad(f"a boolean byte is {flag}")
             p += 1
             append(check_message(body, headers, destination, routing_key, priority, ttl, delay, flag == 1,
-                                 _where(len(out)), max_delay))
+                                 _where(len(out))))
         if p != blen:
             raise _Bad(f"a block has {blen - p} bytes after its {count} records")
     return out
 
 
-def parse_avro(data: bytes, max_batch: int, max_delay: int) -> tuple[list[Parsed], bool]:
+def parse_avro(data: bytes, max_batch: int) -> tuple[list[Parsed], bool]:
     """The messages of an Avro publish body and whether it was a batch.
 
     @raise Problem: bad Avro, a bad message, too many messages.
@@ -491,7 +497,7 @@ def parse_avro(data: bytes, max_batch: int, max_delay: int) -> tuple[list[Parsed
     sch = _SCHEMAS["PublishMessage"]
     if data.startswith(OCF_MAGIC):
         try:
-            fast = _read_container(data, max_batch, max_delay)
+            fast = _read_container(data, max_batch)
         except (_Bad, IndexError) as e:
             detail = str(e) if isinstance(e, _Bad) else "it ends early"
             raise bad_request(
@@ -512,7 +518,7 @@ def parse_avro(data: bytes, max_batch: int, max_delay: int) -> tuple[list[Parsed
             for i, rec in enumerate(reader):
                 if i >= max_batch:
                     raise too_many(i + 1, max_batch)
-                out.append(_avro_message(rec, i, max_delay))
+                out.append(_avro_message(rec, i))
         except Problem:
             raise
         except Exception as e:  # fastavro raises many kinds on bad input
@@ -534,7 +540,7 @@ def parse_avro(data: bytes, max_batch: int, max_delay: int) -> tuple[list[Parsed
             "object container file)",
             "bad-avro",
         )
-    return [_avro_message(rec, None, max_delay)], False
+    return [_avro_message(rec, None)], False
 
 
 # -- deliveries ------------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from qmq.core.options import MAX_PRIORITY, MAX_SPAN_MS
 from qmq.web.api.settings import ApiSettings
 
 PROBLEM = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
@@ -29,7 +30,7 @@ _REASONS = {
     410: "The cursor's follower is gone; poll without a cursor.",
     413: "The body or the batch is too large ([web] max_request_body, [http_api] max_batch).",
     415: "Unsupported Content-Type.",
-    429: "A queue is full (reject-publish), a cap on delayed messages or followers is reached, or too many "
+    429: "A queue is full (reject-publish), the cap on followers is reached, or too many "
     "failed logins; retry later.",
     503: "Published, but the store failed to keep the messages.",
 }
@@ -188,10 +189,12 @@ def _schemas(s: ApiSettings) -> dict:
                 "destination": {"type": "string", "description": "For POST .../messages: /queue/NAME, /topic/KEY or "
                                 "/exchange/NAME/KEY. Not allowed where the path names the destination."},
                 "routing_key": {"type": "string", "description": "For the exchange endpoint."},
-                "priority": {"type": "integer", "minimum": 0, "maximum": 9, "default": 0},
-                "ttl": {"type": "integer", "minimum": 0, "description": "Milliseconds until it expires."},
-                "delay": {"type": "integer", "minimum": 0, "maximum": s.max_delay,
-                          "description": "Milliseconds to hold it (in memory) before publishing."},
+                "priority": {"type": "integer", "minimum": 0, "maximum": MAX_PRIORITY, "default": 0},
+                "ttl": {"type": "integer", "minimum": 0, "maximum": MAX_SPAN_MS,
+                        "description": "Milliseconds from the publish until it expires."},
+                "delay": {"type": "integer", "minimum": 0, "maximum": MAX_SPAN_MS,
+                          "description": "Milliseconds from the publish before its first delivery (the "
+                          "broker keeps it, on disk when persistent, meanwhile)."},
                 "persistent": {"type": "boolean", "default": False},
             },
         },
@@ -207,8 +210,8 @@ def _schemas(s: ApiSettings) -> dict:
             "required": ["published", "ids", "stored"],
             "properties": {
                 "published": {"type": "integer"},
-                "ids": {"type": "array", "items": {"type": ["integer", "null"]},
-                        "description": "Message ids in order (null for a delayed message)."},
+                "ids": {"type": "array", "items": {"type": "integer"},
+                        "description": "Message ids in order."},
                 "stored": {"type": "integer", "description": "Messages whose store write the answer waited for."},
             },
         },
