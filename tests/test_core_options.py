@@ -69,9 +69,12 @@ class ReadTests(SynchronousTestCase):
     def test_other_types_refused(self) -> None:
         """A boolean is not a number; neither is a float where a whole
         number is meant."""
-        for bad in (True, 1.5, None.__class__, [1], {"a": 1}):
+        for bad in (True, 1.5, None, [1], {"a": 1}):
             with self.subTest(bad=bad):
                 self.assertRaises(OptionError, options.read_priority, bad)
+                for name in ("expires", "ttl", "delay", "deliver_at"):
+                    if bad is not None:  # None: not given
+                        self.assertRaises(OptionError, options.read, 0.0, **{name: bad})
         self.assertRaises(OptionError, options.read_ack_timeout, float("nan"))
         self.assertRaises(OptionError, options.read_ack_timeout, True)
 

@@ -27,6 +27,7 @@ RECORD = {
     "ttl": 60000,
     "delay": None,
     "persistent": True,
+    "properties": {"content_type": "application/octet-stream"},
 }
 
 
@@ -131,12 +132,16 @@ class FastContainerTests(unittest.SynchronousTestCase):
 
     RECORDS = [
         {**RECORD, "body": b"plain", "headers": {}, "destination": None, "routing_key": None, "priority": 0,
-         "ttl": None, "delay": None, "persistent": False},
+         "ttl": None, "delay": None, "persistent": False, "properties": {}},
         {**RECORD, "body": b"kept", "headers": {}, "destination": None, "routing_key": None, "priority": 0,
-         "ttl": None, "delay": None, "persistent": True},
+         "ttl": None, "delay": None, "persistent": True, "properties": {}},
         {**RECORD, "body": b"\x00" * 300, "delay": 5},
         RECORD,
         {**RECORD, "body": b"", "headers": {"h\u00e9": "v" * 200}, "routing_key": "rk", "ttl": -1 + 2 ** 40},
+        # Typed headers: every branch of the union.
+        {**RECORD, "body": b"t", "headers": {"n": None, "t": True, "f": False, "i": -(2**62), "d": 1.5,
+                                             "s": "\u00fc", "b": b"\x00\xff"}, "properties": {}},
+        {**RECORD, "body": b"p", "headers": {}, "properties": {"type": "order", "reply_to": "/queue/r"}},
     ]
 
     def container(self, codec_name: str = "null", sync_interval: int = 16000) -> bytes:
@@ -156,11 +161,11 @@ class FastContainerTests(unittest.SynchronousTestCase):
                 self.assertIsNotNone(fast)
                 self.assertEqual([codec.outgoing(m) for m in fast], self.slow(data), (codec_name, interval))
         messages, batch = codec.parse_avro(self.container(), 1000)
-        self.assertEqual((len(messages), batch), (15, True))
+        self.assertEqual((len(messages), batch), (3 * len(self.RECORDS), True))
         self.assertIs(messages[0].__class__, bytes)  # a body-only message costs no object
 
     def test_limits_checked(self) -> None:
-        e = self.assertRaises(Problem, codec.parse_avro, self.container(), 14)
+        e = self.assertRaises(Problem, codec.parse_avro, self.container(), 3 * len(self.RECORDS) - 1)
         self.assertEqual((e.status, e.code), (413, "batch-too-large"))
         # The delivery options' bounds are the core's, for every frontend.
         out = io.BytesIO()
@@ -233,15 +238,22 @@ class DeliveryTests(unittest.SynchronousTestCase):
             Message(1, "", "q", None, b"text", 1700000000.5),
             Message(2, "amq.topic", "a.b", {"h": "v", "\u00e9": "\u00fc"}, b"\xff\xfe", 1700000001.25, True, 4,
                     1700000100.0),
-            Message(2**40, "ex", "k", {"destination": "/queue/elsewhere", "x": "y"}, b"x" * 300, 1700000002.0),
+            Message(2**40, "ex", "k", {"x": "y", "i": 7, "d": -0.25, "t": True, "n": None, "b": b"\x00"},
+                    b"x" * 300, 1700000002.0),
             Message(4, "", "q", None, b"", 1700000003.0),
+            Message(5, "", "q", None, b"p", 1700000004.0),
         ]
         messages[2].delivery_count = 70
+        messages[2].properties = {"content_type": "a/b"}
+        messages[4].properties = {"correlation_id": "c", "type": "t"}
         entries = [(messages[0], "tok.1", None), (messages[1], None, 9), (messages[2], "tok.3", 2**33),
-                   (messages[3], None, None)]
+                   (messages[3], None, None), (messages[4], None, None)]
         ours = codec.avro_deliveries(entries)
         theirs = codec.avro_container([codec.avro_delivery(m, h, s) for m, h, s in entries])
         self.assertEqual(list(fastavro.reader(io.BytesIO(ours))), list(fastavro.reader(io.BytesIO(theirs))))
         reader = avro.datafile.DataFileReader(io.BytesIO(ours), avro.io.DatumReader())
-        self.assertEqual([r["id"] for r in reader], [1, 2, 2**40, 4])
+        self.assertEqual([r["id"] for r in reader], [1, 2, 2**40, 4, 5])
+        got = list(fastavro.reader(io.BytesIO(ours)))
+        self.assertEqual([(r["headers"], r["properties"]) for r in got],
+                         [(m.headers or {}, m.properties or {}) for m in messages])
         self.assertEqual(list(fastavro.reader(io.BytesIO(codec.avro_deliveries([])))), [])

@@ -69,10 +69,12 @@ PRIORITIES = {str(i): i for i in range(MAX_PRIORITY + 1)}
 
 # Longest digit string converted: any 64-bit value with leading zeros.
 _MAX_DIGITS = 19
-# Spans already read from text: a producer repeats the same value, so a
-# lookup replaces the parse. Bounded: cleared when full.
+# Spans and epoch times already read from text: a producer repeats the
+# same value, so a lookup replaces the parse (STOMP's hot path). Bounded:
+# cleared when full.
 _SPANS: dict[str, int] = {}
-_SPANS_MAX = 1024
+_EPOCHS: dict[str, int] = {}
+_MEMO_MAX = 1024
 
 
 class OptionError(ValueError):
@@ -120,17 +122,15 @@ def _whole(value: Any, option: str, low: int, high: int) -> int:
     return number  # type: ignore[no-any-return]
 
 
-def _span(value: Any, option: str) -> int:
-    """A C{ttl} or C{delay}: milliseconds, 0 to L{MAX_SPAN_MS}."""
+def _memo(memo: dict[str, int], value: Any, option: str, high: int) -> int:
+    """C{value} read by L{_whole} (from 0 to C{high}), and remembered in
+    C{memo} when it is text."""
+    ms = _whole(value, option, 0, high)
     if value.__class__ is str:
-        ms = _SPANS.get(value)
-        if ms is None:
-            ms = _whole(value, option, 0, MAX_SPAN_MS)
-            if len(_SPANS) >= _SPANS_MAX:
-                _SPANS.clear()
-            _SPANS[value] = ms
-        return ms
-    return _whole(value, option, 0, MAX_SPAN_MS)
+        if len(memo) >= _MEMO_MAX:
+            memo.clear()
+        memo[value] = ms
+    return ms
 
 
 def read_priority(value: Any) -> int:
@@ -155,9 +155,17 @@ def read_expiry(now: float, expires: Any = None, ttl: Any = None) -> float:
     """
     at = 0.0
     if expires is not None:
-        at = _whole(expires, "expires", 0, MAX_EPOCH_MS) / 1000.0
+        # Text seen before: a lookup (anything else is read, and may be
+        # unhashable).
+        ms = _EPOCHS.get(expires) if expires.__class__ is str else None
+        if ms is None:
+            ms = _memo(_EPOCHS, expires, "expires", MAX_EPOCH_MS)
+        at = ms / 1000.0
     if ttl is not None:
-        by_ttl = now + _span(ttl, "ttl") / 1000.0
+        ms = _SPANS.get(ttl) if ttl.__class__ is str else None
+        if ms is None:
+            ms = _memo(_SPANS, ttl, "ttl", MAX_SPAN_MS)
+        by_ttl = now + ms / 1000.0
         if not at or by_ttl < at:
             at = by_ttl
     return at
@@ -175,7 +183,10 @@ def read_delivery_time(now: float, delay: Any = None, deliver_at: Any = None) ->
     if deliver_at is not None:
         at = _whole(deliver_at, "deliver-at", 0, MAX_EPOCH_MS) / 1000.0
     if delay is not None:
-        at = max(at, now + _span(delay, "delay") / 1000.0)
+        ms = _SPANS.get(delay) if delay.__class__ is str else None
+        if ms is None:
+            ms = _memo(_SPANS, delay, "delay", MAX_SPAN_MS)
+        at = max(at, now + ms / 1000.0)
     return at if at > now else 0.0
 
 

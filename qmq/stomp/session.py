@@ -52,12 +52,19 @@ from qmq.core.channel import Channel
 from qmq.core.consumer import SubscriberBuffer
 from qmq.core.destination import parse_destination
 from qmq.core.errors import BrokerError
-from qmq.core.message import ACK_TIMEOUT_HEADER, DELIVER_AT_HEADER
 from qmq.core.options import OptionError
 from qmq.core.ownership import escape_name
 from qmq.core.queue import QUEUE_ARGUMENTS, argument_name
 from qmq.core.vhost import VirtualHost
-from qmq.stomp.encoding import VERSION_INDEX, VERSIONS, encode_message_headers, relay_block
+from qmq.stomp.encoding import (
+    VERSION_INDEX,
+    VERSIONS,
+    destination_line,
+    encode_message_headers,
+    relay_block,
+    split_headers,
+    with_expiry,
+)
 from qmq.stomp.frame import Frame, FrameError, encode_frame, escape_header, excerpt
 from qmq.stomp.headers import HeaderError, parse_bool, parse_heartbeat, parse_int
 from qmq.stomp.settings import StompSettings
@@ -85,6 +92,7 @@ _MAX_HELD_FRAMES = 1000
 _CACHED_BLOCKS = 64
 _CACHED_BLOCK_SIZE = 2048
 #: SEND headers that set how a message is delivered (see _delivery_options).
+ACK_TIMEOUT_HEADER = "ack-timeout"
 _TIMING_HEADERS = frozenset(("expires", "ttl", "delay", "deliver-at", ACK_TIMEOUT_HEADER))
 _DELIVERY_HEADERS = _TIMING_HEADERS | {"priority"}
 
@@ -164,7 +172,11 @@ class StompSession:
         self._out: list[bytes] = []
         self._out_size = 0
         self._blocks: dict[bytes, bytes] = {}
-        self._last_headers: dict[str, str] | None = None
+        # The last SEND's headers and their split into the model.
+        self._last_split: tuple = (None, None, None)
+        # The last relayed block given an expires line: (block, expiry in
+        # epoch ms, block with the line).
+        self._last_expiry: tuple = (None, 0, None)
         self._seconds = self.clock.seconds
         self._msgid_prefix = self.id + "-"
         self._wrote_flag = True
@@ -827,9 +839,12 @@ class StompSession:
         @return: None (done), a Deferred (its receipt waits for it), or for
             a control destination the list of RECEIPT headers answering it.
 
-        The frame's headers become the message's headers (less the ones that
-        describe the frame), and the raw header block the parser kept becomes
-        the MESSAGE header block as is, so relaying costs no re-encoding.
+        The frame's headers become the message model (L{split_headers}:
+        properties and application headers; the delivery options read by
+        the core's parser into the message's fields), and the raw header
+        block the parser kept becomes the MESSAGE header block (less what
+        the model does not keep as sent: L{relay_block}), so relaying costs
+        no re-encoding.
         """
         channel = self.channel
         assert channel is not None
@@ -842,6 +857,7 @@ class StompSession:
         persistent = False
         unique = False
         timing: Any = None
+        properties = headers = None
         if len(h) > 1:
             if "receipt" in h:
                 del h["receipt"]
@@ -874,30 +890,29 @@ class StompSession:
                     timing = self._delivery_options(h)
                 else:
                     timing = self._expiry_options(h)  # a TTL: no other call
-        if len(h) > 1:
-            # A producer's messages repeat their headers: they share one
-            # dict, as recovered messages do (a message's headers are never
-            # changed in place). Each would otherwise keep its own dict and
-            # strings, about 430 bytes for destination and persistent.
-            last = self._last_headers
-            if h == last:
-                h = last
-            else:
-                self._last_headers = h
-            headers: dict[str, str] | None = h
-        else:
-            headers = None  # rather than a dict of the destination alone
+            if len(h) > 1:
+                # A producer's messages repeat their headers: they share
+                # the model's dicts, as recovered messages do (a message's
+                # dicts are never changed in place), split once.
+                last = self._last_split
+                if h == last[0]:
+                    properties, headers = last[1], last[2]
+                else:
+                    properties, headers = split_headers(h)
+                    self._last_split = (h, properties, headers)
         message = channel.new_message(target, headers, frame.body, persistent)
+        if properties is not None:
+            message.properties = properties
         if timing is not None:
             if timing.__class__ is int:
                 message.priority = timing
             else:
                 message.priority, message.expires, message.deliver_at, message.ack_timeout = timing
         if raw is None:
-            encode_message_headers(message, text)
+            encode_message_headers(message)
         elif unique:
             # A receipt or transaction line makes the block unique to this
-            # frame: strip it when (if ever) the message is delivered, not
+            # frame: make it when (if ever) the message is delivered, not
             # now (see qmq.stomp.encoding).
             message.cache = (raw,)
         else:
@@ -905,15 +920,28 @@ class StompSession:
             # the same bytes object for it, so this lookup is cheap.
             block = self._blocks.get(raw)
             if block is None:
-                block = relay_block(raw, message, text)
-                # Re-encoded blocks depend on the message; long blocks are
-                # not worth keeping (and would let a client pin megabytes).
-                if block.__class__ is not tuple and len(raw) <= _CACHED_BLOCK_SIZE:
+                block = relay_block(raw, destination_line(target[2], target[3])) or b""
+                # Long blocks are not worth keeping (and would let a client
+                # pin megabytes).
+                if len(raw) <= _CACHED_BLOCK_SIZE:
                     blocks = self._blocks
                     if len(blocks) >= _CACHED_BLOCKS:
                         blocks.clear()
                     blocks[raw] = block
-            message.cache = block
+            if not block:  # not relayed as sent: from the model
+                encode_message_headers(message)
+            elif message.expires:
+                # A producer's messages expire at the same millisecond
+                # (a fixed expires, or a ttl within one read): one block.
+                ms = round(message.expires * 1000)
+                last = self._last_expiry
+                if last[0] is block and last[1] == ms:
+                    message.cache = last[2]
+                else:
+                    message.cache = with_expiry(block, message)
+                    self._last_expiry = (block, ms, message.cache)
+            else:
+                message.cache = block
         return channel.publish(target, message)
 
     def _delivery_options(self, h: dict[str, str]) -> tuple[int, float, float, float]:
@@ -921,10 +949,6 @@ class StompSession:
         (L{qmq.core.options.read}): C{priority}, C{expires}, C{ttl},
         C{delay}, C{deliver-at}, C{ack-timeout} (their names are the core's
         option names).
-
-        A delivery time is written back as C{deliver-at} in epoch ms, the
-        header in which every store keeps it
-        (L{qmq.core.message.DELIVER_AT_HEADER}).
 
         @return: C{(priority, expires, deliver_at, ack_timeout)}, times in
             epoch seconds (0.0: none).
@@ -943,8 +967,6 @@ class StompSession:
             )
         except OptionError as e:
             raise _header_error(e) from None
-        if timing[2]:
-            h[DELIVER_AT_HEADER] = str(round(timing[2] * 1000))
         return timing
 
     def _expiry_options(self, h: dict[str, str]) -> tuple[int, float, float, float]:

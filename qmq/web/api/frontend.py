@@ -46,7 +46,7 @@ from qmq.core import options
 from qmq.core.channel import Channel
 from qmq.core.consumer import Consumer
 from qmq.core.errors import BrokerError, NotFound
-from qmq.core.message import DELIVER_AT_HEADER, Message
+from qmq.core.message import Message
 from qmq.web.api.codec import Parsed
 from qmq.web.api.problem import Problem, bad_request, from_broker_error
 
@@ -57,13 +57,6 @@ if TYPE_CHECKING:
     from qmq.web.api.settings import ApiSettings
 
 log = Logger()
-
-#: Header names a publisher may not set: the STOMP frontend writes them
-#: itself in every MESSAGE frame (a second one could be read first).
-RESERVED_HEADERS = frozenset(
-    ("destination", "content-length", "message-id", "subscription", "ack", "receipt",
-     "transaction", "redelivered", "x-delivery-count")
-)
 
 Delivered = list[tuple[int, "Message"]]
 
@@ -371,9 +364,6 @@ class VHostFrontend:
                         _check_destination(text, f"message {i}: ")
                         targets.append((text, channel.send_target(text)))
                     continue
-                if m.headers and not m.headers.keys().isdisjoint(RESERVED_HEADERS):
-                    bad = sorted(m.headers.keys() & RESERVED_HEADERS)
-                    raise bad_request(f"message {i}: header(s) {', '.join(bad)} are set by the broker")
                 if targets is not None:
                     text = destination(m)  # type: ignore[operator]
                     _check_destination(text, f"message {i}: ")
@@ -393,17 +383,14 @@ class VHostFrontend:
             if m.__class__ is bytes:
                 message = Message(next_id(), target[2], target[3], None, m, now, False)
             else:
-                headers = m.headers
-                message = Message(next_id(), target[2], target[3], headers, m.body, now, m.persistent)
+                message = Message(next_id(), target[2], target[3], m.headers, m.body, now, m.persistent)
+                message.properties = m.properties
                 if m.priority or m.ttl is not None or m.delay is not None:
-                    # The codec checked them (the same parser): no error here.
+                    # The codec checked them (the same parser): no error
+                    # here. A delivery time is held by the core and kept
+                    # by the store with the message, as STOMP's.
                     timing = options.read(now, m.priority, None, m.ttl, m.delay)
-                    message.priority, message.expires, deliver_at, _ = timing
-                    if deliver_at:
-                        # Held by the core, kept by the store with the
-                        # message (a restart keeps it delayed), as STOMP's.
-                        message.deliver_at = deliver_at
-                        message.headers = {**(headers or {}), DELIVER_AT_HEADER: str(round(deliver_at * 1000))}
+                    message.priority, message.expires, message.deliver_at, _ = timing
             try:
                 w = publish(target, message)
             except BrokerError as e:

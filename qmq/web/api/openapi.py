@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from qmq.core.message import PROPERTY_NAMES
 from qmq.core.options import MAX_PRIORITY, MAX_SPAN_MS
 from qmq.web.api.settings import ApiSettings
 
@@ -162,7 +163,23 @@ def _handles_body(extra: dict) -> dict:
 
 
 def _schemas(s: ApiSettings) -> dict:
-    headers = {"type": "object", "additionalProperties": {"type": "string"}}
+    headers = {
+        "type": "object",
+        "description": "Application headers: strings, numbers, booleans, null, or bytes as {\"base64\": TEXT}.",
+        "additionalProperties": {
+            "oneOf": [
+                {"type": ["string", "number", "boolean", "null"]},
+                {"type": "object", "required": ["base64"], "additionalProperties": False,
+                 "properties": {"base64": {"type": "string"}}},
+            ]
+        },
+    }
+    properties = {
+        "type": "object",
+        "description": "The message's properties that are set.",
+        "additionalProperties": False,
+        "properties": {name: {"type": "string"} for name in PROPERTY_NAMES},
+    }
     return {
         "Problem": {
             "type": "object",
@@ -186,6 +203,7 @@ def _schemas(s: ApiSettings) -> dict:
                 "body": {"type": "string", "description": "The payload: UTF-8 text, or base64 (see encoding)."},
                 "encoding": {"enum": ["utf-8", "base64"], "default": "utf-8"},
                 "headers": headers,
+                "properties": properties,
                 "destination": {"type": "string", "description": "For POST .../messages: /queue/NAME, /topic/KEY or "
                                 "/exchange/NAME/KEY. Not allowed where the path names the destination."},
                 "routing_key": {"type": "string", "description": "For the exchange endpoint."},
@@ -217,8 +235,8 @@ def _schemas(s: ApiSettings) -> dict:
         },
         "Delivery": {
             "type": "object",
-            "required": ["id", "destination", "exchange", "routing_key", "headers", "body", "encoding", "timestamp",
-                         "redelivered", "delivery_count", "priority", "persistent", "expires"],
+            "required": ["id", "destination", "exchange", "routing_key", "headers", "properties", "body", "encoding",
+                         "timestamp", "redelivered", "delivery_count", "priority", "persistent", "expires"],
             "properties": {
                 "handle": {"type": "string", "description": "Receipt handle (received messages)."},
                 "seq": {"type": "integer", "description": "Position in a topic follower's stream (topic polls)."},
@@ -227,6 +245,7 @@ def _schemas(s: ApiSettings) -> dict:
                 "exchange": {"type": "string"},
                 "routing_key": {"type": "string"},
                 "headers": headers,
+                "properties": properties,
                 "body": {"type": "string"},
                 "encoding": {"enum": ["utf-8", "base64"]},
                 "timestamp": {"type": "number", "description": "Seconds since the epoch."},
