@@ -46,7 +46,7 @@ from qmq.core import options
 from qmq.core.channel import Channel
 from qmq.core.consumer import Consumer
 from qmq.core.errors import BrokerError, NotFound
-from qmq.core.message import Message
+from qmq.core.message import Message, check_user_id
 from qmq.web.api.codec import Parsed
 from qmq.web.api.problem import Problem, bad_request, from_broker_error
 
@@ -364,6 +364,7 @@ class VHostFrontend:
                         _check_destination(text, f"message {i}: ")
                         targets.append((text, channel.send_target(text)))
                     continue
+                check_user_id(m.properties, channel.user)
                 if targets is not None:
                     text = destination(m)  # type: ignore[operator]
                     _check_destination(text, f"message {i}: ")
