@@ -200,6 +200,17 @@ class Options:
         return found
 
 
+def _text(value: Any) -> str:
+    """A typed header value as text, as STOMP writes it (bytes in base64)."""
+    if value.__class__ is bool:
+        return "true" if value else "false"
+    if value.__class__ is bytes:
+        import base64  # noqa: PLC0415
+
+        return base64.b64encode(value).decode()
+    return str(value)
+
+
 # -- body decoding ------------------------------------------------------------------------
 
 
@@ -386,7 +397,10 @@ def scan_batches(client: Client, vhost: str, p: ScanPartition, page: int,
             ids.append(mid)
             ts.append(r["timestamp"])
             prio.append(r["priority"])
-            headers.append(list(r["headers"].items()))
+            # Typed header values (the message model's) as text: the
+            # headers column is a map of strings.
+            headers.append([(k, v if v.__class__ is str or v is None else _text(v))
+                            for k, v in r["headers"].items()])
             bodies.append(r["body"])
         if len(ids) >= rows or (done and ids):
             yield pa.RecordBatch.from_arrays(
