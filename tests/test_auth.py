@@ -104,6 +104,42 @@ class PermissionTests(unittest.TestCase):
         self.assertFalse(p.allows("read", "orders2"))
         self.assertFalse(p.allows("delete", "orders"))
 
+    def test_dollar_is_the_end_of_the_name(self):
+        """C{^orders$} allows C{orders} and not C{"orders\\n"} (Python's C{$}
+        also matches before a final newline); a literal dollar stays one."""
+        p = Permission.of(configure="^orders$", write=r"^a\$b$|^[$]x$", read="^(in|out)$")
+        self.assertTrue(p.allows("configure", "orders"))
+        for name in ("orders\n", "orders\n\n", "orders\nx"):
+            self.assertFalse(p.allows("configure", name), repr(name))
+        self.assertTrue(p.allows("write", "a$b"))
+        self.assertTrue(p.allows("write", "$x"))
+        self.assertFalse(p.allows("write", "a$b\n"))
+        self.assertFalse(p.allows("write", "$x\n"))
+        self.assertTrue(p.allows("read", "out"))
+        self.assertFalse(p.allows("read", "out\n"))
+        # A token's narrowing over destination texts is anchored the same way.
+        user = User("t", permissions={"app": Permission.of(".*", ".*", ".*")},
+                    destinations=Permission.of(read="^/topic/chat$"))
+        self.assertTrue(user.can("read", "app", "amq.topic", "/topic/chat"))
+        self.assertFalse(user.can("read", "app", "amq.topic", "/topic/chat\n"))
+
+    def test_end_anchored(self):
+        from qmq.auth.permissions import end_anchored
+
+        cases = {
+            "^a$": "^a\\Z",
+            "a": "a",
+            r"a\$": r"a\$",
+            "[$]$": "[$]\\Z",
+            "[]$]$": "[]$]\\Z",
+            "[^]$]$": "[^]$]\\Z",
+            "(a$|b$)": "(a\\Z|b\\Z)",
+            r"[\]$]$": r"[\]$]\Z",
+        }
+        for pattern, expected in cases.items():
+            self.assertEqual(end_anchored(pattern), expected, pattern)
+            re.compile(end_anchored(pattern))
+
     def test_user_substitution_is_escaped(self):
         p = Permission.of(read=r"^user\.{user}\.", user="a.b")
         self.assertTrue(p.allows("read", "user.a.b.inbox"))

@@ -10,8 +10,12 @@ A user has, per virtual host, three regular expressions, as in RabbitMQ:
 
 A regular expression is searched for in the resource's name (unanchored, as
 RabbitMQ's C{re:run}: write C{^orders$} for one name); the empty string
-allows nothing.  C{{user}} in a pattern stands for the user's own name
-(escaped), so C{"^user\\.{user}\\."} gives each user queues of their own.
+allows nothing.  C{$} means the end of the name and nothing else: Python's
+(and PCRE's) C{$} also matches before a final newline, so C{^orders$} would
+allow C{"orders\\n"}; L{compile_pattern} writes every C{$} outside a
+character class as C{\\Z} (L{end_anchored}).  C{{user}} in a pattern stands
+for the user's own name (escaped), so C{"^user\\.{user}\\."} gives each
+user queues of their own.
 A user with no entry for a virtual host may not use it at all.
 
 A browser token may narrow a user further to destinations: its
@@ -30,7 +34,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["OPERATIONS", "Permission", "User", "compile_pattern"]
+__all__ = ["OPERATIONS", "Permission", "User", "compile_pattern", "end_anchored"]
 
 #: The operations a permission names.
 OPERATIONS = ("configure", "write", "read")
@@ -38,19 +42,58 @@ OPERATIONS = ("configure", "write", "read")
 _NOTHING = re.compile(r"(?!)")
 
 
+def end_anchored(pattern: str) -> str:
+    """
+    C{pattern} with each C{$} that is an anchor written C{\\Z}, so that it
+    matches at the very end of the name only (not before a final newline).
+
+    A C{$} escaped (C{\\$}) or inside a character class (C{[$]}) is a
+    literal dollar and stays.  The scan is one pass over the pattern.
+    """
+    if "$" not in pattern:
+        return pattern
+    out: list[str] = []
+    i, n = 0, len(pattern)
+    in_class = False
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            out.append(pattern[i : i + 2])
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            # A "]" right after "[" or "[^" is a literal, not the class's end.
+            j = i + 1
+            if pattern[j : j + 1] == "^":
+                j += 1
+            if pattern[j : j + 1] == "]":
+                j += 1
+            out.append(pattern[i:j])
+            i, in_class = j, True
+            continue
+        elif c == "$":
+            c = "\\Z"
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
 def compile_pattern(pattern: str, user: str = "") -> re.Pattern[str]:
     """
     Compile a permission pattern for C{user}.
 
     @param pattern: a regular expression; C{""} allows nothing; C{{user}}
-        becomes the escaped user name.
+        becomes the escaped user name; C{$} anchors at the end of the name
+        only (L{end_anchored}).
     @raise re.error: the pattern is not a regular expression.
     """
     if not pattern:
         return _NOTHING
     if "{user}" in pattern:
         pattern = pattern.replace("{user}", re.escape(user))
-    return re.compile(pattern)
+    return re.compile(end_anchored(pattern))
 
 
 @dataclass(frozen=True)
