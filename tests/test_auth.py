@@ -264,6 +264,25 @@ class TokenTests(unittest.TestCase):
         t = token({"sub": "u", "exp": NOW + 7200, "iat": NOW - 7200 + 10})
         self.assertRaises(InvalidToken, self.verifier.verify, t)
 
+    def test_lifetime_from_now_not_from_a_future_iat(self):
+        """An C{iat} in the future cannot make a long-lived token look short:
+        C{max_lifetime} (an hour here) counts from now, and an C{iat} past
+        now + leeway is refused."""
+        for iat in (NOW + 7000, NOW + 1):
+            t = token({"sub": "u", "exp": NOW + 7200, "iat": iat})
+            with self.assertRaises(InvalidToken) as caught:
+                self.verifier.verify(t)
+            self.assertNotIsInstance(caught.exception, TokenExpired)
+        # Issued in the future but within the leeway, and living at most an
+        # hour from now: accepted.
+        lenient = TokenVerifier(replace(self.settings, leeway=5), self.clock)
+        self.assertEqual(lenient.verify(token({"sub": "u", "exp": NOW + 3600, "iat": NOW + 5}))["sub"], "u")
+        self.assertRaises(InvalidToken, lenient.verify, token({"sub": "u", "exp": NOW + 3600, "iat": NOW + 6}))
+        self.assertRaises(InvalidToken, lenient.verify, token({"sub": "u", "exp": NOW + 3601, "iat": NOW}))
+        # An hour exactly, from now: accepted.
+        self.verifier.verify(token({"sub": "u", "exp": NOW + 3600, "iat": NOW}))
+        self.verifier.verify(token({"sub": "u", "exp": NOW + 3600}))
+
     def test_audience_and_issuer(self):
         verifier = TokenVerifier(replace(self.settings, audience="qmq", issuer="app"), self.clock)
         good = {"sub": "u", "exp": NOW + 60, "aud": "qmq", "iss": "app"}

@@ -91,8 +91,9 @@ class TokenSettings:
     @ivar audience: the C{aud} a token must name, or None.
     @ivar issuer: the C{iss} a token must name, or None.
     @ivar leeway: seconds of clock skew allowed on C{exp} and C{nbf}.
-    @ivar max_lifetime: most seconds a token may live (C{exp} - C{iat}, or
-        C{exp} - now without C{iat}); 0: no limit.
+    @ivar max_lifetime: most seconds a token may live, from now and from its
+        C{iat} (C{exp} - now and C{exp} - C{iat} are both at most this);
+        0: no limit.  An C{iat} later than now + C{leeway} is refused.
     @ivar configure: the most any token user of this virtual host may
         configure (a pattern, as a permission's).
     @ivar write: the most it may write.
