@@ -383,6 +383,42 @@ class AuthenticatorTests(unittest.TestCase):
         self.assertEqual({(e.short, e.message) for e in results}, {(results[0].short, results[0].message)})
         self.assertEqual(results[0].short, "access refused")
 
+    def test_unknown_user_costs_what_the_costliest_user_does(self):
+        """The dummy hash an unknown user is checked against has the
+        parameters of the costliest hash in use, including one set at run
+        time (the HTTP users API hashes at the default cost, costlier than
+        the configured ones): a wrong password and an unknown user then
+        cost the same scrypt work."""
+        checked = []
+
+        def record(f, password, hashed):
+            checked.append(hashed)
+            return defer.succeed(False)
+
+        self.auth.passwords._run = record
+
+        def cost_of(credentials, address):
+            del checked[:]
+            d = self.login("app", credentials, address)
+            self.settle(d)
+            self.failureResultOf(d, LoginFailed)
+            [hashed] = checked
+            return (hashed.ln, hashed.r, hashed.p, len(hashed.key))
+
+        alice = cost_of(UsernamePassword("alice", "wrong"), "198.51.100.1")
+        self.assertEqual(alice, (COST, 8, 1, 32))
+        self.assertEqual(cost_of(UsernamePassword("mallory", "x"), "198.51.100.2"), alice)
+        # A costlier user added at run time (as PUT /api/v1/users/NAME does).
+        self.auth.set_user("carol", "$scrypt$ln=15,r=8,p=1$" + "c2FsdHNhbHRzYWx0c2FsdA==$"
+                           "a2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2s=")
+        carol = cost_of(UsernamePassword("carol", "wrong"), "198.51.100.3")
+        self.assertEqual(carol, (15, 8, 1, 32))
+        self.assertEqual(cost_of(UsernamePassword("mallory", "x"), "198.51.100.4"), carol)
+        self.assertEqual(cost_of(UsernamePassword("anonymous", ""), "198.51.100.5"), carol)
+        # Gone again: the dummy follows the costliest hash left.
+        self.auth.delete_user("carol")
+        self.assertEqual(cost_of(UsernamePassword("mallory", "x"), "198.51.100.6"), alice)
+
     def settle(self, d, step=0.5, limit=1000):
         """Advance the clock until C{d} has a result; return the seconds it took."""
         done = []
