@@ -36,12 +36,15 @@ class AuthSettings:
         interface start although clients reach it without authentication
         (authentication off, or C{anonymous} on).
     @ivar failure_delay: seconds before a failed login is answered; it
-        doubles with each failure from the same address.
+        doubles with each failure of the same user name from the same
+        address (a success forgets them).
     @ivar failure_max_delay: the longest such delay.
-    @ivar failure_window: seconds after which an address's failures are
-        forgotten.
-    @ivar max_tracked_addresses: most client addresses whose failures are
-        remembered.
+    @ivar failure_window: seconds after which failures are forgotten.
+    @ivar max_tracked_addresses: most (address, user name) pairs, and most
+        addresses, whose failures are remembered.
+    @ivar failure_address_threshold: failed logins from one address, over
+        all user names, within C{failure_window}, past which every login
+        from that address is slowed (password spraying).
     """
 
     anonymous: bool = False
@@ -51,6 +54,7 @@ class AuthSettings:
     failure_max_delay: float = field(default=30.0, metadata={"above": 0})
     failure_window: float = field(default=300.0, metadata={"above": 0})
     max_tracked_addresses: int = field(default=10_000, metadata={"min": 1})
+    failure_address_threshold: int = field(default=20, metadata={"min": 0})
 
 
 @dataclass(frozen=True)
