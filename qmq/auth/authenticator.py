@@ -228,6 +228,7 @@ class Authenticator:
                 for vhost, perms in (permissions or {}).items()
             },
             {vhost: (t.configure, t.write, t.read) for vhost, t in tokens.items()},
+            {vhost: t.speak_for for vhost, t in tokens.items()},
         )
         self.portal = Portal(self.realm)
         hashes = {u.name: u.password for u in users if u.password}

@@ -23,7 +23,7 @@ exists.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -292,35 +292,53 @@ class Realm:
     """
     Turns a L{Principal} into a L{User} with its permissions.
 
+    A token's subject is an identity of its own (L{User.account} None, an
+    owner that no user name collides with, never an admin) with the
+    virtual host's token permissions, unless the virtual host's
+    C{speak_for} names it: it is then that configured user, with that
+    user's permissions in the token's virtual host (and the token's
+    narrowing).
+
     @param permissions: virtual host -> user name -> its three patterns
         (C{(configure, write, read)}).
     @param token_permissions: virtual host -> the patterns of its token users.
+    @param speak_for: virtual host -> the configured users its tokens may
+        speak for.
     """
 
     def __init__(
         self,
         permissions: Mapping[str, Mapping[str, tuple[str, str, str]]],
         token_permissions: Mapping[str, tuple[str, str, str]],
+        speak_for: Mapping[str, Collection[str]] | None = None,
     ) -> None:
         #: virtual host -> user -> (configure, write, read); changed at run
         #: time by L{qmq.auth.Authenticator.set_permission}.
         self.permissions = {v: dict(users) for v, users in permissions.items()}
         self._token_permissions = dict(token_permissions)
+        self._speak_for = {v: frozenset(names) for v, names in (speak_for or {}).items()}
 
     def user(self, principal: Principal) -> User:
         """The L{User} of a principal."""
         name = principal.name
+        speaks_for = None
         if principal.source == "token":
-            patterns = self._token_permissions.get(principal.vhost)  # type: ignore[arg-type]
-            grants = {principal.vhost: patterns} if patterns is not None else {}
+            vhost: str = principal.vhost  # type: ignore[assignment]
+            if name in self._speak_for.get(vhost, ()):
+                speaks_for = name
+                patterns = self.permissions.get(vhost, {}).get(name)
+            else:
+                patterns = self._token_permissions.get(vhost)
+            grants = {vhost: patterns} if patterns is not None else {}
         else:
             grants = {v: users[name] for v, users in self.permissions.items() if name in users}
         return User(
             name=name,
             source=principal.source,
-            permissions={v: Permission.of(*p, user=name) for v, p in grants.items()},  # type: ignore[misc]
+            permissions={v: Permission.of(*p, user=name) for v, p in grants.items()},
             destinations=principal.destinations,
             expires=principal.expires,
+            speaks_for=speaks_for,
         )
 
     def requestAvatar(self, avatarId: Any, mind: Any, *interfaces: Any) -> tuple:

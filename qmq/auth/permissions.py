@@ -31,10 +31,12 @@ each STOMP destination maps to resources is in C{docs/security.rst}.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["OPERATIONS", "Permission", "User", "compile_pattern", "end_anchored"]
+from qmq.core.ownership import Owner
+
+__all__ = ["CONFIGURED_KINDS", "OPERATIONS", "Permission", "User", "compile_pattern", "end_anchored"]
 
 #: The operations a permission names.
 OPERATIONS = ("configure", "write", "read")
@@ -119,20 +121,35 @@ class Permission:
         return pattern is not None and pattern.search(name) is not None
 
 
+#: The ways of logging in whose name is a configured user's: a password, a
+#: certificate (mapped by C{[users.NAME] certificate_names}) and anonymous
+#: (mapped by C{[auth] anonymous_user}).  A token's subject is not one unless
+#: its virtual host's C{[tokens] speak_for} names it.
+CONFIGURED_KINDS = frozenset({"password", "certificate", "anonymous"})
+
+
 @dataclass(frozen=True)
 class User:
     """
-    An authenticated client: what every frontend gets from
-    L{qmq.auth.Authenticator.authenticate}.
+    An authenticated client, its identity and its permissions: what every
+    frontend gets from L{qmq.auth.Authenticator.authenticate}.
 
-    @ivar name: the user's name (durable subscriptions are named after it).
+    The identity is (how it logged in, name): C{kind} and C{name}.  Rights
+    that go by name (the API's admins, the owner of durable subscriptions,
+    deleting a user) go by L{account}, the configured user it is, never by
+    the bare name: a token whose subject is C{admin} is not the password
+    user C{admin}, unless the configuration maps it (C{speak_for}).
+
+    @ivar name: the user's name (a token's C{sub}).
     @ivar source: how it logged in: C{"password"}, C{"certificate"},
-        C{"token"} or C{"anonymous"}.
+        C{"token"} or C{"anonymous"} (also L{kind}).
     @ivar permissions: virtual host name -> its L{Permission}.
     @ivar destinations: a token's narrowing (a L{Permission} over destination
         texts), or None.
     @ivar expires: when its credentials expire (clock seconds; a token's
         C{exp}), or None.
+    @ivar speaks_for: for a token, the configured user it speaks for (its
+        virtual host's C{[tokens] speak_for} names its subject), or None.
     """
 
     name: str
@@ -140,6 +157,41 @@ class User:
     permissions: Mapping[str, Permission] = field(default_factory=dict)
     destinations: Permission | None = None
     expires: float | None = None
+    speaks_for: str | None = None
+
+    @property
+    def kind(self) -> str:
+        """How it logged in (C{source})."""
+        return self.source
+
+    @property
+    def identity(self) -> tuple[str, str]:
+        """(how it logged in, name): two users are the same client only if
+        these are equal (frontends key per-client state on it)."""
+        return (self.source, self.name)
+
+    @property
+    def account(self) -> str | None:
+        """The configured user this is (C{[users.NAME]}, a user added through
+        the HTTP API, or the anonymous user), or None: an identity of its own
+        (a token's subject that no C{speak_for} maps)."""
+        if self.source in CONFIGURED_KINDS:
+            return self.name
+        return self.speaks_for
+
+    @property
+    def owner(self) -> str | Owner:
+        """Who owns its durable subscriptions (L{qmq.core.ownership}): a
+        configured user's name (their queue names as they always were), or
+        an L{Owner} of its kind, which no user name can collide with."""
+        account = self.account
+        return account if account is not None else Owner(self.name, self.source)
+
+    def is_admin(self, admins: Collection[str]) -> bool:
+        """Whether it is one of C{admins} (user names, such as C{[http_api]
+        admins}): only a configured user can be, by its L{account}."""
+        account = self.account
+        return account is not None and account in admins
 
     def may_use(self, vhost: str) -> bool:
         """Whether the user may connect to the virtual host C{vhost} at all."""

@@ -82,6 +82,7 @@ class PermissionSettings:
     configure: str = ""
     write: str = ""
     read: str = ""
+    speak_for: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,10 @@ class TokenSettings:
         configure (a pattern, as a permission's).
     @ivar write: the most it may write.
     @ivar read: the most it may read.
+    @ivar speak_for: configured users (names) this virtual host's tokens may
+        speak for: a token whose C{sub} is one of them is that user (its
+        permissions here, its durable subscriptions, its admin rights).  Any
+        other subject is an identity of its own, never a configured user.
     """
 
     algorithm: str
@@ -114,3 +119,4 @@ class TokenSettings:
     configure: str = ""
     write: str = ""
     read: str = ""
+    speak_for: tuple[str, ...] = ()
