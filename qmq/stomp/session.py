@@ -771,15 +771,17 @@ class StompSession:
             recv=recv_ms,
         )
 
-    def _owner_name(self) -> str:
+    def _owner_name(self) -> Any:
         """Who the client is, for what it owns (durable subscriptions): its
         login, else its verified TLS identity, else C{""} (anonymous).
 
-        With authentication on, the authenticated user's name; without it
-        the login is not checked.
+        With authentication on, the authenticated user's owner
+        (L{qmq.auth.User.owner}: a token's subject owns apart from the
+        password user of the same name); without it the login is not
+        checked.
         """
         if self.user is not None:
-            return self.user.name
+            return self.user.owner
         if self.login:
             return self.login
         identity = self.transport.identity

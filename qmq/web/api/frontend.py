@@ -332,7 +332,7 @@ class VHostFrontend:
         # user's permissions on every destination, and receipt handles of
         # one user's receivers mean nothing to another's.
         self.channel = Channel(
-            broker, vhost, owner_name=user.name if user is not None else "http", user=user, protocol="http"
+            broker, vhost, owner_name=user.owner if user is not None else "http", user=user, protocol="http"
         )
         self.pollers: dict[str, PollConsumer] = {}
 
@@ -485,13 +485,15 @@ class HttpFrontend:
         self.broker = broker
         self.settings = settings
         self.clock = clock
-        self.vhosts: dict[tuple[str, str | None], VHostFrontend] = {}
+        self.vhosts: dict[tuple[str, tuple[str, str] | None], VHostFrontend] = {}
         self.delayed: set[Any] = set()
 
     def vhost(self, name: str, user: Any = None) -> VHostFrontend:
         """The frontend of virtual host C{name} for C{user} (None: no
         authentication). @raise Problem: there is no such virtual host."""
-        key = (name, user.name if user is not None else None)
+        # Per identity (how it logged in, name): a token's "alice" is not
+        # the password user "alice", and owns apart (qmq.auth.User.owner).
+        key = (name, user.identity if user is not None else None)
         fe = self.vhosts.get(key)
         vhost = self.broker.vhosts.get(name)
         if vhost is None:

@@ -421,7 +421,9 @@ class ApiResource(Resource):
 
     def _is_admin(self, request: Request) -> bool:
         user = getattr(request, "qmq_user", None)
-        return user is None or user.name in self.settings.admins.split()
+        # By the identity's account, never the bare name: a token's subject
+        # "admin" is not the configured user admin (qmq.auth.User.is_admin).
+        return user is None or user.is_admin(self.settings.admins.split())
 
     def _require_admin(self, request: Request) -> None:
         if not self._is_admin(request):
@@ -440,10 +442,10 @@ class ApiResource(Resource):
             )
 
     @staticmethod
-    def _owner(request: Request) -> str:
+    def _owner(request: Request) -> Any:
         """Who the request's client is for what it owns (the owner name of its channel)."""
         user = getattr(request, "qmq_user", None)
-        return user.name if user is not None else "http"
+        return user.owner if user is not None else "http"
 
     def _own(self, request: Request, queue: str, operation: str) -> None:
         """A durable subscription's queue is its owner's alone
@@ -1283,7 +1285,7 @@ class ApiResource(Resource):
         done = 0
         for channel in list(traffic.live) if traffic is not None else ():
             user = channel.user
-            if user is not None and user.name == name:
+            if user is not None and user.account == name:
                 fresh = auth.refreshed(user)
                 if fresh is not None:
                     channel.set_user(fresh)
@@ -1305,7 +1307,7 @@ class ApiResource(Resource):
             # As RabbitMQ does: the deleted user's connections close.
             for conn in list(registry.connections()):
                 who = getattr(_session(conn), "user", None)
-                if who is not None and who.name == user and who.source != "token":
+                if who is not None and who.account == user:
                     conn.shutdown(f"user {user!r} was deleted by an administrator")
                     closed += 1
         log.info("http api: user {user} deleted by {admin}", user=user, admin=self._who(request))
