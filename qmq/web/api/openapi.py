@@ -111,6 +111,21 @@ def _ok(schema: dict, description: str = "OK", status: int = 200, avro: bool = F
     return {str(status): r}
 
 
+HEALTH = {
+    "type": "object", "required": ["status", "alarms", "store"],
+    "properties": {
+        "status": {"enum": ["ok", "degraded"]},
+        "alarms": {"type": "array", "items": {
+            "type": "object", "required": ["name", "detail", "persistent_only"],
+            "properties": {"name": {"enum": ["memory", "disk", "store"]}, "detail": {"type": "string"},
+                           "persistent_only": {"type": "boolean"}}}},
+        "store": {"type": "object", "properties": {
+            "healthy": {"type": "boolean"}, "failure": {"type": ["string", "null"]}}},
+        "disk": {"type": "object", "properties": {
+            "free_bytes": {"type": "integer"}, "limit_bytes": {"type": "integer"}}},
+    },
+}
+
 PUBLISH_BODY = {
     "required": True,
     "description": "One message, or a batch {\"messages\": [...]}; in Avro one PublishMessage datum, or an object "
@@ -421,6 +436,13 @@ def document(s: ApiSettings | None = None) -> dict:
     paths: dict[str, dict] = {
         "/api/v1": {"get": _op("API index", _ok({"type": "object"}), tag="meta")},
         "/api/v1/openapi.json": {"get": _op("This document", _ok({"type": "object"}), tag="meta")},
+        "/api/v1/health": {"get": _op(
+            "Readiness", {**_ok(HEALTH, "Publishers are admitted"),
+                          "503": {"description": "Publishers are held back (an alarm, the store)",
+                                  "content": _json(HEALTH)}},
+            description="The alarms holding publishers back (memory: every publish; disk, store: "
+                        "persistent ones) and the store's health. Consumers are never held back.",
+            tag="meta")},
         "/api/v1/schemas": {"get": _op("List the Avro schemas", _ok({
             "type": "object", "required": ["schemas"],
             "properties": {"schemas": {"type": "array", "items": {"type": "string"}}}}), tag="meta")},
