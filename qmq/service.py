@@ -674,9 +674,11 @@ def _recover(broker: Broker, settings: Settings) -> bool:
         store=settings.store,
     )
     log.info(
-        "QMQ recovery took {seconds:.3f} s ({cpu:.3f} s of CPU)",
+        "QMQ recovery took {seconds:.3f} s ({cpu:.3f} s of CPU); {listeners} listener(s) "
+        "bind next",
         seconds=time.monotonic() - started,
         cpu=time.process_time() - cpu,
+        listeners=len(settings.listen),
     )
     return True
 

@@ -179,3 +179,49 @@ class DiskFullTests(SynchronousTestCase):
         self.flushLoggedErrors(OSError)
 
 
+
+
+class RecoveryProgressTests(SynchronousTestCase):
+    """Replaying a large log says what it reads, how far it got every
+    PROGRESS_EVERY seconds, and when it is done, before listeners bind."""
+
+    def test_progress_lines(self) -> None:
+        directory = self.mktemp()
+        clock = Clock()
+        store = CommitLogStore(directory, reactor=clock, io=sync_io, segment_size=4096,
+                               compact_interval=0)
+        broker = Broker(clock, store=store)
+        broker.recover()
+        q = broker.default_vhost.declare_queue("q", durable=True)
+        for i in range(200):
+            broker.default_vhost.publish_to((q,), broker.new_message("", "q", None, b"x" * 100, True))
+            if i % 20 == 19:
+                broker.batcher.flush_all()
+                store.flush()
+        broker.batcher.flush_all()
+        self.successResultOf(store.close())
+
+        ticks = iter(range(0, 10_000))  # one second a segment
+        events: list[dict] = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        again = CommitLogStore(directory, reactor=Clock(), io=sync_io, segment_size=4096,
+                               compact_interval=0, progress_clock=lambda: float(next(ticks)))
+        self.addCleanup(again.close)
+        recovery = again.recover()
+        self.assertEqual(len(recovery.messages[("/", "q")]), 200)
+        lines = [e for e in events if (e.get("log_namespace") or "").startswith("qmq.store")]
+        texts = [e["log_format"] for e in lines]
+        self.assertIn("commit log: recovering", texts[0])
+        self.assertIn("listeners bind once it is done", texts[0])
+        segments = lines[0]["segments"]
+        self.assertGreater(segments, 5)
+        steps = [e for e in lines if "recovery at" in e["log_format"]]
+        # Every other segment (a line at most every 2 s of the fake clock).
+        self.assertEqual(len(steps), (segments - 1) // 2)
+        self.assertEqual([e["done"] for e in steps], list(range(2, segments, 2)))
+        percents = [e["percent"] for e in steps]
+        self.assertEqual(percents, sorted(percents))
+        self.assertTrue(0 < percents[0] < percents[-1] < 100)
+        self.assertIn("commit log: recovered", texts[-1])
+        self.assertEqual(lines[-1]["messages"], 200)

@@ -40,6 +40,7 @@ import errno
 import fcntl
 import os
 import struct
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -108,6 +109,9 @@ MiB = 1024 * 1024
 #: How far message ids jump after damage hid some records (see L{_open}).
 ID_JUMP = 1 << 32
 
+#: Seconds between two lines of progress while the log is replayed at start.
+PROGRESS_EVERY = 2.0
+
 #: The file a store holds locked while it is open (one broker per directory).
 LOCK_FILE = "LOCK"
 
@@ -119,6 +123,67 @@ _ID = struct.Struct("<Q")
 
 class StoreFailed(Exception):
     """The store could not write: what it was asked to keep may be lost."""
+
+
+class _Progress:
+    """Lines an operator can watch while the log is replayed at start: what
+    there is to read, then every L{PROGRESS_EVERY} seconds how far replay
+    got (segments, bytes, percent, live messages), then the total. A
+    million messages take seconds, and no listener is bound meanwhile."""
+
+    def __init__(self, directory: str, segments: list, replay: Replay, clock: Callable[[], float]) -> None:
+        self.directory = directory
+        self.replay = replay
+        self.clock = clock
+        self.sizes = []
+        for _, path in segments:
+            try:
+                self.sizes.append(os.path.getsize(path))
+            except OSError:
+                self.sizes.append(0)
+        self.total = sum(self.sizes)
+        self.read = 0
+        self.started = self.last = clock()
+        if segments:
+            _log.info(
+                "commit log: recovering {segments} segment(s), {mib:.1f} MiB, from {directory}; "
+                "listeners bind once it is done",
+                segments=len(segments),
+                mib=self.total / MiB,
+                bytes=self.total,
+                directory=directory,
+            )
+
+    def step(self, i: int) -> None:
+        """Segment C{i} is next: say how far replay got, if it is time."""
+        if i:
+            self.read += self.sizes[i - 1]
+            now = self.clock()
+            if now - self.last >= PROGRESS_EVERY:
+                self.last = now
+                _log.info(
+                    "commit log: recovery at {percent:.0f}%: {done} of {segments} segment(s), "
+                    "{mib:.1f} of {total_mib:.1f} MiB, {messages} live message(s) so far, "
+                    "{seconds:.1f} s",
+                    percent=100.0 * self.read / self.total if self.total else 100.0,
+                    done=i,
+                    segments=len(self.sizes),
+                    mib=self.read / MiB,
+                    total_mib=self.total / MiB,
+                    messages=len(self.replay.messages),
+                    seconds=now - self.started,
+                )
+
+    def done(self) -> None:
+        if self.sizes:
+            _log.info(
+                "commit log: recovered {segments} segment(s), {mib:.1f} MiB, {messages} live "
+                "message(s), in {seconds:.1f} s",
+                segments=len(self.sizes),
+                mib=self.total / MiB,
+                messages=len(self.replay.messages),
+                seconds=self.clock() - self.started,
+            )
 
 
 class _Batch:
@@ -188,6 +253,7 @@ class CommitLogStore:
         datasync: Callable[[int], None] = os.fdatasync,
         backlog_memory: int = 16 * MiB,
         retry_interval: float = 1.0,
+        progress_clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """
         @param fsync: C{"always"} (a publish's Deferred fires after its
@@ -211,6 +277,8 @@ class CommitLogStore:
             and reads them back as consumers reach them; 0 never does.
         @param retry_interval: seconds between two tries to write again
             after a write failed (a full disk, an I/O error).
+        @param progress_clock: the time replay's progress lines are spaced
+            by (L{PROGRESS_EVERY}); tests give a fake one.
         """
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, got {fsync!r}")
@@ -254,6 +322,7 @@ class CommitLogStore:
         self._retry_batch: _Batch | None = None
         self._retry_call: Any = None
         self.retry_interval = retry_interval
+        self._progress_clock = progress_clock
         self._failed_at = 0.0
         self._retry_logged = 0.0
         self._watchers: list[Callable[[bool, str], object]] = []
@@ -340,9 +409,11 @@ class CommitLogStore:
         index = self._index
         replay = Replay(index, backlog_memory=self.backlog_memory)
         segments = list_segments(self.directory)
+        progress = _Progress(self.directory, segments, replay, self._progress_clock)
         floor = 1
         append_to = None
         for i, (number, path) in enumerate(segments):
+            progress.step(i)
             last = i == len(segments) - 1
             data = read_segment(path)
             reader = SegmentReader(path, data, last)
@@ -389,6 +460,7 @@ class CommitLogStore:
             # batch, even one that only deletes the old segments.
             self._place()
         self._sealed = self._active
+        progress.done()
         self._recovery = replay.recovery()
         self._recovery.next_message_id = self._next_id()
         if self.compact_interval:
