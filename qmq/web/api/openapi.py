@@ -31,7 +31,7 @@ _REASONS = {
     415: "Unsupported Content-Type.",
     429: "A queue is full (reject-publish), a cap on delayed messages or followers is reached, or too many "
     "failed logins; retry later.",
-    503: "Published, but the store failed to keep the messages.",
+    503: "Not accepted: publishers are held back (memory or disk alarm), or the store could not keep the messages; retry after Retry-After.",
 }
 
 
