@@ -588,7 +588,11 @@ class StompSession:
         self._group = self._group_waiter = None
         if not self.closed:
             log.failure("store failed to keep a message session={session}", failure, session=self.id)
-        self.error("message not stored", "The broker could not store a message; see its log.")
+        self.error(
+            "message not stored",
+            f"The broker could not store a message ({failure.getErrorMessage()}); it is not "
+            "accepted: send it again later.",
+        )
         # Passed on: the waiter may be shared with other sessions (see
         # qmq.core.store), whose errbacks must see the failure too.
         return failure
