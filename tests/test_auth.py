@@ -135,6 +135,8 @@ class PermissionTests(unittest.TestCase):
             "[^]$]$": "[^]$]\\Z",
             "(a$|b$)": "(a\\Z|b\\Z)",
             r"[\]$]$": r"[\]$]\Z",
+            # A verbose pattern's comment is not a class, whatever it holds.
+            "(?x) ^a$  # [a comment\n | ^b$": "(?x) ^a\\Z  # [a comment\n | ^b\\Z",
         }
         for pattern, expected in cases.items():
             self.assertEqual(end_anchored(pattern), expected, pattern)
