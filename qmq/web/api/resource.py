@@ -34,6 +34,7 @@ from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
+from qmq.core.admission import RETRY_AFTER
 from qmq.core.errors import BrokerError
 from qmq.core.exchange import EXCHANGE_TYPES
 from qmq.core.management import Management
@@ -186,7 +187,7 @@ Route = tuple[str, tuple[str, ...], str]
 
 
 #: Handlers anyone may call, also with authentication on (the documents).
-PUBLIC = frozenset(("h_index", "h_openapi", "h_schemas", "h_schema"))
+PUBLIC = frozenset(("h_index", "h_openapi", "h_schemas", "h_schema", "h_health"))
 #: Handlers of the broker as a whole (users, permissions): their caller
 #: logs in to the default virtual host whatever the path names.
 GLOBAL = frozenset(("h_get_permission", "h_put_permission", "h_delete_permission"))
@@ -222,6 +223,7 @@ class ApiResource(Resource):
     routes: tuple[Route, ...] = (
         ("GET", ("v1",), "index"),
         ("GET", ("v1", "openapi.json"), "openapi"),
+        ("GET", ("v1", "health"), "health"),
         ("GET", ("v1", "schemas"), "schemas"),
         ("GET", ("v1", "schemas", "{schema}"), "schema"),
         ("GET", ("v1", "vhosts"), "list_vhosts"),
@@ -422,7 +424,9 @@ class ApiResource(Resource):
 
     def _is_admin(self, request: Request) -> bool:
         user = getattr(request, "qmq_user", None)
-        return user is None or user.name in self.settings.admins.split()
+        # By the identity's account, never the bare name: a token's subject
+        # "admin" is not the configured user admin (qmq.auth.User.is_admin).
+        return user is None or user.is_admin(self.settings.admins.split())
 
     def _require_admin(self, request: Request) -> None:
         if not self._is_admin(request):
@@ -442,10 +446,10 @@ class ApiResource(Resource):
         return mgmt.may_read_queue(queue, see_all=self._is_admin(request))
 
     @staticmethod
-    def _owner(request: Request) -> str:
+    def _owner(request: Request) -> Any:
         """Who the request's client is for what it owns (the owner name of its channel)."""
         user = getattr(request, "qmq_user", None)
-        return user.name if user is not None else "http"
+        return user.owner if user is not None else "http"
 
     def _own(self, request: Request, queue: str, operation: str) -> None:
         """A durable subscription's queue is its owner's alone
@@ -560,6 +564,29 @@ class ApiResource(Resource):
             }
         )
 
+    def h_health(self, request: Request) -> Response:
+        """Readiness: 200 while publishers are admitted, 503 while admission
+        holds any back (the alarms and the store's health, listed)."""
+        broker = self.broker
+        admission = broker.admission
+        failure = getattr(broker.store, "failure", None)
+        disk = broker.disk_alarm
+        body: dict[str, Any] = {
+            "status": "ok" if not admission.closed else "degraded",
+            "alarms": [
+                {"name": h.name, "detail": h.detail, "persistent_only": h.persistent_only}
+                for h in admission.holds
+            ],
+            "store": {"healthy": failure is None, "failure": failure},
+        }
+        if disk is not None:
+            body["disk"] = {"free_bytes": disk.free, "limit_bytes": disk.limit}
+        status = 200 if not admission.closed else 503
+        response = json_response(body, status)
+        if status == 503:
+            response.headers["Retry-After"] = str(RETRY_AFTER)
+        return response
+
     def h_openapi(self, request: Request) -> Response:
         if self._openapi is None:
             from qmq.web.api.openapi import document  # noqa: PLC0415
@@ -629,12 +656,18 @@ class ApiResource(Resource):
         def stored(_: Any) -> Response:
             return json_response(body, 201)
 
-        def failed(_: Any) -> Problem:
+        def failed(f: Any) -> Problem:
+            # Not "published": the answer promises nothing about them.
+            if isinstance(f.value, defer.FirstError):
+                f = f.value.subFailure
             return Problem(
                 503,
                 "not-stored",
-                "The broker published the messages but could not store them; see its log.",
-                {"published": len(ids), "ids": ids},
+                "The broker could not store the messages ("
+                f"{f.value.__class__.__name__}: {f.getErrorMessage()}); they are not accepted, "
+                "publish them again later.",
+                {"stored": 0},
+                {"Retry-After": str(RETRY_AFTER)},
             )
 
         return d.addCallbacks(stored, failed)
@@ -1234,7 +1267,7 @@ class ApiResource(Resource):
         done = 0
         for channel in list(traffic.live) if traffic is not None else ():
             user = channel.user
-            if user is not None and user.name == name:
+            if user is not None and user.account == name:
                 fresh = auth.refreshed(user)
                 if fresh is not None:
                     channel.set_user(fresh)
@@ -1256,7 +1289,7 @@ class ApiResource(Resource):
             # As RabbitMQ does: the deleted user's connections close.
             for conn in list(registry.connections()):
                 who = getattr(_session(conn), "user", None)
-                if who is not None and who.name == user and who.source != "token":
+                if who is not None and who.account == user:
                     conn.shutdown(f"user {user!r} was deleted by an administrator")
                     closed += 1
         log.info("http api: user {user} deleted by {admin}", user=user, admin=self._who(request))
