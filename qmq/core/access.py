@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qmq.core.errors import AccessRefused
-from qmq.core.ownership import check_queue_access, durable_queue_owner
+from qmq.core.ownership import Owner, check_queue_access, durable_queue_owner
 
 __all__ = ["EXCHANGE", "OPERATIONS", "QUEUE", "Resource", "allowed", "authorize"]
 
@@ -122,7 +122,7 @@ def authorize(
     user: Any,
     operation: str,
     resource: Resource,
-    owner: str | None = None,
+    owner: str | Owner | None = None,
     named: str | None = None,
 ) -> None:
     """Refuse, unless C{user} may do C{operation} on C{resource}.
@@ -130,9 +130,10 @@ def authorize(
     @param user: a L{qmq.auth.User}, or None (no permission checks).
     @param operation: one of L{OPERATIONS}.
     @param owner: who the client is for durable subscriptions (a
-        channel's C{owner_name}); given, a queue that is another owner's
-        durable subscription is refused whatever the permissions (None:
-        not asked here, the caller asks L{check_queue_access} itself).
+        channel's C{owner_name}: a user's name or an L{Owner}); given, a
+        queue that is another owner's durable subscription is refused
+        whatever the permissions (None: not asked here, the caller asks
+        L{check_queue_access} itself).
     @param named: how the client named it (a STOMP destination), for the
         message only: the verdict never depends on it.
     @raise AccessRefused: short C{access refused (OPERATION)}; the message

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from qmq.core.access import Resource, allowed, authorize
 from qmq.core.errors import AccessRefused, PreconditionFailed
+from qmq.core.ownership import Owner
 from qmq.core.queue import QueuePolicy
 
 if TYPE_CHECKING:
@@ -87,7 +88,7 @@ def writing_targets(vhost: str, arguments: dict[str, Any] | None) -> list[tuple[
     return [("x-dead-letter-exchange", Resource.exchange(vhost, exchange, key))]
 
 
-def authorize_arguments(user: Any, owner: str, vhost: str, arguments: dict[str, Any] | None) -> None:
+def authorize_arguments(user: Any, owner: str | Owner, vhost: str, arguments: dict[str, Any] | None) -> None:
     """Refuse queue C{arguments} that would make the broker write where
     the declarer may not (see L{writing_targets}): the declarer needs
     C{write} on each target, and a target queue that is another owner's
@@ -118,7 +119,7 @@ class Management:
     @ivar owner: who the identity is as the owner of durable subscriptions.
     """
 
-    def __init__(self, vhost: VirtualHost, user: Any = None, owner: str = "") -> None:
+    def __init__(self, vhost: VirtualHost, user: Any = None, owner: str | Owner = "") -> None:
         self.vhost = vhost
         self.user = user
         self.owner = owner
