@@ -36,6 +36,7 @@ applies with authentication off too.
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,7 +155,14 @@ def authorize(
     )
 
 
-def resource_named(vhost: str, operation: str, name: str, text: str) -> Resource:
+def resource_named(
+    vhost: str,
+    operation: str,
+    name: str,
+    text: str,
+    exchanges: Container[str] = (),
+    queues: Container[str] = (),
+) -> Resource:
     """The resource a channel's check names: C{name}, which the client
     reached through the destination C{text} (a bridge for the channel's
     call sites, which pass the name and the text they resolved).
@@ -163,7 +171,10 @@ def resource_named(vhost: str, operation: str, name: str, text: str) -> Resource
     read from it (a SUBSCRIBE, a topic's subscriber count), naming it by a
     C{/topic/KEY} or C{/exchange/NAME/KEY} destination; everything else it
     asks about is a queue (a C{configure} with a topic destination is the
-    durable subscription's queue it makes).
+    durable subscription's queue it makes). A check that names the
+    resource by its bare name (C{text} is not a destination) is about an
+    exchange if C{name} is one of C{exchanges} and none of C{queues}, and
+    then about the exchange itself (no key: C{/exchange/NAME}).
     """
     if operation != "configure":
         if text.startswith("/topic/") and name == TOPIC_EXCHANGE:
@@ -174,4 +185,6 @@ def resource_named(vhost: str, operation: str, name: str, text: str) -> Resource
                 return Resource(vhost, EXCHANGE, name, key)
         if text.startswith("/control/count-subscribers/topic/") and name == TOPIC_EXCHANGE:
             return Resource(vhost, EXCHANGE, name, text[33:])
+        if not text.startswith("/") and name in exchanges and name not in queues:
+            return Resource(vhost, EXCHANGE, name)
     return Resource(vhost, QUEUE, name)

@@ -186,8 +186,9 @@ class Channel:
         if user is not None:
             # The verdict is the core's (qmq.core.access), on the resource
             # itself: the same whichever frontend or text named it.
-            vhost = self.vhost.name
-            authorize(user, operation, resource_named(vhost, operation, resource, text), named=text)
+            vhost = self.vhost
+            named = resource_named(vhost.name, operation, resource, text, vhost.exchanges, vhost.queues)
+            authorize(user, operation, named, named=text)
 
     def named_queue(
         self, name: str, operation: str = "read", arguments: dict[str, Any] | None = None
