@@ -24,6 +24,9 @@ L{qmq.core.vhost.VirtualHost}:
 
 "Ownership" is L{qmq.core.ownership}: a durable subscription's queue is its
 owner's alone, whatever the permissions, with authentication on or off.
+L{Management.check_owner} asks that rule alone, for a frontend about to
+receive from a queue or settle its deliveries (the channel checks C{read}
+when it attaches the consumer).
 
 Arguments that make the broker write somewhere are permissions too: a queue
 declared with C{x-dead-letter-exchange} republishes into that exchange (or,
@@ -41,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from qmq.core.access import Resource, allowed, authorize
 from qmq.core.errors import AccessRefused, PreconditionFailed
-from qmq.core.ownership import Owner
+from qmq.core.ownership import Owner, check_queue_access
 from qmq.core.queue import QueuePolicy
 
 if TYPE_CHECKING:
@@ -135,6 +138,13 @@ class Management:
     def authorize(self, operation: str, resource: Resource) -> None:
         """L{qmq.core.access.authorize} for this identity (ownership included)."""
         authorize(self.user, operation, resource, self.owner)
+
+    def check_owner(self, name: str, operation: str) -> None:
+        """The durable-subscription rule alone (L{check_queue_access}): for
+        receiving from queue C{name} and settling its deliveries, whose
+        C{read} permission the channel checks when it attaches a consumer.
+        @raise AccessRefused: it is another owner's durable subscription."""
+        check_queue_access(self.owner, name, operation)
 
     def may_read_queue(self, name: str, see_all: bool = False) -> bool:
         """Whether this identity may read queue C{name} (its permissions and,
