@@ -111,6 +111,17 @@ class OperationTests(ManagementTestCase):
         alice = Management(self.vhost, None, "alice")
         self.assertEqual(alice.purge_queue(self.feed), 0)
 
+    def test_allow_create(self) -> None:
+        """A virtual host that does not let clients create queues refuses a
+        declare of a new one as it refuses a STOMP SEND or SUBSCRIBE."""
+        self.vhost.allow_create = False
+        m = self.bob(None)
+        with self.assertRaises(NotFound) as e:
+            m.declare_queue("bob.new")
+        self.assertIn("allow_create", e.exception.message)
+        self.assertNotIn("bob.new", self.vhost.queues)
+        self.assertEqual(m.declare_queue("alice.inbox")[1], False)
+
     def test_exclusive_queue_not_deleted(self) -> None:
         self.vhost.declare_queue("bob.mine", exclusive_owner=object())
         self.assertRaises(AccessRefused, self.bob().delete_queue, "bob.mine")

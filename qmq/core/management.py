@@ -43,7 +43,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from qmq.core.access import Resource, allowed, authorize
-from qmq.core.errors import AccessRefused, PreconditionFailed
+from qmq.core.errors import AccessRefused, NotFound, PreconditionFailed
 from qmq.core.ownership import Owner, check_queue_access
 from qmq.core.queue import QueuePolicy
 
@@ -176,13 +176,24 @@ class Management:
             C{configure}, another owner's durable subscription, or
             arguments that write where the declarer may not.
         @raise PreconditionFailed: bad arguments.
+        @raise NotFound: it does not exist and the virtual host does not let
+            clients create queues (C{allow_create = false}).
         """
         if name.startswith("amq."):
             raise AccessRefused(f"Queue names starting with 'amq.' are the broker's own ({name!r}).",
                                 "access refused (configure)")
         self.authorize("configure", self._queue(name))
         authorize_arguments(self.user, self.owner, self.vhost.name, arguments)
-        existed = name in self.vhost.queues
+        vhost = self.vhost
+        existed = name in vhost.queues
+        if not existed and not vhost.allow_create:
+            # The same rule as a STOMP SEND or SUBSCRIBE naming a new queue.
+            raise NotFound(
+                f"Queue {name!r} does not exist, and virtual host {vhost.name!r} does not let "
+                "clients create queues (allow_create = false): only queues declared in the "
+                "configuration can be used.",
+                "no such queue",
+            )
         queue = self.vhost.declare_queue(
             name, durable=durable, auto_delete=auto_delete, arguments=arguments or None, on_demand=True
         )
