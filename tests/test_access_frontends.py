@@ -135,3 +135,16 @@ class HttpAccessTests(AuthSetup):
         self.assertNotIn("fresh", self.broker.default_vhost.queues)
         code, _, _, _ = yield self.call("PUT", f"{Q}/jobs", headers=self.basic("alice"))
         self.assertEqual(code, 200)
+
+    @defer.inlineCallbacks
+    def test_inequivalent_arguments_over_http(self):
+        """A PUT of a queue that exists with other arguments is a 409, as
+        a STOMP SUBSCRIBE's is an ERROR (d8fe3b8 answered 200 and ignored
+        them)."""
+        alice = self.basic("alice")
+        code, _, _, _ = yield self.call("PUT", f"{Q}/capped", {"arguments": {"x-max-length": 5}}, headers=alice)
+        self.assertEqual(code, 201)
+        code, _, _, doc = yield self.call("PUT", f"{Q}/capped", {"arguments": {"x-max-length": 6}}, headers=alice)
+        self.assertEqual((code, doc["code"]), (409, "precondition-failed"), doc)
+        code, _, _, doc = yield self.call("PUT", f"{Q}/capped", {"arguments": {"x-max-length": 5}}, headers=alice)
+        self.assertEqual((code, doc["arguments"]), (200, {"x-max-length": 5}))

@@ -111,6 +111,18 @@ class OperationTests(ManagementTestCase):
         alice = Management(self.vhost, None, "alice")
         self.assertEqual(alice.purge_queue(self.feed), 0)
 
+    def test_inequivalent_arguments(self) -> None:
+        """Arguments given again for a queue that exists must be its own
+        (as for a STOMP SUBSCRIBE); none at all is a plain redeclare."""
+        m = self.bob()
+        m.declare_queue("bob.q", arguments={"x-max-length": 5})
+        self.assertEqual(m.declare_queue("bob.q", arguments={"max-length": "5"})[1], False)
+        self.assertEqual(m.declare_queue("bob.q")[1], False)
+        with self.assertRaises(PreconditionFailed) as e:
+            m.declare_queue("bob.q", arguments={"x-max-length": 6})
+        self.assertEqual(e.exception.short, "inequivalent queue arguments")
+        self.assertEqual(self.vhost.queues["bob.q"].policy.max_length, 5)
+
     def test_allow_create(self) -> None:
         """A virtual host that does not let clients create queues refuses a
         declare of a new one as it refuses a STOMP SEND or SUBSCRIBE."""

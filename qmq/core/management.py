@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from qmq.core.queue import Queue
     from qmq.core.vhost import VirtualHost
 
-__all__ = ["Management", "authorize_arguments", "writing_targets"]
+__all__ = ["Management", "authorize_arguments", "check_equivalent", "writing_targets"]
 
 
 def writing_targets(vhost: str, arguments: dict[str, Any] | None) -> list[tuple[str, Resource]]:
@@ -89,6 +89,23 @@ def writing_targets(vhost: str, arguments: dict[str, Any] | None) -> list[tuple[
             "dead-letter target needed",
         )
     return [("x-dead-letter-exchange", Resource.exchange(vhost, exchange, key))]
+
+
+def check_equivalent(queue: Queue, arguments: dict[str, Any]) -> None:
+    """C{arguments} given again for C{queue}, which exists: they must agree
+    with its policy (RabbitMQ's "inequivalent arg"), their values checked
+    as for a new queue; nothing is changed.
+
+    @raise PreconditionFailed: they do not, naming them.
+    """
+    wanted = QueuePolicy.from_arguments(arguments, queue.policy)
+    if wanted != queue.policy:
+        given = ", ".join(f"{k}={v}" for k, v in sorted(arguments.items()))
+        raise PreconditionFailed(
+            f"Queue {queue.name!r} exists with other arguments than those given ({given}); "
+            "delete it or declare it without them.",
+            "inequivalent queue arguments",
+        )
 
 
 def authorize_arguments(user: Any, owner: str | Owner, vhost: str, arguments: dict[str, Any] | None) -> None:
@@ -175,7 +192,8 @@ class Management:
         @raise AccessRefused: an C{amq.} name (the broker's own), no
             C{configure}, another owner's durable subscription, or
             arguments that write where the declarer may not.
-        @raise PreconditionFailed: bad arguments.
+        @raise PreconditionFailed: bad arguments, or other arguments than
+            those of the queue that exists.
         @raise NotFound: it does not exist and the virtual host does not let
             clients create queues (C{allow_create = false}).
         """
@@ -185,7 +203,10 @@ class Management:
         self.authorize("configure", self._queue(name))
         authorize_arguments(self.user, self.owner, self.vhost.name, arguments)
         vhost = self.vhost
-        existed = name in vhost.queues
+        queue = vhost.queues.get(name)
+        existed = queue is not None
+        if queue is not None and arguments:
+            check_equivalent(queue, arguments)
         if not existed and not vhost.allow_create:
             # The same rule as a STOMP SEND or SUBSCRIBE naming a new queue.
             raise NotFound(
