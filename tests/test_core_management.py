@@ -134,6 +134,15 @@ class OperationTests(ManagementTestCase):
         self.assertNotIn("bob.new", self.vhost.queues)
         self.assertEqual(m.declare_queue("alice.inbox")[1], False)
 
+    def test_reserved_names(self) -> None:
+        """amq. and new durable. names are the broker's (a durable SUBSCRIBE
+        makes its queue); the owner may declare an existing one again."""
+        m = Management(self.vhost, None, "alice")
+        for name in ("amq.x", durable_queue_name("alice", "new")):
+            self.assertRaises(AccessRefused, m.declare_queue, name)
+            self.assertNotIn(name, self.vhost.queues)
+        self.assertEqual(m.declare_queue(self.feed)[1], False)
+
     def test_exclusive_queue_not_deleted(self) -> None:
         self.vhost.declare_queue("bob.mine", exclusive_owner=object())
         self.assertRaises(AccessRefused, self.bob().delete_queue, "bob.mine")

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from qmq.core.access import Resource, allowed, authorize
 from qmq.core.errors import AccessRefused, NotFound, PreconditionFailed
-from qmq.core.ownership import Owner, check_queue_access
+from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX, Owner, check_queue_access
 from qmq.core.queue import QueuePolicy
 
 if TYPE_CHECKING:
@@ -189,7 +189,8 @@ class Management:
         """Declare queue C{name} (made on demand: the virtual host's
         defaults under its C{arguments}); return it and whether it was made.
 
-        @raise AccessRefused: an C{amq.} name (the broker's own), no
+        @raise AccessRefused: an C{amq.} name or a new C{durable.} name
+            (the broker's own), no
             C{configure}, another owner's durable subscription, or
             arguments that write where the declarer may not.
         @raise PreconditionFailed: bad arguments, or other arguments than
@@ -197,12 +198,17 @@ class Management:
         @raise NotFound: it does not exist and the virtual host does not let
             clients create queues (C{allow_create = false}).
         """
-        if name.startswith("amq."):
-            raise AccessRefused(f"Queue names starting with 'amq.' are the broker's own ({name!r}).",
-                                "access refused (configure)")
-        self.authorize("configure", self._queue(name))
-        authorize_arguments(self.user, self.owner, self.vhost.name, arguments)
         vhost = self.vhost
+        if name.startswith("amq.") or (name.startswith(DURABLE_SUBSCRIPTION_PREFIX) and name not in vhost.queues):
+            # As for a STOMP destination: the broker makes these (temporary
+            # and private queues; a durable SUBSCRIBE makes durable.OWNER.NAME).
+            raise AccessRefused(
+                f"Queue {name!r}: names starting with 'amq.' or 'durable.' are the broker's own; "
+                "a durable subscription's queue is made by subscribing.",
+                "access refused (configure)",
+            )
+        self.authorize("configure", self._queue(name))
+        authorize_arguments(self.user, self.owner, vhost.name, arguments)
         queue = vhost.queues.get(name)
         existed = queue is not None
         if queue is not None and arguments:
