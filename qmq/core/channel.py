@@ -37,7 +37,7 @@ from qmq.core.access import authorize, resource_named
 from qmq.core.consumer import BacklogBudget, Consumer
 from qmq.core.destination import Destination, DestinationError, parse_destination
 from qmq.core.errors import AccessRefused, NotFound, PreconditionFailed
-from qmq.core.management import authorize_arguments
+from qmq.core.management import authorize_arguments, check_equivalent
 from qmq.core.message import Message
 from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX, check_queue_access, durable_queue_name
 from qmq.core.queue import CUT_CONSUMERS, Queue, QueuePolicy
@@ -186,8 +186,9 @@ class Channel:
         if user is not None:
             # The verdict is the core's (qmq.core.access), on the resource
             # itself: the same whichever frontend or text named it.
-            vhost = self.vhost.name
-            authorize(user, operation, resource_named(vhost, operation, resource, text), named=text)
+            vhost = self.vhost
+            named = resource_named(vhost.name, operation, resource, text, vhost.exchanges, vhost.queues)
+            authorize(user, operation, named, named=text)
 
     def named_queue(
         self, name: str, operation: str = "read", arguments: dict[str, Any] | None = None
@@ -241,14 +242,7 @@ class Channel:
     def _check_arguments(queue: Queue, arguments: dict[str, Any]) -> None:
         """C{arguments} given for C{queue}, which exists: they must agree
         with its policy (their values are checked, as for a new queue)."""
-        wanted = QueuePolicy.from_arguments(arguments, queue.policy)
-        if wanted != queue.policy:
-            given = ", ".join(f"{k}={v}" for k, v in sorted(arguments.items()))
-            raise PreconditionFailed(
-                f"Queue {queue.name!r} exists with other arguments than those given ({given}); "
-                "delete it or subscribe without them.",
-                "inequivalent queue arguments",
-            )
+        check_equivalent(queue, arguments)
 
     def temp_queue(self, name: str) -> Queue:
         """This channel's private reply queue C{name} (made on first use:
