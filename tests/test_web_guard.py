@@ -76,6 +76,17 @@ class HostTests(unittest.TestCase):
         self.assertEqual(verdict(guard, host="evil.example"), 421)
         self.assertEqual(verdict(Guard(HostRule.for_listener(("*",))), host="evil.example"), 200)
 
+    def test_verdicts_cached_and_bounded(self) -> None:
+        """Verdicts are remembered per Host and Origin value, in caches of at
+        most C{CACHE_SIZE} entries whatever a client sends."""
+        for i in range(Guard.CACHE_SIZE * 3):
+            self.assertEqual(verdict(self.guard, host=f"n{i}.example", origin="http://x"), 421)
+            self.assertEqual(verdict(self.guard, host=f"127.0.0.1:{i}", origin=f"http://o{i}.example"), 403)
+        self.assertLessEqual(len(self.guard._host_verdicts), Guard.CACHE_SIZE)
+        self.assertLessEqual(len(self.guard._origin_verdicts), Guard.CACHE_SIZE)
+        self.guard.origins = ("http://o1.example",)
+        self.assertEqual(verdict(self.guard, host="127.0.0.1:1", origin="http://o1.example"), 200)
+
     def test_listener_interface_name(self) -> None:
         guard = Guard(HostRule.for_listener((), "http:tcp:8080:interface=broker.lan:backlog=1024"))
         self.assertEqual(verdict(guard, host="broker.lan:8080"), 200)
