@@ -35,12 +35,16 @@ A connection's life, as this module sees it:
        session: the upgrade replaces the wrapped protocol, not the wrapper.
        Over TLS the handshake must finish within C{handshake_timeout}
        seconds or the connection is aborted.
-    3. Requests: L{QMQRequest} refuses a body larger than
-       C{[web] max_request_body} (C{413}, then the connection is closed), and
-       a failure inside a resource becomes a C{500} with a JSON body. A
-       kept-alive connection idle for C{[web] idle_timeout} seconds is
-       closed (Twisted's own timeout, which does not run while a request is
-       being answered).
+    3. Requests: a request's head must be in within C{[web] head_timeout}
+       seconds of the read that began it (else C{408} and the connection is
+       closed: L{HttpConnection}); L{QMQRequest} refuses a body larger than
+       C{[web] max_request_body} (C{413}, then the connection is closed);
+       every request then passes the site's L{Guard} (Host, Origin, no
+       state change from what a form can send: L{qmq.web.guard}) before
+       any resource sees it; and a failure inside a resource becomes a
+       C{500} with a JSON body. A kept-alive connection idle for
+       C{[web] idle_timeout} seconds is closed (Twisted's own timeout,
+       which does not run while a request is being answered).
     4. At a graceful shutdown the registry calls L{HttpConnection.shutdown}:
        a WebSocket carrying STOMP sends its client an C{ERROR} and closes;
        a plain HTTP connection is closed once what was written is flushed.
