@@ -23,7 +23,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
-from qmq.connections import ConnectionRegistry
+from qmq.connections import ConnectionRegistry, ConnectionSettings
 from qmq.core.broker import Broker
 from qmq.stomp.frame import StompParser, encode_frame
 from qmq.stomp.settings import StompSettings
@@ -43,6 +43,7 @@ class _Client(WebSocketClientProtocol):
         self.factory.received.put(payload.decode())
 
     def onClose(self, wasClean: bool, code: Any, reason: Any) -> None:
+        self.factory.closed_with = (code, reason)
         self.factory.received.put(CLOSED)
         if not self.factory.opened.called:
             self.factory.opened.errback(RuntimeError(f"not opened: {code} {reason}"))
@@ -68,6 +69,11 @@ class WebSocketClient:
 
     def close(self) -> None:
         self.proto.sendClose(1000)
+
+    @property
+    def closed_with(self) -> tuple[Any, Any]:
+        """The server's close code and reason."""
+        return self.factory.closed_with
 
 
 class SockJSOverSockets(unittest.TestCase):
@@ -113,6 +119,7 @@ class SockJSOverSockets(unittest.TestCase):
         self.assertEqual(await ws.recv(), "o")
         self.assertEqual(await ws.recv(), 'c[3000,"Go away!"]')
         self.assertIs(await ws.recv(), CLOSED)
+        self.assertEqual(ws.closed_with, (3000, "Go away!"))
 
     async def test_broken_json(self) -> None:
         ws = await self.ws(f"/sockjs_test/echo/000/{uuid.uuid4()}/websocket")
@@ -137,8 +144,39 @@ class SockJSOverSockets(unittest.TestCase):
         self.assertEqual(await ws.recv(), "Hello world!\uffff")
 
     async def test_raw_close(self) -> None:
+        """The raw endpoint has no close frame: the session's code and
+        reason are the WebSocket's close (issue 22: it closed 1000 "")."""
         ws = await self.ws("/sockjs_test/close/websocket")
         self.assertIs(await ws.recv(), CLOSED)
+        self.assertEqual(ws.closed_with, (3000, "Go away!"))
+
+    async def test_raw_stomp_error_close(self) -> None:
+        """STOMP over the raw endpoint: an ERROR, then the WebSocket closes
+        with 3000 and the error's message."""
+        ws = await self.ws("/sockjs/websocket")
+        ws.send(encode_frame("SEND", [("destination", "/queue/a")], b"x", "1.2").decode())
+        self.assertTrue((await ws.recv()).startswith("ERROR\n"))
+        self.assertIs(await ws.recv(), CLOSED)
+        self.assertEqual(ws.closed_with, (3000, "not connected"))
+
+    async def test_raw_refused_past_the_caps(self) -> None:
+        """A WebSocket past the connection caps is closed with 3003 and the
+        reason (it raised inside autobahn: 1013 is not a code it sends)."""
+        self.registry = ConnectionRegistry(ConnectionSettings(max_per_address=1), clock=reactor)
+        root = self.port.factory.resource
+        root.putChild(b"capped", stomp_sockjs_resource(
+            self.broker, StompSettings(), SockJSSettings(), self.registry, "http", reactor))
+        first = await self.ws("/capped/websocket")
+        second = await self.ws("/capped/websocket")
+        self.assertIs(await second.recv(), CLOSED)
+        self.assertEqual(second.closed_with[0], 3003)
+        self.assertIn("max_per_address", second.closed_with[1])
+        framed = await self.ws(f"/capped/000/{uuid.uuid4()}/websocket")
+        self.assertTrue((await framed.recv()).startswith("c[3003,"))
+        self.assertIs(await framed.recv(), CLOSED)
+        self.assertEqual(framed.closed_with[0], 3003)
+        first.close()
+        self.assertIs(await first.recv(), CLOSED)
 
     # STOMP over the SockJS WebSocket
     async def test_stomp_over_websocket(self) -> None:

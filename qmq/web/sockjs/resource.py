@@ -322,6 +322,8 @@ class SockJSWebSocketProtocol(WebSocketServerProtocol):
     session: SockJSSession | None = None
     paused = False
     _finished = False
+    #: The WebSocket close code and reason (those of the session's close frame).
+    _close: tuple[int, str] = (1000, "")
 
     def onOpen(self) -> None:
         service: SockJSService = self.factory.service
@@ -333,7 +335,8 @@ class SockJSWebSocketProtocol(WebSocketServerProtocol):
         if refusal is not None:
             if not self.raw:
                 self.sendMessage(b'c[3003,%s]' % json.dumps(refusal).encode())
-            self.sendClose(1013)
+            self._finished = True
+            self.sendClose(3003, refusal)
             return
         if getattr(self.transport, "producer", None) is not None:
             # twisted.web's HTTPChannel stays registered on the transport
@@ -373,8 +376,13 @@ class SockJSWebSocketProtocol(WebSocketServerProtocol):
     def send_frame(self, frame: str) -> bool:
         if self._finished:
             return False
+        kind = frame[0]
+        if kind == "c":
+            # The session's close code and reason become the WebSocket's
+            # own close (L{finish}): on the raw endpoint they are all the
+            # client learns of why (sockjs-node does the same).
+            self._close = _close_code(frame)
         if self.raw:
-            kind = frame[0]
             if kind == "a":
                 for message in json.loads(frame[1:]):
                     self.sendMessage(message.encode(), False)
@@ -385,13 +393,27 @@ class SockJSWebSocketProtocol(WebSocketServerProtocol):
     def finish(self) -> None:
         if not self._finished:
             self._finished = True
-            self.sendClose(1000)
+            self.sendClose(*self._close)
 
     def pause_reading(self) -> None:
         self.transport.pauseProducing()
 
     def resume_reading(self) -> None:
         self.transport.resumeProducing()
+
+
+def _close_code(frame: str) -> tuple[int, str]:
+    """The WebSocket close (code, reason) for a SockJS close frame
+    C{c[code,"reason"]}: its own where WebSocket lets a server send it
+    (1000, 3000-4999), else 1000 with the same reason (C{1002 Connection
+    interrupted}, C{2010 Another connection still open} are SockJS's codes)."""
+    try:
+        code, reason = json.loads(frame[1:])
+    except (ValueError, TypeError):
+        return 1000, ""
+    if not isinstance(code, int) or not (code == 1000 or 3000 <= code <= 4999):
+        code = 1000
+    return code, reason if isinstance(reason, str) else ""
 
 
 class RawWebSocketProtocol(SockJSWebSocketProtocol):
