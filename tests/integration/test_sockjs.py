@@ -2,7 +2,7 @@
 
 A broker's SockJS resource and the protocol's test services on a
 twisted.web Site on 127.0.0.1, and autobahn's Twisted WebSocket client: the
-cases of sockjs-protocol 0.3.3 that need a real upgrade (WebsocketHybi10,
+checks of the sockjs-protocol suite that need a real upgrade (Websocket,
 RawWebsocket), STOMP over the SockJS WebSocket, and a STOMP session over
 xhr-streaming read with twisted.web's Agent. Every wait has a deadline.
 """
@@ -16,6 +16,7 @@ from typing import Any
 
 from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientProtocol
 from twisted.internet import defer, reactor
+from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.protocol import Protocol
 from twisted.trial import unittest
 from twisted.web.client import Agent, FileBodyProducer, readBody
@@ -121,6 +122,48 @@ class SockJSOverSockets(unittest.TestCase):
         self.assertIs(await ws.recv(), CLOSED)
         self.assertEqual(ws.closed_with, (3000, "Go away!"))
 
+    async def test_empty_frame(self) -> None:
+        """Empty messages and empty arrays are ignored."""
+        ws = await self.ws(f"/sockjs_test/echo/000/{uuid.uuid4()}/websocket")
+        self.assertEqual(await ws.recv(), "o")
+        ws.send("")
+        ws.send("[]")
+        ws.send('["a"]')
+        self.assertEqual(await ws.recv(), 'a["a"]')
+
+    async def test_headersSanity(self) -> None:
+        """A bare RFC 6455 upgrade (version 13, the old C{Sec-WebSocket-Origin}
+        header and no C{Origin}) is answered 101 with the right accept key
+        and no body length."""
+        got = defer.Deferred()
+
+        class Raw(Protocol):
+            data = b""
+
+            def dataReceived(self, data: bytes) -> None:
+                self.data += data
+                if b"\r\n\r\n" in self.data and not got.called:
+                    got.callback(self.data.split(b"\r\n\r\n")[0])
+
+        path = f"/sockjs_test/echo/000/{uuid.uuid4()}/websocket"
+        proto = Raw()
+        await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", self.port.getHost().port),
+                              proto)
+        proto.transport.write(
+            f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+            "Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+            "Sec-WebSocket-Origin: http://asd\r\n"
+            "Sec-WebSocket-Key: x3JJHMbDL1EzLkh9GBhXDw==\r\n\r\n".encode())
+        head = (await got.addTimeout(WAIT, reactor)).decode().lower()
+        proto.transport.abortConnection()
+        lines = head.split("\r\n")
+        self.assertIn(" 101 ", lines[0] + " ")
+        headers = dict(line.split(": ", 1) for line in lines[1:])
+        self.assertEqual(headers["sec-websocket-accept"], "HSmrc0sMlYUkAGmm5OPpG2HaGWk=".lower())
+        self.assertEqual(headers["connection"], "upgrade")
+        self.assertEqual(headers["upgrade"], "websocket")
+        self.assertNotIn("content-length", headers)
+
     async def test_broken_json(self) -> None:
         ws = await self.ws(f"/sockjs_test/echo/000/{uuid.uuid4()}/websocket")
         self.assertEqual(await ws.recv(), "o")
@@ -136,6 +179,15 @@ class SockJSOverSockets(unittest.TestCase):
         self.assertEqual(await ws1.recv(), 'a["a"]')
         ws2.send('["b"]')
         self.assertEqual(await ws2.recv(), 'a["b"]')
+        ws1.close()
+        ws2.close()
+        self.assertIs(await ws1.recv(), CLOSED)
+        self.assertIs(await ws2.recv(), CLOSED)
+        # The id may be used again once they are closed.
+        ws3 = await self.ws(url)
+        self.assertEqual(await ws3.recv(), "o")
+        ws3.send('["a"]')
+        self.assertEqual(await ws3.recv(), 'a["a"]')
 
     # RawWebsocket
     async def test_raw_transport(self) -> None:

@@ -40,7 +40,8 @@ Errors the protocol prescribes keep its wording and codes (500 with
 C{Broken JSON encoding.} or C{Payload expected.}, 404 for a sending request
 to an unknown session); others are 4xx with a JSON body
 (C{{"error": ..., "detail": ...}}, L{qmq.web.site.json_error}). CORS
-follows the protocol (the request's C{Origin} echoed, credentials allowed)
+follows the protocol (the request's C{Origin} echoed, C{null} included,
+credentials allowed; C{*} without credentials when there is no C{Origin})
 for the pages the service's C{origin_allowed} lets in; others get 403.
 """
 
@@ -79,7 +80,7 @@ __all__ = ["SockJSResource", "SockJSService"]
 log = Logger()
 
 ONE_YEAR = 31536000
-_NO_CACHE = b"no-store, no-cache, must-revalidate, max-age=0"
+_NO_CACHE = b"no-store, no-cache, no-transform, must-revalidate, max-age=0"
 _IFRAME = re.compile(rb"^iframe[0-9a-z._-]*\.html$")
 _COOKIE = re.compile(rb"^[A-Za-z0-9._~+/=-]{1,128}$")
 _TEXT = b"text/plain; charset=UTF-8"
@@ -88,11 +89,11 @@ _IFRAME_PAGE = """<!DOCTYPE html>
 <head>
   <meta http-equiv="X-UA-Compatible" content="IE=edge" />
   <meta http-equiv="Content-Type" content="text/html; charset=UTF-8" />
+  <script src="%s"></script>
   <script>
     document.domain = document.domain;
-    _sockjs_onload = function(){SockJS.bootstrap_iframe();};
+    SockJS.bootstrap_iframe();
   </script>
-  <script src="%s"></script>
 </head>
 <body>
   <h2>Don't panic!</h2>
@@ -486,11 +487,17 @@ class SockJSResource(Resource):
         return check is None or check(request)
 
     def _cors(self, request: Any) -> None:
+        """CORS as sockjs-node answers: the page's origin echoed, with
+        credentials (C{null}, a sandboxed or C{file:} page, included:
+        browsers refuse C{*} with credentials); C{*} without credentials
+        for a request that names no origin. Only origins that
+        C{origin_allowed} let in get here."""
         origin = _header(request, b"origin")
-        if not origin or origin == "null":
-            origin = "*"
-        request.setHeader(b"Access-Control-Allow-Origin", origin.encode())
-        request.setHeader(b"Access-Control-Allow-Credentials", b"true")
+        if origin:
+            request.setHeader(b"Access-Control-Allow-Origin", origin.encode())
+            request.setHeader(b"Access-Control-Allow-Credentials", b"true")
+        else:
+            request.setHeader(b"Access-Control-Allow-Origin", b"*")
         # Caches must keep answers for different origins apart.
         request.setHeader(b"Vary", b"Origin")
         wanted = _header(request, b"access-control-request-headers")
