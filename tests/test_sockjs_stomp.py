@@ -277,3 +277,90 @@ class StompOverSockJSTests(SynchronousTestCase):
         alice = PeerIdentity("alice", "CN=alice", "CN=ca", fingerprint="a" * 64)
         r = Exchange(self.site, "POST", url + "/xhr_send", connect, identity=alice)
         self.assertEqual(r.status, 404)
+
+
+class BinaryBodyTests(SynchronousTestCase):
+    """Issue 22: a body that is not UTF-8, published over TCP STOMP (or
+    HTTP), then consumed over SockJS. SockJS carries text: sent with U+FFFD
+    in place of its bad bytes, the body arrived changed and its
+    content-length (bytes) no longer matched, desynchronising stomp.js.
+    Every delivery to a SockJS session now refuses it with an ERROR and
+    gives it back to its queue."""
+
+    BINARY = b"\x89PNG\r\n\x1a\n\xff\xfe\x00 binary"
+
+    def setUp(self) -> None:
+        from qmq.stomp.protocol import StompFactory  # noqa: PLC0415
+        from tests.test_stomp_session import Client as TcpClient  # noqa: PLC0415
+
+        self.clock = Clock()
+        self.broker = Broker(clock=self.clock)
+        self.registry = ConnectionRegistry(ConnectionSettings(), clock=self.clock)
+        root = Resource()
+        root.putChild(b"sockjs", stomp_sockjs_resource(
+            self.broker, StompSettings(), SockJSSettings(), self.registry, "http", self.clock))
+        self.site = Site(root, reactor=self.clock)
+        self.tcp = TcpClient(StompFactory(self.broker, StompSettings(), clock=self.clock))
+        self.tcp.connect()
+
+    def publish(self, destination: str, body: bytes) -> None:
+        self.tcp.publish(destination, body)
+        self.clock.advance(0)
+
+    def consumer(self, destination: str, **headers: str) -> Client:
+        c = Client(self)
+        c.connect()
+        c.send(frame("SUBSCRIBE", destination=destination, id="s", **headers))
+        return c
+
+    def test_text_bodies_pass(self) -> None:
+        c = self.consumer("/queue/t")
+        self.publish("/queue/t", "héllo ✓".encode())
+        c.poll()
+        (m,) = c.frames
+        self.assertEqual((m.command, m.body), ("MESSAGE", "héllo ✓".encode()))
+        self.assertEqual(m.headers["content-length"], str(len("héllo ✓".encode())))
+
+    def _refused(self, c: Client, kept: bool = True) -> None:
+        c.poll()
+        commands = [f.command for f in c.frames]
+        self.assertEqual(commands, ["ERROR"], c.frames)
+        error = c.frames[0]
+        self.assertEqual(error.headers["message"], "binary body")
+        self.assertIn(b"not UTF-8", error.body)
+        self.assertIn(b"/ws", error.body)
+        self.assertEqual(b"back in its queue" in error.body, kept)
+        c.poll()
+        self.assertEqual(c.closed, 'c[3000,"binary body"]')
+
+    def test_refused_and_kept_ack_client(self) -> None:
+        c = self.consumer("/queue/b", ack="client-individual")
+        self.publish("/queue/b", self.BINARY)
+        self._refused(c)
+        # Back in its queue, redelivered, for a consumer that can take it.
+        self.tcp.subscribe("/queue/b")
+        self.clock.advance(0)
+        (m,) = self.tcp.messages()
+        self.assertEqual(m.body, self.BINARY)
+        self.assertEqual(m.headers.get("redelivered"), "true")
+
+    def test_refused_and_kept_ack_auto(self) -> None:
+        c = self.consumer("/queue/a")
+        self.publish("/queue/a", self.BINARY)
+        self._refused(c)
+        self.tcp.subscribe("/queue/a")
+        self.clock.advance(0)
+        self.assertEqual(self.tcp.bodies(), [self.BINARY])
+
+    def test_waiting_message_refused_at_subscribe(self) -> None:
+        """The same when the message waits before the SUBSCRIBE."""
+        self.publish("/queue/w", self.BINARY)
+        c = self.consumer("/queue/w")
+        self._refused(c)
+        self.assertEqual(len(self.broker.default_vhost.queues["w"]), 1)
+
+    def test_topic_subscriber_told(self) -> None:
+        c = self.consumer("/topic/news")
+        self.publish("/topic/news", self.BINARY)
+        self._refused(c, kept=False)
+        self.assertIn(b"not delivered to this subscription", c.frames[0].body)
