@@ -33,9 +33,11 @@ from __future__ import annotations
 import secrets
 from typing import TYPE_CHECKING, Any
 
+from qmq.core.access import authorize, resource_named
 from qmq.core.consumer import BacklogBudget, Consumer
 from qmq.core.destination import Destination, DestinationError, parse_destination
 from qmq.core.errors import AccessRefused, NotFound, PreconditionFailed
+from qmq.core.management import authorize_arguments
 from qmq.core.message import Message
 from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX, check_queue_access, durable_queue_name
 from qmq.core.queue import CUT_CONSUMERS, Queue, QueuePolicy
@@ -181,12 +183,11 @@ class Channel:
         @raise AccessRefused: naming the operation and the destination.
         """
         user = self.user
-        if user is not None and not user.can(operation, self.vhost.name, resource, text):
-            raise AccessRefused(
-                f"User {user.name!r} has no {operation} permission for {text!r} "
-                f"(resource {resource!r}).",
-                f"access refused ({operation})",
-            )
+        if user is not None:
+            # The verdict is the core's (qmq.core.access), on the resource
+            # itself: the same whichever frontend or text named it.
+            vhost = self.vhost.name
+            authorize(user, operation, resource_named(vhost, operation, resource, text), named=text)
 
     def named_queue(
         self, name: str, operation: str = "read", arguments: dict[str, Any] | None = None
@@ -203,6 +204,10 @@ class Channel:
         vhost = self.vhost
         if name.startswith(DURABLE_SUBSCRIPTION_PREFIX):
             check_queue_access(self.owner_name, name, operation)
+        if arguments:
+            # Arguments that make the broker write somewhere (dead letters)
+            # need the declarer's write permission there.
+            authorize_arguments(self.user, self.owner_name, vhost.name, arguments)
         if name.startswith(("amq.", DURABLE_SUBSCRIPTION_PREFIX)):
             queue = vhost.queues.get(name)
             if queue is None:
@@ -365,6 +370,8 @@ class Channel:
                 existed = name in vhost.queues
                 if user is not None and not existed:
                     self._authorize("configure", name, text)
+                if arguments:
+                    authorize_arguments(user, self.owner_name, vhost.name, arguments)
                 queue = vhost.declare_queue(
                     name, durable=True, on_demand=True, subscription=True, arguments=arguments
                 )

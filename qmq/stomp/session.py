@@ -189,8 +189,9 @@ class StompSession:
         self._group: list | None = None
         self._group_waiter: Any = None
         self._disconnecting = False
-        self._alarm = broker.memory_alarm
+        self._admission = broker.admission
         self._blocked = False
+        self._blocked_persistent = False
         self.last_read = self._seconds()
         self.frame_started: float | None = None
         #: Bytes of the frame still being received (counted in the broker's budget).
@@ -487,24 +488,32 @@ class StompSession:
         reading for its own reasons leaves it off."""
         return self._blocked or self._held is not None
 
-    # -- publisher flow control (memory alarm) --------------------------------------
+    # -- publisher flow control (admission: memory and disk alarms, the store) -----
 
-    def _block(self) -> None:
-        """Stop reading from this publisher until the memory alarm clears."""
+    def _hold_back(self, headers: dict[str, str]) -> None:
+        """Admission holds some publishers back: stop reading from this one
+        if its SEND is of a kind held (every SEND under the memory alarm, a
+        persistent one under the disk alarm or a failing store), until
+        admission lets it through again."""
+        persistent = headers.get("persistent", "").lower() == "true"
+        hold = self._admission.refusal(persistent)
+        if hold is None:
+            return
         self._blocked = True
+        self._blocked_persistent = persistent
         self.transport.pause_reading()
-        self._alarm.subscribe(self._alarm_changed)
-        log.info("stomp publisher blocked by the memory alarm session={session} peer={peer}",
-                 session=self.id, peer=self.peer)
+        self._admission.subscribe(self._admission_changed)
+        log.info("stomp publisher held back session={session} peer={peer}: {why}",
+                 session=self.id, peer=self.peer, why=hold.detail)
 
-    def _alarm_changed(self, active: bool) -> None:
-        if not active:
+    def _admission_changed(self, admission: Any) -> None:
+        if admission.admits(self._blocked_persistent):
             self._unblock()
 
     def _unblock(self) -> None:
         if self._blocked:
             self._blocked = False
-            self._alarm.unsubscribe(self._alarm_changed)
+            self._admission.unsubscribe(self._admission_changed)
             if not self.closed:
                 # Deadlines restart: the silence was the broker's doing.
                 self.last_read = self._seconds()
@@ -584,7 +593,11 @@ class StompSession:
         self._group = self._group_waiter = None
         if not self.closed:
             log.failure("store failed to keep a message session={session}", failure, session=self.id)
-        self.error("message not stored", "The broker could not store a message; see its log.")
+        self.error(
+            "message not stored",
+            f"The broker could not store a message ({failure.getErrorMessage()}); it is not "
+            "accepted: send it again later.",
+        )
         # Passed on: the waiter may be shared with other sessions (see
         # qmq.core.store), whose errbacks must see the failure too.
         return failure
@@ -776,15 +789,17 @@ class StompSession:
             recv=recv_ms,
         )
 
-    def _owner_name(self) -> str:
+    def _owner_name(self) -> Any:
         """Who the client is, for what it owns (durable subscriptions): its
         login, else its verified TLS identity, else C{""} (anonymous).
 
-        With authentication on, the authenticated user's name; without it
-        the login is not checked.
+        With authentication on, the authenticated user's owner
+        (L{qmq.auth.User.owner}: a token's subject owns apart from the
+        password user of the same name); without it the login is not
+        checked.
         """
         if self.user is not None:
-            return self.user.name
+            return self.user.owner
         if self.login:
             return self.login
         identity = self.transport.identity
@@ -798,18 +813,17 @@ class StompSession:
         h = frame.headers
         if "destination" not in h:
             self._require(frame, "destination")
-        alarm = self._alarm
         if (
-            alarm is not None
-            and alarm.active
+            self._admission.closed
             and not self._blocked
             and not h["destination"].startswith("/control/")
         ):
             # This frame was read already and is published; the next are not
-            # read until memory is back under the mark (publisher flow
-            # control). A control query (/control/memory) publishes nothing:
-            # a monitor asking about the alarm is not blocked by it.
-            self._block()
+            # read until admission lets this publisher through (memory back
+            # under the mark, disk space freed, the store writing again). A
+            # control query (/control/memory) publishes nothing: a monitor
+            # asking about the alarm is not blocked by it.
+            self._hold_back(h)
         receipt = h.get("receipt")
         if "transaction" in h:
             self._hold(h["transaction"], "SEND", frame)

@@ -31,7 +31,7 @@ _REASONS = {
     415: "Unsupported Content-Type.",
     429: "A queue is full (reject-publish), a cap on delayed messages or followers is reached, or too many "
     "failed logins; retry later.",
-    503: "Published, but the store failed to keep the messages.",
+    503: "Not accepted: publishers are held back (memory or disk alarm), or the store could not keep the messages; retry after Retry-After.",
 }
 
 
@@ -110,6 +110,21 @@ def _ok(schema: dict, description: str = "OK", status: int = 200, avro: bool = F
         r["headers"] = headers
     return {str(status): r}
 
+
+HEALTH = {
+    "type": "object", "required": ["status", "alarms", "store"],
+    "properties": {
+        "status": {"enum": ["ok", "degraded"]},
+        "alarms": {"type": "array", "items": {
+            "type": "object", "required": ["name", "detail", "persistent_only"],
+            "properties": {"name": {"enum": ["memory", "disk", "store"]}, "detail": {"type": "string"},
+                           "persistent_only": {"type": "boolean"}}}},
+        "store": {"type": "object", "properties": {
+            "healthy": {"type": "boolean"}, "failure": {"type": ["string", "null"]}}},
+        "disk": {"type": "object", "properties": {
+            "free_bytes": {"type": "integer"}, "limit_bytes": {"type": "integer"}}},
+    },
+}
 
 PUBLISH_BODY = {
     "required": True,
@@ -421,6 +436,13 @@ def document(s: ApiSettings | None = None) -> dict:
     paths: dict[str, dict] = {
         "/api/v1": {"get": _op("API index", _ok({"type": "object"}), tag="meta")},
         "/api/v1/openapi.json": {"get": _op("This document", _ok({"type": "object"}), tag="meta")},
+        "/api/v1/health": {"get": _op(
+            "Readiness", {**_ok(HEALTH, "Publishers are admitted"),
+                          "503": {"description": "Publishers are held back (an alarm, the store)",
+                                  "content": _json(HEALTH)}},
+            description="The alarms holding publishers back (memory: every publish; disk, store: "
+                        "persistent ones) and the store's health. Consumers are never held back.",
+            tag="meta")},
         "/api/v1/schemas": {"get": _op("List the Avro schemas", _ok({
             "type": "object", "required": ["schemas"],
             "properties": {"schemas": {"type": "array", "items": {"type": "string"}}}}), tag="meta")},
