@@ -169,6 +169,7 @@ class SockJSOverSockets(unittest.TestCase):
         self.assertEqual(await ws.recv(), "o")
         ws.send('["a')
         self.assertIs(await ws.recv(), CLOSED)
+        self.assertEqual(ws.closed_with[0], 1006)  # no close handshake: abrupt, as the protocol asks
 
     async def test_reuseSessionId(self) -> None:
         url = f"/sockjs_test/echo/000/{uuid.uuid4()}/websocket"

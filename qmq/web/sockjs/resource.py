@@ -360,9 +360,12 @@ class SockJSWebSocketProtocol(WebSocketServerProtocol):
             text = payload.decode("utf-8")
             messages = [text] if self.raw else decode_messages(text, single_allowed=True)
         except (UnicodeDecodeError, PayloadError):
-            # The protocol: broken JSON ends the connection abruptly.
+            # The protocol: broken framing ends the connection abruptly.
+            # A TCP close, not a reset (what dropConnection(abort) sends):
+            # a reset can overtake what the client has not read yet, and
+            # clients report it as an error of their own.
             self._finished = True
-            self.dropConnection(abort=True)
+            self.transport.loseConnection()
             return
         session.messages_received(messages)
 
