@@ -59,7 +59,7 @@ from qmq.stomp.encoding import VERSION_INDEX, VERSIONS, encode_message_headers, 
 from qmq.stomp.frame import Frame, FrameError, encode_frame, escape_header, excerpt
 from qmq.stomp.headers import HeaderError, parse_bool, parse_heartbeat, parse_int, parse_seconds
 from qmq.stomp.settings import StompSettings
-from qmq.stomp.subscription import Subscription
+from qmq.stomp.subscription import Subscription, TextSubscription
 from qmq.transport import ITransport
 
 log = Logger()
@@ -150,6 +150,11 @@ class StompSession:
         self.clock = clock if clock is not None else broker.clock
         self.transport = transport
         self.heartbeats_supported = transport.heartbeats
+        # A transport that carries text only (SockJS) gets subscriptions
+        # that refuse bodies that are not UTF-8 (see TextSubscription).
+        self._subscription = (
+            TextSubscription if getattr(transport, "text_only", False) else Subscription
+        )
         self.peer = transport.peer
         self.id = f"{next(_session_ids):x}"
         self.version = "1.0"
@@ -1008,7 +1013,7 @@ class StompSession:
             # As RabbitMQ does: replies arrive without an explicit SUBSCRIBE,
             # on a subscription named after the temp-queue destination.
             self._check_subscription_cap()
-            sub = Subscription(self, text, text, "auto", None)
+            sub = self._subscription(self, text, text, "auto", None)
             self.subscriptions[text] = sub
             channel.subscribe(sub, text)
         return "/queue/" + queue.name
@@ -1047,7 +1052,7 @@ class StompSession:
         arguments = None
         if not _SUBSCRIBE_ARGUMENTS.isdisjoint(h):
             arguments = {argument_name(k): v for k, v in h.items() if k in _SUBSCRIBE_ARGUMENTS}
-        sub = Subscription(self, sub_id, text, mode, prefetch)
+        sub = self._subscription(self, sub_id, text, mode, prefetch)
         buffer = self._buffer(h)
         if buffer is not None:
             sub.buffer = buffer
@@ -1137,6 +1142,32 @@ class StompSession:
             f"Subscription {sub.id!r} ({sub.destination}) fell too far behind: {reason}. "
             "The connection is cut off; the messages it did not read are lost to it.",
         )
+
+    def undeliverable(self, sub: Subscription, message: Any, queue: Any) -> None:
+        """C{message} cannot cross this session's transport (a body that is
+        not UTF-8 over a text-only one): an ERROR tells the client, and the
+        message goes back to its queue, its delivery count raised (so a
+        queue's delivery limit dead-letters a message that keeps coming
+        back). An ack-required subscription has it among its unacked
+        deliveries (the channel's close gives it back); C{queue} is the
+        queue to give an auto-ack delivery back to (None for a live topic
+        subscription: the message is not delivered to it).
+        """
+        sub.paused = True
+        where = (
+            "It is back in its queue, for a consumer over a binary-capable transport."
+            if (sub.ack_required or queue is not None)
+            else "It is not delivered to this subscription."
+        )
+        self.error(
+            "binary body",
+            f"A message for subscription {sub.id!r} ({sub.destination}) has a body of "
+            f"{len(message.body)} bytes that is not UTF-8 text; SockJS carries text only, so "
+            f"it cannot be delivered here. {where} Consume binary bodies over STOMP over "
+            "WebSocket (/ws) or TCP.",
+        )
+        if queue is not None:
+            queue.requeue([message])
 
     def subscription_cancelled(self, sub: Subscription) -> None:
         """The queue or exchange under C{sub} was deleted by someone else."""

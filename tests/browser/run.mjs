@@ -4,9 +4,9 @@
 //   node run.mjs SCENARIO BASE_URL [--spki HASH] [--screenshots DIR]
 //
 // SCENARIO is stompjs, sockjs-xhr-streaming, sockjs-xhr-polling,
-// sockjs-services, qmqjs, qmqjs-reconnect, chat, tasks or cross-site-form
-// (which takes --evil URL: a page of another site); BASE_URL the broker's
-// http(s)://127.0.0.1:PORT/. Over HTTPS, --spki gives the base64
+// sockjs-binary, sockjs-services, qmqjs, qmqjs-reconnect, chat, tasks or
+// cross-site-form (which takes --evil URL: a page of another site); BASE_URL
+// the broker's http(s)://127.0.0.1:PORT/. Over HTTPS, --spki gives the base64
 // SHA-256 of the test server certificate's public key, which Chromium is
 // told to accept (--ignore-certificate-errors-spki-list): nothing else is
 // relaxed. Prints one JSON line ({"ok": true, ...} or {"ok": false,
@@ -241,6 +241,77 @@ const scenarios = {
   // @stomp/stompjs over sockjs-client, WebSocket disabled: xhr-polling.
   async "sockjs-xhr-polling"(context) {
     return await sockjsStomp(context, "xhr-polling");
+  },
+
+  // A body that is not UTF-8, published over the HTTP API, then consumed
+  // with @stomp/stompjs over sockjs-client (xhr-streaming): SockJS carries
+  // text only, so the broker refuses it with an ERROR ("binary body") and
+  // keeps it in its queue (stomp.js's parser stays in step: the text message
+  // before it arrives whole); then the same message is read, byte for byte,
+  // over STOMP over WebSocket at /ws.
+  async "sockjs-binary"(context) {
+    const page = await open(context, "/");
+    await page.addScriptTag({ path: join(here, "node_modules/sockjs-client/dist/sockjs.min.js") });
+    await page.addScriptTag({ path: join(here, "node_modules/@stomp/stompjs/bundles/stomp.umd.js") });
+    return await page.evaluate(async (step) => {
+      const bytes = [0x89, 0x50, 0x4e, 0x47, 0xff, 0xfe, 0x00, 0x01, 0xc3];
+      const posted = await fetch("/api/v1/vhosts/%2F/queues/sockjs-binary/messages", {
+        method: "POST", headers: { "Content-Type": "application/json" },
+        body: JSON.stringify({ messages: [
+          { body: "before \u00e9" },
+          { body: btoa(String.fromCharCode(...bytes)), encoding: "base64" },
+          { body: "after" },
+        ] }),
+      });
+      if (!posted.ok) return { ok: false, error: `publish: ${posted.status} ${await posted.text()}` };
+      // Over SockJS: the text message, then an ERROR for the binary one.
+      let sock;
+      const got = [];
+      const sockjs = new StompJs.Client({
+        webSocketFactory: () => {
+          sock = new SockJS(new URL("/sockjs", location.href).href, null,
+            { transports: ["xhr-streaming"] });
+          return sock;
+        },
+        reconnectDelay: 0, heartbeatIncoming: 0, heartbeatOutgoing: 0,
+      });
+      const refused = new Promise((resolve, reject) => {
+        sockjs.onConnect = () => sockjs.subscribe("/queue/sockjs-binary", (m) => {
+          got.push(m.body);
+        });
+        sockjs.onStompError = (frame) => resolve(frame);
+        setTimeout(() => reject(new Error(`no ERROR; got ${JSON.stringify(got)}`)), step);
+      });
+      const closed = new Promise((resolve) => { sockjs.onWebSocketClose = (e) => resolve(e); });
+      sockjs.activate();
+      const error = await refused;
+      const close = await closed;
+      await sockjs.deactivate();
+      // Over WebSocket: the binary message, intact, then the last one.
+      const url = new URL("/ws", location.href);
+      url.protocol = location.protocol === "https:" ? "wss:" : "ws:";
+      const ws = new StompJs.Client({ brokerURL: url.href, reconnectDelay: 0 });
+      const rest = [];
+      const done = new Promise((resolve, reject) => {
+        ws.onConnect = () => ws.subscribe("/queue/sockjs-binary", (m) => {
+          rest.push({ bytes: Array.from(m.binaryBody), redelivered: m.headers.redelivered });
+          if (rest.length === 2) resolve();
+        });
+        setTimeout(() => reject(new Error(`over /ws: ${JSON.stringify(rest)}`)), step);
+      });
+      ws.activate();
+      await done;
+      await ws.deactivate();
+      const after = Array.from(new TextEncoder().encode("after"));
+      const ok = JSON.stringify(got) === JSON.stringify(["before \u00e9"])
+        && error.headers.message === "binary body" && /not UTF-8/.test(error.body)
+        && close.code === 3000 && close.reason === "binary body"
+        && JSON.stringify(rest[0].bytes) === JSON.stringify(bytes)
+        && rest[0].redelivered === "true"
+        && JSON.stringify(rest[1].bytes) === JSON.stringify(after);
+      return { ok, got, error: { message: error.headers.message, body: error.body },
+        close: [close.code, close.reason], rest };
+    }, STEP);
   },
 
   // sockjs-client against the protocol's test services (echo, close,

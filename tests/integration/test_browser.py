@@ -5,7 +5,8 @@ listener over TCP or TLS (a C{trustme} test CA) and a STOMP listener, then
 runs C{tests/browser/run.mjs} with node: playwright-core drives Debian's
 C{/usr/bin/chromium} (never a downloaded browser) through a scenario and
 prints one JSON line. Scenarios: C{@stomp/stompjs} over native WebSocket
-and over C{sockjs-client} (xhr-streaming, xhr-polling), sockjs-client
+and over C{sockjs-client} (xhr-streaming, xhr-polling; a binary body refused),
+sockjs-client
 against the SockJS test services, C{qmq.js} (its reconnection, its SockJS
 transports and its fallback to them), a click-through of both example pages
 (the task queue with C{examples/worker.py} running as a real worker), and a
@@ -181,6 +182,15 @@ class BrowserMixin:
         """@stomp/stompjs over sockjs-client with WebSocket disabled: xhr-polling."""
         result = yield self.scenario("sockjs-xhr-polling")
         self.assertEqual(result["transport"], "xhr-polling")  # type: ignore[attr-defined]
+
+    @defer.inlineCallbacks
+    def test_sockjsBinaryBody(self) -> Any:
+        """Issue 22: a body that is not UTF-8 (published over HTTP) reaches
+        stomp.js over sockjs-client as an ERROR, not as a mangled MESSAGE
+        that desynchronises its parser; it stays queued and arrives intact
+        over /ws."""
+        result = yield self.scenario("sockjs-binary")
+        self.assertEqual(result["close"], [3000, "binary body"])  # type: ignore[attr-defined]
 
     @defer.inlineCallbacks
     def test_sockjsServices(self) -> Any:
