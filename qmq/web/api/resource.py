@@ -36,6 +36,7 @@ from twisted.web.server import NOT_DONE_YET
 
 from qmq.core.errors import BrokerError
 from qmq.core.exchange import EXCHANGE_TYPES
+from qmq.core.names import check_exchange
 from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX, check_queue_access
 from qmq.core.queue import Queue
 from qmq.web.api import codec
@@ -664,6 +665,8 @@ class ApiResource(Resource):
     def h_publish_exchange(self, request: Request, vhost: str, exchange: str) -> Any:
         if not exchange:
             raise bad_request("an exchange needs a name (the default exchange is the queue endpoint)")
+        # A '/' would split the destination below at the wrong place.
+        check_exchange(exchange)
         prefix = f"/exchange/{exchange}/"
 
         def destination(messages: list[codec.Parsed]) -> Any:
