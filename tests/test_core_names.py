@@ -190,3 +190,25 @@ class RecoveryTests(SynchronousTestCase):
             sorted(e["kind"] for e in warnings), ["binding key", "exchange name", "queue name"]
         )
         self.assertEqual(next(broker.message_ids), 5)
+
+    def test_dead_letter_arguments(self) -> None:
+        """Dead-letter targets follow the rules when declared; a kept queue
+        whose target breaks them comes back without it, messages and all."""
+        broker = Broker(Clock())
+        e = self.assertRaises(
+            InvalidName,
+            broker.default_vhost.declare_queue,
+            "q",
+            arguments={"x-dead-letter-routing-key": "k\x00"},
+        )
+        self.assertEqual(e.message, "x-dead-letter-routing-key: routing key contains a control character (U+0000)")
+        self.assertRaises(
+            InvalidName, broker.default_vhost.declare_queue, "q", arguments={"x-dead-letter-exchange": "a/b"}
+        )
+        recovery = Recovery(
+            queues=[RecoveredQueue("/", "q", {"x-dead-letter-routing-key": "k\n", "x-max-length": 5})]
+        )
+        broker = Broker(Clock(), store=_KeptStore(recovery))
+        broker.recover()
+        policy = broker.default_vhost.queues["q"].policy
+        self.assertEqual((policy.dead_letter_routing_key, policy.max_length), (None, 5))

@@ -34,7 +34,7 @@ from qmq.core.batch import WriteBatcher
 from qmq.core.ids import DEFAULT_NODE, MessageIds
 from qmq.core.limits import LimitSettings
 from qmq.core.message import Message
-from qmq.core.names import problem
+from qmq.core.names import InvalidName, problem
 from qmq.core.store import MessageStore, NullStore, RecoveredQueue, collector_paused
 from qmq.core.traffic import Traffic
 from qmq.core.vhost import VirtualHost
@@ -62,6 +62,41 @@ def _warn_kept(kind: str, name: str, vhost: str, slash: bool = False) -> None:
             vhost=vhost,
             reason=reason,
         )
+
+
+def _declare_recovered(vhost: VirtualHost, q: RecoveredQueue) -> Queue:
+    """Declare a queue the store kept, as it was; arguments that name a
+    dead-letter target today's rules refuse are dropped, with a warning
+    (its messages come back; dead letters are not sent there)."""
+
+    def declare(arguments: dict | None) -> Queue:
+        return vhost.declare_queue(
+            q.name,
+            durable=True,
+            auto_delete=q.auto_delete,
+            arguments=arguments,
+            on_demand=True,
+            subscription=q.subscription,
+            validate=False,
+        )
+
+    try:
+        return declare(q.arguments)
+    except InvalidName as e:
+        if not q.arguments:
+            raise
+        log.warn(
+            "recovered queue {name!r} in virtual host {vhost!r}: {reason}; it is kept "
+            "without its dead-letter arguments",
+            name=q.name,
+            vhost=q.vhost,
+            reason=e.message,
+        )
+    kept = {k: v for k, v in q.arguments.items() if k not in _DEAD_LETTER_ARGUMENTS}
+    return declare(kept or None)
+
+
+_DEAD_LETTER_ARGUMENTS = frozenset(("x-dead-letter-exchange", "x-dead-letter-routing-key"))
 
 
 class _StoreFlush:
@@ -194,15 +229,7 @@ class Broker:
             vhost = self.add_vhost(q.vhost)
             if q.name not in vhost.queues:
                 _warn_kept("queue name", q.name, q.vhost)
-            queue = vhost.declare_queue(
-                q.name,
-                durable=True,
-                auto_delete=q.auto_delete,
-                arguments=q.arguments,
-                on_demand=True,
-                subscription=q.subscription,
-                validate=False,
-            )
+            queue = _declare_recovered(vhost, q)
             if q.exclusive:
                 gone.append((vhost, q.name))
             if kept:
