@@ -194,3 +194,25 @@ class RestartTests(SynchronousTestCase):
         self.assertEqual(error.command, "ERROR")
         self.assertEqual(error.headers["message"], "unknown message")
         self.assertEqual(len(self.broker.default_vhost.queues["q"]), 2)
+
+
+class ServiceRestartTests(SynchronousTestCase):
+    def test_node_and_ids_across_service_restarts(self) -> None:
+        """The service keeps one node id per data directory, and each start
+        issues ids above the last start's."""
+        data = Path(self.mktemp())
+        text = f'data_dir = {json.dumps(str(data))}\nstore = "memory"\n'
+        last = 0
+        nodes = set()
+        for i in range(3):
+            reactor = MemoryReactorClock()
+            reactor.advance(T0 + i * 0.002)
+            broker = make_service(config.load_string(text), reactor).broker
+            nodes.add(broker.node)
+            self.assertGreater(broker.message_ids.first, last)
+            for _ in range(100):
+                last = next(broker.message_ids)
+            self.assertTrue(broker.message_ids.prefix.startswith(broker.node + "."))
+        self.assertEqual(nodes, {(data / NODE_FILE).read_text().strip()})
+        named = make_service(config.load_string(text + '[cluster]\nnode = "east"\n'), MemoryReactorClock())
+        self.assertEqual(named.broker.node, "east")
