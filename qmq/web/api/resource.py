@@ -38,6 +38,7 @@ from qmq.core.admission import RETRY_AFTER
 from qmq.core.errors import BrokerError
 from qmq.core.exchange import EXCHANGE_TYPES
 from qmq.core.management import Management
+from qmq.core.names import check_exchange
 from qmq.core.queue import Queue
 from qmq.web.api import codec
 from qmq.web.api.codec import AVRO, AVRO_TYPES, JSON, SCHEMA_NAMES
@@ -684,6 +685,8 @@ class ApiResource(Resource):
     def h_publish_exchange(self, request: Request, vhost: str, exchange: str) -> Any:
         if not exchange:
             raise bad_request("an exchange needs a name (the default exchange is the queue endpoint)")
+        # A '/' would split the destination below at the wrong place.
+        check_exchange(exchange)
         prefix = f"/exchange/{exchange}/"
 
         def destination(messages: list[codec.Parsed]) -> Any:
