@@ -123,3 +123,28 @@ class HttpAccessTests(AuthSetup):
             bind, _, _, doc = yield self.call("POST", B, {"queue": "jobs", "exchange": "amq.topic",
                                                           "routing_key": "k"}, headers=bearer)
             self.assertEqual((publish, bind), (201, 201) if verdict else (403, 403), pattern)
+
+    @defer.inlineCallbacks
+    def test_allow_create_over_http(self):
+        """C{allow_create = false}: a PUT of a new queue is refused as a
+        STOMP SEND or SUBSCRIBE is (it made one on d8fe3b8)."""
+        self.broker.default_vhost.allow_create = False
+        code, _, _, doc = yield self.call("PUT", f"{Q}/fresh", headers=self.basic("alice"))
+        self.assertEqual((code, doc["code"]), (404, "not-found"), doc)
+        self.assertIn("allow_create", doc["detail"])
+        self.assertNotIn("fresh", self.broker.default_vhost.queues)
+        code, _, _, _ = yield self.call("PUT", f"{Q}/jobs", headers=self.basic("alice"))
+        self.assertEqual(code, 200)
+
+    @defer.inlineCallbacks
+    def test_inequivalent_arguments_over_http(self):
+        """A PUT of a queue that exists with other arguments is a 409, as
+        a STOMP SUBSCRIBE's is an ERROR (d8fe3b8 answered 200 and ignored
+        them)."""
+        alice = self.basic("alice")
+        code, _, _, _ = yield self.call("PUT", f"{Q}/capped", {"arguments": {"x-max-length": 5}}, headers=alice)
+        self.assertEqual(code, 201)
+        code, _, _, doc = yield self.call("PUT", f"{Q}/capped", {"arguments": {"x-max-length": 6}}, headers=alice)
+        self.assertEqual((code, doc["code"]), (409, "precondition-failed"), doc)
+        code, _, _, doc = yield self.call("PUT", f"{Q}/capped", {"arguments": {"x-max-length": 5}}, headers=alice)
+        self.assertEqual((code, doc["arguments"]), (200, {"x-max-length": 5}))

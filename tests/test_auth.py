@@ -135,6 +135,8 @@ class PermissionTests(unittest.TestCase):
             "[^]$]$": "[^]$]\\Z",
             "(a$|b$)": "(a\\Z|b\\Z)",
             r"[\]$]$": r"[\]$]\Z",
+            # A verbose pattern's comment is not a class, whatever it holds.
+            "(?x) ^a$  # [a comment\n | ^b$": "(?x) ^a\\Z  # [a comment\n | ^b\\Z",
         }
         for pattern, expected in cases.items():
             self.assertEqual(end_anchored(pattern), expected, pattern)
@@ -252,6 +254,11 @@ class ThrottleTests(unittest.TestCase):
         self.assertEqual(throttle.wait("a", "someone-else"), 8.0)
         throttle.succeeded("a", "someone-else")
         self.assertEqual(throttle.wait("a", "user0"), 12.0)
+        # A name that logged in from the address passes the address's
+        # count (not its own failures); the count stays for the others.
+        self.assertEqual(throttle.wait("a", "someone-else"), 0.0)
+        self.assertEqual(throttle.address_failures("a"), 6)
+        self.assertEqual(throttle.wait("a", "user9"), 16.0)
         # Another address is not slowed; the window forgets the address.
         self.assertEqual(throttle.wait("b", "user0"), 0.0)
         self.clock.advance(61)
@@ -534,8 +541,15 @@ class AuthenticatorTests(unittest.TestCase):
         self.assertNoResult(second)
         self.settle(second)
         self.failureResultOf(second, LoginFailed)
-        # alice's success did not clear the address's count.
+        # alice's success did not clear the address's count, but alice,
+        # who logged in from there, is not held back by it any more.
         self.assertEqual(self.auth.throttle.address_failures("192.0.2.1"), 5)
+        first = self.login("app", UsernamePassword("u6", "guess"))
+        second = self.login("app", UsernamePassword("alice", "wonderland"))
+        self.assertEqual(self.successResultOf(second).name, "alice")
+        self.assertNoResult(first)
+        self.settle(first)
+        self.failureResultOf(first, LoginFailed)
 
     def test_too_many_failures(self):
         for _ in range(4):

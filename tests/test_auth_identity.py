@@ -124,6 +124,15 @@ class SpeakForTests(unittest.TestCase):
         narrowed = self.login("alice", destinations={"read": "^/queue/alice\\.in$"})
         self.assertTrue(narrowed.can("read", "app", "alice.in", "/queue/alice.in"))
         self.assertFalse(narrowed.can("read", "app", "alice.out", "/queue/alice.out"))
+        # alice's permissions change: the mapped token follows them (an
+        # unmapped one keeps the token permissions it carries).
+        self.auth.set_permission("app", "alice", "", "", "^alice\\.in$")
+        fresh = self.auth.refreshed(narrowed)
+        self.assertEqual((fresh.identity, fresh.account, fresh.expires), (narrowed.identity, "alice", NOW + 60))
+        self.assertFalse(fresh.can("write", "app", "alice.in", "/queue/alice.in"))
+        self.assertTrue(fresh.can("read", "app", "alice.in", "/queue/alice.in"))
+        self.assertFalse(fresh.can("read", "app", "alice.inbox", "/queue/alice.inbox"))
+        self.assertIsNone(self.auth.refreshed(self.login("bob")))
 
 
 class SpeakForConfigTests(unittest.SynchronousTestCase):

@@ -56,6 +56,21 @@ class ResourceTests(SynchronousTestCase):
         for operation, name, text, resource in cases:
             self.assertEqual(resource_named("v", operation, name, text), resource, text)
 
+    def test_bare_names(self) -> None:
+        """A check naming an exchange by its bare name (no destination) is
+        about the exchange itself, never a queue of that name's path."""
+        exchanges, queues = {"amq.topic", "ev", "both"}, {"orders", "both"}
+        cases = [
+            ("write", "amq.topic", Resource("v", EXCHANGE, "amq.topic")),
+            ("read", "ev", Resource("v", EXCHANGE, "ev")),
+            ("write", "orders", Resource("v", QUEUE, "orders")),
+            ("write", "both", Resource("v", QUEUE, "both")),
+            ("configure", "ev", Resource("v", QUEUE, "ev")),
+        ]
+        for operation, name, resource in cases:
+            self.assertEqual(resource_named("v", operation, name, name, exchanges, queues), resource, name)
+        self.assertEqual(resource_named("v", "write", "amq.topic", "amq.topic").path, "/queue/amq.topic")
+
 
 class AuthorizeTests(SynchronousTestCase):
     def test_no_user_allows(self) -> None:

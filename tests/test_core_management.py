@@ -111,6 +111,38 @@ class OperationTests(ManagementTestCase):
         alice = Management(self.vhost, None, "alice")
         self.assertEqual(alice.purge_queue(self.feed), 0)
 
+    def test_inequivalent_arguments(self) -> None:
+        """Arguments given again for a queue that exists must be its own
+        (as for a STOMP SUBSCRIBE); none at all is a plain redeclare."""
+        m = self.bob()
+        m.declare_queue("bob.q", arguments={"x-max-length": 5})
+        self.assertEqual(m.declare_queue("bob.q", arguments={"max-length": "5"})[1], False)
+        self.assertEqual(m.declare_queue("bob.q")[1], False)
+        with self.assertRaises(PreconditionFailed) as e:
+            m.declare_queue("bob.q", arguments={"x-max-length": 6})
+        self.assertEqual(e.exception.short, "inequivalent queue arguments")
+        self.assertEqual(self.vhost.queues["bob.q"].policy.max_length, 5)
+
+    def test_allow_create(self) -> None:
+        """A virtual host that does not let clients create queues refuses a
+        declare of a new one as it refuses a STOMP SEND or SUBSCRIBE."""
+        self.vhost.allow_create = False
+        m = self.bob(None)
+        with self.assertRaises(NotFound) as e:
+            m.declare_queue("bob.new")
+        self.assertIn("allow_create", e.exception.message)
+        self.assertNotIn("bob.new", self.vhost.queues)
+        self.assertEqual(m.declare_queue("alice.inbox")[1], False)
+
+    def test_reserved_names(self) -> None:
+        """amq. and new durable. names are the broker's (a durable SUBSCRIBE
+        makes its queue); the owner may declare an existing one again."""
+        m = Management(self.vhost, None, "alice")
+        for name in ("amq.x", durable_queue_name("alice", "new")):
+            self.assertRaises(AccessRefused, m.declare_queue, name)
+            self.assertNotIn(name, self.vhost.queues)
+        self.assertEqual(m.declare_queue(self.feed)[1], False)
+
     def test_exclusive_queue_not_deleted(self) -> None:
         self.vhost.declare_queue("bob.mine", exclusive_owner=object())
         self.assertRaises(AccessRefused, self.bob().delete_queue, "bob.mine")

@@ -345,9 +345,16 @@ class Authenticator:
 
     def refreshed(self, user: User) -> User | None:
         """C{user} (logged in before a change) with the permissions it has
-        now, or None for a token's user (a token carries its own)."""
+        now, or None for a token's own subject (a token carries its own).
+        A token that speaks for a user follows that user's permissions in
+        its virtual host (the one it was let into), keeping its narrowing."""
         if user.source == "token":
-            return None
+            vhost = next(iter(user.permissions), None)
+            if user.speaks_for is None or vhost is None:
+                return None
+            return self.realm.user(
+                Principal(user.name, "token", vhost=vhost, expires=user.expires, destinations=user.destinations)
+            )
         return self.realm.user(Principal(user.name, user.source))
 
     def credentials(

@@ -50,10 +50,12 @@ def end_anchored(pattern: str) -> str:
     matches at the very end of the name only (not before a final newline).
 
     A C{$} escaped (C{\\$}) or inside a character class (C{[$]}) is a
-    literal dollar and stays.  The scan is one pass over the pattern.
+    literal dollar and stays; in a verbose pattern (C{(?x)}) a comment is
+    copied as it is.  The scan is one pass over the pattern.
     """
     if "$" not in pattern:
         return pattern
+    verbose = bool(re.compile(pattern).flags & re.VERBOSE)
     out: list[str] = []
     i, n = 0, len(pattern)
     in_class = False
@@ -62,6 +64,12 @@ def end_anchored(pattern: str) -> str:
         if c == "\\":
             out.append(pattern[i : i + 2])
             i += 2
+            continue
+        if verbose and not in_class and c == "#":
+            end = pattern.find("\n", i)
+            end = n if end < 0 else end
+            out.append(pattern[i:end])
+            i = end
             continue
         if in_class:
             in_class = c != "]"

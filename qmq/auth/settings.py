@@ -44,7 +44,8 @@ class AuthSettings:
         addresses, whose failures are remembered.
     @ivar failure_address_threshold: failed logins from one address, over
         all user names, within C{failure_window}, past which every login
-        from that address is slowed (password spraying).
+        from that address is slowed (password spraying), but for the names
+        that logged in from it within the window.
     """
 
     anonymous: bool = False

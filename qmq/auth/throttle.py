@@ -17,10 +17,13 @@ do not slow the other users behind the same address (a NAT, a CI machine).
 Password spraying (one or two guesses for each of many user names, from one
 address) is bounded by the address as a whole: past C{address_threshold}
 failures from one address within C{window} seconds, whatever the user
-names, every attempt from that address (any user) is spaced as a pair's
-are, the delay doubling with each failure beyond the threshold.  A success
-does not clear the address's count (a sprayer who finds one password is
-not let loose); it fades with the window.
+names, every attempt from that address is spaced as a pair's are, the delay
+doubling with each failure beyond the threshold.  A success does not clear
+the address's count (a sprayer who finds one password is not let loose);
+it fades with the window.  But a user name that logged in from the address
+within the window is not held back by the address's count (only by its own
+failures): the users of a busy NAT, or a test suite that tries many wrong
+logins, keep logging in while a sprayer's new names wait.
 
 The tables are bounded (C{max_addresses} entries each; the oldest go first)
 and entries older than C{window} count as nothing, so a flood of addresses
@@ -118,6 +121,8 @@ class LoginThrottle:
         self.max_wait = 2 * max_delay
         self._pairs = _Table(window, max_addresses)
         self._addresses = _Table(window, max_addresses)
+        #: (address, user) pairs that logged in lately.
+        self._known = _Table(window, max_addresses)
 
     def __len__(self) -> int:
         """Pairs (address, user) with failures remembered."""
@@ -150,7 +155,9 @@ class LoginThrottle:
         now = self.clock.seconds()
         pair = self._pairs.get((address, user), now)
         spread = self._addresses.get(address, now)
-        if spread is not None and spread.count <= self.address_threshold:
+        if spread is not None and (
+            spread.count <= self.address_threshold or self._known.get((address, user), now) is not None
+        ):
             spread = None
         if pair is None and spread is None:
             return 0.0
@@ -180,5 +187,7 @@ class LoginThrottle:
 
     def succeeded(self, address: str, user: str = "") -> None:
         """A login as C{user} from C{address} succeeded: forget the pair's
-        failures (not the address's: see the module docstring)."""
+        failures (not the address's), and let the pair pass the address's
+        count from now on, within the window (see the module docstring)."""
         self._pairs.forget((address, user))
+        self._known.add((address, user), self.clock.seconds())

@@ -36,11 +36,12 @@ applies with authentication off too.
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any
 
 from qmq.core.errors import AccessRefused
-from qmq.core.ownership import check_queue_access, durable_queue_owner
+from qmq.core.ownership import Owner, check_queue_access, durable_queue_owner
 
 __all__ = ["EXCHANGE", "OPERATIONS", "QUEUE", "Resource", "allowed", "authorize"]
 
@@ -122,7 +123,7 @@ def authorize(
     user: Any,
     operation: str,
     resource: Resource,
-    owner: str | None = None,
+    owner: str | Owner | None = None,
     named: str | None = None,
 ) -> None:
     """Refuse, unless C{user} may do C{operation} on C{resource}.
@@ -130,9 +131,10 @@ def authorize(
     @param user: a L{qmq.auth.User}, or None (no permission checks).
     @param operation: one of L{OPERATIONS}.
     @param owner: who the client is for durable subscriptions (a
-        channel's C{owner_name}); given, a queue that is another owner's
-        durable subscription is refused whatever the permissions (None:
-        not asked here, the caller asks L{check_queue_access} itself).
+        channel's C{owner_name}: a user's name or an L{Owner}); given, a
+        queue that is another owner's durable subscription is refused
+        whatever the permissions (None: not asked here, the caller asks
+        L{check_queue_access} itself).
     @param named: how the client named it (a STOMP destination), for the
         message only: the verdict never depends on it.
     @raise AccessRefused: short C{access refused (OPERATION)}; the message
@@ -153,7 +155,14 @@ def authorize(
     )
 
 
-def resource_named(vhost: str, operation: str, name: str, text: str) -> Resource:
+def resource_named(
+    vhost: str,
+    operation: str,
+    name: str,
+    text: str,
+    exchanges: Container[str] = (),
+    queues: Container[str] = (),
+) -> Resource:
     """The resource a channel's check names: C{name}, which the client
     reached through the destination C{text} (a bridge for the channel's
     call sites, which pass the name and the text they resolved).
@@ -162,7 +171,10 @@ def resource_named(vhost: str, operation: str, name: str, text: str) -> Resource
     read from it (a SUBSCRIBE, a topic's subscriber count), naming it by a
     C{/topic/KEY} or C{/exchange/NAME/KEY} destination; everything else it
     asks about is a queue (a C{configure} with a topic destination is the
-    durable subscription's queue it makes).
+    durable subscription's queue it makes). A check that names the
+    resource by its bare name (C{text} is not a destination) is about an
+    exchange if C{name} is one of C{exchanges} and none of C{queues}, and
+    then about the exchange itself (no key: C{/exchange/NAME}).
     """
     if operation != "configure":
         if text.startswith("/topic/") and name == TOPIC_EXCHANGE:
@@ -173,4 +185,6 @@ def resource_named(vhost: str, operation: str, name: str, text: str) -> Resource
                 return Resource(vhost, EXCHANGE, name, key)
         if text.startswith("/control/count-subscribers/topic/") and name == TOPIC_EXCHANGE:
             return Resource(vhost, EXCHANGE, name, text[33:])
+        if not text.startswith("/") and name in exchanges and name not in queues:
+            return Resource(vhost, EXCHANGE, name)
     return Resource(vhost, QUEUE, name)

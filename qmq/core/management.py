@@ -24,6 +24,9 @@ L{qmq.core.vhost.VirtualHost}:
 
 "Ownership" is L{qmq.core.ownership}: a durable subscription's queue is its
 owner's alone, whatever the permissions, with authentication on or off.
+L{Management.check_owner} asks that rule alone, for a frontend about to
+receive from a queue or settle its deliveries (the channel checks C{read}
+when it attaches the consumer).
 
 Arguments that make the broker write somewhere are permissions too: a queue
 declared with C{x-dead-letter-exchange} republishes into that exchange (or,
@@ -40,7 +43,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from qmq.core.access import Resource, allowed, authorize
-from qmq.core.errors import AccessRefused, PreconditionFailed
+from qmq.core.errors import AccessRefused, NotFound, PreconditionFailed
+from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX, Owner, check_queue_access
 from qmq.core.queue import QueuePolicy
 
 if TYPE_CHECKING:
@@ -50,7 +54,7 @@ if TYPE_CHECKING:
     from qmq.core.queue import Queue
     from qmq.core.vhost import VirtualHost
 
-__all__ = ["Management", "authorize_arguments", "writing_targets"]
+__all__ = ["Management", "authorize_arguments", "check_equivalent", "writing_targets"]
 
 
 def writing_targets(vhost: str, arguments: dict[str, Any] | None) -> list[tuple[str, Resource]]:
@@ -87,7 +91,24 @@ def writing_targets(vhost: str, arguments: dict[str, Any] | None) -> list[tuple[
     return [("x-dead-letter-exchange", Resource.exchange(vhost, exchange, key))]
 
 
-def authorize_arguments(user: Any, owner: str, vhost: str, arguments: dict[str, Any] | None) -> None:
+def check_equivalent(queue: Queue, arguments: dict[str, Any]) -> None:
+    """C{arguments} given again for C{queue}, which exists: they must agree
+    with its policy (RabbitMQ's "inequivalent arg"), their values checked
+    as for a new queue; nothing is changed.
+
+    @raise PreconditionFailed: they do not, naming them.
+    """
+    wanted = QueuePolicy.from_arguments(arguments, queue.policy)
+    if wanted != queue.policy:
+        given = ", ".join(f"{k}={v}" for k, v in sorted(arguments.items()))
+        raise PreconditionFailed(
+            f"Queue {queue.name!r} exists with other arguments than those given ({given}); "
+            "delete it or declare it without them.",
+            "inequivalent queue arguments",
+        )
+
+
+def authorize_arguments(user: Any, owner: str | Owner, vhost: str, arguments: dict[str, Any] | None) -> None:
     """Refuse queue C{arguments} that would make the broker write where
     the declarer may not (see L{writing_targets}): the declarer needs
     C{write} on each target, and a target queue that is another owner's
@@ -118,7 +139,7 @@ class Management:
     @ivar owner: who the identity is as the owner of durable subscriptions.
     """
 
-    def __init__(self, vhost: VirtualHost, user: Any = None, owner: str = "") -> None:
+    def __init__(self, vhost: VirtualHost, user: Any = None, owner: str | Owner = "") -> None:
         self.vhost = vhost
         self.user = user
         self.owner = owner
@@ -134,6 +155,13 @@ class Management:
     def authorize(self, operation: str, resource: Resource) -> None:
         """L{qmq.core.access.authorize} for this identity (ownership included)."""
         authorize(self.user, operation, resource, self.owner)
+
+    def check_owner(self, name: str, operation: str) -> None:
+        """The durable-subscription rule alone (L{check_queue_access}): for
+        receiving from queue C{name} and settling its deliveries, whose
+        C{read} permission the channel checks when it attaches a consumer.
+        @raise AccessRefused: it is another owner's durable subscription."""
+        check_queue_access(self.owner, name, operation)
 
     def may_read_queue(self, name: str, see_all: bool = False) -> bool:
         """Whether this identity may read queue C{name} (its permissions and,
@@ -161,17 +189,38 @@ class Management:
         """Declare queue C{name} (made on demand: the virtual host's
         defaults under its C{arguments}); return it and whether it was made.
 
-        @raise AccessRefused: an C{amq.} name (the broker's own), no
+        @raise AccessRefused: an C{amq.} name or a new C{durable.} name
+            (the broker's own), no
             C{configure}, another owner's durable subscription, or
             arguments that write where the declarer may not.
-        @raise PreconditionFailed: bad arguments.
+        @raise PreconditionFailed: bad arguments, or other arguments than
+            those of the queue that exists.
+        @raise NotFound: it does not exist and the virtual host does not let
+            clients create queues (C{allow_create = false}).
         """
-        if name.startswith("amq."):
-            raise AccessRefused(f"Queue names starting with 'amq.' are the broker's own ({name!r}).",
-                                "access refused (configure)")
+        vhost = self.vhost
+        if name.startswith("amq.") or (name.startswith(DURABLE_SUBSCRIPTION_PREFIX) and name not in vhost.queues):
+            # As for a STOMP destination: the broker makes these (temporary
+            # and private queues; a durable SUBSCRIBE makes durable.OWNER.NAME).
+            raise AccessRefused(
+                f"Queue {name!r}: names starting with 'amq.' or 'durable.' are the broker's own; "
+                "a durable subscription's queue is made by subscribing.",
+                "access refused (configure)",
+            )
         self.authorize("configure", self._queue(name))
-        authorize_arguments(self.user, self.owner, self.vhost.name, arguments)
-        existed = name in self.vhost.queues
+        authorize_arguments(self.user, self.owner, vhost.name, arguments)
+        queue = vhost.queues.get(name)
+        existed = queue is not None
+        if queue is not None and arguments:
+            check_equivalent(queue, arguments)
+        if not existed and not vhost.allow_create:
+            # The same rule as a STOMP SEND or SUBSCRIBE naming a new queue.
+            raise NotFound(
+                f"Queue {name!r} does not exist, and virtual host {vhost.name!r} does not let "
+                "clients create queues (allow_create = false): only queues declared in the "
+                "configuration can be used.",
+                "no such queue",
+            )
         queue = self.vhost.declare_queue(
             name, durable=durable, auto_delete=auto_delete, arguments=arguments or None, on_demand=True
         )

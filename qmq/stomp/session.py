@@ -127,7 +127,8 @@ class StompError(Exception):
 class StompSession:
     """One client's STOMP session (see the module docstring).
 
-    @ivar id: the session id (also the prefix of every message-id it sends).
+    @ivar id: the session id, C{NODE.RUN.N} (L{qmq.core.ids}; also the
+        prefix of every message-id it sends).
     @ivar version: the negotiated STOMP version.
     @ivar vhost: the virtual host chosen at CONNECT.
     @ivar channel: the session's way into the core (from CONNECT on).
@@ -156,7 +157,10 @@ class StompSession:
             TextSubscription if getattr(transport, "text_only", False) else Subscription
         )
         self.peer = transport.peer
-        self.id = f"{next(_session_ids):x}"
+        # NODE.RUN.N: a session id (and so every message-id it sends) never
+        # names another session of this or another node, in this run or a
+        # later one (qmq.core.ids), so a stale ack can settle nothing.
+        self.id = f"{broker.message_ids.prefix}.{next(_session_ids):x}"
         self.version = "1.0"
         self.version_index = 2
         self.vhost: VirtualHost = broker.default_vhost

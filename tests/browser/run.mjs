@@ -4,8 +4,9 @@
 //   node run.mjs SCENARIO BASE_URL [--spki HASH] [--screenshots DIR]
 //
 // SCENARIO is stompjs, sockjs-xhr-streaming, sockjs-xhr-polling,
-// sockjs-binary, sockjs-services, qmqjs, qmqjs-reconnect, chat or tasks; BASE_URL the
-// broker's http(s)://127.0.0.1:PORT/. Over HTTPS, --spki gives the base64
+// sockjs-binary, sockjs-services, qmqjs, qmqjs-reconnect, chat, tasks or
+// cross-site-form (which takes --evil URL: a page of another site); BASE_URL
+// the broker's http(s)://127.0.0.1:PORT/. Over HTTPS, --spki gives the base64
 // SHA-256 of the test server certificate's public key, which Chromium is
 // told to accept (--ignore-certificate-errors-spki-list): nothing else is
 // relaxed. Prints one JSON line ({"ok": true, ...} or {"ok": false,
@@ -25,6 +26,7 @@ const option = (name) => {
   return i >= 0 ? rest[i + 1] : undefined;
 };
 const spki = option("--spki");
+const evil = option("--evil");
 const screenshots = option("--screenshots");
 const executablePath = process.env.CHROMIUM || "/usr/bin/chromium";
 const STEP = 15000;
@@ -41,6 +43,8 @@ async function launch() {
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
   ];
   if (spki) args.push(`--ignore-certificate-errors-spki-list=${spki}`);
+  // Another site for the cross-site scenario: evil.test is 127.0.0.1.
+  args.push("--host-resolver-rules=MAP evil.test 127.0.0.1");
   const context = await chromium.launchPersistentContext(userDataDir, {
     executablePath, headless: true, args, viewport: { width: 900, height: 640 },
   });
@@ -114,6 +118,68 @@ async function sockjsStomp(context, transport) {
 // -- scenarios ---------------------------------------------------------------
 
 const scenarios = {
+  // A page of another site (--evil: a page served by the test on another
+  // port, under the name evil.test) tries to receive, and so hide, a
+  // queue's messages: real HTML form POSTs of each encoding a form has, and
+  // no-cors fetches (a typeless Blob, an empty body). The broker's own page
+  // published the messages and receives them afterwards: all three must
+  // still be there, and every cross-site attempt answered 403 or 415.
+  async "cross-site-form"(context) {
+    const queue = `cross-site-${Date.now()}`;
+    const api = new URL(`/api/v1/vhosts/%2F/queues/${queue}`, base).href;
+    const receive = `${api}/receive?max=10000&visibility=43200`;
+    const own = await open(context, "/");
+    const published = await own.evaluate(async (api) => (await fetch(`${api}/messages`, {
+      method: "POST", headers: { "content-type": "application/json" },
+      body: JSON.stringify({ messages: [{ body: "a" }, { body: "b" }, { body: "c" }] }),
+    })).status, api);
+    const attempts = [];
+    const attempt = async (what, action, arg = receive) => {
+      const page = await context.newPage();  // one each: a form navigates away
+      await page.goto(evil, { timeout: STEP });
+      const [response] = await Promise.all([
+        page.waitForResponse((r) => r.url().startsWith(`${api}/receive`), { timeout: STEP }),
+        page.evaluate(action, arg),
+      ]);
+      // Playwright reports the Origin a form sent, not the one Chromium adds
+      // to a no-cors fetch further down (a 403 says the broker saw one).
+      const origin = (await response.request().allHeaders()).origin ?? null;
+      attempts.push({ what, status: response.status(), origin });
+      await page.close();
+    };
+    for (const enctype of ["application/x-www-form-urlencoded", "multipart/form-data", "text/plain"]) {
+      await attempt(`form ${enctype}`, ([url, enctype]) => {
+        const form = document.createElement("form");
+        form.method = "POST";
+        form.action = url;
+        form.enctype = enctype;
+        for (const [name, value] of [["max", "10000"], ["visibility", "43200"]]) {
+          const input = document.createElement("input");
+          input.type = "hidden";
+          input.name = name;
+          input.value = value;
+          form.appendChild(input);
+        }
+        document.body.appendChild(form);
+        form.submit();
+      }, [receive, enctype]);
+    }
+    await attempt("no-cors fetch of a Blob", (url) => {
+      fetch(url, { method: "POST", mode: "no-cors", body: new Blob(["{}"]) }).catch(() => {});
+    });
+    await attempt("no-cors fetch, no body", (url) => {
+      fetch(url, { method: "POST", mode: "no-cors" }).catch(() => {});
+    });
+    const received = await own.evaluate(async (api) => {
+      const r = await fetch(`${api}/receive?max=10`, { method: "POST" });
+      return (await r.json()).messages.map((m) => m.body);
+    }, api);
+    const ok = published === 201 && attempts.length === 5
+      && attempts.every((a) => a.status === 403 || a.status === 415)
+      && JSON.stringify(received) === JSON.stringify(["a", "b", "c"]);
+    return { ok, published, attempts, received };
+  },
+
   // @stomp/stompjs over native WebSocket, at /ws (RabbitMQ's path).
   async stompjs(context) {
     const page = await open(context, "/");

@@ -47,6 +47,7 @@ from qmq.core.channel import Channel
 from qmq.core.consumer import Consumer
 from qmq.core.errors import BrokerError, NotFound
 from qmq.core.message import Message
+from qmq.core.names import check_headers
 from qmq.web.api.codec import Outgoing, Parsed
 from qmq.web.api.problem import Problem, bad_request, from_broker_error
 
@@ -108,7 +109,9 @@ class PollConsumer(Consumer):
         self.channel = frontend.channel
         self.clock = frontend.clock
         self.name = name
-        self.token = secrets.token_urlsafe(6)
+        # NODE.RUN.RANDOM (qmq.core.ids): a handle from another node or an
+        # earlier run never names a delivery of this receiver.
+        self.token = f"{frontend.broker.message_ids.prefix}.{secrets.token_urlsafe(6)}"
         self.waiters: deque[Waiter] = deque()
         self.flush_call: Any = None
         self.batch_of: dict[int, _Batch] = {}
@@ -328,7 +331,7 @@ def _check_destination(text: str, where: str) -> None:
 
 def parse_handle(handle: Any) -> tuple[str, int] | None:
     """C{(token, tag)} of a receipt handle, or None if it is not one."""
-    if handle.__class__ is not str or len(handle) > 64:
+    if handle.__class__ is not str or len(handle) > 128:
         return None
     token, _, tag = handle.rpartition(".")
     if not token or not tag.isdigit() or len(tag) > 19:
@@ -393,9 +396,12 @@ class VHostFrontend:
                         _check_destination(text, f"message {i}: ")
                         targets.append((text, channel.send_target(text)))
                     continue
-                if m.headers and not m.headers.keys().isdisjoint(RESERVED_HEADERS):
-                    bad = sorted(m.headers.keys() & RESERVED_HEADERS)
-                    raise bad_request(f"message {i}: header(s) {', '.join(bad)} are set by the broker")
+                if m.headers:
+                    if not m.headers.keys().isdisjoint(RESERVED_HEADERS):
+                        bad = sorted(m.headers.keys() & RESERVED_HEADERS)
+                        raise bad_request(f"message {i}: header(s) {', '.join(bad)} are set by the broker")
+                    # Before any is published (the channel checks again).
+                    check_headers(m.headers)
                 if targets is not None:
                     text = destination(m)  # type: ignore[operator]
                     _check_destination(text, f"message {i}: ")

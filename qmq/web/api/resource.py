@@ -38,7 +38,7 @@ from qmq.core.admission import RETRY_AFTER
 from qmq.core.errors import BrokerError
 from qmq.core.exchange import EXCHANGE_TYPES
 from qmq.core.management import Management
-from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX, check_queue_access
+from qmq.core.names import check_exchange
 from qmq.core.queue import Queue
 from qmq.web.api import codec
 from qmq.web.api.codec import AVRO, AVRO_TYPES, JSON, SCHEMA_NAMES
@@ -451,16 +451,12 @@ class ApiResource(Resource):
         user = getattr(request, "qmq_user", None)
         return user.owner if user is not None else "http"
 
-    def _own(self, request: Request, queue: str, operation: str) -> None:
-        """A durable subscription's queue is its owner's alone
-        (L{check_queue_access}): nobody else receives from it or settles
-        its deliveries (asked before a receiver is looked up, so the answer
-        is a 403 rather than unknown handles). @raise Problem: 403."""
-        if queue.startswith(DURABLE_SUBSCRIPTION_PREFIX):
-            try:
-                check_queue_access(self._owner(request), queue, operation)
-            except BrokerError as e:
-                raise from_broker_error(e) from None
+    def _own(self, request: Request, vhost: str, queue: str) -> None:
+        """Receiving from a queue and settling its deliveries: the core's
+        L{Management.check_owner} (a durable subscription's queue is its
+        owner's alone), asked before a receiver is looked up, so the answer
+        is a 403 rather than unknown handles."""
+        self._management(request, vhost).check_owner(queue, "read")
 
     def _fe(self, request: Request, vhost: str) -> Any:
         return self.frontend.vhost(vhost, getattr(request, "qmq_user", None))
@@ -689,6 +685,8 @@ class ApiResource(Resource):
     def h_publish_exchange(self, request: Request, vhost: str, exchange: str) -> Any:
         if not exchange:
             raise bad_request("an exchange needs a name (the default exchange is the queue endpoint)")
+        # A '/' would split the destination below at the wrong place.
+        check_exchange(exchange)
         prefix = f"/exchange/{exchange}/"
 
         def destination(messages: list[codec.Parsed]) -> Any:
@@ -707,7 +705,7 @@ class ApiResource(Resource):
         visibility = _float_arg(request, "visibility", s.default_visibility, 0.001, s.max_visibility)
         force64 = _encoding_arg(request)
         avro = codec.wants_avro(request.getHeader("accept"))
-        self._own(request, queue, "read")
+        self._own(request, vhost, queue)
         fe = self._fe(request, vhost)
         poller = fe.poller(queue)
         waiter = poller.receive(want, wait, visibility)
@@ -757,7 +755,7 @@ class ApiResource(Resource):
         return tags, unknown
 
     def _settle(self, request: Request, vhost: str, queue: str, handles: list[str], ack: bool, requeue: bool) -> Response:
-        self._own(request, queue, "read")
+        self._own(request, vhost, queue)
         poller = self._fe(request, vhost).find_poller(queue)
         tags, unknown = self._tags(poller, handles)
         if tags:
@@ -783,7 +781,7 @@ class ApiResource(Resource):
         visibility = doc.get("visibility", self.settings.default_visibility)
         if not (math.isfinite(visibility) and 0 < visibility <= self.settings.max_visibility):
             raise bad_request(f"'visibility' must be above 0 and at most {self.settings.max_visibility:g}")
-        self._own(request, queue, "read")
+        self._own(request, vhost, queue)
         poller = self._fe(request, vhost).find_poller(queue)
         tags, unknown = self._tags(poller, handles)
         if tags:

@@ -180,7 +180,7 @@ def stomp_sockjs_resource(
 def _origin_check(ctx: WebContext) -> Callable[[Any], bool]:
     """The site's rule for pages of other origins (C{web.allowed_origins}),
     the one STOMP over WebSocket follows."""
-    patterns = ctx.web.origins
+    patterns = ctx.guard.origins if ctx.guard is not None else ctx.web.origins
 
     def check(request: Any) -> bool:
         origin = request.getHeader(b"origin")
