@@ -178,9 +178,9 @@ class SockJSService:
         session = self.sessions.get(self.key(session_id, host, _identity(request)))
         if session is None and session_id in self._ids:
             log.warn(
-                "sockjs request from elsewhere into a session refused peer={peer} "
-                "transport={transport} session_digest={digest}: the session was opened "
-                "from another address or with another TLS identity",
+                "sockjs request from elsewhere into a session, treated as naming no session "
+                "peer={peer} transport={transport} session_digest={digest}: the session was "
+                "opened from another address or with another TLS identity",
                 peer=peer, transport=transport, digest=id_digest(session_id),
             )
         return session
