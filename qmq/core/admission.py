@@ -25,7 +25,13 @@ How frontends use it:
     SockJS stop reading it) L{subscribe}s and is called with the admission
     on every change, to resume once L{Admission.admits} says so;
   - a frontend that answers each publish (the HTTP API) refuses a held one
-    at once (503 with C{Retry-After}).
+    at once (503 with C{Retry-After}), before reading its body when every
+    publish is held.
+
+Input still being received (a STOMP frame, an HTTP request body) counts in
+one broker-wide budget, C{limits.max_unfinished_bytes} (L{take_input},
+L{release_input}): many clients each sending a large body slowly cannot
+together exhaust memory.
 
 The core never imports the reactor; this module has no timer at all: the
 alarms and the store sample and call in.
@@ -38,7 +44,7 @@ from typing import Any, NamedTuple
 
 from twisted.logger import Logger
 
-__all__ = ["Admission", "Hold", "RETRY_AFTER"]
+__all__ = ["RETRY_AFTER", "Admission", "Hold", "release_input", "take_input"]
 
 log = Logger()
 
@@ -186,6 +192,27 @@ class Admission:
                 listener(self)
             except Exception:
                 log.failure("admission listener {listener!r} failed", listener=listener)
+
+
+def take_input(broker: Any, size: int) -> bool:
+    """Count C{size} more bytes of input still being received (a request
+    body, a frame) in the broker-wide budget (C{limits.max_unfinished_bytes},
+    L{qmq.core.broker.Broker.unfinished_bytes}) that STOMP's frames count
+    in too.
+
+    @return: False when the budget is now exceeded: the caller refuses the
+        input (and gives its bytes back with L{release_input}).
+    """
+    broker.unfinished_bytes += size
+    limit = broker.max_unfinished_bytes
+    return not (limit and size > 0 and broker.unfinished_bytes > limit)
+
+
+def release_input(broker: Any, size: int) -> None:
+    """Give back C{size} bytes counted with L{take_input} (the input is
+    complete, refused, or its connection gone)."""
+    if size:
+        broker.unfinished_bytes -= size
 
 
 def _describe(alarm: Any, name: str) -> str:

@@ -83,9 +83,9 @@ class LimitSettings:
         binding pattern or a routing key, so that matching stays cheap.
     @ivar max_routing_key_length: longest routing key or binding pattern,
         in characters.
-    @ivar max_unfinished_bytes: most bytes of frames still being received,
-        over all connections together; a frame that would cross it is
-        refused.  0: unlimited.
+    @ivar max_unfinished_bytes: most bytes of frames and HTTP request
+        bodies still being received, over all connections together; a
+        frame or a request that would cross it is refused.  0: unlimited.
     """
 
     memory_high_watermark: int | float | str = field(

@@ -75,10 +75,12 @@ from zope.interface import implementer
 
 from qmq import __version__
 from qmq.connections import ConnectionRegistry
+from qmq.core.admission import RETRY_AFTER, release_input, take_input
 from qmq.core.broker import Broker
 from qmq.tls import PeerIdentity, peer_identity
 from qmq.transport import IConnection
 from qmq.web.guard import Guard, HostRule
+from qmq.twisted_internals import request_line
 from qmq.web.settings import WebSettings
 
 __all__ = [
@@ -354,6 +356,7 @@ class QMQRequest(server.Request):
 
     _refused = False
     _received = 0
+    _counted = 0
     _deadline: Any = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -384,6 +387,8 @@ class QMQRequest(server.Request):
         if length is not None and length > self._limit():
             self._refuse(length)
             return
+        if self._held_back():
+            return
         self.content = io.BytesIO()
 
     def handleContentChunk(self, data: bytes) -> None:
@@ -393,16 +398,31 @@ class QMQRequest(server.Request):
         if self._received > self._limit():
             self._refuse(None)
             return
+        broker = self._broker()
+        if broker is not None:
+            # The body counts in the broker-wide budget for input still
+            # being received, with STOMP's unfinished frames.
+            self._counted += len(data)
+            if not take_input(broker, len(data)):
+                self._answer_early(
+                    503, "Service Unavailable", "broker busy", "input-budget",
+                    "Too many bytes of request bodies and frames are being received across all "
+                    f"connections (limits.max_unfinished_bytes = {broker.max_unfinished_bytes}); "
+                    "retry later.", retry_after=RETRY_AFTER,
+                )
+                return
         super().handleContentChunk(data)
 
     def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
         if self._refused:
             return
         self._stop_deadline()
+        self._release_input()
         super().requestReceived(command, path, version)
 
     def connectionLost(self, reason: Failure) -> None:
         self._stop_deadline()
+        self._release_input()
         super().connectionLost(reason)
 
     def finish(self) -> None:
@@ -413,6 +433,33 @@ class QMQRequest(server.Request):
         if request_done is not None:
             request_done()
         super().finish()
+    def _broker(self) -> Any:
+        return getattr(getattr(self.channel, "site", None), "broker", None)
+
+    def _release_input(self) -> None:
+        counted, self._counted = self._counted, 0
+        if counted:
+            release_input(self._broker(), counted)
+
+    def _held_back(self) -> bool:
+        """While admission holds every publisher (the memory alarm), answer
+        a publish 503 before reading its body (the API refuses it all the
+        same where the request line cannot be read early)."""
+        broker = self._broker()
+        if broker is None or not broker.admission.held:
+            return False
+        from qmq.web.api import is_publish  # noqa: PLC0415 - the API loads on demand
+
+        line = request_line(self)
+        hold = broker.admission.refusal(False)
+        if line is None or hold is None or not is_publish(*line):
+            return False
+        self._answer_early(
+            503, "Service Unavailable", "publishers held back", "publishers-held",
+            f"Publishing is held back: {hold.detail}. Retry later.",
+            retry_after=RETRY_AFTER, extra={"alarm": hold.name},
+        )
+        return True
 
     def _refuse(self, length: int | None) -> None:
         """Answer 413 at once, before the body is read, and close."""
@@ -430,17 +477,22 @@ class QMQRequest(server.Request):
             f"The request was not received within {timeout:g} seconds ([http_api] upload_timeout).",
         )
 
-    def _answer_early(self, status: int, title: str, error: str, code: str, detail: str) -> None:
+    def _answer_early(
+        self, status: int, title: str, error: str, code: str, detail: str,
+        retry_after: int | None = None, extra: dict | None = None,
+    ) -> None:
         """Answer before the request is complete (a problem document), and close."""
         if self._refused:
             return
         self._refused = True
         self._stop_deadline()
+        self._release_input()
         self.content = io.BytesIO()
         body = json.dumps(
             {"type": "about:blank", "title": title, "status": status, "detail": detail, "code": code,
-             "error": error}
+             "error": error, **(extra or {})}
         ).encode()
+        more = b"retry-after: %d\r\n" % retry_after if retry_after is not None else b""
         channel = self.channel
         transport = channel.transport if channel is not None else None
         if transport is None:
@@ -451,8 +503,8 @@ class QMQRequest(server.Request):
             # behind it just closes the connection.
             transport.write(
                 b"HTTP/1.1 %d %s\r\ncontent-type: application/problem+json\r\n"
-                b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
-                % (status, title.encode(), len(body), body)
+                b"connection: close\r\n%scontent-length: %d\r\n\r\n%s"
+                % (status, title.encode(), more, len(body), body)
             )
         transport.loseConnection()
 
@@ -524,6 +576,7 @@ def build_site(ctx: WebContext) -> server.Site:
     site.noisy = False
     site.guard = ctx.guard
     site.web_settings = web  # read by QMQRequest for its body cap
+    site.broker = ctx.broker  # and for admission and the input budget
     site.upload_timeout = ctx.settings.section("http_api").upload_timeout  # and its deadline
     return site
 

@@ -209,6 +209,25 @@ def _session(conn: Any) -> Any:
     return session
 
 
+def is_publish(method: bytes, path: bytes) -> bool:
+    """Whether a request line (C{POST}, C{/api/v1/vhosts/%2F/queues/q/messages?x=1})
+    names one of the API's publish operations: the site refuses those
+    before reading their body while admission holds every publisher."""
+    if method != b"POST":
+        return False
+    segments = path.split(b"?", 1)[0].split(b"/")
+    if len(segments) < 3 or segments[0] != b"" or segments[1] != b"api":
+        return False
+    segments = segments[2:]
+    if segments and segments[-1] == b"":
+        segments.pop()
+    for route_method, template, name in ApiResource.routes:
+        if route_method == "POST" and name.startswith("publish") and len(template) == len(segments):
+            if all(t.startswith("{") or t.encode() == p for t, p in zip(template, segments, strict=True)):
+                return True
+    return False
+
+
 def _unauthorized(detail: str) -> Problem:
     return Problem(401, "unauthorized", detail, headers={"WWW-Authenticate": 'Basic realm="QMQ", Bearer'})
 
