@@ -182,6 +182,21 @@ class DeadLetterTests(ManagementTestCase):
         m.declare_queue("bob.t4", arguments=dead_letters_to("bob.dead"))
         self.assertEqual((len(self.vhost.queues["alice.inbox"]), len(self.vhost.queues[self.feed])), (0, 0))
 
+    def test_over_the_defaults(self) -> None:
+        """A routing key given over the virtual host's default dead-letter
+        exchange aims it: checked as if both were given. What the defaults
+        alone aim at is the operator's, not the declarer's."""
+        self.vhost.set_queue_defaults({"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "bob.dead"})
+        m = self.bob()
+        with self.assertRaises(AccessRefused):
+            m.declare_queue("bob.trap", arguments={"x-dead-letter-routing-key": "alice.inbox", "x-message-ttl": 1})
+        self.assertNotIn("bob.trap", self.vhost.queues)
+        channel = Channel(self.broker, self.vhost, "bob", user=BOB)
+        with self.assertRaises(AccessRefused):
+            channel.subscribe(Sink(), "/queue/bob.trap", arguments={"dead-letter-routing-key": self.feed})
+        self.vhost.set_queue_defaults({"x-dead-letter-exchange": ""})
+        m.declare_queue("bob.capped", arguments={"x-max-length": 5})
+
     def test_ownership_without_authentication(self) -> None:
         """With authentication off every permission is granted, but another
         owner's durable subscription is still not a dead-letter target."""

@@ -230,7 +230,7 @@ class Channel:
         if arguments:
             # Arguments that make the broker write somewhere (dead letters)
             # need the declarer's write permission there.
-            authorize_arguments(self.user, self.owner_name, vhost.name, arguments)
+            authorize_arguments(self.user, self.owner_name, vhost.name, arguments, vhost.queue_defaults)
         if name.startswith(("amq.", DURABLE_SUBSCRIPTION_PREFIX)):
             queue = vhost.queues.get(name)
             if queue is None:
@@ -397,7 +397,7 @@ class Channel:
                 if user is not None and not existed:
                     self._authorize("configure", name, text)
                 if arguments:
-                    authorize_arguments(user, self.owner_name, vhost.name, arguments)
+                    authorize_arguments(user, self.owner_name, vhost.name, arguments, vhost.queue_defaults)
                 queue = vhost.declare_queue(
                     name, durable=True, on_demand=True, subscription=True, arguments=arguments
                 )

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 from qmq.core.access import Resource, allowed, authorize
 from qmq.core.errors import AccessRefused, NotFound, PreconditionFailed
 from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX, Owner, check_queue_access
-from qmq.core.queue import QueuePolicy
+from qmq.core.queue import QueuePolicy, argument_name
 
 if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
@@ -57,26 +57,36 @@ if TYPE_CHECKING:
 __all__ = ["Management", "authorize_arguments", "check_equivalent", "writing_targets"]
 
 
-def writing_targets(vhost: str, arguments: dict[str, Any] | None) -> list[tuple[str, Resource]]:
+#: The queue arguments that make the broker write somewhere (by their core
+#: names, L{argument_name}).
+WRITING_ARGUMENTS = frozenset(("x-dead-letter-exchange", "x-dead-letter-routing-key"))
+
+
+def writing_targets(
+    vhost: str, arguments: dict[str, Any] | None, base: QueuePolicy | None = None
+) -> list[tuple[str, Resource]]:
     """The resources queue C{arguments} make the broker write to, each
     with the argument that names it.
 
-    Read from the policy the arguments make (so C{dead-letter-exchange}
-    and C{x-dead-letter-exchange} are one argument, and a bad value is
-    refused the same way as anywhere else). Today that is the dead-letter
-    target: the exchange C{x-dead-letter-exchange} with
-    C{x-dead-letter-routing-key} (None: the message's own key), or, for the
-    default exchange, the queue that key names. (An alternate exchange,
-    when QMQ has one, is another row here.)
+    Read from the policy the arguments make over C{base} (the virtual
+    host's defaults: a routing key given over a default dead-letter
+    exchange aims that exchange), so C{dead-letter-exchange} and
+    C{x-dead-letter-exchange} are one argument and a bad value is refused
+    as anywhere else. Arguments that name no target (L{WRITING_ARGUMENTS})
+    make none: what the defaults alone aim at is the operator's. Today the
+    target is the dead-letter one: the exchange C{x-dead-letter-exchange}
+    with C{x-dead-letter-routing-key} (None: the message's own key), or,
+    for the default exchange, the queue that key names. (An alternate
+    exchange, when QMQ has one, is another row here.)
 
     @raise PreconditionFailed: an argument's value is bad, or the default
         exchange is named without a routing key: the dead letters would go
         to whichever queue their own routing key names, which no check at
         declare time can bound.
     """
-    if not arguments:
+    if not arguments or WRITING_ARGUMENTS.isdisjoint(map(argument_name, arguments)):
         return []
-    policy = QueuePolicy.from_arguments(arguments)
+    policy = QueuePolicy.from_arguments(arguments, base)
     exchange = policy.dead_letter_exchange
     if exchange is None:
         return []
@@ -108,7 +118,13 @@ def check_equivalent(queue: Queue, arguments: dict[str, Any]) -> None:
         )
 
 
-def authorize_arguments(user: Any, owner: str | Owner, vhost: str, arguments: dict[str, Any] | None) -> None:
+def authorize_arguments(
+    user: Any,
+    owner: str | Owner,
+    vhost: str,
+    arguments: dict[str, Any] | None,
+    base: QueuePolicy | None = None,
+) -> None:
     """Refuse queue C{arguments} that would make the broker write where
     the declarer may not (see L{writing_targets}): the declarer needs
     C{write} on each target, and a target queue that is another owner's
@@ -117,10 +133,12 @@ def authorize_arguments(user: Any, owner: str | Owner, vhost: str, arguments: di
     @param user: a L{qmq.auth.User}, or None (authentication off: only
         ownership is asked).
     @param owner: the declarer as the owner of durable subscriptions.
+    @param base: the policy the arguments apply over (the virtual host's
+        C{queue_defaults}).
     @raise AccessRefused: naming the argument and the target.
     @raise PreconditionFailed: see L{writing_targets}.
     """
-    for argument, target in writing_targets(vhost, arguments):
+    for argument, target in writing_targets(vhost, arguments, base):
         try:
             authorize(user, "write", target, owner)
         except AccessRefused as e:
@@ -208,7 +226,7 @@ class Management:
                 "access refused (configure)",
             )
         self.authorize("configure", self._queue(name))
-        authorize_arguments(self.user, self.owner, vhost.name, arguments)
+        authorize_arguments(self.user, self.owner, vhost.name, arguments, vhost.queue_defaults)
         queue = vhost.queues.get(name)
         existed = queue is not None
         if queue is not None and arguments:
