@@ -792,6 +792,7 @@ _TOKEN_SCHEMA: _Schema = {
     "issuer": _string,
     "leeway": _number(minimum=0),
     "max_lifetime": _number(minimum=0),
+    "speak_for": lambda value, key: _string_list(value, key),
     **_PERMISSION_SCHEMA,
 }
 

@@ -476,7 +476,7 @@ class ErrorTests(unittest.TestCase):
         )
         self.check(
             "[limits]\nmax_topic_word = 1",
-            "qmq.toml: limits.max_topic_word: unknown key (expected one of: max_routing_key_length,"
+            "qmq.toml: limits.max_topic_word: unknown key (expected one of: disk_free_limit, max_routing_key_length,"
             " max_topic_words, max_unfinished_bytes, memory_high_watermark);"
             ' did you mean "max_topic_words"?',
         )
@@ -555,6 +555,12 @@ class ErrorTests(unittest.TestCase):
         mark = 'expected a fraction of memory (0 < f <= 1), a size such as "512MiB", or 0, got true'
         cases = {
             "memory_high_watermark": ("true", mark),
+            "disk_free_limit": (
+                '"lots"',
+                "disk free limit 'lots': expected a size (bytes as an integer, or a string like "
+                "'50MB', '1GiB'), a fraction of the filesystem's size (0 < f < 1, like 0.05, or a "
+                "string like '5%'), or 0 / 'off' to disable",
+            ),
             "max_topic_words": ("0", "expected an integer >= 1, got 0"),
             "max_routing_key_length": ("0", "expected an integer >= 1, got 0"),
             "max_unfinished_bytes": ("-1", "expected an integer >= 0, got -1"),

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.logger import Logger
 
+from qmq.core.admission import Admission
 from qmq.core.alarm import trim_heap
 from qmq.core.batch import WriteBatcher
 from qmq.core.ids import DEFAULT_NODE, MessageIds
@@ -125,8 +126,15 @@ class Broker:
         C{itertools.count}: C{next(broker.message_ids)}), replaced by
         L{recover}; its C{prefix} names this run of this node on the wire.
     @ivar node: the node id (L{qmq.core.ids}).
+    @ivar admission: whether publishers may publish now (L{Admission}),
+        fed by the memory alarm, the disk alarm and the store's health;
+        every frontend asks it.
     @ivar memory_alarm: the broker-wide memory alarm
-        (L{qmq.core.alarm.MemoryAlarm}), or None when there is none.
+        (L{qmq.core.alarm.MemoryAlarm}), or None when there is none;
+        setting it makes admission watch it.
+    @ivar disk_alarm: the disk free-space alarm
+        (L{qmq.core.alarm.DiskAlarm}), or None; setting it makes admission
+        watch it (persistent publishes only).
     @ivar auth: the authenticator frontends log clients in with, or None.
     @ivar unfinished_bytes: bytes of frames still being received.
     @ivar max_unfinished_bytes: the most allowed (0: no limit), from
@@ -155,6 +163,10 @@ class Broker:
         # Before the first virtual host: its amq.topic reads the limits.
         self.limits = limits if limits is not None else LimitSettings()
         self.store: MessageStore = store if store is not None else NullStore()
+        self.admission = Admission()
+        self.admission.watch_store(self.store)
+        self._memory_alarm: Any = None
+        self._disk_alarm: Any = None
         self._store_flush = _StoreFlush(self.store)
         self.vhosts: dict[str, VirtualHost] = {}
         self.default_vhost = self.add_vhost(DEFAULT_VHOST)
@@ -164,7 +176,6 @@ class Broker:
         self.message_ids = MessageIds.starting(getattr(clock, "seconds", float)(), 1, node)
         #: Messages published, delivered and acked, by protocol (L{qmq.core.traffic}).
         self.traffic = Traffic()
-        self.memory_alarm: Any = None
         #: Authentication (L{qmq.auth.Authenticator}), set by the service
         #: when users or tokens are configured; None: every client is
         #: anonymous with every right.
@@ -176,6 +187,28 @@ class Broker:
         #: Gives free heap memory back to the OS (L{release_memory}); None: never.
         self.trim: Callable[[], object] | None = trim_heap
         self._trim_call: Any = None
+
+    @property
+    def memory_alarm(self) -> Any:
+        return self._memory_alarm
+
+    @memory_alarm.setter
+    def memory_alarm(self, alarm: Any) -> None:
+        self._memory_alarm = self._watch(self._memory_alarm, alarm, "memory", False)
+
+    @property
+    def disk_alarm(self) -> Any:
+        return self._disk_alarm
+
+    @disk_alarm.setter
+    def disk_alarm(self, alarm: Any) -> None:
+        self._disk_alarm = self._watch(self._disk_alarm, alarm, "disk", True)
+
+    def _watch(self, old: Any, alarm: Any, name: str, persistent_only: bool) -> Any:
+        """Admission follows C{alarm} (None: no alarm) instead of C{old}."""
+        if old is not alarm:
+            self.admission.watch_alarm(alarm, name, persistent_only)
+        return alarm
 
     def add_vhost(self, name: str) -> VirtualHost:
         """Create the virtual host C{name}, or return it if it exists."""

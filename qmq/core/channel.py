@@ -33,9 +33,11 @@ from __future__ import annotations
 import secrets
 from typing import TYPE_CHECKING, Any
 
+from qmq.core.access import authorize, resource_named
 from qmq.core.consumer import BacklogBudget, Consumer
 from qmq.core.destination import Destination, DestinationError, parse_destination
 from qmq.core.errors import AccessRefused, NotFound, PreconditionFailed
+from qmq.core.management import authorize_arguments, check_equivalent
 from qmq.core.message import Message
 from qmq.core.names import (
     check_binding_key,
@@ -203,12 +205,12 @@ class Channel:
         @raise AccessRefused: naming the operation and the destination.
         """
         user = self.user
-        if user is not None and not user.can(operation, self.vhost.name, resource, text):
-            raise AccessRefused(
-                f"User {user.name!r} has no {operation} permission for {text!r} "
-                f"(resource {resource!r}).",
-                f"access refused ({operation})",
-            )
+        if user is not None:
+            # The verdict is the core's (qmq.core.access), on the resource
+            # itself: the same whichever frontend or text named it.
+            vhost = self.vhost
+            named = resource_named(vhost.name, operation, resource, text, vhost.exchanges, vhost.queues)
+            authorize(user, operation, named, named=text)
 
     def named_queue(
         self, name: str, operation: str = "read", arguments: dict[str, Any] | None = None
@@ -225,6 +227,10 @@ class Channel:
         vhost = self.vhost
         if name.startswith(DURABLE_SUBSCRIPTION_PREFIX):
             check_queue_access(self.owner_name, name, operation)
+        if arguments:
+            # Arguments that make the broker write somewhere (dead letters)
+            # need the declarer's write permission there.
+            authorize_arguments(self.user, self.owner_name, vhost.name, arguments)
         if name.startswith(("amq.", DURABLE_SUBSCRIPTION_PREFIX)):
             queue = vhost.queues.get(name)
             if queue is None:
@@ -258,14 +264,7 @@ class Channel:
     def _check_arguments(queue: Queue, arguments: dict[str, Any]) -> None:
         """C{arguments} given for C{queue}, which exists: they must agree
         with its policy (their values are checked, as for a new queue)."""
-        wanted = QueuePolicy.from_arguments(arguments, queue.policy)
-        if wanted != queue.policy:
-            given = ", ".join(f"{k}={v}" for k, v in sorted(arguments.items()))
-            raise PreconditionFailed(
-                f"Queue {queue.name!r} exists with other arguments than those given ({given}); "
-                "delete it or subscribe without them.",
-                "inequivalent queue arguments",
-            )
+        check_equivalent(queue, arguments)
 
     def temp_queue(self, name: str) -> Queue:
         """This channel's private reply queue C{name} (made on first use:
@@ -397,6 +396,8 @@ class Channel:
                 existed = name in vhost.queues
                 if user is not None and not existed:
                     self._authorize("configure", name, text)
+                if arguments:
+                    authorize_arguments(user, self.owner_name, vhost.name, arguments)
                 queue = vhost.declare_queue(
                     name, durable=True, on_demand=True, subscription=True, arguments=arguments
                 )

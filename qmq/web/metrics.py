@@ -176,6 +176,21 @@ class BrokerCollector:
             raised = CounterMetricFamily("qmq_memory_alarm_raised", "Times the memory alarm was raised.")
             raised.add_metric([], alarm.raised_count)
             yield raised
+        disk = getattr(broker, "disk_alarm", None)
+        d = GaugeMetricFamily("qmq_disk_alarm", "1 while the disk alarm is raised (persistent publishes held).")
+        d.add_metric([], 1 if disk is not None and disk.active else 0)
+        yield d
+        if disk is not None:
+            free = GaugeMetricFamily("qmq_disk_free_bytes", "Free space of the data directory's filesystem at the last sample.")
+            free.add_metric([], max(disk.free, 0))
+            yield free
+            limit = GaugeMetricFamily("qmq_disk_free_limit_bytes", "The disk alarm's limit.")
+            limit.add_metric([], max(disk.limit, 0))
+            yield limit
+        failure = getattr(broker.store, "failure", None)
+        st = GaugeMetricFamily("qmq_store_failed", "1 while the store cannot write (persistent publishes held).")
+        st.add_metric([], 1 if failure else 0)
+        yield st
 
 
 class MetricsResource(Resource):

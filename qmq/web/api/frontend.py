@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 from twisted.internet import defer
 from twisted.logger import Logger
 
+from qmq.core.admission import RETRY_AFTER
 from qmq.core.channel import Channel
 from qmq.core.consumer import Consumer
 from qmq.core.errors import BrokerError, NotFound
@@ -301,6 +302,24 @@ class PollConsumer(Consumer):
             self.frontend.detach(self)
 
 
+def refuse_held(admission: Any, persistent: bool) -> None:
+    """Refuse a publish that admission holds back (the memory alarm for
+    any, the disk alarm or a failing store for persistent messages): 503
+    with C{Retry-After}, nothing published. Consumers are never held.
+
+    @raise Problem: the publish is held back.
+    """
+    hold = admission.refusal(persistent)
+    if hold is not None:
+        raise Problem(
+            503,
+            "publishers-held",
+            f"Publishing is held back: {hold.detail}. Retry later.",
+            {"alarm": hold.name},
+            {"Retry-After": str(RETRY_AFTER)},
+        )
+
+
 def _check_destination(text: str, where: str) -> None:
     if not text.startswith("/queue/") and text.startswith(("/control/", "/temp-queue/")):
         raise bad_request(
@@ -335,7 +354,7 @@ class VHostFrontend:
         # user's permissions on every destination, and receipt handles of
         # one user's receivers mean nothing to another's.
         self.channel = Channel(
-            broker, vhost, owner_name=user.name if user is not None else "http", user=user, protocol="http"
+            broker, vhost, owner_name=user.owner if user is not None else "http", user=user, protocol="http"
         )
         self.pollers: dict[str, PollConsumer] = {}
 
@@ -358,6 +377,9 @@ class VHostFrontend:
             answer waits for.
         @raise Problem: a bad destination or header, a refusal.
         """
+        admission = self.broker.admission
+        if admission.closed:
+            refuse_held(admission, any(m.__class__ is not bytes and m.persistent for m in messages))
         channel = self.channel
         same = destination if destination.__class__ is str else None
         targets: list | None = None
@@ -491,13 +513,15 @@ class HttpFrontend:
         self.broker = broker
         self.settings = settings
         self.clock = clock
-        self.vhosts: dict[tuple[str, str | None], VHostFrontend] = {}
+        self.vhosts: dict[tuple[str, tuple[str, str] | None], VHostFrontend] = {}
         self.delayed: set[Any] = set()
 
     def vhost(self, name: str, user: Any = None) -> VHostFrontend:
         """The frontend of virtual host C{name} for C{user} (None: no
         authentication). @raise Problem: there is no such virtual host."""
-        key = (name, user.name if user is not None else None)
+        # Per identity (how it logged in, name): a token's "alice" is not
+        # the password user "alice", and owns apart (qmq.auth.User.owner).
+        key = (name, user.identity if user is not None else None)
         fe = self.vhosts.get(key)
         vhost = self.broker.vhosts.get(name)
         if vhost is None:
