@@ -348,7 +348,7 @@ class _Invalid(Exception):
         self.problem = problem
 
 
-_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+\Z")  # \Z: "$" would let a trailing line break pass
 
 
 def _join(prefix: str, name: str | int) -> str:

@@ -212,3 +212,28 @@ class RecoveryTests(SynchronousTestCase):
         broker.recover()
         policy = broker.default_vhost.queues["q"].policy
         self.assertEqual((policy.dead_letter_routing_key, policy.max_length), (None, 5))
+
+
+class ConfigurationTests(SynchronousTestCase):
+    def test_declarations_refused(self) -> None:
+        """A declaration or virtual host the rules refuse is a configuration
+        error naming where it is and the rule."""
+        from twisted.internet.testing import MemoryReactorClock
+
+        from qmq import config
+        from qmq.config import ConfigError
+        from qmq.service import make_service
+
+        data = f'data_dir = "{self.mktemp()}"\nstore = "memory"\n'
+        cases = [
+            ('[[vhosts."/".queues]]\nname = "a\\u0000b"\n', "queue name contains a control character (U+0000)"),
+            ('[[vhosts."/".exchanges]]\nname = "a/b"\ntype = "topic"\n', "exchange name contains '/'"),
+            ('[vhosts."v\\n"]\n', 'vhosts."v\\n": virtual host name contains a control character (U+000A)'),
+        ]
+        for text, rule in cases:
+            try:
+                make_service(config.load_string(data + text), MemoryReactorClock())
+            except ConfigError as e:
+                self.assertIn(rule, str(e))
+            else:
+                self.fail(f"accepted: {text!r}")

@@ -44,7 +44,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from qmq.core.errors import BrokerError
+from qmq.core.errors import PreconditionFailed
 
 #: Most bytes (UTF-8) in a name or key: AMQP 0-9-1's short string.
 MAX_NAME_BYTES = 255
@@ -56,10 +56,13 @@ _VALUE_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-class InvalidName(BrokerError):
-    """A name or key breaks a rule of L{qmq.core.names}; the message names it."""
+class InvalidName(PreconditionFailed):
+    """A name or key breaks a rule of L{qmq.core.names}; the message names it.
 
-    code = 406
+    A L{PreconditionFailed} (AMQP's 406), so callers that caught a name
+    that was too long still catch it; frontends map it first (HTTP: 400
+    C{invalid-name}, not the 409 of other preconditions).
+    """
 
     def __init__(self, message: str, short: str = "invalid name") -> None:
         super().__init__(message, short)
@@ -162,13 +165,22 @@ def check_headers(headers: Mapping[str, str]) -> None:
 
     @raise InvalidName: naming the header.
     """
-    for name, value in headers.items():
-        if not name.isascii() or not name.isprintable() or len(name) > MAX_NAME_BYTES:
+    # The common case in two C-level passes: every name, then every value,
+    # joined (printable ASCII has nothing to refuse).
+    names = "".join(headers)
+    if not (
+        names.isascii()
+        and names.isprintable()
+        and (len(names) <= MAX_NAME_BYTES or max(map(len, headers)) <= MAX_NAME_BYTES)
+    ):
+        for name in headers:
             reason = problem("header name", name)
             if reason is not None:
                 raise InvalidName(f"{reason}: {name[:40]!r}")
-        if value.isascii() and value.isprintable():
-            continue
+    values = "".join(headers.values())
+    if values.isascii() and values.isprintable():
+        return
+    for name, value in headers.items():
         found = _VALUE_CONTROL.search(value) or _SURROGATE.search(value)
         if found is not None:
             what = "a lone surrogate" if found.group() >= "\ud800" else "a control character"
