@@ -79,8 +79,8 @@ from qmq.core.admission import RETRY_AFTER, release_input, take_input
 from qmq.core.broker import Broker
 from qmq.tls import PeerIdentity, peer_identity
 from qmq.transport import IConnection
-from qmq.web.guard import Guard, HostRule
 from qmq.twisted_internals import request_line
+from qmq.web.guard import Guard, HostRule
 from qmq.web.settings import WebSettings
 
 __all__ = [
