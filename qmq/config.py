@@ -676,6 +676,16 @@ _BINDING_SCHEMA: _Schema = {
 _BINDING_REQUIRED = {"queue": "a non-empty string", "exchange": "a string"}
 
 
+#: Keys that were removed, with what replaced them: an old configuration
+#: setting one is told so in its error.
+_REMOVED = {
+    "http_api.max_delay": "delays are bounded by the core for every protocol (docs/stomp.rst, "
+    "Delivery options); remove the key",
+    "http_api.max_delayed": "delayed messages wait in their queues (durably, under the memory "
+    "alarm), as STOMP's always did; remove the key",
+}
+
+
 def _table(
     value: object, key: str, schema: _Schema, required: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
@@ -689,6 +699,8 @@ def _table(
             known = ", ".join(sorted(schema))
             close = difflib.get_close_matches(name, schema, n=1)
             hint = f"; did you mean {json.dumps(close[0])}?" if close else ""
+            if item_key in _REMOVED:
+                hint = f"; removed: {_REMOVED[item_key]}"
             raise _Invalid(item_key, f"unknown key (expected one of: {known}){hint}")
         result[name] = schema[name](item, item_key)
     for name, expected in (required or {}).items():

@@ -482,6 +482,11 @@ class ErrorTests(unittest.TestCase):
         )
         e = self.assertRaises(ConfigError, config.load_string, "[stomp]\nheartbeat = 1", "f")
         self.assertTrue(str(e).startswith("f: stomp.heartbeat: unknown key (expected one of: "))
+        # Removed keys say so, and what replaced them.
+        for key in ("max_delay", "max_delayed"):
+            e = self.assertRaises(ConfigError, config.load_string, f"[http_api]\n{key} = 1", "f")
+            self.assertIn(f"f: http_api.{key}: unknown key", str(e))
+            self.assertIn("; removed: ", str(e))
         self.check(
             '[[vhosts."/".queues]]\nname = "q"\ndurabel = true',
             'qmq.toml: vhosts."/".queues[0].durabel: unknown key (expected one of: arguments,'

@@ -916,17 +916,14 @@ class Queue:
     def restore(self, messages: list[Message]) -> None:
         """Put back messages a store recovered, in queue order (at start).
 
-        Their delivery time and ack timeout come back from their headers
-        (L{Message.restore_options}); a message still delayed waits again,
-        one that expired meanwhile is discarded when its turn comes.
+        A message still delayed (its store kept its delivery time) waits
+        again, one that expired meanwhile is discarded when its turn comes.
         """
         policy = self.policy
         if len(messages) == 1:
             # A queue holding one message (a million of them at times): the
             # same, without the loops.
             m = messages[0]
-            if m.headers:
-                m.restore_options()
             if policy.max_priority is None and not m.deliver_at:
                 self._items.extend(messages)  # room for one (append makes four)
                 self._bytes += len(m.body)
@@ -938,9 +935,6 @@ class Queue:
             if head is not None:
                 self._wake(self._deadline(head, policy.ttl))
             return
-        for m in messages:
-            if m.headers:
-                m.restore_options()
         if policy.max_priority is None and not any(m.deliver_at for m in messages):
             self._items.extend(messages)
             self._bytes += sum(len(m.body) for m in messages)
@@ -1245,6 +1239,12 @@ class Queue:
         redelivery backoff), out of sight."""
         rare = self._rare
         return len(rare.delayed) if rare is not None else 0
+
+    def delayed_messages(self) -> list[Message]:
+        """The messages waiting for their delivery time, soonest first (a
+        copy; for inspection and tests)."""
+        rare = self._rare
+        return [entry[2] for entry in sorted(rare.delayed)] if rare is not None else []
 
     def _take_all(self) -> list[Message]:
         """Empty the queue in place; return what was ready, in order."""

@@ -553,6 +553,7 @@ class VirtualHost:
         copy = broker.new_message(exchange, key, headers, message.body, message.persistent)
         copy.priority = message.priority
         copy.ack_timeout = message.ack_timeout
+        copy.properties = message.properties
         try:
             targets = self.route(exchange, key, headers)
             result = self.publish_to(targets, copy)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from qmq.core.message import PROPERTY_NAMES
+from qmq.core.options import MAX_PRIORITY, MAX_SPAN_MS
 from qmq.web.api.settings import ApiSettings
 
 PROBLEM = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
@@ -32,7 +34,7 @@ _REASONS = {
     415: "Unsupported Content-Type (a request that changes something takes JSON, Avro where the endpoint "
     "does, or no body: never what an HTML form sends).",
     421: "The Host header names no name of this broker ([web] allowed_hosts; a DNS rebinding guard).",
-    429: "A queue is full (reject-publish), a cap on delayed messages or followers is reached, or too many "
+    429: "A queue is full (reject-publish), the cap on followers is reached, or too many "
     "failed logins; retry later.",
     503: "Not accepted: publishers are held back (memory or disk alarm), or the store could not keep the messages; retry after Retry-After.",
 }
@@ -181,7 +183,23 @@ def _handles_body(extra: dict) -> dict:
 
 
 def _schemas(s: ApiSettings) -> dict:
-    headers = {"type": "object", "additionalProperties": {"type": "string"}}
+    headers = {
+        "type": "object",
+        "description": "Application headers: strings, numbers, booleans, null, or bytes as {\"base64\": TEXT}.",
+        "additionalProperties": {
+            "oneOf": [
+                {"type": ["string", "number", "boolean", "null"]},
+                {"type": "object", "required": ["base64"], "additionalProperties": False,
+                 "properties": {"base64": {"type": "string"}}},
+            ]
+        },
+    }
+    properties = {
+        "type": "object",
+        "description": "The message's properties that are set.",
+        "additionalProperties": False,
+        "properties": {name: {"type": "string"} for name in PROPERTY_NAMES},
+    }
     return {
         "Problem": {
             "type": "object",
@@ -205,13 +223,16 @@ def _schemas(s: ApiSettings) -> dict:
                 "body": {"type": "string", "description": "The payload: UTF-8 text, or base64 (see encoding)."},
                 "encoding": {"enum": ["utf-8", "base64"], "default": "utf-8"},
                 "headers": headers,
+                "properties": properties,
                 "destination": {"type": "string", "description": "For POST .../messages: /queue/NAME, /topic/KEY or "
                                 "/exchange/NAME/KEY. Not allowed where the path names the destination."},
                 "routing_key": {"type": "string", "description": "For the exchange endpoint."},
-                "priority": {"type": "integer", "minimum": 0, "maximum": 9, "default": 0},
-                "ttl": {"type": "integer", "minimum": 0, "description": "Milliseconds until it expires."},
-                "delay": {"type": "integer", "minimum": 0, "maximum": s.max_delay,
-                          "description": "Milliseconds to hold it (in memory) before publishing."},
+                "priority": {"type": "integer", "minimum": 0, "maximum": MAX_PRIORITY, "default": 0},
+                "ttl": {"type": "integer", "minimum": 0, "maximum": MAX_SPAN_MS,
+                        "description": "Milliseconds from the publish until it expires."},
+                "delay": {"type": "integer", "minimum": 0, "maximum": MAX_SPAN_MS,
+                          "description": "Milliseconds from the publish before its first delivery (the "
+                          "broker keeps it, on disk when persistent, meanwhile)."},
                 "persistent": {"type": "boolean", "default": False},
             },
         },
@@ -227,15 +248,15 @@ def _schemas(s: ApiSettings) -> dict:
             "required": ["published", "ids", "stored"],
             "properties": {
                 "published": {"type": "integer"},
-                "ids": {"type": "array", "items": {"type": ["integer", "null"]},
-                        "description": "Message ids in order (null for a delayed message)."},
+                "ids": {"type": "array", "items": {"type": "integer"},
+                        "description": "Message ids in order."},
                 "stored": {"type": "integer", "description": "Messages whose store write the answer waited for."},
             },
         },
         "Delivery": {
             "type": "object",
-            "required": ["id", "destination", "exchange", "routing_key", "headers", "body", "encoding", "timestamp",
-                         "redelivered", "delivery_count", "priority", "persistent", "expires"],
+            "required": ["id", "destination", "exchange", "routing_key", "headers", "properties", "body", "encoding",
+                         "timestamp", "redelivered", "delivery_count", "priority", "persistent", "expires"],
             "properties": {
                 "handle": {"type": "string", "description": "Receipt handle (received messages)."},
                 "seq": {"type": "integer", "description": "Position in a topic follower's stream (topic polls)."},
@@ -244,6 +265,7 @@ def _schemas(s: ApiSettings) -> dict:
                 "exchange": {"type": "string"},
                 "routing_key": {"type": "string"},
                 "headers": headers,
+                "properties": properties,
                 "body": {"type": "string"},
                 "encoding": {"enum": ["utf-8", "base64"]},
                 "timestamp": {"type": "number", "description": "Seconds since the epoch."},

@@ -645,9 +645,9 @@ class ApiResource(Resource):
         data = request.content.read() if request.content is not None else b""
         s = self.settings
         if kind in AVRO_TYPES:
-            return codec.parse_avro(data, s.max_batch, s.max_delay)
+            return codec.parse_avro(data, s.max_batch)
         if kind == JSON or kind.endswith("+json"):
-            return codec.parse_json(data, s.max_batch, s.max_delay)
+            return codec.parse_json(data, s.max_batch)
         raise Problem(
             415, "unsupported-media-type", f"Publish with Content-Type {JSON} or {AVRO}, not {kind!r}."
         )
@@ -661,7 +661,7 @@ class ApiResource(Resource):
                     raise bad_request(f"message {i}: the path names the {path_names}; drop 'destination'")
         if path_names == "exchange":
             destination = destination(messages)
-        ids, waits = fe.publish(messages, destination, self.frontend)
+        ids, waits = fe.publish(messages, destination)
         self.published += len(messages)
         body = {"published": len(ids), "ids": ids, "stored": len(waits)}
         if not waits:
