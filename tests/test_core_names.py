@@ -237,3 +237,15 @@ class ConfigurationTests(SynchronousTestCase):
                 self.assertIn(rule, str(e))
             else:
                 self.fail(f"accepted: {text!r}")
+
+
+class TypedHeaderValueTests(SynchronousTestCase):
+    """Typed application headers (numbers, booleans, None, bytes) pass the
+    value check; the strings among them are still checked."""
+
+    def test_typed_values(self) -> None:
+        check_headers({"n": 1, "f": 1.5, "b": True, "none": None, "raw": b"\x00", "s": "ok"})
+
+    def test_string_among_typed(self) -> None:
+        e = self.assertRaises(InvalidName, check_headers, {"n": 1, "s": "a\x00b"})
+        self.assertIn("U+0000", e.message)

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from typing import Any
 
 from qmq.core.errors import PreconditionFailed
 
@@ -159,9 +160,10 @@ def check_destination(text: str) -> str:
     return text
 
 
-def check_headers(headers: Mapping[str, str]) -> None:
-    """Application headers: each name a valid name, each value free of
-    control characters but TAB, CR and LF, and valid Unicode.
+def check_headers(headers: Mapping[str, Any]) -> None:
+    """Application headers: each name a valid name, each string value free
+    of control characters but TAB, CR and LF, and valid Unicode (typed
+    values that are not strings carry no text to check).
 
     @raise InvalidName: naming the header.
     """
@@ -177,10 +179,17 @@ def check_headers(headers: Mapping[str, str]) -> None:
             reason = problem("header name", name)
             if reason is not None:
                 raise InvalidName(f"{reason}: {name[:40]!r}")
-    values = "".join(headers.values())
-    if values.isascii() and values.isprintable():
+    try:
+        values = "".join(headers.values())
+    except TypeError:
+        # Typed values (qmq.core.message): numbers, booleans, None and bytes
+        # carry no text to check; only the strings among them are.
+        values = None
+    if values is not None and values.isascii() and values.isprintable():
         return
     for name, value in headers.items():
+        if value.__class__ is not str:
+            continue
         found = _VALUE_CONTROL.search(value) or _SURROGATE.search(value)
         if found is not None:
             what = "a lone surrogate" if found.group() >= "\ud800" else "a control character"
