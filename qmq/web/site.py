@@ -506,7 +506,11 @@ class QMQRequest(server.Request):
                 b"connection: close\r\n%scontent-length: %d\r\n\r\n%s"
                 % (status, title.encode(), more, len(body), body)
             )
-        transport.loseConnection()
+        close = getattr(transport, "close_after_writes", None)
+        if close is not None:
+            close()  # the listener's connection: really closed, also over TLS
+        else:
+            transport.loseConnection()
 
     def processingFailed(self, reason: Failure) -> None:
         log.failure("while answering {method} {uri}", reason,
@@ -693,13 +697,24 @@ class HttpConnection(ProtocolWrapper):
             b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/problem+json\r\n"
             b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
         )
-        self._close()
+        self.close_after_writes()
 
-    def _close(self) -> None:
-        """Close once what was written is sent; abort C{close_grace} later."""
+    def close_after_writes(self) -> None:
+        """Close once what was written is sent; abort C{close_grace} later.
+
+        The HTTP channel registered itself as the socket's producer, and
+        Twisted's TLS starts its shutdown only once no producer is
+        registered (a TLS connection otherwise waited for the abort), so it
+        is unregistered first: nothing more is read or answered anyway.
+        """
         if self._lost:
             return
-        self.transport.loseConnection()  # type: ignore[union-attr]
+        transport = self.transport
+        try:
+            transport.unregisterProducer()  # type: ignore[union-attr]
+        except RuntimeError:  # a test's StringTransport with none registered
+            pass
+        transport.loseConnection()  # type: ignore[union-attr]
         if not self._lost and self._grace is None:
             ctx = self.factory.ctx
             self._grace = ctx.clock.callLater(ctx.connections.settings.close_grace, self.abort)
@@ -743,7 +758,7 @@ class HttpConnection(ProtocolWrapper):
         if IConnection.providedBy(wrapped):
             wrapped.shutdown(reason)
             return
-        self._close()
+        self.close_after_writes()
 
     def abort(self) -> None:
         """Drop the connection now."""

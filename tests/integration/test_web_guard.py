@@ -6,8 +6,9 @@ thread (L{deferToThread}) that see exactly what the broker sends.
     no message: the messages are still there for the next real receive;
   - a rebound name (Host and Origin of another site) is refused with the
     same 421 by the API, the WebSocket endpoint and SockJS;
-  - a request head dribbled slower than C{[web] head_timeout} gets a 408
-    and the end of the stream (C{recv()} returns C{b""}), over TCP and TLS.
+  - a request head dribbled slower than C{[web] head_timeout} gets a 408,
+    and a body over C{max_request_body} a 413, then the end of the stream
+    (C{recv()} returns C{b""}) at once, over TCP and TLS.
 
 Every wait has a deadline; nothing sleeps.
 """
@@ -95,7 +96,7 @@ class ListenerMixin:
             listen = "http:tcp:0:interface=127.0.0.1"
         settings = config.load_string(
             f"listen = [{json.dumps(listen)}]\nstore = \"memory\"\n"
-            "[web]\nhead_timeout = 0.5\n[connections]\nclose_grace = 0.5\n"
+            "[web]\nhead_timeout = 0.5\nmax_request_body = 1000\n[connections]\nclose_grace = 5.0\n"
         )
         self.service = make_service(settings, reactor)
         self.service.startService()
@@ -124,7 +125,26 @@ class ListenerMixin:
         data, took = yield deferToThread(scenario)
         self.assertTrue(data.startswith(b"HTTP/1.1 408 "), data[:100])  # type: ignore[attr-defined]
         self.assertIn(b'"head-timeout"', data)  # type: ignore[attr-defined]
-        self.assertLess(took, 0.5 + 0.5 + 2.0)  # type: ignore[attr-defined]
+        # Closed, not aborted close_grace (5 s) later: over TLS too.
+        self.assertLess(took, 5.0)  # type: ignore[attr-defined]
+
+    @defer.inlineCallbacks
+    def test_body_too_large_closes(self) -> Any:
+        """A body over C{max_request_body}: a 413 before it is read, and the
+        end of the stream, over TLS too (not the abort C{close_grace} later)."""
+
+        def scenario() -> tuple[bytes, float]:
+            client = self.raw()
+            client.send(b"POST /api/v1/vhosts/%2F/queues/q/messages HTTP/1.1\r\nHost: localhost\r\n"
+                        b"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{")
+            try:
+                return client.read_to_end()
+            finally:
+                client.close()
+
+        data, took = yield deferToThread(scenario)
+        self.assertTrue(data.startswith(b"HTTP/1.1 413 "), data[:100])  # type: ignore[attr-defined]
+        self.assertLess(took, 5.0)  # type: ignore[attr-defined]
 
     @defer.inlineCallbacks
     def test_cross_site_receive_hides_nothing(self) -> Any:
