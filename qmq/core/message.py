@@ -35,6 +35,10 @@ between messages).
 
 from __future__ import annotations
 
+from typing import Any
+
+from qmq.core.errors import AccessRefused
+
 #: The text properties, in the order the commit log numbers them (never
 #: reorder: the index is on disk).
 PROPERTY_NAMES = (
@@ -49,6 +53,24 @@ PROPERTY_NAMES = (
 )
 #: The types an application header's value may have.
 HEADER_TYPES = (str, int, float, bool, bytes, type(None))
+
+
+def check_user_id(properties: dict[str, str] | None, user: Any) -> None:
+    """Refuse a C{user_id} property that is not the publisher's own user
+    (RabbitMQ's rule: a receiver may trust it), for every frontend.
+
+    @param user: the authenticated user (anything with C{name}), or None
+        when authentication is off (then any user id goes).
+    @raise AccessRefused: it names another user.
+    """
+    if properties is None or user is None:
+        return
+    claimed = properties.get("user_id")
+    if claimed is not None and claimed != user.name:
+        raise AccessRefused(
+            f"the user_id property {claimed[:64]!r} is not the publisher's user {user.name!r}",
+            "user-id refused",
+        )
 
 
 

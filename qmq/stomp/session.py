@@ -52,6 +52,7 @@ from qmq.core.channel import Channel
 from qmq.core.consumer import SubscriberBuffer
 from qmq.core.destination import parse_destination
 from qmq.core.errors import BrokerError
+from qmq.core.message import check_user_id
 from qmq.core.options import OptionError
 from qmq.core.ownership import escape_name
 from qmq.core.queue import QUEUE_ARGUMENTS, argument_name
@@ -922,6 +923,7 @@ class StompSession:
                     properties, headers = last[1], last[2]
                 else:
                     properties, headers = split_headers(h)
+                    check_user_id(properties, channel.user)
                     self._last_split = (h, properties, headers)
         message = channel.new_message(target, headers, frame.body, persistent)
         if properties is not None:

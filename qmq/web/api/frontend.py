@@ -47,7 +47,7 @@ from qmq.core.admission import RETRY_AFTER
 from qmq.core.channel import Channel
 from qmq.core.consumer import Consumer
 from qmq.core.errors import BrokerError, NotFound
-from qmq.core.message import Message
+from qmq.core.message import Message, check_user_id
 from qmq.core.names import check_headers
 from qmq.web.api.codec import Parsed
 from qmq.web.api.problem import Problem, bad_request, from_broker_error
@@ -392,6 +392,7 @@ class VHostFrontend:
                 if m.headers:
                     # Before any is published (the channel checks again).
                     check_headers(m.headers)
+                check_user_id(m.properties, channel.user)
                 if targets is not None:
                     text = destination(m)  # type: ignore[operator]
                     _check_destination(text, f"message {i}: ")
