@@ -57,6 +57,11 @@ CASES = [
         ("POST", "/bindings", {"queue": "bound", "exchange": "amq.topic", "routing_key": "a.\rb"}),
         "binding key contains a control character (U+000D)",
     ),
+    (
+        ("SUBSCRIBE", {"destination": "/topic/x\tb", "id": "s"}),
+        ("GET", "/topics/x%09b/poll", None),
+        "binding key contains a control character (U+0009)",
+    ),
 ]
 
 
