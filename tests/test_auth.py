@@ -376,6 +376,7 @@ class TokenTests(unittest.TestCase):
         self.assertFalse(looks_like_token("a password"))
         self.assertFalse(looks_like_token(None))
         self.assertFalse(looks_like_token("a.b.c" * 5000))
+        self.assertFalse(looks_like_token(token({"sub": "u", "exp": 1}) + "\n"))
 
 
 class AuthenticatorTests(unittest.TestCase):

@@ -109,5 +109,5 @@ class WrappingTests(SynchronousTestCase):
     def test_callback_names(self) -> None:
         for name in ("callback", "a.b_c", "_jp.a1[0]"):
             self.assertTrue(valid_callback(name), name)
-        for name in ("", "a(b)", "alert(1);x", "a b", "</script>", "x" * 257):
+        for name in ("", "a(b)", "alert(1);x", "a b", "</script>", "x" * 257, "cb\n"):
             self.assertFalse(valid_callback(name), name)

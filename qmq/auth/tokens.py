@@ -36,7 +36,7 @@ from qmq.auth.settings import TokenSettings
 
 __all__ = ["InvalidToken", "TokenExpired", "TokenVerifier", "looks_like_token"]
 
-_JWT_SHAPE = re.compile(r"^[A-Za-z0-9_-]{2,}\.[A-Za-z0-9_-]{2,}\.[A-Za-z0-9_-]*$")
+_JWT_SHAPE = re.compile(r"^[A-Za-z0-9_-]{2,}\.[A-Za-z0-9_-]{2,}\.[A-Za-z0-9_-]*\Z")
 #: Longest token accepted (a STOMP header may be long; a token is not).
 MAX_TOKEN_LENGTH = 8192
 

@@ -123,7 +123,7 @@ def decode_messages(payload: str | bytes, single_allowed: bool = False) -> list[
 
 # -- transports' wrapping --------------------------------------------------------
 
-_CALLBACK = re.compile(r"^[A-Za-z0-9_.\[\]]{1,256}$")
+_CALLBACK = re.compile(r"^[A-Za-z0-9_.\[\]]{1,256}\Z")
 
 
 def valid_callback(name: str) -> bool:

@@ -82,7 +82,7 @@ log = Logger()
 ONE_YEAR = 31536000
 _NO_CACHE = b"no-store, no-cache, no-transform, must-revalidate, max-age=0"
 _IFRAME = re.compile(rb"^iframe[0-9a-z._-]*\.html$")
-_COOKIE = re.compile(rb"^[A-Za-z0-9._~+/=-]{1,128}$")
+_COOKIE = re.compile(rb"^[A-Za-z0-9._~+/=-]{1,128}\Z")
 _TEXT = b"text/plain; charset=UTF-8"
 _IFRAME_PAGE = """<!DOCTYPE html>
 <html>
