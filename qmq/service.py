@@ -75,6 +75,7 @@ from __future__ import annotations
 import gc
 import ipaddress
 import json
+import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -88,6 +89,7 @@ from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from qmq.cluster.settings import node_id
 from qmq.config import ConfigError, Settings
 from qmq.connections import ConnectionRegistry
 from qmq.core import alarm as _alarm
@@ -571,6 +573,29 @@ class BrokerService(MultiService):
         log.info("QMQ stopped")
 
 
+def _node(settings: Settings) -> str:
+    """
+    This node's id (L{qmq.cluster.settings.node_id}): C{[cluster] node}, or
+    the one kept in the data directory (made there on the first start).
+
+    A data directory that cannot be made is reported when the service
+    starts (L{BrokerService}): until then a random id stands in.
+
+    @raise ConfigError: the data directory's C{node-id} file is not one.
+    """
+    try:
+        return node_id(settings.section("cluster"), Path(settings.data_dir))
+    except ValueError as e:
+        raise ConfigError("", "data_dir", str(e)) from None
+    except OSError as e:
+        log.warn(
+            "QMQ cannot keep a node id in {data_dir}: {error}",
+            data_dir=str(settings.data_dir),
+            error=e.strerror or str(e),
+        )
+        return f"qmq-{secrets.token_hex(4)}"
+
+
 def _declare(broker: Broker, settings: Settings) -> None:
     """Apply the configuration's declarations to the broker, in order."""
     for vhost_settings in settings.vhosts:
@@ -716,7 +741,8 @@ def make_service(settings: Settings, reactor: Any = None) -> BrokerService:
             endpoints.append(serverFromString(reactor, description))
         except Exception as e:
             raise ConfigError(source, key, f"cannot use endpoint {description!r}: {e}") from None
-    broker = Broker(clock=reactor, store=build_store(settings, reactor), limits=settings.limits)
+    store = build_store(settings, reactor)
+    broker = Broker(clock=reactor, store=store, limits=settings.limits, node=_node(settings))
     try:
         # A durable declaration may be the store's first use, which reads
         # what it kept: its errors can come from either step.

@@ -351,8 +351,9 @@ class CommitLogStore:
         self._last_queue: Any = None
         self._last_qnames: tuple[tuple[str, ...], tuple[bytes, ...]] = ((), ())
         # (vhost, exchange, routing key, queue names, a copy of the
-        # headers, header flag, static part) of the last publish.
-        self._last_static: tuple = (None, None, None, None, None, 0, b"")
+        # headers, header flags, static part, a copy of the properties) of
+        # the last publish.
+        self._last_static: tuple = (None, None, None, None, None, 0, b"", None)
         #: Counts for tests and figures: writes done, segments deleted,
         #: segments compacted.
         self.writes = 0
@@ -558,6 +559,7 @@ class CommitLogStore:
         exchange = message.exchange
         routing_key = message.routing_key
         headers = message.headers
+        properties = message.properties
         last = self._last_static
         if (
             encoded is last[3]
@@ -565,16 +567,18 @@ class CommitLogStore:
             and exchange is last[1]
             and vbytes is last[0]
             and headers == last[4]
+            and properties == last[7]
         ):
             hflag = last[5]
             static = last[6]
         else:
-            hflag, static = publish_static(vbytes, exchange, routing_key, headers, encoded)
-            if hflag != FLAG_HEADERS_JSON:  # strings only (see encode_headers)
+            hflag, static = publish_static(vbytes, exchange, routing_key, headers, encoded, properties)
+            if not hflag & FLAG_HEADERS_JSON:  # strings only (see encode_headers)
                 # A copy: the message's own dict may change later.
                 self._last_static = (
                     vbytes, exchange, routing_key, encoded,
                     None if headers is None else dict(headers), hflag, static,
+                    None if properties is None else dict(properties),
                 )  # fmt: skip
         mid = message.id
         timestamp = message.timestamp
@@ -586,6 +590,8 @@ class CommitLogStore:
             hflag | FLAG_PERSISTENT if message.persistent else hflag,
             static,
             message.body,
+            message.deliver_at,
+            message.ack_timeout,
         )
         if self._active_size >= self.segment_size and self._active_records:
             self._roll()
@@ -1295,6 +1301,7 @@ class CommitLogStore:
             head, tail = encode_publish(
                 p.id, p.timestamp, p.expiry, p.priority, p.persistent, vbytes,
                 p.exchange, p.routing_key, p.headers, p.body, [n.encode() for n in names],
+                p.properties, p.deliver_at, p.ack_timeout,
             )  # fmt: skip
             index.forget(self._active, p.id, vname, p.queues)
             index.publish(self._active, p.id, vname, names, p.timestamp)
