@@ -98,8 +98,10 @@ class DiskFullTests(SynchronousTestCase):
         self.assertEqual(hold.name, "store")
         self.assertIn("No space left on device (ENOSPC)", hold.detail)
         self.assertTrue(self.broker.admission.admits(False))
-        [failed] = self.logged("a write failed")
+        [failed] = self.logged("failed ({why})")
         self.assertEqual(failed["log_level"].name, "error")
+        self.assertEqual(failed["directory"], self.dir)
+        self.assertNotIn(self.dir, hold.detail, "clients are not told the data directory")
         # While it cannot write: refused at once, nothing written.
         _, three = self.publish("q", b"three")
         self.turn()
@@ -113,7 +115,7 @@ class DiskFullTests(SynchronousTestCase):
         self.clock.advance(self.store.retry_interval)  # still full: retried, refused
         self.assertGreaterEqual(self.disk.refused, 2)
         self.assertEqual(self.store.recoveries, 0)
-        self.assertEqual(len(self.logged("a write failed")), 1, "logged once")
+        self.assertEqual(len(self.logged("failed ({why})")), 1, "logged once")
         self.disk.full = False
         self.clock.advance(self.store.retry_interval)
         self.assertEqual(self.store.recoveries, 1)

@@ -1105,15 +1105,16 @@ class CommitLogStore:
         else:
             why = failure.getErrorMessage()
         first = self._failed is None
-        self._failed = StoreFailed(f"the commit log cannot write to {self.directory}: {why}")
+        # No path: the reason reaches clients (a STOMP ERROR, the health answer).
+        self._failed = StoreFailed(f"the commit log cannot write: {why}")
         self._keep(batch)
         now = self._reactor.seconds()
         if first:
             self.failures += 1
             self._failed_at = self._retry_logged = now
             _log.error(
-                "commit log: a write failed ({why}); persistent publishes are refused, and the "
-                "store retries every {interval:g} s until it can write again",
+                "commit log: a write to {directory} failed ({why}); persistent publishes are "
+                "refused, and the store retries every {interval:g} s until it can write again",
                 why=why,
                 interval=self.retry_interval,
                 directory=self.directory,

@@ -169,7 +169,7 @@ class StoreRefusalTests(FullDiskCase):
         self.assertEqual(error.headers["message"], "message not stored")
         self.assertIn(b"No space left on device", error.body)
         self.assertGreater(len(receipted), 0)
-        [failed] = self.logged("a write failed")
+        [failed] = self.logged("failed ({why})")
         self.assertEqual(failed["log_level"].name, "error")
 
         response, problem = yield self.http("POST", "/vhosts/%2F/queues/full/messages",
