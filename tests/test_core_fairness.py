@@ -14,8 +14,8 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from qmq.core.broker import Broker
 from qmq.core.channel import Channel
-from qmq.core.errors import PreconditionFailed
 from qmq.core.expiry import ExpiryWheel
+from qmq.core.names import InvalidName
 from tests.test_core_channel import Recorder
 
 
@@ -186,7 +186,7 @@ class QueueNameTests(SynchronousTestCase):
     def test_name_length(self) -> None:
         """Names up to 255 characters; a longer one is refused, naming the limit."""
         self.vhost.declare_queue("q" * 255)
-        e = self.assertRaises(PreconditionFailed, self.vhost.declare_queue, "q" * 256)
+        e = self.assertRaises(InvalidName, self.vhost.declare_queue, "q" * 256)
         self.assertIn("the limit is 255", e.message)
         self.assertNotIn("q" * 256, self.vhost.queues)
 

@@ -104,10 +104,10 @@ class WrappingTests(SynchronousTestCase):
         self.assertIn(b"var c = parent.cb;", prelude)
 
     def test_jsonp(self) -> None:
-        self.assertEqual(TRANSPORTS["jsonp"].wrap("o", "callback"), b'callback("o");\r\n')
+        self.assertEqual(TRANSPORTS["jsonp"].wrap("o", "callback"), b'/**/callback("o");\r\n')
 
     def test_callback_names(self) -> None:
         for name in ("callback", "a.b_c", "_jp.a1[0]"):
             self.assertTrue(valid_callback(name), name)
-        for name in ("", "a(b)", "alert(1);x", "a b", "</script>", "x" * 257):
+        for name in ("", "a(b)", "alert(1);x", "a b", "</script>", "x" * 257, "cb\n"):
             self.assertFalse(valid_callback(name), name)

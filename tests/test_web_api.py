@@ -487,9 +487,13 @@ class CorsTests(ApiTestCase):
     @defer.inlineCallbacks
     def test_allowed_origin_and_preflight(self) -> None:
         self.api.origins = frozenset({"https://app.example"})
+        # The site's gate trusts http_api.cors_origins too (qmq.web.guard).
+        self.factory.site.guard.origins = ("https://app.example",)
         _, headers, _, _ = yield self.call("GET", "/api/v1/vhosts", headers={"Origin": "https://app.example"})
         self.assertEqual(headers.getRawHeaders("access-control-allow-origin"), ["https://app.example"])
-        _, headers, _, _ = yield self.call("GET", "/api/v1/vhosts", headers={"Origin": "https://evil.example"})
+        code, headers, _, doc = yield self.call("GET", "/api/v1/vhosts", check=False,
+                                                headers={"Origin": "https://evil.example"})
+        self.assertEqual((code, doc["code"]), (403, "origin-not-allowed"))
         self.assertIsNone(headers.getRawHeaders("access-control-allow-origin"))
         code, headers, _, _ = yield self.call("OPTIONS", f"{Q}/q/messages", check=False, headers={
             "Origin": "https://app.example", "Access-Control-Request-Method": "POST"})
@@ -594,7 +598,7 @@ class UploadTests(ApiTestCase):
             data = b""
 
             def connectionMade(self) -> None:
-                self.transport.write(b"POST /api/v1/vhosts/%2F/queues/q/messages HTTP/1.1\r\nHost: x\r\n"
+                self.transport.write(b"POST /api/v1/vhosts/%2F/queues/q/messages HTTP/1.1\r\nHost: localhost\r\n"
                                      b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"bo")
 
             def dataReceived(self, data: bytes) -> None:

@@ -33,10 +33,20 @@ from __future__ import annotations
 import secrets
 from typing import TYPE_CHECKING, Any
 
+from qmq.core.access import authorize, resource_named
 from qmq.core.consumer import BacklogBudget, Consumer
 from qmq.core.destination import Destination, DestinationError, parse_destination
 from qmq.core.errors import AccessRefused, NotFound, PreconditionFailed
+from qmq.core.management import authorize_arguments, check_equivalent
 from qmq.core.message import Message
+from qmq.core.names import (
+    check_binding_key,
+    check_destination,
+    check_exchange,
+    check_headers,
+    check_queue,
+    check_routing_key,
+)
 from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX, check_queue_access, durable_queue_name
 from qmq.core.queue import CUT_CONSUMERS, Queue, QueuePolicy
 
@@ -109,6 +119,9 @@ class Channel:
         self._cumulative_upto = 0
         self._taken_back: dict[int, None] = {}
         self._targets: dict[str, SendTarget] = {}
+        # The last headers dict whose names were checked (qmq.core.names):
+        # a producer's messages share one, so it is checked once.
+        self._checked_headers: Any = None
         self._ids = broker.message_ids
         self._seconds = broker.clock.seconds
         traffic = getattr(broker, "traffic", None)
@@ -129,8 +142,12 @@ class Channel:
 
         A C{/control/} destination resolves to C{(None, None, None, path, None)}.
 
+        Names and keys are checked here (L{qmq.core.names}), once per
+        destination and channel, not per message.
+
         @raise DestinationError: the name maps to nothing.
         @raise NotFound: the exchange does not exist, or an C{amq.} queue.
+        @raise InvalidName: a name or key breaks a rule of L{qmq.core.names}.
         """
         target = self._targets.get(text)
         if target is not None and not target[4].deleted:
@@ -150,6 +167,8 @@ class Channel:
             # Publishing to an existing queue is allowed even if it is
             # exclusive to another channel (a /temp-queue/ reply-to).
             queue = self.vhost.queues.get(name)
+            if queue is None:
+                check_queue(name)
             if self.user is not None:
                 self._authorize("write", name, text)
                 if queue is None:
@@ -165,8 +184,13 @@ class Channel:
             queue = self.temp_queue(dest.name)
             return (queue, None, "", queue.name, queue)
         if kind == "control":
+            check_destination(text)
             return (None, None, None, dest.name, None)
-        exchange = self.vhost.exchange(dest.name)
+        exchange = self.vhost.exchanges.get(dest.name)
+        if exchange is None:
+            check_exchange(dest.name)
+            exchange = self.vhost.exchange(dest.name)
+        check_routing_key(dest.key, exchange)
         if self.user is not None:
             self._authorize("write", exchange.name, text)
         return (None, exchange, exchange.name, dest.key, exchange)
@@ -181,12 +205,12 @@ class Channel:
         @raise AccessRefused: naming the operation and the destination.
         """
         user = self.user
-        if user is not None and not user.can(operation, self.vhost.name, resource, text):
-            raise AccessRefused(
-                f"User {user.name!r} has no {operation} permission for {text!r} "
-                f"(resource {resource!r}).",
-                f"access refused ({operation})",
-            )
+        if user is not None:
+            # The verdict is the core's (qmq.core.access), on the resource
+            # itself: the same whichever frontend or text named it.
+            vhost = self.vhost
+            named = resource_named(vhost.name, operation, resource, text, vhost.exchanges, vhost.queues)
+            authorize(user, operation, named, named=text)
 
     def named_queue(
         self, name: str, operation: str = "read", arguments: dict[str, Any] | None = None
@@ -203,6 +227,10 @@ class Channel:
         vhost = self.vhost
         if name.startswith(DURABLE_SUBSCRIPTION_PREFIX):
             check_queue_access(self.owner_name, name, operation)
+        if arguments:
+            # Arguments that make the broker write somewhere (dead letters)
+            # need the declarer's write permission there.
+            authorize_arguments(self.user, self.owner_name, vhost.name, arguments, vhost.queue_defaults)
         if name.startswith(("amq.", DURABLE_SUBSCRIPTION_PREFIX)):
             queue = vhost.queues.get(name)
             if queue is None:
@@ -236,14 +264,7 @@ class Channel:
     def _check_arguments(queue: Queue, arguments: dict[str, Any]) -> None:
         """C{arguments} given for C{queue}, which exists: they must agree
         with its policy (their values are checked, as for a new queue)."""
-        wanted = QueuePolicy.from_arguments(arguments, queue.policy)
-        if wanted != queue.policy:
-            given = ", ".join(f"{k}={v}" for k, v in sorted(arguments.items()))
-            raise PreconditionFailed(
-                f"Queue {queue.name!r} exists with other arguments than those given ({given}); "
-                "delete it or subscribe without them.",
-                "inequivalent queue arguments",
-            )
+        check_equivalent(queue, arguments)
 
     def temp_queue(self, name: str) -> Queue:
         """This channel's private reply queue C{name} (made on first use:
@@ -284,11 +305,19 @@ class Channel:
     def publish(self, target: SendTarget, message: Message) -> Any:
         """Route C{message} to C{target}'s queues, atomically.
 
+        Its headers are checked (L{qmq.core.names.check_headers}) unless
+        they are the dict the previous publish checked.
+
         @return: None when the message is as safe as it will be, else a
             Deferred that fires once the store has made it durable.
         @raise ResourceLimit: a bounded queue refused it (then no queue has it).
         @raise PreconditionFailed: the routing key breaks a limit.
+        @raise InvalidName: a header name or value breaks a rule.
         """
+        headers = message.headers
+        if headers is not None and headers is not self._checked_headers:
+            check_headers(headers)
+            self._checked_headers = headers
         self.published += 1
         queue = target[0]
         if queue is not None:
@@ -357,6 +386,8 @@ class Channel:
         elif kind == "temp-queue":
             queue = self.temp_queue(dest.name)
         else:
+            if dest.name not in vhost.exchanges:
+                check_exchange(dest.name)
             exchange = vhost.exchange(dest.name)
             if user is not None:
                 self._authorize("read", exchange.name, text)
@@ -365,6 +396,8 @@ class Channel:
                 existed = name in vhost.queues
                 if user is not None and not existed:
                     self._authorize("configure", name, text)
+                if arguments:
+                    authorize_arguments(user, self.owner_name, vhost.name, arguments, vhost.queue_defaults)
                 queue = vhost.declare_queue(
                     name, durable=True, on_demand=True, subscription=True, arguments=arguments
                 )
@@ -405,6 +438,7 @@ class Channel:
             raise
 
     def _bind_live(self, consumer: Consumer, exchange: Exchange, dest: Destination) -> None:
+        check_binding_key(dest.key, exchange)
         exchange.bind(consumer, dest.key, None)  # type: ignore[arg-type]
         consumer.exchange = exchange
         consumer.binding_key = dest.key

@@ -67,6 +67,7 @@ from typing import TYPE_CHECKING, Any
 
 from qmq.core.errors import PreconditionFailed, ResourceLimit
 from qmq.core.message import Message, OnDisk
+from qmq.core.names import InvalidName, problem
 
 if TYPE_CHECKING:
     from twisted.internet.interfaces import IDelayedCall
@@ -284,6 +285,20 @@ def _string_argument(argument: str, value: object) -> str:
     return value
 
 
+def _name_argument(kind: str, slash: bool = False) -> Any:
+    """An argument that names an exchange or gives a routing key: a string
+    that follows L{qmq.core.names} (its messages are published with it)."""
+
+    def check(argument: str, value: object) -> str:
+        value = _string_argument(argument, value)
+        reason = problem(kind, value, slash)
+        if reason is not None:
+            raise InvalidName(f"{argument}: {reason}")
+        return value
+
+    return check
+
+
 def _overflow_argument(argument: str, value: object) -> str:
     if value not in OVERFLOW_POLICIES:
         raise PreconditionFailed(
@@ -367,10 +382,16 @@ QUEUE_ARGUMENTS: dict[str, QueueArgument] = {
             "x-ack-timeout", "ack_timeout", _integer_argument(1, MAX_TIME_MS), "an integer >= 1"
         ),
         QueueArgument(
-            "x-dead-letter-exchange", "dead_letter_exchange", _string_argument, "an exchange name"
+            "x-dead-letter-exchange",
+            "dead_letter_exchange",
+            _name_argument("exchange name", slash=True),
+            "an exchange name",
         ),
         QueueArgument(
-            "x-dead-letter-routing-key", "dead_letter_routing_key", _string_argument, "a routing key"
+            "x-dead-letter-routing-key",
+            "dead_letter_routing_key",
+            _name_argument("routing key"),
+            "a routing key",
         ),
         QueueArgument(
             "x-redelivery-backoff",

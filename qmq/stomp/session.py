@@ -69,7 +69,7 @@ from qmq.stomp.encoding import (
 from qmq.stomp.frame import Frame, FrameError, encode_frame, escape_header, excerpt
 from qmq.stomp.headers import HeaderError, parse_bool, parse_heartbeat, parse_int
 from qmq.stomp.settings import StompSettings
-from qmq.stomp.subscription import Subscription
+from qmq.stomp.subscription import Subscription, TextSubscription
 from qmq.transport import ITransport
 
 log = Logger()
@@ -124,7 +124,8 @@ class StompError(Exception):
 class StompSession:
     """One client's STOMP session (see the module docstring).
 
-    @ivar id: the session id (also the prefix of every message-id it sends).
+    @ivar id: the session id, C{NODE.RUN.N} (L{qmq.core.ids}; also the
+        prefix of every message-id it sends).
     @ivar version: the negotiated STOMP version.
     @ivar vhost: the virtual host chosen at CONNECT.
     @ivar channel: the session's way into the core (from CONNECT on).
@@ -147,8 +148,16 @@ class StompSession:
         self.clock = clock if clock is not None else broker.clock
         self.transport = transport
         self.heartbeats_supported = transport.heartbeats
+        # A transport that carries text only (SockJS) gets subscriptions
+        # that refuse bodies that are not UTF-8 (see TextSubscription).
+        self._subscription = (
+            TextSubscription if getattr(transport, "text_only", False) else Subscription
+        )
         self.peer = transport.peer
-        self.id = f"{next(_session_ids):x}"
+        # NODE.RUN.N: a session id (and so every message-id it sends) never
+        # names another session of this or another node, in this run or a
+        # later one (qmq.core.ids), so a stale ack can settle nothing.
+        self.id = f"{broker.message_ids.prefix}.{next(_session_ids):x}"
         self.version = "1.0"
         self.version_index = 2
         self.vhost: VirtualHost = broker.default_vhost
@@ -185,8 +194,9 @@ class StompSession:
         self._group: list | None = None
         self._group_waiter: Any = None
         self._disconnecting = False
-        self._alarm = broker.memory_alarm
+        self._admission = broker.admission
         self._blocked = False
+        self._blocked_persistent = False
         self.last_read = self._seconds()
         self.frame_started: float | None = None
         #: Bytes of the frame still being received (counted in the broker's budget).
@@ -483,24 +493,32 @@ class StompSession:
         reading for its own reasons leaves it off."""
         return self._blocked or self._held is not None
 
-    # -- publisher flow control (memory alarm) --------------------------------------
+    # -- publisher flow control (admission: memory and disk alarms, the store) -----
 
-    def _block(self) -> None:
-        """Stop reading from this publisher until the memory alarm clears."""
+    def _hold_back(self, headers: dict[str, str]) -> None:
+        """Admission holds some publishers back: stop reading from this one
+        if its SEND is of a kind held (every SEND under the memory alarm, a
+        persistent one under the disk alarm or a failing store), until
+        admission lets it through again."""
+        persistent = headers.get("persistent", "").lower() == "true"
+        hold = self._admission.refusal(persistent)
+        if hold is None:
+            return
         self._blocked = True
+        self._blocked_persistent = persistent
         self.transport.pause_reading()
-        self._alarm.subscribe(self._alarm_changed)
-        log.info("stomp publisher blocked by the memory alarm session={session} peer={peer}",
-                 session=self.id, peer=self.peer)
+        self._admission.subscribe(self._admission_changed)
+        log.info("stomp publisher held back session={session} peer={peer}: {why}",
+                 session=self.id, peer=self.peer, why=hold.detail)
 
-    def _alarm_changed(self, active: bool) -> None:
-        if not active:
+    def _admission_changed(self, admission: Any) -> None:
+        if admission.admits(self._blocked_persistent):
             self._unblock()
 
     def _unblock(self) -> None:
         if self._blocked:
             self._blocked = False
-            self._alarm.unsubscribe(self._alarm_changed)
+            self._admission.unsubscribe(self._admission_changed)
             if not self.closed:
                 # Deadlines restart: the silence was the broker's doing.
                 self.last_read = self._seconds()
@@ -580,7 +598,11 @@ class StompSession:
         self._group = self._group_waiter = None
         if not self.closed:
             log.failure("store failed to keep a message session={session}", failure, session=self.id)
-        self.error("message not stored", "The broker could not store a message; see its log.")
+        self.error(
+            "message not stored",
+            f"The broker could not store a message ({failure.getErrorMessage()}); it is not "
+            "accepted: send it again later.",
+        )
         # Passed on: the waiter may be shared with other sessions (see
         # qmq.core.store), whose errbacks must see the failure too.
         return failure
@@ -772,15 +794,17 @@ class StompSession:
             recv=recv_ms,
         )
 
-    def _owner_name(self) -> str:
+    def _owner_name(self) -> Any:
         """Who the client is, for what it owns (durable subscriptions): its
         login, else its verified TLS identity, else C{""} (anonymous).
 
-        With authentication on, the authenticated user's name; without it
-        the login is not checked.
+        With authentication on, the authenticated user's owner
+        (L{qmq.auth.User.owner}: a token's subject owns apart from the
+        password user of the same name); without it the login is not
+        checked.
         """
         if self.user is not None:
-            return self.user.name
+            return self.user.owner
         if self.login:
             return self.login
         identity = self.transport.identity
@@ -794,18 +818,17 @@ class StompSession:
         h = frame.headers
         if "destination" not in h:
             self._require(frame, "destination")
-        alarm = self._alarm
         if (
-            alarm is not None
-            and alarm.active
+            self._admission.closed
             and not self._blocked
             and not h["destination"].startswith("/control/")
         ):
             # This frame was read already and is published; the next are not
-            # read until memory is back under the mark (publisher flow
-            # control). A control query (/control/memory) publishes nothing:
-            # a monitor asking about the alarm is not blocked by it.
-            self._block()
+            # read until admission lets this publisher through (memory back
+            # under the mark, disk space freed, the store writing again). A
+            # control query (/control/memory) publishes nothing: a monitor
+            # asking about the alarm is not blocked by it.
+            self._hold_back(h)
         receipt = h.get("receipt")
         if "transaction" in h:
             self._hold(h["transaction"], "SEND", frame)
@@ -995,7 +1018,7 @@ class StompSession:
             # As RabbitMQ does: replies arrive without an explicit SUBSCRIBE,
             # on a subscription named after the temp-queue destination.
             self._check_subscription_cap()
-            sub = Subscription(self, text, text, "auto", None)
+            sub = self._subscription(self, text, text, "auto", None)
             self.subscriptions[text] = sub
             channel.subscribe(sub, text)
         return "/queue/" + queue.name
@@ -1034,7 +1057,7 @@ class StompSession:
         arguments = None
         if not _SUBSCRIBE_ARGUMENTS.isdisjoint(h):
             arguments = {argument_name(k): v for k, v in h.items() if k in _SUBSCRIBE_ARGUMENTS}
-        sub = Subscription(self, sub_id, text, mode, prefetch)
+        sub = self._subscription(self, sub_id, text, mode, prefetch)
         buffer = self._buffer(h)
         if buffer is not None:
             sub.buffer = buffer
@@ -1124,6 +1147,32 @@ class StompSession:
             f"Subscription {sub.id!r} ({sub.destination}) fell too far behind: {reason}. "
             "The connection is cut off; the messages it did not read are lost to it.",
         )
+
+    def undeliverable(self, sub: Subscription, message: Any, queue: Any) -> None:
+        """C{message} cannot cross this session's transport (a body that is
+        not UTF-8 over a text-only one): an ERROR tells the client, and the
+        message goes back to its queue, its delivery count raised (so a
+        queue's delivery limit dead-letters a message that keeps coming
+        back). An ack-required subscription has it among its unacked
+        deliveries (the channel's close gives it back); C{queue} is the
+        queue to give an auto-ack delivery back to (None for a live topic
+        subscription: the message is not delivered to it).
+        """
+        sub.paused = True
+        where = (
+            "It is back in its queue, for a consumer over a binary-capable transport."
+            if (sub.ack_required or queue is not None)
+            else "It is not delivered to this subscription."
+        )
+        self.error(
+            "binary body",
+            f"A message for subscription {sub.id!r} ({sub.destination}) has a body of "
+            f"{len(message.body)} bytes that is not UTF-8 text; SockJS carries text only, so "
+            f"it cannot be delivered here. {where} Consume binary bodies over STOMP over "
+            "WebSocket (/ws) or TCP.",
+        )
+        if queue is not None:
+            queue.requeue([message])
 
     def subscription_cancelled(self, sub: Subscription) -> None:
         """The queue or exchange under C{sub} was deleted by someone else."""

@@ -43,10 +43,12 @@ from twisted.internet import defer
 from twisted.logger import Logger
 
 from qmq.core import options
+from qmq.core.admission import RETRY_AFTER
 from qmq.core.channel import Channel
 from qmq.core.consumer import Consumer
 from qmq.core.errors import BrokerError, NotFound
 from qmq.core.message import Message, check_user_id
+from qmq.core.names import check_headers
 from qmq.web.api.codec import Parsed
 from qmq.web.api.problem import Problem, bad_request, from_broker_error
 
@@ -101,7 +103,9 @@ class PollConsumer(Consumer):
         self.channel = frontend.channel
         self.clock = frontend.clock
         self.name = name
-        self.token = secrets.token_urlsafe(6)
+        # NODE.RUN.RANDOM (qmq.core.ids): a handle from another node or an
+        # earlier run never names a delivery of this receiver.
+        self.token = f"{frontend.broker.message_ids.prefix}.{secrets.token_urlsafe(6)}"
         self.waiters: deque[Waiter] = deque()
         self.flush_call: Any = None
         self.batch_of: dict[int, _Batch] = {}
@@ -292,6 +296,24 @@ class PollConsumer(Consumer):
             self.frontend.detach(self)
 
 
+def refuse_held(admission: Any, persistent: bool) -> None:
+    """Refuse a publish that admission holds back (the memory alarm for
+    any, the disk alarm or a failing store for persistent messages): 503
+    with C{Retry-After}, nothing published. Consumers are never held.
+
+    @raise Problem: the publish is held back.
+    """
+    hold = admission.refusal(persistent)
+    if hold is not None:
+        raise Problem(
+            503,
+            "publishers-held",
+            f"Publishing is held back: {hold.detail}. Retry later.",
+            {"alarm": hold.name},
+            {"Retry-After": str(RETRY_AFTER)},
+        )
+
+
 def _check_destination(text: str, where: str) -> None:
     if not text.startswith("/queue/") and text.startswith(("/control/", "/temp-queue/")):
         raise bad_request(
@@ -303,7 +325,7 @@ def _check_destination(text: str, where: str) -> None:
 
 def parse_handle(handle: Any) -> tuple[str, int] | None:
     """C{(token, tag)} of a receipt handle, or None if it is not one."""
-    if handle.__class__ is not str or len(handle) > 64:
+    if handle.__class__ is not str or len(handle) > 128:
         return None
     token, _, tag = handle.rpartition(".")
     if not token or not tag.isdigit() or len(tag) > 19:
@@ -326,7 +348,7 @@ class VHostFrontend:
         # user's permissions on every destination, and receipt handles of
         # one user's receivers mean nothing to another's.
         self.channel = Channel(
-            broker, vhost, owner_name=user.name if user is not None else "http", user=user, protocol="http"
+            broker, vhost, owner_name=user.owner if user is not None else "http", user=user, protocol="http"
         )
         self.pollers: dict[str, PollConsumer] = {}
 
@@ -348,6 +370,9 @@ class VHostFrontend:
             waits for.
         @raise Problem: a bad destination or header, a refusal.
         """
+        admission = self.broker.admission
+        if admission.closed:
+            refuse_held(admission, any(m.__class__ is not bytes and m.persistent for m in messages))
         channel = self.channel
         same = destination if destination.__class__ is str else None
         targets: list | None = None
@@ -364,6 +389,9 @@ class VHostFrontend:
                         _check_destination(text, f"message {i}: ")
                         targets.append((text, channel.send_target(text)))
                     continue
+                if m.headers:
+                    # Before any is published (the channel checks again).
+                    check_headers(m.headers)
                 check_user_id(m.properties, channel.user)
                 if targets is not None:
                     text = destination(m)  # type: ignore[operator]
@@ -456,12 +484,14 @@ class HttpFrontend:
         self.broker = broker
         self.settings = settings
         self.clock = clock
-        self.vhosts: dict[tuple[str, str | None], VHostFrontend] = {}
+        self.vhosts: dict[tuple[str, tuple[str, str] | None], VHostFrontend] = {}
 
     def vhost(self, name: str, user: Any = None) -> VHostFrontend:
         """The frontend of virtual host C{name} for C{user} (None: no
         authentication). @raise Problem: there is no such virtual host."""
-        key = (name, user.name if user is not None else None)
+        # Per identity (how it logged in, name): a token's "alice" is not
+        # the password user "alice", and owns apart (qmq.auth.User.owner).
+        key = (name, user.identity if user is not None else None)
         fe = self.vhosts.get(key)
         vhost = self.broker.vhosts.get(name)
         if vhost is None:

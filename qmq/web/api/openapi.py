@@ -22,7 +22,8 @@ AVRO_MEDIA = {"avro/binary": {"schema": {"type": "string", "contentMediaType": "
 _REASONS = {
     400: "Bad request: bad JSON or Avro, a bad parameter or field (see detail).",
     401: "Authentication is on and the request has no valid credentials (HTTP Basic or a bearer token).",
-    403: "Refused: no permission (with authentication on), or the object is the broker's own or a session's.",
+    403: "Refused: no permission (with authentication on), the object is the broker's own or a session's, or "
+    "the request comes from a page of an origin the broker does not trust ([web] allowed_origins).",
     404: "No such virtual host, queue, exchange or endpoint.",
     405: "Method not allowed here.",
     408: "The request was not received in time (http_api.upload_timeout).",
@@ -30,10 +31,12 @@ _REASONS = {
     "authentication is off.",
     410: "The cursor's follower is gone; poll without a cursor.",
     413: "The body or the batch is too large ([web] max_request_body, [http_api] max_batch).",
-    415: "Unsupported Content-Type.",
+    415: "Unsupported Content-Type (a request that changes something takes JSON, Avro where the endpoint "
+    "does, or no body: never what an HTML form sends).",
+    421: "The Host header names no name of this broker ([web] allowed_hosts; a DNS rebinding guard).",
     429: "A queue is full (reject-publish), the cap on followers is reached, or too many "
     "failed logins; retry later.",
-    503: "Published, but the store failed to keep the messages.",
+    503: "Not accepted: publishers are held back (memory or disk alarm), or the store could not keep the messages; retry after Retry-After.",
 }
 
 
@@ -85,10 +88,12 @@ PAGING = [
 def _op(summary: str, responses: dict, *errors: int, params: list | None = None, body: dict | None = None,
         description: str = "", tag: str = "") -> dict:
     # Any request may be malformed, sent with another method, too large or too
-    # slow; with authentication on, any but the documents may be refused.
-    codes = {400, 405, 408, 413, *errors}
+    # slow, to a name that is not the broker's or from a foreign page
+    # (qmq.web.guard); with authentication on, any but the documents may be
+    # refused.
+    codes = {400, 403, 405, 408, 413, 421, *errors}
     if tag != "meta":
-        codes |= {401, 403, 429}
+        codes |= {401, 429}
     codes = sorted(codes)
     op: dict[str, Any] = {"summary": summary, "responses": {**responses, **_errors(*codes)}}
     op["operationId"] = summary.lower().replace(" ", "_").replace(",", "").replace("'", "")
@@ -112,6 +117,21 @@ def _ok(schema: dict, description: str = "OK", status: int = 200, avro: bool = F
         r["headers"] = headers
     return {str(status): r}
 
+
+HEALTH = {
+    "type": "object", "required": ["status", "alarms", "store"],
+    "properties": {
+        "status": {"enum": ["ok", "degraded"]},
+        "alarms": {"type": "array", "items": {
+            "type": "object", "required": ["name", "detail", "persistent_only"],
+            "properties": {"name": {"enum": ["memory", "disk", "store"]}, "detail": {"type": "string"},
+                           "persistent_only": {"type": "boolean"}}}},
+        "store": {"type": "object", "properties": {
+            "healthy": {"type": "boolean"}, "failure": {"type": ["string", "null"]}}},
+        "disk": {"type": "object", "properties": {
+            "free_bytes": {"type": "integer"}, "limit_bytes": {"type": "integer"}}},
+    },
+}
 
 PUBLISH_BODY = {
     "required": True,
@@ -443,6 +463,13 @@ def document(s: ApiSettings | None = None) -> dict:
     paths: dict[str, dict] = {
         "/api/v1": {"get": _op("API index", _ok({"type": "object"}), tag="meta")},
         "/api/v1/openapi.json": {"get": _op("This document", _ok({"type": "object"}), tag="meta")},
+        "/api/v1/health": {"get": _op(
+            "Readiness", {**_ok(HEALTH, "Publishers are admitted"),
+                          "503": {"description": "Publishers are held back (an alarm, the store)",
+                                  "content": _json(HEALTH)}},
+            description="The alarms holding publishers back (memory: every publish; disk, store: "
+                        "persistent ones) and the store's health. Consumers are never held back.",
+            tag="meta")},
         "/api/v1/schemas": {"get": _op("List the Avro schemas", _ok({
             "type": "object", "required": ["schemas"],
             "properties": {"schemas": {"type": "array", "items": {"type": "string"}}}}), tag="meta")},
