@@ -206,8 +206,9 @@ class StompWebSocket(_Stomp):
 
 
 class StompSockJS(StompWebSocket):
-    """STOMP over SockJS's WebSocket transport (its messages are JSON text,
-    so bodies are text)."""
+    """STOMP over SockJS's WebSocket transport: its messages are JSON text,
+    so it carries text bodies only (a binary one is refused with ERROR
+    "binary body", docs/browsers.rst): the binary cases leave it out."""
 
     name = "stomp-sockjs"
     binary = False
@@ -339,7 +340,7 @@ class CrossFrontendTests(unittest.TestCase):
             for publisher in clients.values():
                 for receiver in clients.values():
                     if kind == "binary" and not (publisher.binary and receiver.binary):
-                        continue  # SockJS carries text (see StompSockJS)
+                        continue  # SockJS carries text only (see StompSockJS)
                     queue = f"x.{publisher.name}.{receiver.name}.{kind}"
                     yield receiver.subscribe(queue)
                     before = time.time()
