@@ -129,6 +129,20 @@ class HttpDelayTests(FrontendsTestCase):
         self.assertEqual(self.ready("q"), [b"x"])
 
 
+class HttpTimesTests(FrontendsTestCase):
+    @defer.inlineCallbacks
+    def test_expires_deliver_at_ack_timeout(self) -> None:
+        """The HTTP API's expires and deliver_at (seconds, as it writes
+        times) and ack_timeout reach the same fields as STOMP's headers."""
+        code, doc = yield self.http_publish("q", expires=1060.5, deliver_at=1002, ack_timeout=2.5, ttl=90_000)
+        self.assertEqual(code, 201, doc)
+        c = self.stomp()
+        c.publish("/queue/q", b"y", expires="1060500", **{"deliver-at": "1002000", "ack-timeout": "2.5",
+                                                           "ttl": "90000"})
+        got = self.broker.default_vhost.queues["q"].delayed_messages()
+        self.assertEqual([(m.expires, m.deliver_at, m.ack_timeout) for m in got], [(1060.5, 1002.0, 2.5)] * 2)
+
+
 class DurableHttpDelayTests(FrontendsTestCase):
     """An HTTP delayed message survives a restart of a log-store broker (on
     d8fe3b8 it waited in the frontend's memory, and a restart lost it)."""

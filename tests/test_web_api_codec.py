@@ -28,6 +28,9 @@ RECORD = {
     "delay": None,
     "persistent": True,
     "properties": {"content_type": "application/octet-stream"},
+    "expires": None,
+    "deliver_at": None,
+    "ack_timeout": None,
 }
 
 
@@ -87,6 +90,17 @@ class JsonTests(unittest.SynchronousTestCase):
         ms, batch = codec.parse_json(b'{"messages": [{"body": "a"}, {"body": "Yg==", "encoding": "base64"}]}', 10)
         self.assertEqual(([codec.outgoing(m).body for m in ms], batch), ([b"a", b"b"], True))
 
+    def test_delivery_times(self) -> None:
+        """expires and deliver_at are seconds, as deliveries write times;
+        ack_timeout seconds; the core's parser checks them."""
+        [m], _ = codec.parse_json(b'{"body": "x", "expires": 1700000000.5, "deliver_at": 1600000000, '
+                                  b'"ack_timeout": 2.5}', 10)
+        self.assertEqual(m.timing, (1_700_000_000_500, 1_600_000_000_000, 2.5))
+        for field, value in (("expires", -1), ("expires", True), ("deliver_at", "5"), ("ack_timeout", 0),
+                             ("ack_timeout", 1e20), ("expires", 1e300)):
+            e = self.assertRaises(Problem, codec.parse_json, json.dumps({"body": "x", field: value}).encode(), 10)
+            self.assertIn(f"'{field}' must be", e.detail)
+
     def test_errors_name_the_message(self) -> None:
         e = self.assertRaises(Problem, codec.parse_json, b'{"messages": [{"body": "a"}, {"body": 2}]}', 10)
         self.assertIn("message 1", e.detail)
@@ -142,6 +156,8 @@ class FastContainerTests(unittest.SynchronousTestCase):
         {**RECORD, "body": b"t", "headers": {"n": None, "t": True, "f": False, "i": -(2**62), "d": 1.5,
                                              "s": "\u00fc", "b": b"\x00\xff"}, "properties": {}},
         {**RECORD, "body": b"p", "headers": {}, "properties": {"type": "order", "reply_to": "/queue/r"}},
+        {**RECORD, "body": b"o", "headers": {}, "properties": {}, "expires": 1_700_000_000_000,
+         "deliver_at": 1_600_000_000_000, "ack_timeout": 2.5},
     ]
 
     def container(self, codec_name: str = "null", sync_interval: int = 16000) -> bytes:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import datetime
 import io
 import json
 import os
@@ -71,6 +72,9 @@ _MESSAGE_FIELDS = frozenset(
         "ttl",
         "delay",
         "persistent",
+        "expires",
+        "deliver_at",
+        "ack_timeout",
     )
 )
 #: The properties a message may carry (the model's, L{PROPERTY_NAMES}).
@@ -113,6 +117,9 @@ class Outgoing:
         or None.
     @ivar persistent: keep on disk in durable queues.
     @ivar properties: the model's text properties, or None.
+    @ivar timing: C{(expires, deliver at, ack timeout)} as the core's
+        options parser reads them (epoch ms, epoch ms, seconds; each None
+        when not given), or None for none of them.
     """
 
     destination: str | None
@@ -124,6 +131,7 @@ class Outgoing:
     delay: int | None = None
     persistent: bool = False
     properties: dict[str, str] | None = None
+    timing: tuple | None = None
 
 
 #: A message to publish as parsed: an L{Outgoing}, or for the common
@@ -236,23 +244,35 @@ def check_message(
     where: str,
     properties: Any = None,
     json: bool = True,
+    timing: tuple | None = None,
 ) -> Outgoing:
     """An L{Outgoing} from decoded fields. @raise Problem: a field is bad.
 
-    The delivery options (C{priority}, C{ttl}, C{delay}) are checked by the
-    core's one parser (L{qmq.core.options}), with the bounds every frontend
-    shares; the frontend reads their times at publish.
+    The delivery options (C{priority}, C{ttl}, C{delay}, and C{timing}:
+    expires, deliver at, ack timeout in the core's units) are checked by
+    the core's one parser (L{qmq.core.options}), with the bounds every
+    frontend shares; the frontend reads their times at publish.
     """
     if persistent.__class__ is not bool:
         raise bad_request(f"{where}: 'persistent' must be true or false")
-    if priority != 0 or priority.__class__ is not int or ttl is not None or delay is not None:
+    if timing is not None and timing == (None, None, None):
+        timing = None
+    if (
+        priority != 0
+        or priority.__class__ is not int
+        or ttl is not None
+        or delay is not None
+        or timing is not None
+    ):
         for name, value in (("priority", priority), ("ttl", ttl), ("delay", delay)):
             if value.__class__ is str:  # text is STOMP's spelling, not this API's
                 raise bad_request(f"{where}: {name!r} must be a number, not a string")
+        expires, deliver_at, ack_timeout = timing or (None, None, None)
         try:
-            options.read(0.0, priority, None, ttl, delay)
+            options.read(0.0, priority, expires, ttl, delay, deliver_at, ack_timeout)
         except options.OptionError as e:
-            raise bad_request(f"{where}: {e.describe(repr(e.option))}") from None
+            name = _FIELD_NAMES.get(e.option, e.option)
+            raise bad_request(f"{where}: {e.describe(repr(name))}") from None
     return Outgoing(
         _optional_text(destination, "destination", where),
         _optional_text(routing_key, "routing_key", where),
@@ -263,7 +283,27 @@ def check_message(
         delay,
         persistent,
         _check_properties(properties, where),
+        timing,
     )
+
+
+#: The options parser's names of the options this API spells otherwise.
+_FIELD_NAMES = {"deliver-at": "deliver_at", "ack-timeout": "ack_timeout"}
+
+
+def _json_seconds(obj: dict, name: str, where: str, ms: bool) -> Any:
+    """A JSON time field (seconds, as the API's deliveries write times) as
+    the options parser reads it: epoch ms (C{ms}), or seconds."""
+    value = obj.get(name)
+    if value is None:
+        return None
+    if value.__class__ not in (int, float) or not value >= 0:
+        raise bad_request(f"{where}: {name!r} must be a number of seconds, not {value!r}"[:200])
+    if not ms:
+        return value
+    if value > options.MAX_EPOCH_MS / 1000:
+        raise bad_request(f"{where}: {name!r} must be at most {options.MAX_EPOCH_MS // 1000} seconds")
+    return round(value * 1000)
 
 
 def _json_message(obj: Any, index: int | None) -> Outgoing:
@@ -301,6 +341,14 @@ def _json_message(obj: Any, index: int | None) -> Outgoing:
         obj.get("persistent", False),
         where,
         obj.get("properties"),
+        True,
+        (
+            _json_seconds(obj, "expires", where, True),
+            _json_seconds(obj, "deliver_at", where, True),
+            _json_seconds(obj, "ack_timeout", where, False),
+        )
+        if "expires" in obj or "deliver_at" in obj or "ack_timeout" in obj
+        else None,
     )
 
 
@@ -361,7 +409,16 @@ def _avro_message(rec: Any, index: int | None) -> Outgoing:
         _where(index),
         rec.get("properties"),
         False,
+        (_millis(rec.get("expires")), _millis(rec.get("deliver_at")), rec.get("ack_timeout")),
     )
+
+
+def _millis(value: Any) -> Any:
+    """A timestamp-millis as fastavro reads it (a datetime) back to epoch
+    ms, as the container reader here gives it."""
+    if isinstance(value, datetime.datetime):
+        return round(value.timestamp() * 1000)
+    return value
 
 
 class _Bad(ValueError):
@@ -422,6 +479,12 @@ def _read_map(data: bytes, pos: int, kind: Any) -> tuple[dict[str, Any], int]:
 _unpack_double = struct.Struct("<d").unpack_from
 
 
+def _double(data: bytes, pos: int) -> tuple[float, int]:
+    if pos + 8 > len(data):
+        raise _Bad("a double runs past its block")
+    return _unpack_double(data, pos)[0], pos + 8
+
+
 def _typed(data: bytes, pos: int) -> tuple[Any, int]:
     """An application header's value: a union of null, boolean, long,
     double, string and bytes (in that order, L{HEADER_UNION})."""
@@ -438,9 +501,7 @@ def _typed(data: bytes, pos: int) -> tuple[Any, int]:
     if branch == 2:
         return _long(data, pos)
     if branch == 3:
-        if pos + 8 > len(data):
-            raise _Bad("a double runs past its block")
-        return _unpack_double(data, pos)[0], pos + 8
+        return _double(data, pos)
     if branch == 5:
         return _bytes(data, pos)
     raise _Bad(f"union branch {branch} of a 6-branch union")
@@ -457,9 +518,10 @@ def _optional(data: bytes, pos: int, kind: Any) -> tuple[Any, int]:
 
 #: After a message's body, the rest of a PublishMessage with every default
 #: (empty headers, null destination and routing key, priority 0, null TTL
-#: and delay, no properties) and persistent false, or true.
-_DEFAULT_TAIL = b"\x00" * 8
-_PERSISTENT_TAIL = b"\x00" * 6 + b"\x01\x00"
+#: and delay, no properties, null expires, deliver_at and ack_timeout) and
+#: persistent false, or true.
+_DEFAULT_TAIL = b"\x00" * 11
+_PERSISTENT_TAIL = b"\x00" * 6 + b"\x01" + b"\x00" * 4
 _TAIL = len(_DEFAULT_TAIL)
 #: Most bytes one deflated block of a container may inflate to.
 MAX_INFLATED = 64 << 20
@@ -596,8 +658,11 @@ def _read_container(data: bytes, max_batch: int) -> list[Parsed] | None:
                 raise _Bad(f"a boolean byte is {flag}")
             p += 1
             properties, p = _read_map(block, p, _string)
+            expires, p = _optional(block, p, _long)
+            deliver_at, p = _optional(block, p, _long)
+            ack_timeout, p = _optional(block, p, _double)
             append(check_message(body, headers, destination, routing_key, priority, ttl, delay, flag == 1,
-                                 _where(len(out)), properties, False))
+                                 _where(len(out)), properties, False, (expires, deliver_at, ack_timeout)))
         if p != blen:
             raise _Bad(f"a block has {blen - p} bytes after its {count} records")
     return out

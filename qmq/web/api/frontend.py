@@ -414,12 +414,14 @@ class VHostFrontend:
             else:
                 message = Message(next_id(), target[2], target[3], m.headers, m.body, now, m.persistent)
                 message.properties = m.properties
-                if m.priority or m.ttl is not None or m.delay is not None:
+                if m.priority or m.ttl is not None or m.delay is not None or m.timing is not None:
                     # The codec checked them (the same parser): no error
                     # here. A delivery time is held by the core and kept
                     # by the store with the message, as STOMP's.
-                    timing = options.read(now, m.priority, None, m.ttl, m.delay)
-                    message.priority, message.expires, message.deliver_at, _ = timing
+                    expires, deliver_at, ack_timeout = m.timing or (None, None, None)
+                    (message.priority, message.expires, message.deliver_at, message.ack_timeout) = options.read(
+                        now, m.priority, expires, m.ttl, m.delay, deliver_at, ack_timeout
+                    )
             try:
                 w = publish(target, message)
             except BrokerError as e:

@@ -234,6 +234,14 @@ def _schemas(s: ApiSettings) -> dict:
                           "description": "Milliseconds from the publish before its first delivery (the "
                           "broker keeps it, on disk when persistent, meanwhile)."},
                 "persistent": {"type": "boolean", "default": False},
+                "expires": {"type": "number", "minimum": 0,
+                            "description": "When it expires, seconds since the epoch (with ttl, the earlier)."},
+                "deliver_at": {"type": "number", "minimum": 0,
+                               "description": "Not delivered before this time, seconds since the epoch (with "
+                               "delay, the later)."},
+                "ack_timeout": {"type": "number", "exclusiveMinimum": 0,
+                                "description": "Seconds a receiver may hold it unacknowledged before it is "
+                                "delivered again."},
             },
         },
         "PublishBatch": {
