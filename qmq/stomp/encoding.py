@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import re
 
-from qmq.core.destination import destination_of
 from qmq.core.message import Message
+from qmq.stomp.destinations import destination_of
 from qmq.stomp.frame import escape_header
 
 VERSIONS = ("1.2", "1.1", "1.0")

@@ -47,14 +47,13 @@ from twisted.python.failure import Failure
 
 from qmq import __version__
 from qmq.core.broker import DEFAULT_VHOST, Broker
-from qmq.core.channel import Channel
 from qmq.core.consumer import SubscriberBuffer
-from qmq.core.destination import parse_destination
 from qmq.core.errors import BrokerError
 from qmq.core.message import ACK_TIMEOUT_HEADER, DELIVER_AT_HEADER
 from qmq.core.ownership import escape_name
 from qmq.core.queue import QUEUE_ARGUMENTS, argument_name
 from qmq.core.vhost import VirtualHost
+from qmq.stomp.destinations import DestinationChannel, parse_destination
 from qmq.stomp.encoding import VERSION_INDEX, VERSIONS, encode_message_headers, relay_block
 from qmq.stomp.frame import Frame, FrameError, encode_frame, escape_header, excerpt
 from qmq.stomp.headers import HeaderError, parse_bool, parse_heartbeat, parse_int, parse_seconds
@@ -155,7 +154,7 @@ class StompSession:
         self.version = "1.0"
         self.version_index = 2
         self.vhost: VirtualHost = broker.default_vhost
-        self.channel: Channel | None = None
+        self.channel: DestinationChannel | None = None
         self.connected = False
         self.closed = False
         self.paused = False
@@ -740,7 +739,7 @@ class StompSession:
         self.vhost = vhost
         self.login = h.get("login")
         self.client_id = h.get("client-id")
-        self.channel = Channel(
+        self.channel = DestinationChannel(
             self.broker,
             vhost,
             self._owner_name(),
@@ -923,7 +922,7 @@ class StompSession:
                         blocks.clear()
                     blocks[raw] = block
             message.cache = block
-        return channel.publish(target, message)
+        return channel.publish_target(target, message)
 
     def _delivery_options(self, h: dict[str, str]) -> tuple[int, float, float, float]:
         """Read a SEND's delivery headers: C{priority} (0-9), C{expires}
@@ -1048,8 +1047,7 @@ class StompSession:
             sub.paused = paused
         self.subscriptions[sub_id] = sub
         self._receipt(frame)
-        if sub.queue is not None and not sub.paused:
-            sub.queue.drain()
+        channel.deliver_waiting(sub)
 
     def _check_subscription_cap(self) -> None:
         cap = self.settings.max_subscriptions
@@ -1167,7 +1165,7 @@ class StompSession:
         if tx is not None:
             self._hold(tx, "ACK", frame)
         else:
-            self.channel.settle(sub, tag, True)  # type: ignore[union-attr]
+            self.channel.settle_delivery(sub, tag, True)  # type: ignore[union-attr]
         if "receipt" in frame.headers:
             self._receipt(frame)
 
@@ -1178,7 +1176,7 @@ class StompSession:
         if tx is not None:
             self._hold(tx, "NACK", frame)
         else:
-            self.channel.settle(sub, tag, False, requeue)  # type: ignore[union-attr]
+            self.channel.settle_delivery(sub, tag, False, requeue)  # type: ignore[union-attr]
         self._receipt(frame)
 
     @staticmethod
@@ -1252,9 +1250,9 @@ class StompSession:
                 except StompError:
                     continue  # already settled (e.g. its subscription ended)
                 if kind == "ACK":
-                    channel.settle(sub, tag, True)
+                    channel.settle_delivery(sub, tag, True)
                 else:
-                    channel.settle(sub, tag, False, self._requeue(op))
+                    channel.settle_delivery(sub, tag, False, self._requeue(op))
         receipt = frame.headers.get("receipt")
         if receipt is not None:
             self._send_receipt(receipt, None, waiter)

@@ -34,7 +34,7 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
-from qmq.core.destination import destination_of
+from qmq.stomp.destinations import destination_of
 
 #: The segment format version written in every segment header. Version 2
 #: adds a settle's "kept until" time and the declare-queue flags; version 3
@@ -221,7 +221,7 @@ def recovered_headers(flags: int, block: bytes, destination: str) -> dict | None
     equal to C{destination} is left out (None if nothing else is left).
 
     C{destination} is what the frontends show when a message has no
-    destination header (L{qmq.core.destination.destination_of} of its
+    destination header (L{qmq.stomp.destinations.destination_of} of its
     exchange and routing key), so leaving it out changes nothing they
     show; and it is the one header that differs between the messages of a
     million queues, which could otherwise not share their headers (a dict

@@ -43,8 +43,8 @@ import fastavro
 import orjson
 from fastavro.schema import to_parsing_canonical_form
 
-from qmq.core.destination import destination_of
 from qmq.core.message import Message
+from qmq.stomp.destinations import destination_of
 from qmq.web.api.problem import Problem, bad_request
 
 JSON = "application/json"
