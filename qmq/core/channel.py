@@ -428,6 +428,10 @@ class Channel:
         """
         return Message(next(self._ids), target[2], target[3], headers, body, self._seconds(), persistent)
 
+    def now(self) -> float:
+        """The core's time (its clock's seconds), as messages are stamped."""
+        return self._seconds()
+
     def id_source(self) -> Any:
         """A callable giving fresh message ids, for a frontend that stamps a
         batch of messages itself (L{new_message} does it one at a time)."""

@@ -382,7 +382,7 @@ class VHostFrontend:
         publish = channel.publish_target
         # Channel.new_message, inlined: one clock reading for the batch.
         next_id = channel.id_source()
-        now = channel._seconds()
+        now = channel.now()
         text = same
         for i, m in enumerate(messages):
             if targets is not None:
