@@ -11,7 +11,8 @@ gone (L{StompSession.connection_lost}); the session writes whole frames back
 (C{transport.write_frames}) and closes with a reason (C{transport.close}).
 
 Everything the session does to the broker goes through its
-L{qmq.core.channel.Channel}, opened at CONNECT: destinations, publish,
+L{qmq.stomp.destinations.DestinationChannel} (the core's channel with STOMP's
+destination names), opened at CONNECT: destinations, publish,
 subscribe, ack. The session itself owns only STOMP: frames, headers,
 versions, heart-beats, transactions, receipts and errors.
 
