@@ -486,3 +486,42 @@ class ExchangeBindingTests(StructuralTestCase):
             sorted(t.name for t in targets), ["qx", "qy"]
         )
         self.assertFalse([t for t in targets if isinstance(t, Exchange)])
+
+
+class PermissionTests(StructuralTestCase):
+    """With a user, publish checks the write permission once per name (and
+    again after the user changes); consume and get check read."""
+
+    class User:
+        name = "bob"
+
+        def __init__(self, allowed: set[tuple[str, str]]) -> None:
+            self.allowed = allowed
+            self.asked: list[tuple[str, str]] = []
+
+        def can(self, operation: str, vhost: str, resource: str, text: str) -> bool:
+            self.asked.append((operation, resource))
+            return (operation, resource) in self.allowed
+
+    def test_publish_checked_once(self) -> None:
+        user = self.User({("write", "amq.fanout")})
+        channel = Channel(self.broker, self.vhost, "bob", user=user)
+        self.addCleanup(channel.close)
+        for _ in range(3):
+            self.pub("amq.fanout", "k", channel=channel)
+        self.assertEqual(user.asked, [("write", "amq.fanout")])
+        self.assertRaises(AccessRefused, self.pub, "amq.topic", "k", channel=channel)
+        self.assertRaises(AccessRefused, self.pub, "amq.topic", "k", channel=channel)
+        self.assertEqual(user.asked.count(("write", "amq.topic")), 2)  # refusals are not kept
+        narrower = self.User(set())
+        channel.set_user(narrower)
+        self.assertRaises(AccessRefused, self.pub, "amq.fanout", "k", channel=channel)
+
+    def test_read(self) -> None:
+        self.channel.declare_queue("q", durable=False)
+        user = self.User(set())
+        channel = Channel(self.broker, self.vhost, "bob", user=user)
+        self.addCleanup(channel.close)
+        self.assertRaises(AccessRefused, channel.consume, self.consumer(channel), "q")
+        self.assertRaises(AccessRefused, channel.get, "q")
+        self.assertRaises(AccessRefused, channel.consume, self.consumer(channel), exchange="amq.topic")

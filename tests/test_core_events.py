@@ -163,3 +163,25 @@ class EventsTests(SynchronousTestCase):
         self.assertIs(self.vhost.queues["q"], queue)
         self.assertEqual(self.seen.events, [("queue+", "q")])
         self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+
+
+class BrokerObserveTests(SynchronousTestCase):
+    def test_every_vhost(self) -> None:
+        """An observer on the broker hears every virtual host, those made
+        later too, until it stops."""
+        broker = Broker(Clock())
+        seen: list[tuple[str, str]] = []
+
+        class Queues(Observer):
+            def queue_declared(self, vhost: str, queue: str) -> None:
+                seen.append((vhost, queue))
+
+        stop = broker.observe(Queues())
+        broker.default_vhost.declare_queue("a", durable=False)
+        later = broker.add_vhost("later")
+        later.declare_queue("b", durable=False)
+        stop()
+        later.declare_queue("c", durable=False)
+        self.assertEqual(seen, [("/", "a"), ("later", "b")])
+        self.assertIsNone(later.events)
+        self.assertIsNone(broker.default_vhost.events)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from qmq.core.alarm import trim_heap
 from qmq.core.batch import WriteBatcher
+from qmq.core.events import Observer
 from qmq.core.limits import LimitSettings
 from qmq.core.message import Message
 from qmq.core.store import MessageStore, NullStore, RecoveredQueue, collector_paused
@@ -92,6 +93,8 @@ class Broker:
         self.store: MessageStore = store if store is not None else NullStore()
         self._store_flush = _StoreFlush(self.store)
         self.vhosts: dict[str, VirtualHost] = {}
+        # Observers of every virtual host's events: [observer, replay, stops].
+        self._observers: list[list[Any]] = []
         self.default_vhost = self.add_vhost(DEFAULT_VHOST)
         self.batcher = WriteBatcher(clock)
         self.message_ids = itertools.count(1)
@@ -115,7 +118,27 @@ class Broker:
         vhost = self.vhosts.get(name)
         if vhost is None:
             vhost = self.vhosts[name] = VirtualHost(self, name)
+            for entry in self._observers:
+                entry[2].append(vhost.observe(entry[0], entry[1]))
         return vhost
+
+    def observe(self, observer: Observer, replay: bool = True) -> Callable[[], None]:
+        """Make C{observer} listen to the interest and topology events
+        (L{qmq.core.events}) of every virtual host, those made later too.
+
+        @return: the call that stops it listening everywhere.
+        """
+        entry: list[Any] = [observer, replay, [v.observe(observer, replay) for v in self.vhosts.values()]]
+        self._observers.append(entry)
+
+        def stop() -> None:
+            if entry in self._observers:
+                self._observers.remove(entry)
+            stops, entry[2] = entry[2], []
+            for each in stops:
+                each()
+
+        return stop
 
     def vhost(self, name: str | None) -> VirtualHost | None:
         """The virtual host called C{name}, or None."""

@@ -71,6 +71,9 @@ if TYPE_CHECKING:
 #: name, routing key, the object whose C{deleted} flag invalidates it).
 SendTarget = tuple[Any, Any, Any, str, Any]
 
+#: Most names L{Channel.publish} remembers as writable (then it forgets all).
+_WRITABLE_CACHE_SIZE = 1000
+
 
 class Published(NamedTuple):
     """What L{Channel.publish} did.
@@ -254,6 +257,8 @@ class Channel:
         self._gated = False
         self._transport_paused = False
         self._getters: dict[Queue, _Getter] = {}
+        # Names L{publish} found writable under the current user.
+        self._writable: set[str] = set()
         self._ids = broker.message_ids
         self._seconds = broker.clock.seconds
         traffic = getattr(broker, "traffic", None)
@@ -265,6 +270,7 @@ class Channel:
         in again, with permissions changed since): the send targets resolved
         under the old permissions are forgotten (L{forget_targets})."""
         self.user = user
+        self._writable.clear()
         self.forget_targets()
 
     def forget_targets(self) -> None:
@@ -478,14 +484,14 @@ class Channel:
         vhost = self.vhost
         if exchange:
             ex = vhost.exchange(exchange)
-            if self.user is not None:
-                self._authorize("write", exchange, exchange)
+            if self.user is not None and exchange not in self._writable:
+                self._may_write(exchange)
             targets = ex.route(routing_key, message.headers)
             if ex.e2e:
                 targets = vhost.expand(ex, targets, routing_key, message.headers)
         else:
-            if self.user is not None:
-                self._authorize("write", routing_key, routing_key)
+            if self.user is not None and routing_key not in self._writable:
+                self._may_write(routing_key)
             queue = vhost.queues.get(routing_key)
             targets = (queue,) if queue is not None else ()
         if not targets and mandatory:
@@ -494,6 +500,15 @@ class Channel:
         if not targets:
             return Published(0, None)
         return Published(len(targets), vhost.publish_to(targets, message))
+
+    def _may_write(self, resource: str) -> None:
+        """Check the write permission on C{resource} once per channel (and
+        permissions): L{publish} is per message, the check is not."""
+        self._authorize("write", resource, resource)
+        writable = self._writable
+        if len(writable) >= _WRITABLE_CACHE_SIZE:
+            writable.clear()
+        writable.add(resource)
 
     def publish_target(self, target: SendTarget, message: Message) -> Any:
         """Route C{message} to a resolved C{target}'s queues, atomically (the

@@ -18,6 +18,9 @@ Two kinds of events, per virtual host:
     interest, ActiveMQ's conduit subscriptions).
   - B{topology}: a queue or an exchange is declared or deleted.
 
+Observers subscribe with C{VirtualHost.observe} (one virtual host) or
+C{Broker.observe} (every virtual host, those made later too).
+
 The flow: L{qmq.core.vhost.VirtualHost} calls its L{Events} (attribute
 C{events}) at each change; L{Events} keeps the count of bindings per
 (exchange, key) and calls every L{Observer}. While nobody listens the
