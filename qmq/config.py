@@ -83,9 +83,11 @@ from qmq.auth.settings import (
     TokenSettings,
     UserSettings,
 )
+from qmq.cluster.settings import ClusterSettings
 from qmq.connections import ConnectionSettings
 from qmq.core.errors import PreconditionFailed
 from qmq.core.limits import LimitSettings
+from qmq.core.names import problem as name_problem
 from qmq.core.queue import FSYNC_POLICIES, QUEUE_ARGUMENTS, QueueArgument, argument_name
 from qmq.stomp.settings import StompSettings
 from qmq.store.settings import CommitLogSettings
@@ -134,6 +136,7 @@ SECTIONS: dict[str, type] = {
     "sockjs": SockJSSettings,
     "http_api": ApiSettings,
     "auth": AuthSettings,
+    "cluster": ClusterSettings,
 }
 
 #: The queue arguments of a queue created on demand (a client names a queue
@@ -345,7 +348,7 @@ class _Invalid(Exception):
         self.problem = problem
 
 
-_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+\Z")  # \Z: "$" would let a trailing line break pass
 
 
 def _join(prefix: str, name: str | int) -> str:
@@ -673,6 +676,16 @@ _BINDING_SCHEMA: _Schema = {
 _BINDING_REQUIRED = {"queue": "a non-empty string", "exchange": "a string"}
 
 
+#: Keys that were removed, with what replaced them: an old configuration
+#: setting one is told so in its error.
+_REMOVED = {
+    "http_api.max_delay": "delays are bounded by the core for every protocol (docs/stomp.rst, "
+    "Delivery options); remove the key",
+    "http_api.max_delayed": "delayed messages wait in their queues (durably, under the memory "
+    "alarm), as STOMP's always did; remove the key",
+}
+
+
 def _table(
     value: object, key: str, schema: _Schema, required: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
@@ -686,6 +699,8 @@ def _table(
             known = ", ".join(sorted(schema))
             close = difflib.get_close_matches(name, schema, n=1)
             hint = f"; did you mean {json.dumps(close[0])}?" if close else ""
+            if item_key in _REMOVED:
+                hint = f"; removed: {_REMOVED[item_key]}"
             raise _Invalid(item_key, f"unknown key (expected one of: {known}){hint}")
         result[name] = schema[name](item, item_key)
     for name, expected in (required or {}).items():
@@ -789,6 +804,7 @@ _TOKEN_SCHEMA: _Schema = {
     "issuer": _string,
     "leeway": _number(minimum=0),
     "max_lifetime": _number(minimum=0),
+    "speak_for": lambda value, key: _string_list(value, key),
     **_PERMISSION_SCHEMA,
 }
 
@@ -881,6 +897,9 @@ def _vhosts(value: object, key: str) -> dict[str, dict[str, Any]]:
         vhost_key = _join(key, name)
         if not name:
             raise _Invalid(vhost_key, "a virtual host needs a non-empty name")
+        reason = name_problem("virtual host name", name)
+        if reason is not None:
+            raise _Invalid(vhost_key, reason)
         result[name] = _table(vhost, vhost_key, _VHOST_SCHEMA)
     return result
 

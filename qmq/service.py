@@ -75,6 +75,7 @@ from __future__ import annotations
 import gc
 import ipaddress
 import json
+import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -88,10 +89,11 @@ from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from qmq.cluster.settings import node_id
 from qmq.config import ConfigError, Settings
 from qmq.connections import ConnectionRegistry
 from qmq.core import alarm as _alarm
-from qmq.core.alarm import MemoryAlarm, parse_memory_mark, total_memory
+from qmq.core.alarm import DiskAlarm, MemoryAlarm, parse_memory_mark, total_memory
 from qmq.core.broker import Broker
 from qmq.core.errors import BrokerError
 from qmq.core.limits import LimitSettings
@@ -253,6 +255,25 @@ def build_memory_alarm(
     return MemoryAlarm(
         clock, high, read_rss=read_rss if read_rss is not None else _alarm.current_rss
     )
+
+
+def build_disk_alarm(
+    limits: LimitSettings, store: Any, clock: Any, statvfs: Callable[[str], Any] | None = None
+) -> DiskAlarm | None:
+    """
+    Build the disk free-space alarm for a store that keeps files (one with
+    a C{directory}: the commit log), from C{limits.disk_free_limit}; None
+    for a store that keeps nothing on disk or a limit of 0.
+
+    @param statvfs: how the filesystem is sampled; C{os.statvfs} if None.
+    @return: the alarm, not started, or None.
+    """
+    directory = getattr(store, "directory", None)
+    if directory is None:
+        return None
+    kwargs = {"statvfs": statvfs} if statvfs is not None else {}
+    alarm = DiskAlarm(clock, str(directory), limits.disk_free_limit, **kwargs)
+    return alarm if alarm.enabled else None
 
 
 def build_authenticator(settings: Settings, clock: Any) -> Any:
@@ -439,6 +460,8 @@ class BrokerService(MultiService):
     @ivar connections: the registry every listener's connections are in.
     @ivar memory_alarm: the memory alarm started and stopped with the
         service (possibly disabled), or None.
+    @ivar disk_alarm: the disk free-space alarm started and stopped with
+        the service, or None.
     """
 
     def __init__(
@@ -448,6 +471,7 @@ class BrokerService(MultiService):
         clock: Any,
         connections: ConnectionRegistry | None = None,
         memory_alarm: MemoryAlarm | None = None,
+        disk_alarm: DiskAlarm | None = None,
     ) -> None:
         super().__init__()
         self.broker = broker
@@ -459,6 +483,7 @@ class BrokerService(MultiService):
             else ConnectionRegistry(settings.connections, clock)
         )
         self.memory_alarm = memory_alarm
+        self.disk_alarm = disk_alarm
         self.listeners: list[Listener] = []
         self._prepared = False
 
@@ -490,6 +515,8 @@ class BrokerService(MultiService):
         super().startService()
         if self.memory_alarm is not None:
             self.memory_alarm.start()
+        if self.disk_alarm is not None:
+            self.disk_alarm.start()
 
     def _prepare(self) -> None:
         if self._prepared:
@@ -531,6 +558,8 @@ class BrokerService(MultiService):
             log.failure("while closing connections")
         if self.memory_alarm is not None:
             self.memory_alarm.stop()
+        if self.disk_alarm is not None:
+            self.disk_alarm.stop()
         try:
             yield defer.maybeDeferred(self.broker.close)
         except Exception as e:
@@ -542,6 +571,29 @@ class BrokerService(MultiService):
                 error=str(e) or type(e).__name__,
             )
         log.info("QMQ stopped")
+
+
+def _node(settings: Settings) -> str:
+    """
+    This node's id (L{qmq.cluster.settings.node_id}): C{[cluster] node}, or
+    the one kept in the data directory (made there on the first start).
+
+    A data directory that cannot be made is reported when the service
+    starts (L{BrokerService}): until then a random id stands in.
+
+    @raise ConfigError: the data directory's C{node-id} file is not one.
+    """
+    try:
+        return node_id(settings.section("cluster"), Path(settings.data_dir))
+    except ValueError as e:
+        raise ConfigError("", "data_dir", str(e)) from None
+    except OSError as e:
+        log.warn(
+            "QMQ cannot keep a node id in {data_dir}: {error}",
+            data_dir=str(settings.data_dir),
+            error=e.strerror or str(e),
+        )
+        return f"qmq-{secrets.token_hex(4)}"
 
 
 def _declare(broker: Broker, settings: Settings) -> None:
@@ -647,9 +699,11 @@ def _recover(broker: Broker, settings: Settings) -> bool:
         store=settings.store,
     )
     log.info(
-        "QMQ recovery took {seconds:.3f} s ({cpu:.3f} s of CPU)",
+        "QMQ recovery took {seconds:.3f} s ({cpu:.3f} s of CPU); {listeners} listener(s) "
+        "bind next",
         seconds=time.monotonic() - started,
         cpu=time.process_time() - cpu,
+        listeners=len(settings.listen),
     )
     return True
 
@@ -687,7 +741,8 @@ def make_service(settings: Settings, reactor: Any = None) -> BrokerService:
             endpoints.append(serverFromString(reactor, description))
         except Exception as e:
             raise ConfigError(source, key, f"cannot use endpoint {description!r}: {e}") from None
-    broker = Broker(clock=reactor, store=build_store(settings, reactor), limits=settings.limits)
+    store = build_store(settings, reactor)
+    broker = Broker(clock=reactor, store=store, limits=settings.limits, node=_node(settings))
     try:
         # A durable declaration may be the store's first use, which reads
         # what it kept: its errors can come from either step.
@@ -700,7 +755,9 @@ def make_service(settings: Settings, reactor: Any = None) -> BrokerService:
     alarm = build_memory_alarm(settings.limits, reactor)
     broker.memory_alarm = alarm if alarm.enabled else None
     broker.auth = build_authenticator(settings, reactor)
-    service = BrokerService(broker, settings, reactor, memory_alarm=alarm)
+    disk_alarm = build_disk_alarm(settings.limits, broker.store, reactor)
+    broker.disk_alarm = disk_alarm
+    service = BrokerService(broker, settings, reactor, memory_alarm=alarm, disk_alarm=disk_alarm)
     names: set[str] = set()
     exposure: list[tuple[str, Any, str, str]] = []
     for index, (spec, endpoint) in enumerate(zip(settings.listen, endpoints, strict=True)):

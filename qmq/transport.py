@@ -17,6 +17,9 @@ talks to an L{ITransport}:
     between frames); a transport that cannot negotiates C{0,0}.
   - C{peer}: the peer's address for logs; C{identity}: the verified TLS
     client identity (L{qmq.tls.PeerIdentity}) or None.
+  - C{text_only} (optional; false when absent): the transport carries text
+    only (SockJS), so MESSAGE bodies must be UTF-8
+    (L{qmq.stomp.subscription.TextSubscription}).
 
 The transport, in turn, calls the session: the frames (or bytes) it
 received, C{pause()}/C{resume()} when its write buffer fills and drains, and

@@ -39,6 +39,17 @@ And one check at start-up, not a hot path:
     endpoint without the field counts as listening everywhere (the safe
     answer).
 
+And one read of a request's head, not a hot path:
+
+  - L{request_line}: the method and path of an HTTP request whose head is
+    in but whose body is not. C{twisted.web} sets C{Request.method} and
+    C{Request.path} only once the body is complete; until then the channel
+    keeps them as C{_command} and C{_path} (L{REQUEST_LINE_FIELDS}). The
+    site reads them to refuse a publish before its body while every
+    publisher is held back (the memory alarm); without them it reads the
+    body and the API refuses the publish then (the same answer, later).
+    Pinned by C{tests/test_web_admission.py}.
+
 Nothing else in QMQ may touch a private attribute of Twisted or autobahn
 (tests/test_twisted_internals.py greps the frontends for it); a new trick
 of this kind goes here, with its check, its fallback and its test.
@@ -56,12 +67,14 @@ from twisted.protocols.tls import TLSMemoryBIOProtocol
 
 __all__ = [
     "AUTOBAHN_FEED",
+    "REQUEST_LINE_FIELDS",
     "TCP_BUFFER_FIELDS",
     "direct_writer",
     "endpoint_interface",
     "hold_batches_per_read",
     "no_delay_once",
     "request_disconnected",
+    "request_line",
     "websocket_feed",
 ]
 
@@ -69,6 +82,9 @@ log = Logger()
 
 #: The private fields of C{tcp.Server} that L{direct_writer} reads.
 TCP_BUFFER_FIELDS = ("_tempDataLen", "dataBuffer", "offset")
+
+#: The private fields of C{twisted.web.http.HTTPChannel} that L{request_line} reads.
+REQUEST_LINE_FIELDS = ("_command", "_path")
 
 _warned: set[str] = set()
 
@@ -240,3 +256,20 @@ def no_delay_once(channel: Any) -> None:
         channel.transport.setTcpNoDelay(True)
     except Exception:  # noqa: S110 - not TCP (unix socket, a test transport)
         pass
+
+
+def request_line(request: Any) -> tuple[bytes, bytes] | None:
+    """The method and path of C{request} once its head is in, before its
+    body is (see the module docstring).
+
+    @return: C{(method, path)}, or None where Twisted keeps them no more
+        (logged once).
+    """
+    channel = getattr(request, "channel", None)
+    command = getattr(channel, "_command", None)
+    path = getattr(channel, "_path", None)
+    if command.__class__ is bytes and path.__class__ is bytes:
+        return command, path  # type: ignore[return-value]
+    if channel is not None:
+        _warn_once("request_line", "HTTPChannel keeps no _command and _path")
+    return None

@@ -31,8 +31,9 @@ class Exchange:
         headers: dict[str, str] | None = None,
         http: str = "1.1",
         identity: Any = None,
+        peer_host: str = "127.0.0.1",
     ) -> None:
-        addr = IPv4Address("TCP", "127.0.0.1", next(_ports))
+        addr = IPv4Address("TCP", peer_host, next(_ports))
         self.transport = StringTransport(peerAddress=addr)
         # What the HTTP listener's connection wrapper says of a TLS client.
         self.transport.identity = identity  # type: ignore[attr-defined]

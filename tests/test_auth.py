@@ -104,6 +104,44 @@ class PermissionTests(unittest.TestCase):
         self.assertFalse(p.allows("read", "orders2"))
         self.assertFalse(p.allows("delete", "orders"))
 
+    def test_dollar_is_the_end_of_the_name(self):
+        """C{^orders$} allows C{orders} and not C{"orders\\n"} (Python's C{$}
+        also matches before a final newline); a literal dollar stays one."""
+        p = Permission.of(configure="^orders$", write=r"^a\$b$|^[$]x$", read="^(in|out)$")
+        self.assertTrue(p.allows("configure", "orders"))
+        for name in ("orders\n", "orders\n\n", "orders\nx"):
+            self.assertFalse(p.allows("configure", name), repr(name))
+        self.assertTrue(p.allows("write", "a$b"))
+        self.assertTrue(p.allows("write", "$x"))
+        self.assertFalse(p.allows("write", "a$b\n"))
+        self.assertFalse(p.allows("write", "$x\n"))
+        self.assertTrue(p.allows("read", "out"))
+        self.assertFalse(p.allows("read", "out\n"))
+        # A token's narrowing over destination texts is anchored the same way.
+        user = User("t", permissions={"app": Permission.of(".*", ".*", ".*")},
+                    destinations=Permission.of(read="^/topic/chat$"))
+        self.assertTrue(user.can("read", "app", "amq.topic", "/topic/chat"))
+        self.assertFalse(user.can("read", "app", "amq.topic", "/topic/chat\n"))
+
+    def test_end_anchored(self):
+        from qmq.auth.permissions import end_anchored
+
+        cases = {
+            "^a$": "^a\\Z",
+            "a": "a",
+            r"a\$": r"a\$",
+            "[$]$": "[$]\\Z",
+            "[]$]$": "[]$]\\Z",
+            "[^]$]$": "[^]$]\\Z",
+            "(a$|b$)": "(a\\Z|b\\Z)",
+            r"[\]$]$": r"[\]$]\Z",
+            # A verbose pattern's comment is not a class, whatever it holds.
+            "(?x) ^a$  # [a comment\n | ^b$": "(?x) ^a\\Z  # [a comment\n | ^b\\Z",
+        }
+        for pattern, expected in cases.items():
+            self.assertEqual(end_anchored(pattern), expected, pattern)
+            re.compile(end_anchored(pattern))
+
     def test_user_substitution_is_escaped(self):
         p = Permission.of(read=r"^user\.{user}\.", user="a.b")
         self.assertTrue(p.allows("read", "user.a.b.inbox"))
@@ -177,6 +215,55 @@ class ThrottleTests(unittest.TestCase):
         self.assertEqual(len(self.throttle), 3)
         self.assertEqual(self.throttle.failures("10.0.0.9"), 1)
         self.assertEqual(self.throttle.failures("10.0.0.0"), 0)
+        self.assertEqual(self.throttle.address_failures("10.0.0.0"), 0)
+        for i in range(10):
+            self.throttle.failed("10.0.0.9", f"user{i}")
+        self.assertEqual(len(self.throttle), 3)
+
+    def test_keyed_on_address_and_user(self):
+        """One user's failures do not slow another user behind the same
+        address (a NAT)."""
+        self.throttle.failed("a", "alice")
+        self.throttle.failed("a", "alice")
+        self.assertEqual(self.throttle.wait("a", "bob"), 0.0)
+        self.assertEqual(self.throttle.wait("b", "alice"), 0.0)
+        self.assertEqual(self.throttle.wait("a", "alice"), 2.0)
+        self.assertEqual(self.throttle.failures("a", "alice"), 2)
+        self.assertEqual(self.throttle.address_failures("a"), 2)
+
+    def test_success_forgets_the_pair(self):
+        self.throttle.failed("a", "alice")
+        self.throttle.failed("a", "alice")
+        self.clock.advance(2)
+        self.assertEqual(self.throttle.wait("a", "alice"), 0.0)
+        self.throttle.succeeded("a", "alice")
+        self.assertEqual(self.throttle.failures("a", "alice"), 0)
+        self.assertEqual([self.throttle.wait("a", "alice") for _ in range(3)], [0.0, 0.0, 0.0])
+        # The next failure starts over at the first delay.
+        self.assertEqual(self.throttle.failed("a", "alice"), 1.0)
+
+    def test_spraying_slows_the_address(self):
+        """Past the address threshold, failures over many user names slow
+        every attempt from the address, and a success does not reset it."""
+        throttle = LoginThrottle(self.clock, delay=1.0, max_delay=8.0, window=60.0, address_threshold=3)
+        delays = [throttle.failed("a", f"user{i}") for i in range(6)]
+        # Each name's first failure: 1 s; from the fourth on, the address's
+        # own delay (1, 2, 4 s beyond the threshold) is larger.
+        self.assertEqual(delays, [1.0, 1.0, 1.0, 1.0, 2.0, 4.0])
+        self.assertEqual(throttle.wait("a", "someone-else"), 4.0)
+        self.assertEqual(throttle.wait("a", "someone-else"), 8.0)
+        throttle.succeeded("a", "someone-else")
+        self.assertEqual(throttle.wait("a", "user0"), 12.0)
+        # A name that logged in from the address passes the address's
+        # count (not its own failures); the count stays for the others.
+        self.assertEqual(throttle.wait("a", "someone-else"), 0.0)
+        self.assertEqual(throttle.address_failures("a"), 6)
+        self.assertEqual(throttle.wait("a", "user9"), 16.0)
+        # Another address is not slowed; the window forgets the address.
+        self.assertEqual(throttle.wait("b", "user0"), 0.0)
+        self.clock.advance(61)
+        self.assertEqual(throttle.address_failures("a"), 0)
+        self.assertEqual(throttle.wait("a", "user9"), 0.0)
 
 
 def token(claims: dict, key=SECRET, algorithm="HS256", headers=None) -> str:
@@ -227,6 +314,25 @@ class TokenTests(unittest.TestCase):
         self.assertRaises(InvalidToken, self.verifier.verify, token({"sub": "u", "exp": NOW + 7200}))
         t = token({"sub": "u", "exp": NOW + 7200, "iat": NOW - 7200 + 10})
         self.assertRaises(InvalidToken, self.verifier.verify, t)
+
+    def test_lifetime_from_now_not_from_a_future_iat(self):
+        """An C{iat} in the future cannot make a long-lived token look short:
+        C{max_lifetime} (an hour here) counts from now, and an C{iat} past
+        now + leeway is refused."""
+        for iat in (NOW + 7000, NOW + 1):
+            t = token({"sub": "u", "exp": NOW + 7200, "iat": iat})
+            with self.assertRaises(InvalidToken) as caught:
+                self.verifier.verify(t)
+            self.assertNotIsInstance(caught.exception, TokenExpired)
+        # Issued in the future but within the leeway, and living at most an
+        # hour from now: accepted.
+        lenient = TokenVerifier(replace(self.settings, leeway=5), self.clock)
+        self.assertEqual(lenient.verify(token({"sub": "u", "exp": NOW + 3600, "iat": NOW + 5}))["sub"], "u")
+        self.assertRaises(InvalidToken, lenient.verify, token({"sub": "u", "exp": NOW + 3600, "iat": NOW + 6}))
+        self.assertRaises(InvalidToken, lenient.verify, token({"sub": "u", "exp": NOW + 3601, "iat": NOW}))
+        # An hour exactly, from now: accepted.
+        self.verifier.verify(token({"sub": "u", "exp": NOW + 3600, "iat": NOW}))
+        self.verifier.verify(token({"sub": "u", "exp": NOW + 3600}))
 
     def test_audience_and_issuer(self):
         verifier = TokenVerifier(replace(self.settings, audience="qmq", issuer="app"), self.clock)
@@ -328,6 +434,42 @@ class AuthenticatorTests(unittest.TestCase):
         self.assertEqual({(e.short, e.message) for e in results}, {(results[0].short, results[0].message)})
         self.assertEqual(results[0].short, "access refused")
 
+    def test_unknown_user_costs_what_the_costliest_user_does(self):
+        """The dummy hash an unknown user is checked against has the
+        parameters of the costliest hash in use, including one set at run
+        time (the HTTP users API hashes at the default cost, costlier than
+        the configured ones): a wrong password and an unknown user then
+        cost the same scrypt work."""
+        checked = []
+
+        def record(f, password, hashed):
+            checked.append(hashed)
+            return defer.succeed(False)
+
+        self.auth.passwords._run = record
+
+        def cost_of(credentials, address):
+            del checked[:]
+            d = self.login("app", credentials, address)
+            self.settle(d)
+            self.failureResultOf(d, LoginFailed)
+            [hashed] = checked
+            return (hashed.ln, hashed.r, hashed.p, len(hashed.key))
+
+        alice = cost_of(UsernamePassword("alice", "wrong"), "198.51.100.1")
+        self.assertEqual(alice, (COST, 8, 1, 32))
+        self.assertEqual(cost_of(UsernamePassword("mallory", "x"), "198.51.100.2"), alice)
+        # A costlier user added at run time (as PUT /api/v1/users/NAME does).
+        self.auth.set_user("carol", "$scrypt$ln=15,r=8,p=1$" + "c2FsdHNhbHRzYWx0c2FsdA==$"
+                           "a2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2s=")
+        carol = cost_of(UsernamePassword("carol", "wrong"), "198.51.100.3")
+        self.assertEqual(carol, (15, 8, 1, 32))
+        self.assertEqual(cost_of(UsernamePassword("mallory", "x"), "198.51.100.4"), carol)
+        self.assertEqual(cost_of(UsernamePassword("anonymous", ""), "198.51.100.5"), carol)
+        # Gone again: the dummy follows the costliest hash left.
+        self.auth.delete_user("carol")
+        self.assertEqual(cost_of(UsernamePassword("mallory", "x"), "198.51.100.6"), alice)
+
     def settle(self, d, step=0.5, limit=1000):
         """Advance the clock until C{d} has a result; return the seconds it took."""
         done = []
@@ -347,20 +489,71 @@ class AuthenticatorTests(unittest.TestCase):
             self.failureResultOf(d, LoginFailed)
         # One connection trying again and again: each answer takes twice as long.
         self.assertEqual(delays, [1.0, 2.0, 4.0, 8.0])
-        # Two attempts at once from that address: the second waits for a slot.
-        first = self.login("app", UsernamePassword("alice", "wonderland"))
-        second = self.login("app", UsernamePassword("alice", "wonderland"))
-        self.assertEqual(self.successResultOf(first).name, "alice")
+        # Two guesses at once from that address: the second is not even
+        # checked before its slot (8 s), then answered 8 s later.
+        first = self.login("app", UsernamePassword("alice", "guess1"))
+        second = self.login("app", UsernamePassword("alice", "guess2"))
+        self.assertEqual(self.settle(first), 8.0)
+        self.failureResultOf(first, LoginFailed)
         self.assertNoResult(second)
         self.assertEqual(self.settle(second), 8.0)
-        self.assertEqual(self.successResultOf(second).name, "alice")
+        self.failureResultOf(second, LoginFailed)
         # Another address is not slowed.
         d = self.login("app", UsernamePassword("alice", "wonderland"), "203.0.113.9")
         self.assertEqual(self.successResultOf(d).name, "alice")
+        # The right password, once its slot has come, forgets alice's
+        # failures from this address.
+        d = self.login("app", UsernamePassword("alice", "wonderland"))
+        self.assertEqual(self.successResultOf(d).name, "alice")
+        self.assertEqual(self.auth.throttle.failures("192.0.2.1", "alice"), 0)
+        d = self.login("app", UsernamePassword("alice", "wonderland"))
+        self.assertEqual(self.successResultOf(d).name, "alice")
+
+    def test_success_is_not_slowed_by_earlier_failures(self):
+        """Two failures from an address, then right logins from it: none
+        waits (they waited 2 s each for the whole window), and other users
+        behind the same address never did."""
+        for _ in range(2):
+            d = self.login("app", UsernamePassword("alice", "nope"))
+            self.settle(d)
+            self.failureResultOf(d, LoginFailed)
+        d = self.login("app", UsernamePassword("bob", "builder"), "192.0.2.1")
+        self.failureResultOf(d, VhostRefused)  # right credentials, at once
+        for _ in range(3):
+            d = self.login("app", UsernamePassword("alice", "wonderland"))
+            self.assertEqual(self.successResultOf(d).name, "alice")
+
+    def test_spraying_from_one_address_is_slowed(self):
+        self.auth = self.make(settings=replace(self.settings, failure_address_threshold=2))
+        delays = []
+        for name in ("u1", "u2", "u3", "u4"):
+            d = self.login("app", UsernamePassword(name, "guess"))
+            delays.append(self.settle(d, step=0.25))
+            self.failureResultOf(d, LoginFailed)
+        self.assertEqual(delays, [1.0, 1.0, 1.0, 2.0])
+        # Attempts from that address, as any user, are spaced now: the
+        # second of two at once waits its turn (the address's 2 s).
+        first = self.login("app", UsernamePassword("alice", "wonderland"))
+        second = self.login("app", UsernamePassword("u5", "guess"))
+        self.assertEqual(self.successResultOf(first).name, "alice")
+        self.assertNoResult(second)
+        self.clock.advance(1.99)
+        self.assertNoResult(second)
+        self.settle(second)
+        self.failureResultOf(second, LoginFailed)
+        # alice's success did not clear the address's count, but alice,
+        # who logged in from there, is not held back by it any more.
+        self.assertEqual(self.auth.throttle.address_failures("192.0.2.1"), 5)
+        first = self.login("app", UsernamePassword("u6", "guess"))
+        second = self.login("app", UsernamePassword("alice", "wonderland"))
+        self.assertEqual(self.successResultOf(second).name, "alice")
+        self.assertNoResult(first)
+        self.settle(first)
+        self.failureResultOf(first, LoginFailed)
 
     def test_too_many_failures(self):
         for _ in range(4):
-            self.auth.throttle.failed("192.0.2.1")
+            self.auth.throttle.failed("192.0.2.1", "alice")
         attempts = [self.login("app", UsernamePassword("alice", "wonderland")) for _ in range(20)]
         refused = [d for d in attempts if d.called]
         waiting = [d for d in attempts if not d.called]

@@ -13,6 +13,7 @@ from twisted.trial import unittest
 
 from qmq import config
 from qmq.auth.settings import AuthSettings
+from qmq.cluster.settings import ClusterSettings
 from qmq.config import (
     BindingDeclaration,
     ConfigError,
@@ -118,6 +119,7 @@ class DefaultTests(unittest.TestCase):
                 "sockjs": SockJSSettings,
                 "http_api": ApiSettings,
                 "auth": AuthSettings,
+                "cluster": ClusterSettings,
             },
         )
         settings = config.load_string("[limits]\nmax_topic_words = 5\n")
@@ -128,7 +130,12 @@ class DefaultTests(unittest.TestCase):
         self.assertEqual(settings.limits.max_topic_words, 5)
         self.assertEqual(
             settings.other_sections,
-            {"web": WebSettings(), "sockjs": SockJSSettings(), "http_api": ApiSettings()},
+            {
+                "web": WebSettings(),
+                "sockjs": SockJSSettings(),
+                "http_api": ApiSettings(),
+                "cluster": ClusterSettings(),
+            },
         )
         self.assertIs(settings.section("web"), settings.other_sections["web"])
         self.assertRaises(KeyError, settings.section, "amqp")
@@ -462,19 +469,24 @@ class ErrorTests(unittest.TestCase):
         """
         self.check(
             'lisen = ["stomp:tcp:1"]',
-            "qmq.toml: lisen: unknown key (expected one of: auth, commit_log, connections, data_dir,"
+            "qmq.toml: lisen: unknown key (expected one of: auth, cluster, commit_log, connections, data_dir,"
             " http_api, limits, listen, shutdown_timeout, sockjs, stomp, store, users, vhosts, web);"
             " did you"
             ' mean "listen"?',
         )
         self.check(
             "[limits]\nmax_topic_word = 1",
-            "qmq.toml: limits.max_topic_word: unknown key (expected one of: max_routing_key_length,"
+            "qmq.toml: limits.max_topic_word: unknown key (expected one of: disk_free_limit, max_routing_key_length,"
             " max_topic_words, max_unfinished_bytes, memory_high_watermark);"
             ' did you mean "max_topic_words"?',
         )
         e = self.assertRaises(ConfigError, config.load_string, "[stomp]\nheartbeat = 1", "f")
         self.assertTrue(str(e).startswith("f: stomp.heartbeat: unknown key (expected one of: "))
+        # Removed keys say so, and what replaced them.
+        for key in ("max_delay", "max_delayed"):
+            e = self.assertRaises(ConfigError, config.load_string, f"[http_api]\n{key} = 1", "f")
+            self.assertIn(f"f: http_api.{key}: unknown key", str(e))
+            self.assertIn("; removed: ", str(e))
         self.check(
             '[[vhosts."/".queues]]\nname = "q"\ndurabel = true',
             'qmq.toml: vhosts."/".queues[0].durabel: unknown key (expected one of: arguments,'
@@ -548,6 +560,12 @@ class ErrorTests(unittest.TestCase):
         mark = 'expected a fraction of memory (0 < f <= 1), a size such as "512MiB", or 0, got true'
         cases = {
             "memory_high_watermark": ("true", mark),
+            "disk_free_limit": (
+                '"lots"',
+                "disk free limit 'lots': expected a size (bytes as an integer, or a string like "
+                "'50MB', '1GiB'), a fraction of the filesystem's size (0 < f < 1, like 0.05, or a "
+                "string like '5%'), or 0 / 'off' to disable",
+            ),
             "max_topic_words": ("0", "expected an integer >= 1, got 0"),
             "max_routing_key_length": ("0", "expected an integer >= 1, got 0"),
             "max_unfinished_bytes": ("-1", "expected an integer >= 0, got -1"),

@@ -133,6 +133,12 @@ class FakeAlarm:
         self.rss = rss
         self.high = high
 
+    def subscribe(self, callback: Any) -> None:
+        pass
+
+    def unsubscribe(self, callback: Any) -> None:
+        pass
+
 
 class CountingQueue(Queue):
     """A queue that counts the acks it is given."""

@@ -13,8 +13,8 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from qmq.core.broker import Broker
-from qmq.core.errors import PreconditionFailed
 from qmq.core.expiry import ExpiryWheel
+from qmq.core.names import InvalidName
 from qmq.stomp.destinations import DestinationChannel as Channel
 from tests.test_core_channel import Recorder
 
@@ -186,7 +186,7 @@ class QueueNameTests(SynchronousTestCase):
     def test_name_length(self) -> None:
         """Names up to 255 characters; a longer one is refused, naming the limit."""
         self.vhost.declare_queue("q" * 255)
-        e = self.assertRaises(PreconditionFailed, self.vhost.declare_queue, "q" * 256)
+        e = self.assertRaises(InvalidName, self.vhost.declare_queue, "q" * 256)
         self.assertIn("the limit is 255", e.message)
         self.assertNotIn("q" * 256, self.vhost.queues)
 

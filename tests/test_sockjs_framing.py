@@ -104,7 +104,7 @@ class WrappingTests(SynchronousTestCase):
         self.assertIn(b"var c = parent.cb;", prelude)
 
     def test_jsonp(self) -> None:
-        self.assertEqual(TRANSPORTS["jsonp"].wrap("o", "callback"), b'callback("o");\r\n')
+        self.assertEqual(TRANSPORTS["jsonp"].wrap("o", "callback"), b'/**/callback("o");\r\n')
 
     def test_callback_names(self) -> None:
         for name in ("callback", "a.b_c", "_jp.a1[0]"):

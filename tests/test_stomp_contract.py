@@ -361,7 +361,7 @@ class MemoryAlarmTests(ContractTestCase):
         s, t = self.session()
         consumer, ct = self.session()
         self.send(consumer, frame("SUBSCRIBE", destination="/queue/q", id="s"))
-        self.alarm.active = True
+        self.alarm.set(True)
         self.send(s, frame("SEND", b"x", destination="/queue/q"))
         self.assertFalse(t.reading)
         # The frame that was read is published and delivered all the same.
@@ -371,11 +371,13 @@ class MemoryAlarmTests(ContractTestCase):
         self.assertIsNone(t.closed)
         self.alarm.set(False)
         self.assertTrue(t.reading)
-        self.assertEqual(self.alarm.callbacks, [])
+        # Only admission listens to the alarm, and nobody to admission.
+        self.assertEqual(len(self.alarm.callbacks), 1)
+        self.assertEqual(self.broker.admission.listeners, 0)
 
     def test_consumer_not_blocked(self) -> None:
         s, t = self.session()
-        self.alarm.active = True
+        self.alarm.set(True)
         self.send(s, frame("SUBSCRIBE", destination="/queue/q", id="s"))
         self.assertTrue(t.reading)
 
@@ -383,7 +385,7 @@ class MemoryAlarmTests(ContractTestCase):
         """A monitor asking /control/memory during the alarm is answered and
         still read: a control query publishes nothing."""
         s, t = self.session()
-        self.alarm.active = True
+        self.alarm.set(True)
         self.send(s, frame("SEND", destination="/control/memory", receipt="m"))
         self.assertTrue(t.reading)
         [receipt] = t.frames()
@@ -561,7 +563,7 @@ class ReaderTurnBudgetTests(ContractTestCase):
         reader = StompReader(s)
         reader.heavy = True
         reader.data_received(self.sends(0, 200))
-        alarm.active = True
+        alarm.set(True)
         for _ in range(20):
             self.turn()
         self.assertEqual(len(self.vhost.queues["q"]), 200)

@@ -1424,24 +1424,30 @@ class FrameSlotsTests(SynchronousTestCase):
 
 class RelayBlockTests(SynchronousTestCase):
     """A SEND's raw header lines relayed on MESSAGE frames, less the lines
-    that describe the SEND itself."""
+    that describe the SEND itself, its destination (the derived one goes
+    first) and its timing options (the model's expiry is added per
+    message)."""
 
     def test_frame_lines_stripped(self) -> None:
         from qmq.stomp.encoding import relay_block
 
         raw = (
             b"\nreceipt:1\ndestination:/queue/a\nreceipt:2\ntransaction:t\n"
-            b"content-length:5\nreceipt-note:kept\nx:receipt:no\n"
+            b"content-length:5\nreceipt-note:kept\nttl:5\nexpires:9\ndelay:1\ndeliver-at:3\n"
+            b"ack-timeout:2\npriority:4\nx:receipt:no\n"
         )
-        # x:receipt:no has a colon in its value: encoded properly instead.
-        self.assertIsInstance(relay_block(raw.replace(b"x:receipt:no\n", b""), None, None), bytes)
+        line = b"\ndestination:/queue/b"
+        # x:receipt:no has a colon in its value: encoded from the model instead.
+        self.assertIsNone(relay_block(raw, line))
         self.assertEqual(
-            relay_block(raw.replace(b"x:receipt:no\n", b""), None, None),
-            b"\ndestination:/queue/a\nreceipt-note:kept\n",
+            relay_block(raw.replace(b"x:receipt:no\n", b""), line),
+            b"\ndestination:/queue/b\nreceipt-note:kept\npriority:4\n",
         )
+        # No destination line (it would need escaping): not relayed.
+        self.assertIsNone(relay_block(b"\ndestination:/queue/a\n", None))
 
     def test_nothing_to_strip(self) -> None:
         from qmq.stomp.encoding import relay_block
 
-        raw = b"\ndestination:/queue/a\npersistent:true\n"
-        self.assertEqual(relay_block(raw, None, None), raw)
+        raw = b"\npersistent:true\n"
+        self.assertEqual(relay_block(raw, b"\ndestination:/queue/a"), b"\ndestination:/queue/a" + raw)

@@ -825,26 +825,28 @@ class SendSubscribeTests(SessionTestCase):
         self.assertEqual(m.headers["persistent"], "true")
 
     def test_repeated_headers_shared(self) -> None:
-        """Messages a producer sends with the same headers share one dict
-        (receipts apart); others keep their own, and every message is
-        delivered with its own headers."""
+        """Messages a producer sends with the same headers share one dict of
+        application headers and one of properties (receipts apart); others
+        keep their own, and every message is delivered with its own
+        headers. The destination and the options are not application
+        headers (the model keeps them apart)."""
         c = self.client()
-        c.publish("/queue/q", b"1", persistent="true", receipt="a")
-        c.publish("/queue/q", b"2", persistent="true", receipt="b")
+        c.publish("/queue/q", b"1", persistent="true", receipt="a", app="y", **{"content-type": "t/p"})
+        c.publish("/queue/q", b"2", persistent="true", receipt="b", app="y", **{"content-type": "t/p"})
         c.publish("/queue/q", b"3", persistent="true", app="x")
         c.publish("/queue/q", b"4", persistent="true")
         c.publish("/queue/q", b"5")
         self.assertEqual([f.headers["receipt-id"] for f in c.read()], ["a", "b"])
         m1, m2, m3, m4, m5 = self.vhost.queue("q").messages()
-        self.assertEqual(m1.headers, {"destination": "/queue/q", "persistent": "true"})
+        self.assertEqual((m1.headers, m1.properties), ({"app": "y"}, {"content_type": "t/p"}))
         self.assertIs(m1.headers, m2.headers)
-        self.assertEqual(m3.headers, {"destination": "/queue/q", "persistent": "true", "app": "x"})
-        self.assertEqual(m4.headers, m1.headers)
-        self.assertIsNone(m5.headers)
+        self.assertIs(m1.properties, m2.properties)
+        self.assertEqual((m3.headers, m3.properties), ({"app": "x"}, None))
+        self.assertEqual([(m.headers, m.persistent) for m in (m4, m5)], [(None, True), (None, False)])
         c.subscribe("/queue/q")
         self.assertEqual(
             [(m.body, m.headers.get("app"), m.headers.get("persistent")) for m in c.messages()],
-            [(b"1", None, "true"), (b"2", None, "true"), (b"3", "x", "true"),
+            [(b"1", "y", "true"), (b"2", "y", "true"), (b"3", "x", "true"),
              (b"4", None, "true"), (b"5", None, None)],
         )
 

@@ -24,7 +24,7 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from qmq.core.broker import Broker
 from qmq.core.consumer import Consumer
-from qmq.core.message import Message
+from qmq.core.message import PROPERTY_NAMES, Message
 from qmq.core.queue import Queue
 from qmq.stomp.frame import Frame
 from qmq.stomp.session import StompSession
@@ -140,9 +140,11 @@ class StoreTestCase(SynchronousTestCase):
         self.clock.advance(0)
 
     def send(
-        self, queue: str, body: bytes, headers: dict | None = None, exchange: str = ""
+        self, queue: str, body: bytes, headers: dict | None = None, exchange: str = "",
+        properties: dict | None = None,
     ) -> Message:
         m = self.broker.new_message(exchange, queue, headers, body, persistent=True)
+        m.properties = properties
         self.vhost.publish(m)
         return m
 
@@ -250,40 +252,70 @@ class RoundTripTests(StoreTestCase):
             [repr(m.headers) for m in self.vhost.queue("q").messages()], [repr(h) for h in heads]
         )
 
-    def test_recovered_headers_shared(self) -> None:
-        """Recovered messages with the same headers share one dict, and a
-        destination header that the frontends would derive from the
-        exchange and routing key is left out of it: both frontends show
-        the same destination and headers as before the restart. A queue's
-        name and its messages' routing key are one string."""
+    def test_recovered_model_shared(self) -> None:
+        """Recovered messages with the same headers share one dict (and the
+        same properties one dict), and come back as the model they were:
+        what both frontends show is what they showed before the restart. A
+        queue's name and its messages' routing key are one string."""
         from qmq.stomp.encoding import encode_message_headers  # noqa: PLC0415
-        from qmq.web.api.codec import _app_headers, message_destination  # noqa: PLC0415
+        from qmq.web.api.codec import json_delivery  # noqa: PLC0415
 
         for name in ("a", "b", "c", "d"):
             self.vhost.declare_queue(name)
         for name in ("a", "b", "c"):
-            self.send(name, b"x", {"destination": "/queue/" + name, "persistent": "true"})
-        self.send("d", b"y", {"persistent": "true", "destination": "/queue/elsewhere"})
-        self.send("d", b"z", {"destination": "/queue/d"})
+            self.send(name, b"x", {"k": "v"}, properties={"content_type": "text/plain"})
+        self.send("d", b"z")
         self.turn()
+        before = [json_delivery(m, None, None, False) for m in self.vhost.queue("a").messages()]
         self.restart()
         got = [self.vhost.queue(name).messages() for name in ("a", "b", "c")]
         (a,), (b,), (c,) = got
-        self.assertEqual(a.headers, {"persistent": "true"})
+        self.assertEqual((a.headers, a.properties), ({"k": "v"}, {"content_type": "text/plain"}))
         self.assertIs(a.headers, b.headers)
         self.assertIs(b.headers, c.headers)
+        self.assertIs(a.properties, c.properties)
+        self.assertEqual([json_delivery(a, None, None, False)], before)
         for name, m in zip(("a", "b", "c"), (a, b, c), strict=True):
             self.assertIs(m.routing_key, self.vhost.queue(name).name)
-            self.assertEqual(message_destination(m), "/queue/" + name)
-            self.assertEqual(_app_headers(m), {"persistent": "true"})
             self.assertEqual(
-                encode_message_headers(m), f"\ndestination:/queue/{name}\npersistent:true\n".encode()
+                encode_message_headers(m),
+                f"\ndestination:/queue/{name}\ncontent-type:text/plain\npersistent:true\nk:v\n".encode(),
             )
-        y, z = self.vhost.queue("d").messages()
-        self.assertEqual(y.headers, {"persistent": "true", "destination": "/queue/elsewhere"})
-        self.assertEqual(message_destination(y), "/queue/elsewhere")
+        (z,) = self.vhost.queue("d").messages()
         self.assertIsNone(z.headers)
-        self.assertEqual(encode_message_headers(z), b"\ndestination:/queue/d\n")
+        self.assertIsNone(z.properties)
+        self.assertEqual(encode_message_headers(z), b"\ndestination:/queue/d\npersistent:true\n")
+
+    def test_model_survives(self) -> None:
+        """Typed headers, properties, a delivery time and an ack timeout are
+        in the record (format 4) and come back as they were."""
+        self.vhost.declare_queue("q")
+        headers = {"s": "t", "i": -(1 << 62), "f": 1.5, "t": True, "n": None, "b": b"\x00\xff", "nul": "a\x00b"}
+        m = self.send("q", b"x", headers, properties={name: name.upper() for name in PROPERTY_NAMES})
+        plain = self.send("q", b"y", {"only": "strings"})
+        self.turn()
+        self.restart()
+        got, again = self.vhost.queue("q").messages()
+        self.assertEqual(got.headers, headers)
+        self.assertEqual({k: type(v) for k, v in got.headers.items()}, {k: type(v) for k, v in headers.items()})
+        self.assertEqual(got.properties, m.properties)
+        self.assertEqual((again.headers, again.properties), (plain.headers, None))
+
+    def test_delivery_time_and_ack_timeout_survive(self) -> None:
+        self.vhost.declare_queue("q")
+        self.clock.advance(100)
+        m = self.broker.new_message("", "q", None, b"later", persistent=True)
+        m.deliver_at = 160.0
+        m.ack_timeout = 2.5
+        self.vhost.publish(m)
+        self.turn()
+        self.restart()
+        self.clock.advance(150)
+        q = self.vhost.queue("q")
+        [back] = q.delayed_messages()
+        self.assertEqual((back.id, back.deliver_at, back.ack_timeout, back.headers), (m.id, 160.0, 2.5, None))
+        self.clock.advance(10)
+        self.assertEqual([x.body for x in q.messages()], [b"later"])
 
     def test_priority_and_expiry_survive(self) -> None:
         """A message's priority and expiry time are in its record and come
@@ -438,6 +470,94 @@ class RoundTripTests(StoreTestCase):
         self.assertEqual(self.ready("q"), [(a.id, b"a", 0)])
         q = self.broker.vhosts["other"].queue("q")
         self.assertEqual([m.id for m in q.messages()], [b.id])
+
+
+class LegacyFormatTests(StoreTestCase):
+    """Segments of format 3, written by the encoder of d8fe3b8
+    (L{tests.old_record_v3}), are read into the message model: a STOMP
+    SEND's headers as format 3 kept them become properties, application
+    headers and the delivery time and ack timeout; its destination and
+    options are not application headers."""
+
+    def write_old_segment(self, records: list[bytes]) -> None:
+        import shutil  # noqa: PLC0415
+        import zlib  # noqa: PLC0415
+
+        from qmq.store import segment  # noqa: PLC0415
+
+        self.successResultOf(self.store.close())
+        shutil.rmtree(self.dir)
+        os.makedirs(self.dir)
+        head = segment._HEADER.pack(MAGIC, 3, 0, 1, 0)
+        with open(os.path.join(self.dir, segment.segment_name(1)), "wb") as f:
+            f.write(head + segment._HEADER_CRC.pack(zlib.crc32(head)) + b"".join(records))
+
+    def old_publish(self, mid: int, queue: str, headers: dict | None, **kw: Any) -> bytes:
+        from tests import old_record_v3 as old  # noqa: PLC0415
+
+        fields = {"timestamp": 100.0, "expiry": 0.0, "priority": 0, "persistent": True, **kw}
+        head, tail = old.encode_publish(
+            mid, fields["timestamp"], fields["expiry"], fields["priority"], fields["persistent"],
+            b"/", "", queue, headers, b"body %d" % mid, [queue.encode()],
+        )  # fmt: skip
+        return head + tail
+
+    def test_stomp_headers_of_format_3(self) -> None:
+        from tests import old_record_v3 as old  # noqa: PLC0415
+
+        stomp = {
+            "destination": "/queue/q", "persistent": "true", "priority": "5", "ttl": "60000",
+            "content-type": "text/plain", "correlation-id": "c-1", "reply-to": "/queue/r",
+            "deliver-at": "160000", "ack-timeout": "2.5", "k": "v",
+        }  # fmt: skip
+        self.write_old_segment([
+            old.encode_declare_queue("/", "q", None, 0, 0),
+            self.old_publish(1, "q", stomp, priority=5, expiry=160.0),
+            self.old_publish(2, "q", {"destination": "/queue/q", "persistent": "true"}),
+            self.old_publish(3, "q", {"lang": "en"}),  # an HTTP publish's
+            self.old_publish(4, "q", {"nul": "a\x00b", "destination": "/queue/q"}),  # JSON
+            self.old_publish(5, "q", None),
+        ])  # fmt: skip
+        self.start()
+        q = self.vhost.queue("q")
+        [first] = q.delayed_messages()
+        self.assertEqual(first.headers, {"k": "v"})
+        self.assertEqual(
+            first.properties,
+            {"content_type": "text/plain", "correlation_id": "c-1", "reply_to": "/queue/r"},
+        )
+        self.assertEqual(
+            (first.priority, first.expires, first.deliver_at, first.ack_timeout, first.persistent),
+            (5, 160.0, 160.0, 2.5, True),
+        )
+        rest = q.messages()
+        self.assertEqual([m.id for m in rest], [2, 3, 4, 5])
+        self.assertEqual([m.headers for m in rest], [None, {"lang": "en"}, {"nul": "a\x00b"}, None])
+        self.assertEqual([m.properties for m in rest], [None] * 4)
+        self.assertEqual(rest[0].body, b"body 2")
+
+    def test_compaction_and_dump_read_format_3(self) -> None:
+        """A record of format 3 copied by compaction is written in format 4
+        with the same model; the offline tool prints the model."""
+        from qmq.store.record import decode_publish  # noqa: PLC0415
+        from qmq.store.tool import _decode  # noqa: PLC0415
+        from tests import old_record_v3 as old  # noqa: PLC0415
+
+        record = self.old_publish(1, "q", {"destination": "/queue/q", "content-type": "a/b", "x": "y",
+                                           "deliver-at": "5000"})
+        length, type_, _ = old.FRAME.unpack_from(record, 0)
+        p = decode_publish(record, old.FRAME_SIZE, old.FRAME_SIZE + length)
+        self.assertEqual((p.headers, p.properties, p.deliver_at), ({"x": "y"}, {"content_type": "a/b"}, 5.0))
+        head, tail = encode_publish(
+            p.id, p.timestamp, p.expiry, p.priority, p.persistent, b"/", p.exchange, p.routing_key,
+            p.headers, p.body, [b"q"], p.properties, p.deliver_at, p.ack_timeout,
+        )  # fmt: skip
+        again = decode_publish(head + tail, FRAME_SIZE, len(head + tail))
+        for name in ("id", "timestamp", "headers", "properties", "deliver_at", "ack_timeout", "body"):
+            self.assertEqual(getattr(again, name), getattr(p, name), name)
+        text = _decode(type_, record, old.FRAME_SIZE, old.FRAME_SIZE + length)
+        self.assertIn('properties={"content_type": "a/b"} headers={"x": "y"}', text)
+        self.assertIn("deliver_at=5.000", text)
 
 
 class GroupCommitTests(StoreTestCase):

@@ -272,7 +272,7 @@ class FormatOneTests(StoreTestCase):
         self.turn()
         self.assertEqual([n for n, _ in list_segments(self.dir)], [3, 4])
         data = read_segment(list_segments(self.dir)[1][1])
-        self.assertEqual(struct.unpack_from("<H", data, 8)[0], 3)
+        self.assertEqual(struct.unpack_from("<H", data, 8)[0], VERSION)
         (start,) = [s for t, s, _ in records(list_segments(self.dir)[1][1]) if t == RECORD_DECLARE_QUEUE]
         self.assertEqual(data[start], DECLARE_BINARY)
         self.restart()

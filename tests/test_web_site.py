@@ -146,7 +146,8 @@ class SiteTests(unittest.TestCase):
         self.assertIn("/nothing/here", json.loads(body)["detail"])
 
     def test_methodNotAllowed(self) -> None:
-        status, headers, body = split(Client(self.factory).request("POST", "/", b"x"))
+        status, headers, body = split(Client(self.factory).request(
+            "POST", "/", b"{}", "Content-Type: application/json\r\n"))
         self.assertEqual(status, 405)
         self.assertEqual(json.loads(body)["error"], "method not allowed")
 
@@ -224,19 +225,25 @@ class SiteTests(unittest.TestCase):
             factory.site._logFile = type("F", (), {"write": lambda self, line, w=written: w.append(line),
                                                    "close": lambda self: None})()
             client = Client(factory)
-            client.send(b"GET /nothing-here HTTP/1.1\r\nHost: x\r\n\r\n")
+            client.send(b"GET /nothing-here HTTP/1.1\r\nHost: localhost\r\n\r\n")
             self.assertTrue(client.response())
             self.assertEqual(len(written), lines, toml)
 
     def test_formNotParsed(self) -> None:
-        """A form POST's body is not read into C{args} (nothing takes forms)."""
+        """A form POST's body is not read into C{args} (nothing takes forms),
+        and the site's gate refuses the form before any resource sees it."""
         factory = HttpFactory(make_context(""))
         client = Client(factory)
         seen = []
         factory.site.resource.putChild(b"form", type("R", (), {
             "isLeaf": True, "render": lambda self, request: seen.append(dict(request.args)) or b"ok"})())
-        client.send(b"POST /form HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded\r\n"
-                    b"Content-Length: 3\r\n\r\na=1")
+        form = (b"POST /form HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+                b"Content-Length: 3\r\n\r\na=1")
+        client.send(form)
+        self.assertEqual(split(client.response())[0], 415)
+        self.assertEqual(seen, [])
+        factory.site.guard = None
+        client.send(form)
         self.assertTrue(client.response())
         self.assertEqual(seen, [{}])
 
@@ -250,8 +257,9 @@ class SiteTests(unittest.TestCase):
             "isLeaf": True, "render": lambda self, request: seen.append(len(request.content.read())) or b"ok"})())
         client = Client(factory)
         body = b"x" * 50_000
-        client.send(b"POST /size HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
-                    b"POST /size HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc" % (len(body), body))
+        head = b"POST /size HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+        client.send(head + b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+                    + head + b"Content-Length: 3\r\n\r\nabc")
         self.assertEqual(client.response().count(b"HTTP/1.1 200"), 2)
         self.assertEqual(seen, [50_000, 3])
 
@@ -259,7 +267,7 @@ class SiteTests(unittest.TestCase):
         """A body over C{max_request_body} is refused before it is read."""
         factory = HttpFactory(make_context("[web]\nmax_request_body = 10"))
         client = Client(factory)
-        client.send(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 11\r\n\r\n")
+        client.send(b"POST / HTTP/1.1\r\nHost: localhost\r\nContent-Length: 11\r\n\r\n")
         status, headers, body = split(client.response())
         self.assertEqual(status, 413)
         self.assertEqual(json.loads(body)["error"], "request body too large")
@@ -269,7 +277,7 @@ class SiteTests(unittest.TestCase):
     def test_chunkedBodyTooLarge(self) -> None:
         factory = HttpFactory(make_context("[web]\nmax_request_body = 10"))
         client = Client(factory)
-        client.send(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        client.send(b"POST / HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n")
         client.send(b"8\r\n12345678\r\n")
         self.assertEqual(client.response(), b"")
         client.send(b"8\r\n12345678\r\n")
@@ -279,8 +287,79 @@ class SiteTests(unittest.TestCase):
 
     def test_bodyWithinLimit(self) -> None:
         factory = HttpFactory(make_context("[web]\nmax_request_body = 10"))
-        status, _, _ = split(Client(factory).request("POST", "/", b"0123456789"))
+        status, _, _ = split(Client(factory).request(
+            "POST", "/", b"0123456789", "Content-Type: application/json\r\n"))
         self.assertEqual(status, 405)
+
+
+class HeadTimeoutTests(unittest.TestCase):
+    """C{[web] head_timeout}: a request's head has a deadline from its first
+    read, which Twisted's idle timeout (restarted by every byte) is not."""
+
+    def setUp(self) -> None:
+        self.clock = MemoryReactorClock()
+        self.ctx = make_context(clock=self.clock)
+        self.factory = HttpFactory(self.ctx)
+        self.client = Client(self.factory)
+
+    def test_dribbled_head(self) -> None:
+        """The probe: a byte every 20 s outlived C{idle_timeout} (60 s); now
+        the connection gets a 408 problem at 10 s and is closed."""
+        for byte in b"GET /":
+            self.assertTrue(self.client.transport.connected)
+            self.client.send(bytes([byte]))
+            self.clock.advance(20)
+            if not self.client.transport.connected:
+                break
+        self.assertLessEqual(self.clock.seconds(), 20)
+        status, headers, body = split(self.client.response())
+        self.assertEqual(status, 408)
+        self.assertEqual(headers["connection"], "close")
+        self.assertEqual(json.loads(body)["code"], "head-timeout")
+        self.assertFalse(self.client.transport.connected)
+        self.assertEqual(len(self.factory.connections), 0)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_silent_partial_head(self) -> None:
+        self.client.send(b"GET / HTTP/1.1\r\nHost: loc")
+        self.clock.advance(9.9)
+        self.assertTrue(self.client.transport.connected)
+        self.clock.advance(0.1)
+        self.assertEqual(split(self.client.response())[0], 408)
+        self.assertFalse(self.client.transport.connected)
+
+    def test_head_in_one_read_arms_nothing(self) -> None:
+        before = len(self.clock.getDelayedCalls())
+        self.client.send(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        self.assertEqual(split(self.client.response())[0], 200)
+        self.assertEqual(len(self.clock.getDelayedCalls()), before)
+
+    def test_in_time_and_kept_alive(self) -> None:
+        """A head in pieces within the deadline is answered; the next one on
+        the kept-alive connection gets its own deadline; a body is not a head
+        (C{http_api.upload_timeout} bounds it)."""
+        self.client.send(b"GET / HTTP/1.1\r\n")
+        self.clock.advance(9)
+        self.client.send(b"Host: localhost\r\n\r\n")
+        self.assertEqual(split(self.client.response())[0], 200)
+        self.clock.advance(9)
+        self.client.send(b"POST / HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 4\r\n\r\n{")
+        self.clock.advance(15)
+        self.client.send(b"}\r\n")
+        self.assertEqual(split(self.client.response())[0], 405)
+        self.assertTrue(self.client.transport.connected)
+        self.client.send(b"GET / HT")
+        self.clock.advance(10)
+        self.assertEqual(split(self.client.response())[0], 408)
+        self.assertFalse(self.client.transport.connected)
+
+    def test_setting(self) -> None:
+        ctx = make_context("[web]\nhead_timeout = 2.5", clock=self.clock)
+        client = Client(HttpFactory(ctx))
+        client.send(b"G")
+        self.clock.advance(2.5)
+        self.assertEqual(split(client.response())[0], 408)
 
 
 class ConnectionTests(unittest.TestCase):
@@ -374,6 +453,6 @@ class ContextTests(unittest.TestCase):
         ctx = make_context()
         names = [f.name for f in dataclasses.fields(ctx)]
         self.assertEqual(names, ["broker", "clock", "settings", "connections", "listener", "portal",
-                                 "on_stop"])
+                                 "on_stop", "guard"])
         self.assertIsNone(ctx.portal)
         self.assertIs(ctx.web, ctx.settings.section("web"))

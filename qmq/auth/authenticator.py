@@ -25,7 +25,8 @@ L{AuthError} whose C{short} and C{message} a frontend shows as they are:
     L{VhostRefused}     the user may not use that virtual host, or it does
                         not exist (one answer for both: nothing is told
                         about other applications)
-    L{TooManyFailures}  the address has failed so often that its next
+    L{TooManyFailures}  the user name has failed so often from the address
+                        (or the address, over all names) that its next
                         attempt would wait too long
     L{Busy}             too many password checks are under way or waiting
 
@@ -218,6 +219,7 @@ class Authenticator:
             max_delay=settings.failure_max_delay,
             window=settings.failure_window,
             max_addresses=settings.max_tracked_addresses,
+            address_threshold=settings.failure_address_threshold,
         )
         self.gate = PasswordGate()
         self.realm = Realm(
@@ -226,6 +228,7 @@ class Authenticator:
                 for vhost, perms in (permissions or {}).items()
             },
             {vhost: (t.configure, t.write, t.read) for vhost, t in tokens.items()},
+            {vhost: t.speak_for for vhost, t in tokens.items()},
         )
         self.portal = Portal(self.realm)
         hashes = {u.name: u.password for u in users if u.password}
@@ -342,9 +345,16 @@ class Authenticator:
 
     def refreshed(self, user: User) -> User | None:
         """C{user} (logged in before a change) with the permissions it has
-        now, or None for a token's user (a token carries its own)."""
+        now, or None for a token's own subject (a token carries its own).
+        A token that speaks for a user follows that user's permissions in
+        its virtual host (the one it was let into), keeping its narrowing."""
         if user.source == "token":
-            return None
+            vhost = next(iter(user.permissions), None)
+            if user.speaks_for is None or vhost is None:
+                return None
+            return self.realm.user(
+                Principal(user.name, "token", vhost=vhost, expires=user.expires, destinations=user.destinations)
+            )
         return self.realm.user(Principal(user.name, user.source))
 
     def credentials(
@@ -381,7 +391,7 @@ class Authenticator:
         @return: a Deferred that fires with the L{User}, or fails with an
             L{AuthError} (after the throttle's delay for bad credentials).
         """
-        wait = self.throttle.wait(address)
+        wait = self.throttle.wait(address, _claimed(credentials))
         if wait is None:
             self._log_failure(address, credentials, vhost, "too many failed logins")
             return defer.fail(
@@ -414,6 +424,8 @@ class Authenticator:
 
     def _logged_in(self, result: tuple, vhost: str, address: str, credentials: Any) -> User:
         user: User = result[1]
+        # Right credentials: this pair's failures are forgotten.
+        self.throttle.succeeded(address, _claimed(credentials))
         if not user.may_use(vhost):
             self._log_failure(address, credentials, vhost, "virtual host refused", user.name)
             raise VhostRefused(f"Virtual host {vhost!r} is not open to this user.")
@@ -426,7 +438,7 @@ class Authenticator:
             return failure
         reason = failure.getErrorMessage()
         self._log_failure(address, credentials, vhost, reason)
-        delay = self.throttle.failed(address)
+        delay = self.throttle.failed(address, _claimed(credentials))
         if failure.check(TokenRefused) and failure.value.expired:
             error: AuthError = TokenRejected("The token has expired; log in with a new one.")
         else:
@@ -441,9 +453,7 @@ class Authenticator:
         self, address: str, credentials: Any, vhost: str, reason: str, user: str | None = None
     ) -> None:
         if user is None:
-            user = getattr(credentials, "username", None) or getattr(credentials, "login", None)
-            if isinstance(user, bytes):
-                user = user.decode("utf-8", "replace")
+            user = _claimed(credentials)
         log.warn(
             "login failed peer={address} user={user!r} vhost={vhost!r} method={method} "
             "reason={reason}",
@@ -453,3 +463,13 @@ class Authenticator:
             method=type(credentials).__name__,
             reason=reason,
         )
+
+
+def _claimed(credentials: Any) -> str:
+    """The user name C{credentials} claim (a password's user name, the login
+    sent with a certificate or a token), or C{""}: the throttle's key with
+    the address, and the log's."""
+    user = getattr(credentials, "username", None) or getattr(credentials, "login", None) or ""
+    if isinstance(user, bytes):
+        user = user.decode("utf-8", "replace")
+    return user

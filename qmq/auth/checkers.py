@@ -14,13 +14,16 @@ principal into a L{qmq.auth.permissions.User}.
     Anonymous                   L{AnonymousChecker}     C{[auth] anonymous}
 
 A password is checked in a thread (scrypt is slow on purpose); a user that
-does not exist is checked against a dummy hash, so that the answer takes
-the same time whether or not the user exists.
+does not exist is checked against a dummy hash with the parameters of the
+costliest hash in use (configured, or set at run time through the HTTP
+API), so that the answer takes the same time whether or not the user
+exists.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import os
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,6 +123,27 @@ def _in_thread(f: Callable[..., Any], *args: Any) -> defer.Deferred:
     return deferToThread(f, *args)
 
 
+#: The dummy's cost while no user has a password.
+_CHEAPEST = 4
+
+
+def _cost(h: ScryptHash) -> tuple[int, int]:
+    """What checking a password against C{h} costs, as an order: scrypt's
+    work is N * r * p, its memory N * r."""
+    return ((1 << h.ln) * h.r * h.p, (1 << h.ln) * h.r)
+
+
+def _dummy_like(model: ScryptHash | None) -> ScryptHash:
+    """A hash no password matches (a random key) with C{model}'s
+    parameters: checking it costs what checking C{model} does.  Made
+    without deriving anything, so it is cheap to make again whenever a
+    costlier hash appears.  Without a model (no user has a password, so
+    there is nothing to tell apart) it is cheap."""
+    ln, r, p = (model.ln, model.r, model.p) if model is not None else (_CHEAPEST, 8, 1)
+    key_bytes = len(model.key) if model is not None else 32
+    return ScryptHash(ln, r, p, os.urandom(16), os.urandom(key_bytes))
+
+
 @implementer(ICredentialsChecker)
 class PasswordChecker:
     """
@@ -138,10 +162,21 @@ class PasswordChecker:
         run: Callable[..., defer.Deferred] | None = None,
     ) -> None:
         self._hashes: dict[str, ScryptHash] = {name: parse_hash(h) for name, h in hashes.items()}
-        cost = max((h.ln for h in self._hashes.values()), default=4)
-        # The hash an unknown user is checked against: same cost as a real one.
-        self._dummy = parse_hash(hash_password("dummy password", cost))
+        self._dummy = _dummy_like(None)
+        self._follow_costliest()
         self._run = run if run is not None else _in_thread
+
+    @property
+    def dummy(self) -> ScryptHash:
+        """The hash an unknown user (or one without a password) is checked
+        against: the parameters of the costliest hash in use, so that a
+        wrong password and an unknown user take the same time."""
+        return self._dummy
+
+    def _follow_costliest(self) -> None:
+        costliest = max(self._hashes.values(), key=_cost, default=None)
+        if costliest is None or _cost(costliest) != _cost(self._dummy):
+            self._dummy = _dummy_like(costliest)
 
     def hash(self, password: str) -> defer.Deferred:
         """A new hash of C{password} (L{hash_password}, run as checks are:
@@ -157,6 +192,7 @@ class PasswordChecker:
             self._hashes.pop(name, None)
         else:
             self._hashes[name] = parse_hash(hashed)
+        self._follow_costliest()
 
     def requestAvatarId(self, credentials: Any) -> defer.Deferred:
         username = credentials.username
@@ -256,35 +292,53 @@ class Realm:
     """
     Turns a L{Principal} into a L{User} with its permissions.
 
+    A token's subject is an identity of its own (L{User.account} None, an
+    owner that no user name collides with, never an admin) with the
+    virtual host's token permissions, unless the virtual host's
+    C{speak_for} names it: it is then that configured user, with that
+    user's permissions in the token's virtual host (and the token's
+    narrowing).
+
     @param permissions: virtual host -> user name -> its three patterns
         (C{(configure, write, read)}).
     @param token_permissions: virtual host -> the patterns of its token users.
+    @param speak_for: virtual host -> the configured users its tokens may
+        speak for.
     """
 
     def __init__(
         self,
         permissions: Mapping[str, Mapping[str, tuple[str, str, str]]],
         token_permissions: Mapping[str, tuple[str, str, str]],
+        speak_for: Mapping[str, Collection[str]] | None = None,
     ) -> None:
         #: virtual host -> user -> (configure, write, read); changed at run
         #: time by L{qmq.auth.Authenticator.set_permission}.
         self.permissions = {v: dict(users) for v, users in permissions.items()}
         self._token_permissions = dict(token_permissions)
+        self._speak_for = {v: frozenset(names) for v, names in (speak_for or {}).items()}
 
     def user(self, principal: Principal) -> User:
         """The L{User} of a principal."""
         name = principal.name
+        speaks_for = None
         if principal.source == "token":
-            patterns = self._token_permissions.get(principal.vhost)  # type: ignore[arg-type]
-            grants = {principal.vhost: patterns} if patterns is not None else {}
+            vhost: str = principal.vhost  # type: ignore[assignment]
+            if name in self._speak_for.get(vhost, ()):
+                speaks_for = name
+                patterns = self.permissions.get(vhost, {}).get(name)
+            else:
+                patterns = self._token_permissions.get(vhost)
+            grants = {vhost: patterns} if patterns is not None else {}
         else:
             grants = {v: users[name] for v, users in self.permissions.items() if name in users}
         return User(
             name=name,
             source=principal.source,
-            permissions={v: Permission.of(*p, user=name) for v, p in grants.items()},  # type: ignore[misc]
+            permissions={v: Permission.of(*p, user=name) for v, p in grants.items()},
             destinations=principal.destinations,
             expires=principal.expires,
+            speaks_for=speaks_for,
         )
 
     def requestAvatar(self, avatarId: Any, mind: Any, *interfaces: Any) -> tuple:

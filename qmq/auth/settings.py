@@ -36,12 +36,16 @@ class AuthSettings:
         interface start although clients reach it without authentication
         (authentication off, or C{anonymous} on).
     @ivar failure_delay: seconds before a failed login is answered; it
-        doubles with each failure from the same address.
+        doubles with each failure of the same user name from the same
+        address (a success forgets them).
     @ivar failure_max_delay: the longest such delay.
-    @ivar failure_window: seconds after which an address's failures are
-        forgotten.
-    @ivar max_tracked_addresses: most client addresses whose failures are
-        remembered.
+    @ivar failure_window: seconds after which failures are forgotten.
+    @ivar max_tracked_addresses: most (address, user name) pairs, and most
+        addresses, whose failures are remembered.
+    @ivar failure_address_threshold: failed logins from one address, over
+        all user names, within C{failure_window}, past which every login
+        from that address is slowed (password spraying), but for the names
+        that logged in from it within the window.
     """
 
     anonymous: bool = False
@@ -51,6 +55,7 @@ class AuthSettings:
     failure_max_delay: float = field(default=30.0, metadata={"above": 0})
     failure_window: float = field(default=300.0, metadata={"above": 0})
     max_tracked_addresses: int = field(default=10_000, metadata={"min": 1})
+    failure_address_threshold: int = field(default=20, metadata={"min": 0})
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,7 @@ class PermissionSettings:
     configure: str = ""
     write: str = ""
     read: str = ""
+    speak_for: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -91,12 +97,17 @@ class TokenSettings:
     @ivar audience: the C{aud} a token must name, or None.
     @ivar issuer: the C{iss} a token must name, or None.
     @ivar leeway: seconds of clock skew allowed on C{exp} and C{nbf}.
-    @ivar max_lifetime: most seconds a token may live (C{exp} - C{iat}, or
-        C{exp} - now without C{iat}); 0: no limit.
+    @ivar max_lifetime: most seconds a token may live, from now and from its
+        C{iat} (C{exp} - now and C{exp} - C{iat} are both at most this);
+        0: no limit.  An C{iat} later than now + C{leeway} is refused.
     @ivar configure: the most any token user of this virtual host may
         configure (a pattern, as a permission's).
     @ivar write: the most it may write.
     @ivar read: the most it may read.
+    @ivar speak_for: configured users (names) this virtual host's tokens may
+        speak for: a token whose C{sub} is one of them is that user (its
+        permissions here, its durable subscriptions, its admin rights).  Any
+        other subject is an identity of its own, never a configured user.
     """
 
     algorithm: str
@@ -109,3 +120,4 @@ class TokenSettings:
     configure: str = ""
     write: str = ""
     read: str = ""
+    speak_for: tuple[str, ...] = ()

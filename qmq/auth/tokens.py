@@ -8,7 +8,8 @@ passcode (or, later, an HTTP bearer token).  The token's claims:
 
     sub           the user's name (required)
     exp           when it expires, epoch seconds (required)
-    iat, nbf      when it was issued, from when it is valid (optional)
+    iat, nbf      when it was issued (not after now + leeway), from when it
+                  is valid (optional)
     aud, iss      checked when the virtual host's C{[tokens]} names them
     destinations  optional narrowing: C{{"read": "^/topic/chat\\.", ...}},
                   a regular expression per operation that the destination
@@ -110,7 +111,13 @@ class TokenVerifier:
             raise TokenExpired("the token has expired")
         if nbf is not None and now + s.leeway < nbf:
             raise TokenExpired("the token is not valid yet")
-        if s.max_lifetime and exp - (iat if iat is not None else now) > s.max_lifetime:
+        if iat is not None and iat > now + s.leeway:
+            # Issued in the future: a clock gone wrong, or a token minted to
+            # look short-lived (exp - iat) while it lives long from now.
+            raise InvalidToken("the token was issued in the future ('iat')")
+        # Measured from now as well as from iat: what a stolen token is
+        # worth is the time it still has to live.
+        if s.max_lifetime and exp - min(now, iat if iat is not None else now) > s.max_lifetime:
             raise InvalidToken(f"the token lives longer than {s.max_lifetime:g} s")
         if not isinstance(claims["sub"], str) or not claims["sub"]:
             raise InvalidToken("claim 'sub' is not a name")

@@ -37,6 +37,7 @@ import os
 import re
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
@@ -285,7 +286,49 @@ def trim_heap() -> None:
         _malloc_trim(0)
 
 
-class MemoryAlarm:
+class _Alarm:
+    """What every alarm shares: C{active} and the subscribers told of each
+    change (in the order they subscribed)."""
+
+    __slots__ = ("active", "_subscribers")
+
+    def __init__(self) -> None:
+        self.active = False
+        # A dict, not a set: O(1) either way, and callbacks run in the order
+        # they subscribed.
+        self._subscribers: dict[Callable[[bool], object], None] = {}
+
+    def subscribe(self, callback: Callable[[bool], object]) -> None:
+        """Call C{callback(True)} when the alarm is raised and
+        C{callback(False)} when it clears, until L{unsubscribe}. Subscribing
+        twice is the same as once. Read L{active} for the state now."""
+        self._subscribers[callback] = None
+
+    def unsubscribe(self, callback: Callable[[bool], object]) -> None:
+        """Stop calling C{callback}; a callback not subscribed is ignored.
+        Safe from inside a callback."""
+        self._subscribers.pop(callback, None)
+
+    def _change(self, active: bool) -> None:
+        self.active = active
+        # A copy, so callbacks may subscribe and unsubscribe; the membership
+        # test skips one unsubscribed by an earlier callback.
+        subscribers = self._subscribers
+        for callback in list(subscribers):
+            if self.active is not active:
+                # A callback re-entered check() and changed the state again;
+                # that call has told everyone the newer state.
+                break
+            if callback not in subscribers:
+                continue
+            try:
+                callback(active)
+            except Exception:
+                log.failure("{alarm} subscriber {callback!r} failed",
+                            alarm=type(self).__name__, callback=callback)
+
+
+class MemoryAlarm(_Alarm):
     """Raised while the broker's RSS is high; subscribers hear every change.
 
     @ivar active: C{True} while the alarm is raised. A plain attribute,
@@ -300,7 +343,6 @@ class MemoryAlarm:
     """
 
     __slots__ = (
-        "active",
         "high",
         "low",
         "interval",
@@ -311,7 +353,6 @@ class MemoryAlarm:
         "_read_rss",
         "_trim",
         "_loop",
-        "_subscribers",
         "_sample_failed",
     )
 
@@ -349,7 +390,7 @@ class MemoryAlarm:
             raise ValueError(
                 f"memory low-water mark {low} must be positive and at most the high-water mark {high}"
             )
-        self.active = False
+        super().__init__()
         self.high = high
         self.low = low
         self.interval = interval
@@ -360,9 +401,6 @@ class MemoryAlarm:
         self._read_rss = read_rss
         self._trim = trim
         self._loop: LoopingCall | None = None
-        # A dict, not a set: O(1) either way, and callbacks run in the order
-        # they subscribed.
-        self._subscribers: dict[Callable[[bool], object], None] = {}
         self._sample_failed = False
 
     @property
@@ -405,17 +443,6 @@ class MemoryAlarm:
             log.info("Memory alarm stopped while raised; publishers resume")
             self._change(False)
 
-    def subscribe(self, callback: Callable[[bool], object]) -> None:
-        """Call C{callback(True)} when the alarm is raised and
-        C{callback(False)} when it clears, until L{unsubscribe}. Subscribing
-        twice is the same as once. Read L{active} for the state now."""
-        self._subscribers[callback] = None
-
-    def unsubscribe(self, callback: Callable[[bool], object]) -> None:
-        """Stop calling C{callback}; a callback not subscribed is ignored.
-        Safe from inside a callback."""
-        self._subscribers.pop(callback, None)
-
     def check(self) -> bool:
         """Sample RSS now and raise or clear the alarm accordingly.
 
@@ -446,6 +473,14 @@ class MemoryAlarm:
             )
             self._change(True)
         return self.active
+
+    def describe(self) -> str:
+        """What holds publishers back, for a log line or a client's error."""
+        return (
+            f"memory alarm: the broker uses {self.rss / MiB:.0f} MiB, above its high-water "
+            f"mark of {self.high / MiB:.0f} MiB (limits.memory_high_watermark); publishing "
+            f"resumes below {self.low / MiB:.0f} MiB"
+        )
 
     def _marks(self, rss: int) -> dict[str, float]:
         """The figures a log line about the alarm carries (bytes and MiB)."""
@@ -481,19 +516,222 @@ class MemoryAlarm:
             self.peak = rss
         return rss
 
-    def _change(self, active: bool) -> None:
-        self.active = active
-        # A copy, so callbacks may subscribe and unsubscribe; the membership
-        # test skips one unsubscribed by an earlier callback.
-        subscribers = self._subscribers
-        for callback in list(subscribers):
-            if self.active is not active:
-                # A callback re-entered check() and changed the state again;
-                # that call has told everyone the newer state.
-                break
-            if callback not in subscribers:
-                continue
-            try:
-                callback(active)
-            except Exception:
-                log.failure("Memory alarm subscriber {callback!r} failed", callback=callback)
+
+# -- the disk free-space alarm -------------------------------------------------
+
+DEFAULT_DISK_FREE_LIMIT = "50MB"
+"""RabbitMQ's default C{disk_free_limit}: 50 MB (10**6 bytes each) free on
+the data directory's filesystem. Small on purpose: it stops the broker
+before the disk is full, not before it is nearly full; production sets
+more (a fraction, or at least the memory high-water mark)."""
+
+DISK_INTERVAL = 1.0
+"""Seconds between two samples of the free space (one C{statvfs}, a few
+microseconds). A publisher at 300 MB/s fills 300 MB between two samples:
+a limit below that may be crossed before the alarm sees it, and then the
+store's own refusal (C{ENOSPC}) is what holds publishers back."""
+
+_DISK_FORMS = (
+    "expected a size (bytes as an integer, or a string like '50MB', '1GiB'), a fraction of "
+    "the filesystem's size (0 < f < 1, like 0.05, or a string like '5%'), or 0 / 'off' to disable"
+)
+
+
+def parse_disk_limit(value: int | float | str, total: int) -> int:
+    """Turn a configured disk free-space limit into bytes; 0 means disabled.
+
+    The forms are those of L{parse_memory_mark} (sizes with units,
+    fractions, percentages, 0 or C{"off"}), a fraction referring to the
+    size of the filesystem; there is no minimum.
+
+    @param value: the configured value.
+    @param total: the size of the filesystem, in bytes; 0 when unknown
+        (then a fraction is refused).
+    @return: the limit in bytes, or 0 for disabled.
+    @raise ValueError: for anything else; the message says what is accepted.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"disk free limit {value!r}: {_DISK_FORMS}")
+    text = str(value).strip().lower()
+    if text in ("off", "0", "0.0"):
+        return 0
+    fraction: float | None = None
+    if isinstance(value, float):
+        fraction = value
+    elif m := _PERCENT.fullmatch(text):
+        fraction = float(m.group(1)) / 100.0
+    elif isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"disk free limit {value!r} is negative; {_DISK_FORMS}")
+        return value
+    elif m := _SIZE.fullmatch(text):
+        number, unit = m.groups()
+        if unit not in _UNITS:
+            raise ValueError(f"disk free limit {value!r}: unknown unit {unit!r}; {_DISK_FORMS}")
+        if not unit and "." in number:
+            fraction = float(number)
+        else:
+            return int(float(number) * _UNITS[unit])
+    else:
+        raise ValueError(f"disk free limit {value!r}: {_DISK_FORMS}")
+    if not 0.0 < fraction < 1.0:
+        if fraction == 0.0:
+            return 0
+        raise ValueError(
+            f"disk free limit {value!r}: a fraction of the filesystem must be > 0 and < 1; "
+            f"{_DISK_FORMS}"
+        )
+    if total <= 0:
+        return -1  # resolved once the filesystem's size is known (DiskAlarm)
+    return max(1, int(total * fraction))
+
+
+class DiskAlarm(_Alarm):
+    """Raised while the data directory's filesystem has less free space
+    than the limit (RabbitMQ's C{disk_free_limit}).
+
+    Sampled every C{interval} seconds on the clock it is given with
+    C{statvfs} (injectable): the space available to the broker
+    (C{f_bavail}, not counting blocks kept for root). Raised, it holds
+    back persistent publishes through L{qmq.core.admission.Admission}
+    until the space is back above the limit; consumers go on, and their
+    acks let the store delete segments.
+
+    @ivar limit: the limit in bytes (0: disabled; resolved from a fraction
+        at the first sample).
+    @ivar free: free bytes at the last sample (-1 before the first).
+    @ivar total: the filesystem's size at the last sample.
+    @ivar raised_count: how many times the alarm has been raised.
+    """
+
+    __slots__ = (
+        "directory", "spec", "limit", "interval", "free", "total", "raised_count",
+        "_clock", "_statvfs", "_loop", "_sample_failed",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        clock: IReactorTime,
+        directory: str,
+        limit: int | float | str = DEFAULT_DISK_FREE_LIMIT,
+        interval: float = DISK_INTERVAL,
+        statvfs: Callable[[str], Any] = os.statvfs,
+    ) -> None:
+        """
+        @param clock: where the sampling loop's time comes from.
+        @param directory: the data directory (its filesystem is sampled).
+        @param limit: as L{parse_disk_limit} reads it.
+        @param interval: seconds between samples while started.
+        @param statvfs: returns an C{os.statvfs_result}-like object for a
+            path (tests give a fake one).
+        @raise ValueError: a malformed limit or interval.
+        """
+        if interval <= 0:
+            raise ValueError(f"disk alarm interval must be positive, not {interval!r}")
+        super().__init__()
+        self.directory = directory
+        self.spec = limit
+        self.limit = parse_disk_limit(limit, 0)
+        self.interval = interval
+        self.free = -1
+        self.total = 0
+        self.raised_count = 0
+        self._clock = clock
+        self._statvfs = statvfs
+        self._loop: LoopingCall | None = None
+        self._sample_failed = False
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the alarm can be raised at all."""
+        return self.limit != 0
+
+    def start(self) -> None:
+        """Sample now and every C{interval} seconds (nothing when disabled
+        or started already)."""
+        if self._loop is not None:
+            return
+        if not self.enabled:
+            log.info("Disk alarm disabled: limits.disk_free_limit is 0")
+            return
+        loop = self._loop = LoopingCall(self.check)
+        loop.clock = self._clock
+        loop.start(self.interval, now=True).addErrback(
+            lambda failure: log.failure("disk alarm sampling stopped", failure)
+        )
+        log.info(
+            "Disk alarm on: publishing persistent messages stops below {limit_mib:.0f} MiB free "
+            "on the filesystem of {directory}, sampled every {interval}s",
+            limit_mib=max(self.limit, 0) / MiB,
+            limit=self.limit,
+            directory=self.directory,
+            interval=self.interval,
+        )
+
+    def stop(self) -> None:
+        """Stop sampling; idempotent. A raised alarm is cleared (nobody
+        would clear it later)."""
+        loop, self._loop = self._loop, None
+        if loop is not None and loop.running:
+            loop.stop()
+        if self.active:
+            log.info("Disk alarm stopped while raised; publishers resume")
+            self._change(False)
+
+    def describe(self) -> str:
+        """What holds publishers back, for a log line or a client's error."""
+        return (
+            f"disk alarm: {self.free / MiB:.1f} MiB free on the data directory's filesystem, "
+            f"below the limit of {self.limit / MiB:.1f} MiB (limits.disk_free_limit); "
+            "persistent messages are accepted again once space is freed"
+        )
+
+    def check(self) -> bool:
+        """Sample the free space now and raise or clear the alarm.
+
+        @return: L{active}.
+        """
+        try:
+            st = self._statvfs(self.directory)
+            free = st.f_bavail * st.f_frsize
+            total = st.f_blocks * st.f_frsize
+        except Exception:
+            if not self._sample_failed:
+                self._sample_failed = True
+                log.failure("Disk alarm cannot read the free space of {directory}; keeping its "
+                            "state and retrying", directory=self.directory)
+            return self.active
+        self._sample_failed = False
+        self.free = free
+        self.total = total
+        if self.limit < 0:
+            self.limit = parse_disk_limit(self.spec, total)
+        if self.limit <= 0:
+            return self.active
+        if self.active:
+            if free >= self.limit:
+                log.info(
+                    "Disk alarm cleared: {free_mib:.1f} MiB free on the filesystem of {directory}, "
+                    "at or above the limit of {limit_mib:.1f} MiB; persistent publishing resumes",
+                    **self._figures(),
+                )
+                self._change(False)
+        elif free < self.limit:
+            self.raised_count += 1
+            log.warn(
+                "Disk alarm raised: {free_mib:.1f} MiB free on the filesystem of {directory}, "
+                "below the limit of {limit_mib:.1f} MiB (limits.disk_free_limit); persistent "
+                "publishes are held back until space is freed",
+                **self._figures(),
+            )
+            self._change(True)
+        return self.active
+
+    def _figures(self) -> dict[str, Any]:
+        return {
+            "free": self.free,
+            "limit": self.limit,
+            "directory": self.directory,
+            "free_mib": self.free / MiB,
+            "limit_mib": self.limit / MiB,
+        }

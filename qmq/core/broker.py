@@ -9,7 +9,10 @@ gives it one (L{qmq.core.store}); without one it keeps nothing on disk
 
 At start the service declares what the configuration names, then calls
 L{Broker.recover}: what the store kept comes back (durable topology,
-messages, and the next message id, so ids never repeat across restarts).
+messages, and the next message id: L{qmq.core.ids} starts this run's ids
+above it and above a time floor, so ids never repeat across restarts).
+A kept name that the rules of L{qmq.core.names} refuse today (an older
+version accepted it) is kept reachable, with a warning in the log.
 Declaring first means the configuration wins: a queue the configuration
 declares keeps the configuration's arguments, and recovery only puts its
 messages back; a durable declaration reaches the store as it is made.
@@ -21,15 +24,19 @@ and length limits, and frontends read L{Broker.max_unfinished_bytes}.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from twisted.logger import Logger
+
+from qmq.core.admission import Admission
 from qmq.core.alarm import trim_heap
 from qmq.core.batch import WriteBatcher
 from qmq.core.events import Observer
+from qmq.core.ids import DEFAULT_NODE, MessageIds
 from qmq.core.limits import LimitSettings
 from qmq.core.message import Message
+from qmq.core.names import InvalidName, problem
 from qmq.core.store import MessageStore, NullStore, RecoveredQueue, collector_paused
 from qmq.core.traffic import Traffic
 from qmq.core.vhost import VirtualHost
@@ -38,6 +45,60 @@ if TYPE_CHECKING:
     from qmq.core.queue import Queue
 
 DEFAULT_VHOST = "/"
+
+
+log = Logger()
+
+
+def _warn_kept(kind: str, name: str, vhost: str, slash: bool = False) -> None:
+    """Log a warning if a name the store kept breaks today's rules
+    (L{qmq.core.names}): it stays as it is, reachable, and can be deleted."""
+    reason = problem(kind, name, slash)
+    if reason is not None:
+        log.warn(
+            "recovered {kind} {name!r} in virtual host {vhost!r} breaks a naming rule "
+            "({reason}); it is kept and reachable, but clients of some protocols may "
+            "not be able to name it: consider moving its messages and deleting it",
+            kind=kind,
+            name=name,
+            vhost=vhost,
+            reason=reason,
+        )
+
+
+def _declare_recovered(vhost: VirtualHost, q: RecoveredQueue) -> Queue:
+    """Declare a queue the store kept, as it was; arguments that name a
+    dead-letter target today's rules refuse are dropped, with a warning
+    (its messages come back; dead letters are not sent there)."""
+
+    def declare(arguments: dict | None) -> Queue:
+        return vhost.declare_queue(
+            q.name,
+            durable=True,
+            auto_delete=q.auto_delete,
+            arguments=arguments,
+            on_demand=True,
+            subscription=q.subscription,
+            validate=False,
+        )
+
+    try:
+        return declare(q.arguments)
+    except InvalidName as e:
+        if not q.arguments:
+            raise
+        log.warn(
+            "recovered queue {name!r} in virtual host {vhost!r}: {reason}; it is kept "
+            "without its dead-letter arguments",
+            name=q.name,
+            vhost=q.vhost,
+            reason=e.message,
+        )
+    kept = {k: v for k, v in q.arguments.items() if k not in _DEAD_LETTER_ARGUMENTS}
+    return declare(kept or None)
+
+
+_DEAD_LETTER_ARGUMENTS = frozenset(("x-dead-letter-exchange", "x-dead-letter-routing-key"))
 
 
 class _StoreFlush:
@@ -62,9 +123,19 @@ class Broker:
     @ivar default_vhost: the virtual host named C{"/"}.
     @ivar batcher: flushes frontends' buffered writes once per reactor turn.
     @ivar store: where durable messages are kept (L{MessageStore}).
-    @ivar message_ids: the source of message ids (an C{itertools.count}).
+    @ivar message_ids: the source of message ids (L{MessageIds}, an
+        C{itertools.count}: C{next(broker.message_ids)}), replaced by
+        L{recover}; its C{prefix} names this run of this node on the wire.
+    @ivar node: the node id (L{qmq.core.ids}).
+    @ivar admission: whether publishers may publish now (L{Admission}),
+        fed by the memory alarm, the disk alarm and the store's health;
+        every frontend asks it.
     @ivar memory_alarm: the broker-wide memory alarm
-        (L{qmq.core.alarm.MemoryAlarm}), or None when there is none.
+        (L{qmq.core.alarm.MemoryAlarm}), or None when there is none;
+        setting it makes admission watch it.
+    @ivar disk_alarm: the disk free-space alarm
+        (L{qmq.core.alarm.DiskAlarm}), or None; setting it makes admission
+        watch it (persistent publishes only).
     @ivar auth: the authenticator frontends log clients in with, or None.
     @ivar unfinished_bytes: bytes of frames still being received.
     @ivar max_unfinished_bytes: the most allowed (0: no limit), from
@@ -78,9 +149,11 @@ class Broker:
         clock: Any = None,
         store: MessageStore | None = None,
         limits: LimitSettings | None = None,
+        node: str = DEFAULT_NODE,
     ) -> None:
         """
         @param clock: the C{IReactorTime}; the global reactor if None.
+        @param node: the node id, in every wire name of a delivery.
         @param store: where durable messages go; L{NullStore} if None.
         @param limits: the broker-wide limits; L{LimitSettings}'s defaults
             if None.
@@ -91,16 +164,21 @@ class Broker:
         # Before the first virtual host: its amq.topic reads the limits.
         self.limits = limits if limits is not None else LimitSettings()
         self.store: MessageStore = store if store is not None else NullStore()
+        self.admission = Admission()
+        self.admission.watch_store(self.store)
+        self._memory_alarm: Any = None
+        self._disk_alarm: Any = None
         self._store_flush = _StoreFlush(self.store)
         self.vhosts: dict[str, VirtualHost] = {}
         # Observers of every virtual host's events: [observer, replay, stops].
         self._observers: list[list[Any]] = []
         self.default_vhost = self.add_vhost(DEFAULT_VHOST)
         self.batcher = WriteBatcher(clock)
-        self.message_ids = itertools.count(1)
+        self.node = node
+        # (A fake reactor without a clock starts from the floor of 0.)
+        self.message_ids = MessageIds.starting(getattr(clock, "seconds", float)(), 1, node)
         #: Messages published, delivered and acked, by protocol (L{qmq.core.traffic}).
         self.traffic = Traffic()
-        self.memory_alarm: Any = None
         #: Authentication (L{qmq.auth.Authenticator}), set by the service
         #: when users or tokens are configured; None: every client is
         #: anonymous with every right.
@@ -112,6 +190,28 @@ class Broker:
         #: Gives free heap memory back to the OS (L{release_memory}); None: never.
         self.trim: Callable[[], object] | None = trim_heap
         self._trim_call: Any = None
+
+    @property
+    def memory_alarm(self) -> Any:
+        return self._memory_alarm
+
+    @memory_alarm.setter
+    def memory_alarm(self, alarm: Any) -> None:
+        self._memory_alarm = self._watch(self._memory_alarm, alarm, "memory", False)
+
+    @property
+    def disk_alarm(self) -> Any:
+        return self._disk_alarm
+
+    @disk_alarm.setter
+    def disk_alarm(self, alarm: Any) -> None:
+        self._disk_alarm = self._watch(self._disk_alarm, alarm, "disk", True)
+
+    def _watch(self, old: Any, alarm: Any, name: str, persistent_only: bool) -> Any:
+        """Admission follows C{alarm} (None: no alarm) instead of C{old}."""
+        if old is not alarm:
+            self.admission.watch_alarm(alarm, name, persistent_only)
+        return alarm
 
     def add_vhost(self, name: str) -> VirtualHost:
         """Create the virtual host C{name}, or return it if it exists."""
@@ -166,9 +266,12 @@ class Broker:
 
     def _recover(self) -> None:
         recovery = self.store.recover()
-        self.message_ids = itertools.count(recovery.next_message_id)
+        self.message_ids = MessageIds.starting(
+            getattr(self.clock, "seconds", float)(), recovery.next_message_id, self.node
+        )
         for vhost_name, name, type_, auto_delete in recovery.exchanges:
-            self.add_vhost(vhost_name).declare_exchange(name, type_, True, auto_delete)
+            _warn_kept("exchange name", name, vhost_name, True)
+            self.add_vhost(vhost_name).declare_exchange(name, type_, True, auto_delete, validate=False)
         gone = []
         kept = recovery.messages
         entries = recovery.queues
@@ -180,14 +283,9 @@ class Broker:
             entries[i] = None
             q = entry if entry.__class__ is RecoveredQueue else RecoveredQueue(*entry)
             vhost = self.add_vhost(q.vhost)
-            queue = vhost.declare_queue(
-                q.name,
-                durable=True,
-                auto_delete=q.auto_delete,
-                arguments=q.arguments,
-                on_demand=True,
-                subscription=q.subscription,
-            )
+            if q.name not in vhost.queues:
+                _warn_kept("queue name", q.name, q.vhost)
+            queue = _declare_recovered(vhost, q)
             if q.exclusive:
                 gone.append((vhost, q.name))
             if kept:
@@ -195,7 +293,8 @@ class Broker:
                 if messages:
                     queue.restore(messages)
         for vhost_name, queue_name, exchange, key, arguments in recovery.bindings:
-            self.add_vhost(vhost_name).bind(queue_name, exchange, key, arguments)
+            _warn_kept("binding key", key, vhost_name)
+            self.add_vhost(vhost_name).bind(queue_name, exchange, key, arguments, validate=False)
         for (vhost_name, queue_name), messages in kept.items():
             # Messages of a queue the store did not list.
             queue = self.add_vhost(vhost_name).queues.get(queue_name)

@@ -54,9 +54,12 @@ import secrets
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from qmq.core.access import authorize, resource_named
 from qmq.core.consumer import UNLIMITED, BacklogBudget, Consumer
 from qmq.core.errors import AccessRefused, NotAllowed, NotFound, PreconditionFailed, ResourceLocked
+from qmq.core.management import authorize_arguments, check_equivalent
 from qmq.core.message import Message
+from qmq.core.names import check_binding_key, check_exchange, check_headers, check_routing_key
 from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX, check_queue_access, durable_queue_name
 from qmq.core.queue import CUT_CONSUMERS, Queue, QueuePolicy
 
@@ -259,6 +262,11 @@ class Channel:
         self._getters: dict[Queue, _Getter] = {}
         # Names L{publish} found writable under the current user.
         self._writable: set[str] = set()
+        # The last headers dict whose names were checked (qmq.core.names):
+        # a producer's messages share one, so it is checked once.
+        self._checked_headers: Any = None
+        # And the last routing key L{publish} checked (a producer reuses one).
+        self._checked_key: Any = None
         self._ids = broker.message_ids
         self._seconds = broker.clock.seconds
         traffic = getattr(broker, "traffic", None)
@@ -287,12 +295,12 @@ class Channel:
         @raise AccessRefused: naming the operation and the destination.
         """
         user = self.user
-        if user is not None and not user.can(operation, self.vhost.name, resource, text):
-            raise AccessRefused(
-                f"User {user.name!r} has no {operation} permission for {text!r} "
-                f"(resource {resource!r}).",
-                f"access refused ({operation})",
-            )
+        if user is not None:
+            # The verdict is the core's (qmq.core.access), on the resource
+            # itself: the same whichever frontend or text named it.
+            vhost = self.vhost
+            named = resource_named(vhost.name, operation, resource, text, vhost.exchanges, vhost.queues)
+            authorize(user, operation, named, named=text)
 
     def named_queue(
         self, name: str, operation: str = "read", arguments: dict[str, Any] | None = None
@@ -309,6 +317,10 @@ class Channel:
         vhost = self.vhost
         if name.startswith(DURABLE_SUBSCRIPTION_PREFIX):
             check_queue_access(self.owner_name, name, operation)
+        if arguments:
+            # Arguments that make the broker write somewhere (dead letters)
+            # need the declarer's write permission there.
+            authorize_arguments(self.user, self.owner_name, vhost.name, arguments, vhost.queue_defaults)
         if name.startswith(("amq.", DURABLE_SUBSCRIPTION_PREFIX)):
             queue = vhost.queues.get(name)
             if queue is None:
@@ -342,14 +354,7 @@ class Channel:
     def _check_arguments(queue: Queue, arguments: dict[str, Any]) -> None:
         """C{arguments} given for C{queue}, which exists: they must agree
         with its policy (their values are checked, as for a new queue)."""
-        wanted = QueuePolicy.from_arguments(arguments, queue.policy)
-        if wanted != queue.policy:
-            given = ", ".join(f"{k}={v}" for k, v in sorted(arguments.items()))
-            raise PreconditionFailed(
-                f"Queue {queue.name!r} exists with other arguments than those given ({given}); "
-                "delete it or subscribe without them.",
-                "inequivalent queue arguments",
-            )
+        check_equivalent(queue, arguments)
 
     # -- publishing --------------------------------------------------------------
 
@@ -459,6 +464,7 @@ class Channel:
                 self._authorize("write", routing_key, routing_key)
             return (queue, None, "", routing_key, queue)
         ex = self.vhost.exchange(exchange)
+        check_routing_key(routing_key, ex)
         if self.user is not None:
             self._authorize("write", exchange, exchange)
         return (None, ex, exchange, routing_key, ex)
@@ -480,10 +486,18 @@ class Channel:
             the default exchange, on the queue).
         @raise ResourceLimit: a bounded queue refused it.
         @raise PreconditionFailed: the routing key breaks a limit.
+        @raise InvalidName: a header name or value breaks a rule.
         """
+        headers = message.headers
+        if headers is not None and headers is not self._checked_headers:
+            check_headers(headers)
+            self._checked_headers = headers
         vhost = self.vhost
         if exchange:
             ex = vhost.exchange(exchange)
+            if routing_key is not self._checked_key:
+                check_routing_key(routing_key, ex)
+                self._checked_key = routing_key
             if self.user is not None and exchange not in self._writable:
                 self._may_write(exchange)
             targets = ex.route(routing_key, message.headers)
@@ -516,9 +530,17 @@ class Channel:
 
         @return: None when the message is as safe as it will be, else a
             Deferred that fires once the store has made it durable.
+        Its headers are checked (L{qmq.core.names.check_headers}) unless
+        they are the dict the previous publish checked.
+
         @raise ResourceLimit: a bounded queue refused it (then no queue has it).
         @raise PreconditionFailed: the routing key breaks a limit.
+        @raise InvalidName: a header name or value breaks a rule.
         """
+        headers = message.headers
+        if headers is not None and headers is not self._checked_headers:
+            check_headers(headers)
+            self._checked_headers = headers
         self.published += 1
         queue = target[0]
         if queue is not None:
@@ -631,6 +653,8 @@ class Channel:
         """L{consume} on an exchange + pattern (see there)."""
         vhost = self.vhost
         user = self.user
+        if exchange_name not in vhost.exchanges:
+            check_exchange(exchange_name)
         exchange = vhost.exchange(exchange_name)
         if user is not None:
             self._authorize("read", exchange.name, text)
@@ -639,6 +663,8 @@ class Channel:
             existed = name in vhost.queues
             if user is not None and not existed:
                 self._authorize("configure", name, text)
+            if arguments:
+                authorize_arguments(user, self.owner_name, vhost.name, arguments, vhost.queue_defaults)
             queue = vhost.declare_queue(
                 name, durable=True, on_demand=True, subscription=True, arguments=arguments
             )
@@ -698,6 +724,7 @@ class Channel:
             raise
 
     def _bind_live(self, consumer: Consumer, exchange: Exchange, key: str) -> None:
+        check_binding_key(key, exchange)
         self.vhost.bind_live(consumer, exchange, key)
         consumer.exchange = exchange
         consumer.binding_key = key

@@ -599,6 +599,17 @@ def _header_value(name: str, value: object) -> str:
     )
 
 
+def _typed_text(value: object) -> str | None:
+    """A typed message header's text as a binding compares it (see
+    L{_header_value}): C{true}/C{false}, an integer's digits; None for any
+    other type (no binding value matches it)."""
+    if value.__class__ is bool:
+        return "true" if value else "false"
+    if value.__class__ is int:
+        return str(value)
+    return None
+
+
 class HeadersExchange(Exchange):
     """Routes on message headers: C{x-match: all} (default) or C{any}.
 
@@ -655,17 +666,19 @@ class HeadersExchange(Exchange):
             if target in found:
                 continue
             # The values in match are strings: a missing header (None) never
-            # equals one.
+            # equals one; a typed header matches by its text.
             if any_:
                 ok = not match
                 for k, v in match:
-                    if get(k) == v:
+                    h = get(k)
+                    if h == v or (h is not None and h.__class__ is not str and _typed_text(h) == v):
                         ok = True
                         break
             else:
                 ok = True
                 for k, v in match:
-                    if get(k) != v:
+                    h = get(k)
+                    if h != v and (h is None or h.__class__ is str or _typed_text(h) != v):
                         ok = False
                         break
             if ok:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["LimitSettings", "check_memory_mark"]
+__all__ = ["LimitSettings", "check_disk_limit", "check_memory_mark"]
 
 MiB = 1024 * 1024
 
@@ -46,6 +46,21 @@ def check_memory_mark(value: int | float | str) -> int | float | str:
     return value
 
 
+def check_disk_limit(value: int | float | str) -> int | float | str:
+    """
+    Check a disk free-space limit as the configuration gives it (see
+    L{qmq.core.alarm.parse_disk_limit}); a fraction is resolved against the
+    data directory's filesystem when the alarm first samples it.
+
+    @return: C{value}, unchanged.
+    @raise ValueError: the limit is malformed; the message says why.
+    """
+    from qmq.core.alarm import parse_disk_limit  # noqa: PLC0415
+
+    parse_disk_limit(value, 0)
+    return value
+
+
 @dataclass(frozen=True)
 class LimitSettings:
     """Limits of the broker as a whole.
@@ -58,13 +73,19 @@ class LimitSettings:
         number C{0 < f <= 1}, or C{"40%"}), a size (C{"512MiB"}, C{"2GB"},
         or an integer number of bytes), or C{0} to turn the alarm off.  See
         L{qmq.core.alarm.parse_memory_mark}.
+    @ivar disk_free_limit: below this much free space on the data
+        directory's filesystem (with the commit-log store) the broker holds
+        back persistent publishes until space is freed; consumers keep
+        draining.  A size (C{"50MB"}, C{"2GiB"}, an integer number of
+        bytes), a fraction of the filesystem's size (C{0 < f < 1}, or
+        C{"5%"}), or C{0} to turn the alarm off.  RabbitMQ's default, 50 MB.
     @ivar max_topic_words: most words (dot-separated parts) in a topic
         binding pattern or a routing key, so that matching stays cheap.
     @ivar max_routing_key_length: longest routing key or binding pattern,
         in characters.
-    @ivar max_unfinished_bytes: most bytes of frames still being received,
-        over all connections together; a frame that would cross it is
-        refused.  0: unlimited.
+    @ivar max_unfinished_bytes: most bytes of frames and HTTP request
+        bodies still being received, over all connections together; a
+        frame or a request that would cross it is refused.  0: unlimited.
     """
 
     memory_high_watermark: int | float | str = field(
@@ -72,6 +93,13 @@ class LimitSettings:
         metadata={
             "parse": check_memory_mark,
             "expected": 'a fraction of memory (0 < f <= 1), a size such as "512MiB", or 0',
+        },
+    )
+    disk_free_limit: int | float | str = field(
+        default="50MB",
+        metadata={
+            "parse": check_disk_limit,
+            "expected": 'a size such as "50MB", a fraction of the filesystem (0 < f < 1), or 0',
         },
     )
     max_topic_words: int = field(default=32, metadata={"min": 1})

@@ -1,21 +1,77 @@
-"""The message as the core sees it.
+"""The message as the core sees it: one model for every protocol.
+
+A message is AMQP 0-9-1's: I{properties} that the broker and the protocols
+understand, I{application headers} that only the applications do, and the
+body. Every frontend maps its wire form to this model when a message comes
+in and back when it goes out (docs/architecture.rst has the table): nothing
+of a protocol's own spelling is kept in a message, nor on disk.
+
+Properties:
+
+    content_type, content_encoding, correlation_id, reply_to, message_id,
+    user_id, app_id, type
+                    text, in L{Message.properties} (a dict of the ones
+                    set, or None: most messages have none); their names are
+                    L{PROPERTY_NAMES}
+    timestamp       L{Message.timestamp}: when the broker took it
+    priority        L{Message.priority}
+    expiration      L{Message.expires}: when it expires (a time, not a span)
+    delivery mode   L{Message.persistent}
+
+Application headers (L{Message.headers}) are a dict of names to typed
+values: C{str}, C{int}, C{float}, C{bool}, C{bytes} or C{None}
+(L{HEADER_TYPES}); a protocol that carries only text (STOMP) writes them as
+text. The core's own delivery options (when it is first delivered, how long
+a consumer may hold it: L{Message.deliver_at}, L{Message.ack_timeout}) are
+fields too, kept by every store.
 
 One L{Message} object is shared by every queue a publish is routed to; a
 queue that redelivers a message keeps a shallow copy with its own delivery
 count (L{Message.redelivery}), so a redelivery in one queue never marks the
-copies in the others.
+copies in the others. Nothing changes a message's properties or headers
+dicts in place once it is published (frontends and stores share them
+between messages).
 """
 
 from __future__ import annotations
 
-#: The header in which a delayed message keeps its delivery time (epoch
-#: milliseconds), so that every store keeps it with the headers; a frontend
-#: that sets L{Message.deliver_at} writes it (L{Message.restore_options}
-#: reads it back).
-DELIVER_AT_HEADER = "deliver-at"
-#: The header in which a message keeps its own ack timeout (seconds, as a
-#: decimal number: ocamlmq's header).
-ACK_TIMEOUT_HEADER = "ack-timeout"
+from typing import Any
+
+from qmq.core.errors import AccessRefused
+
+#: The text properties, in the order the commit log numbers them (never
+#: reorder: the index is on disk).
+PROPERTY_NAMES = (
+    "content_type",
+    "content_encoding",
+    "correlation_id",
+    "reply_to",
+    "message_id",
+    "user_id",
+    "app_id",
+    "type",
+)
+#: The types an application header's value may have.
+HEADER_TYPES = (str, int, float, bool, bytes, type(None))
+
+
+def check_user_id(properties: dict[str, str] | None, user: Any) -> None:
+    """Refuse a C{user_id} property that is not the publisher's own user
+    (RabbitMQ's rule: a receiver may trust it), for every frontend.
+
+    @param user: the authenticated user (anything with C{name}), or None
+        when authentication is off (then any user id goes).
+    @raise AccessRefused: it names another user.
+    """
+    if properties is None or user is None:
+        return
+    claimed = properties.get("user_id")
+    if claimed is not None and claimed != user.name:
+        raise AccessRefused(
+            f"the user_id property {claimed[:64]!r} is not the publisher's user {user.name!r}",
+            "user-id refused",
+        )
+
 
 
 class OnDisk(int):
@@ -41,7 +97,10 @@ class Message:
     @ivar exchange: name of the exchange it was published to (C{""} is the
         default exchange).
     @ivar routing_key: the routing key it was published with.
-    @ivar headers: application headers (C{str} to C{str}), or C{None} if none.
+    @ivar headers: application headers (C{str} to a value of
+        L{HEADER_TYPES}), or C{None} if none.
+    @ivar properties: the text properties that are set (L{PROPERTY_NAMES}
+        to C{str}), or C{None} if none.
     @ivar body: the payload.
     @ivar timestamp: seconds since the epoch, from the broker's clock.
     @ivar persistent: whether the publisher asked for the message to survive
@@ -52,10 +111,10 @@ class Message:
         means never.
     @ivar deliver_at: when the message may first be delivered, seconds since
         the epoch; C{0.0} means at once (delayed delivery). Kept across a
-        restart in the header L{DELIVER_AT_HEADER}.
+        restart by every store.
     @ivar ack_timeout: seconds a consumer may hold it unacked before it is
         taken back and redelivered; C{0.0} means the queue's rule. Kept
-        across a restart in the header L{ACK_TIMEOUT_HEADER}.
+        across a restart by every store.
     @ivar delivery_count: how many times this copy was delivered and given
         back; 0 for a first delivery.
     @ivar cache: a frontend's pre-encoded form of the headers (the STOMP
@@ -76,6 +135,7 @@ class Message:
         "ack_timeout",
         "delivery_count",
         "cache",
+        "properties",
     )
 
     def __init__(
@@ -103,6 +163,7 @@ class Message:
         self.ack_timeout = 0.0
         self.delivery_count = 0
         self.cache = None
+        self.properties: dict[str, str] | None = None
 
     def redelivery(self) -> Message:
         """Return a copy of this message with its delivery count raised by one."""
@@ -120,12 +181,13 @@ class Message:
         m.ack_timeout = self.ack_timeout
         m.delivery_count = self.delivery_count + 1
         m.cache = self.cache
+        m.properties = self.properties
         return m
 
     def offloaded(self, body: OnDisk) -> Message:
         """A copy whose body (and headers, and the frontend's cache of them)
-        are left to the store: C{body} says where they are. (Its delivery
-        time and ack timeout, read from headers, stay.)"""
+        are left to the store: C{body} says where they are. (Its properties,
+        delivery time and ack timeout stay.)"""
         m = Message.__new__(Message)
         m.id = self.id
         m.exchange = self.exchange
@@ -140,26 +202,8 @@ class Message:
         m.ack_timeout = self.ack_timeout
         m.delivery_count = self.delivery_count
         m.cache = None
+        m.properties = self.properties
         return m
-
-    def restore_options(self) -> None:
-        """Set L{deliver_at} and L{ack_timeout} from the headers that keep
-        them (L{DELIVER_AT_HEADER}, L{ACK_TIMEOUT_HEADER}): for a message a
-        store recovered. Values that do not read as numbers are ignored."""
-        headers = self.headers
-        if not headers:
-            return
-        value = headers.get(DELIVER_AT_HEADER)
-        if value is not None and value.isascii() and value.isdigit() and len(value) <= 19:
-            self.deliver_at = int(value) / 1000.0
-        value = headers.get(ACK_TIMEOUT_HEADER)
-        if value is not None and len(value) <= 19:
-            try:
-                seconds = float(value)
-            except ValueError:
-                return
-            if 0 < seconds < 2**31:
-                self.ack_timeout = seconds
 
     def __repr__(self) -> str:
         return (

@@ -5,10 +5,22 @@ Durable topic subscriptions keep a queue while their client is away, named::
 
     durable.OWNER.NAME
 
-OWNER is the user the subscription belongs to (the channel's
-C{owner_name}), with C{%}, C{.} and C{:} percent-encoded so that the owner
-is always the text between the first two dots; NAME is the subscription's
-name (for STOMP, C{CLIENT-ID:NAME} when the client sent a C{client-id}).
+OWNER is who the subscription belongs to (the channel's C{owner_name}):
+
+  - a plain string: a configured user's name (how a password, certificate
+    or anonymous login owns, and, without authentication, the login the
+    client gave), with C{%}, C{.} and C{:} percent-encoded so that the
+    owner is always the text between the first two dots (L{escape_name});
+  - an L{Owner} of another kind: an identity that is not a configured
+    user, such as a token's subject that no C{speak_for} maps
+    (L{qmq.auth.User.owner}); its part is C{KIND:NAME}, the name escaped
+    as above.  An escaped name never holds a bare C{:}, so such an owner
+    can never be confused with a user's, whatever the names: a token's
+    C{alice} owns C{durable.token:alice.NAME}, the password user C{alice}
+    C{durable.alice.NAME}.
+
+NAME is the subscription's name (for STOMP, C{CLIENT-ID:NAME} when the
+client sent a C{client-id}).
 
 L{check_queue_access} is the one place that decides whether a client may
 read (consume), write (send to) or delete a queue it names: today it keeps
@@ -20,6 +32,9 @@ L{qmq.core.channel.Channel}, which asks this function.
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+
 from qmq.core.errors import AccessRefused
 
 #: The queues of durable subscriptions are named C{durable.OWNER.NAME}.
@@ -29,6 +44,7 @@ DURABLE_SUBSCRIPTION_PREFIX = "durable."
 OPERATIONS = ("read", "write", "delete")
 
 _ESCAPES = str.maketrans({"%": "%25", ".": "%2E", ":": "%3A"})
+_KIND = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def escape_name(text: str) -> str:
@@ -37,21 +53,46 @@ def escape_name(text: str) -> str:
     return text.translate(_ESCAPES)
 
 
-def durable_queue_name(owner: str, name: str) -> str:
+@dataclass(frozen=True)
+class Owner:
+    """
+    An owner that is not a configured user (see the module docstring).
+
+    @ivar name: its name (a token's subject).
+    @ivar kind: how it logged in (C{"token"}): letters, digits, C{-}, C{_}.
+    """
+
+    name: str
+    kind: str
+
+    def __post_init__(self) -> None:
+        if not _KIND.fullmatch(self.kind):
+            raise ValueError(f"an owner's kind is letters, digits, '-' and '_': {self.kind!r}")
+
+
+def owner_key(owner: str | Owner) -> str:
+    """The OWNER part of a durable queue name for C{owner}: a user's name
+    escaped, or C{KIND:NAME} for an L{Owner}."""
+    if isinstance(owner, Owner):
+        return f"{owner.kind}:{escape_name(owner.name)}"
+    return escape_name(owner)
+
+
+def durable_queue_name(owner: str | Owner, name: str) -> str:
     """The queue of durable subscription C{name} owned by C{owner}."""
-    return f"{DURABLE_SUBSCRIPTION_PREFIX}{escape_name(owner)}.{name}"
+    return f"{DURABLE_SUBSCRIPTION_PREFIX}{owner_key(owner)}.{name}"
 
 
 def durable_queue_owner(queue_name: str) -> str | None:
-    """The owner (escaped as in the name) of a durable subscription's queue,
-    or None if C{queue_name} is not one."""
+    """The owner's part (L{owner_key}) of a durable subscription's queue
+    name, or None if C{queue_name} is not one."""
     if not queue_name.startswith(DURABLE_SUBSCRIPTION_PREFIX):
         return None
     owner, dot, _ = queue_name[len(DURABLE_SUBSCRIPTION_PREFIX) :].partition(".")
     return owner if dot else None
 
 
-def check_queue_access(owner: str, queue_name: str, operation: str) -> None:
+def check_queue_access(owner: str | Owner, queue_name: str, operation: str) -> None:
     """May the client C{owner} do C{operation} (one of L{OPERATIONS}) to
     the queue C{queue_name}, which it named?
 
@@ -63,7 +104,7 @@ def check_queue_access(owner: str, queue_name: str, operation: str) -> None:
         the queue.
     """
     queue_owner = durable_queue_owner(queue_name)
-    if queue_owner is not None and queue_owner != escape_name(owner):
+    if queue_owner is not None and queue_owner != owner_key(owner):
         raise AccessRefused(
             f"Queue {queue_name!r} is another user's durable subscription: "
             f"{operation} refused.",

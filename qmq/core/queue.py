@@ -67,6 +67,7 @@ from typing import TYPE_CHECKING, Any
 
 from qmq.core.errors import PreconditionFailed, ResourceLimit
 from qmq.core.message import Message, OnDisk
+from qmq.core.names import InvalidName, problem
 
 if TYPE_CHECKING:
     from twisted.internet.interfaces import IDelayedCall
@@ -284,6 +285,20 @@ def _string_argument(argument: str, value: object) -> str:
     return value
 
 
+def _name_argument(kind: str, slash: bool = False) -> Any:
+    """An argument that names an exchange or gives a routing key: a string
+    that follows L{qmq.core.names} (its messages are published with it)."""
+
+    def check(argument: str, value: object) -> str:
+        value = _string_argument(argument, value)
+        reason = problem(kind, value, slash)
+        if reason is not None:
+            raise InvalidName(f"{argument}: {reason}")
+        return value
+
+    return check
+
+
 def _overflow_argument(argument: str, value: object) -> str:
     if value not in OVERFLOW_POLICIES:
         raise PreconditionFailed(
@@ -367,10 +382,16 @@ QUEUE_ARGUMENTS: dict[str, QueueArgument] = {
             "x-ack-timeout", "ack_timeout", _integer_argument(1, MAX_TIME_MS), "an integer >= 1"
         ),
         QueueArgument(
-            "x-dead-letter-exchange", "dead_letter_exchange", _string_argument, "an exchange name"
+            "x-dead-letter-exchange",
+            "dead_letter_exchange",
+            _name_argument("exchange name", slash=True),
+            "an exchange name",
         ),
         QueueArgument(
-            "x-dead-letter-routing-key", "dead_letter_routing_key", _string_argument, "a routing key"
+            "x-dead-letter-routing-key",
+            "dead_letter_routing_key",
+            _name_argument("routing key"),
+            "a routing key",
         ),
         QueueArgument(
             "x-redelivery-backoff",
@@ -895,17 +916,14 @@ class Queue:
     def restore(self, messages: list[Message]) -> None:
         """Put back messages a store recovered, in queue order (at start).
 
-        Their delivery time and ack timeout come back from their headers
-        (L{Message.restore_options}); a message still delayed waits again,
-        one that expired meanwhile is discarded when its turn comes.
+        A message still delayed (its store kept its delivery time) waits
+        again, one that expired meanwhile is discarded when its turn comes.
         """
         policy = self.policy
         if len(messages) == 1:
             # A queue holding one message (a million of them at times): the
             # same, without the loops.
             m = messages[0]
-            if m.headers:
-                m.restore_options()
             if policy.max_priority is None and not m.deliver_at:
                 self._items.extend(messages)  # room for one (append makes four)
                 self._bytes += len(m.body)
@@ -917,9 +935,6 @@ class Queue:
             if head is not None:
                 self._wake(self._deadline(head, policy.ttl))
             return
-        for m in messages:
-            if m.headers:
-                m.restore_options()
         if policy.max_priority is None and not any(m.deliver_at for m in messages):
             self._items.extend(messages)
             self._bytes += sum(len(m.body) for m in messages)
@@ -1224,6 +1239,12 @@ class Queue:
         redelivery backoff), out of sight."""
         rare = self._rare
         return len(rare.delayed) if rare is not None else 0
+
+    def delayed_messages(self) -> list[Message]:
+        """The messages waiting for their delivery time, soonest first (a
+        copy; for inspection and tests)."""
+        rare = self._rare
+        return [entry[2] for entry in sorted(rare.delayed)] if rare is not None else []
 
     def _take_all(self) -> list[Message]:
         """Empty the queue in place; return what was ready, in order."""

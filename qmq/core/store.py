@@ -30,6 +30,9 @@ When the core calls the store:
     disk store writes (and syncs) a whole turn's records at once. Other
     records (settle, topology) wait for the next flush or for L{close}; a
     disk store that must sync them sooner does it on its own schedule.
+  - B{watch}: once, by the broker: the store reports when it cannot write
+    and when it writes again, and admission holds persistent publishes
+    back meanwhile (L{qmq.core.admission}).
   - B{close}: at shutdown, after the listeners closed.
 
 The memory store (L{NullStore}) keeps nothing and answers every call at once;
@@ -39,7 +42,7 @@ it is what a broker gets when nobody chose a store.
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
@@ -181,6 +184,13 @@ class MessageStore(Protocol):
     def flush(self) -> None:
         """End of a reactor turn that called the store: write what is pending."""
 
+    def watch(self, callback: Callable[[bool, str], object]) -> None:
+        """Call C{callback(False, detail)} when the store cannot write (a
+        full disk, an I/O error) and C{callback(True, "")} once it writes
+        again (L{qmq.core.admission.Admission.watch_store}). A store that
+        cannot fail never calls it. Optional: the broker does without it.
+        """
+
     def close(self) -> Any:
         """Shut down; may return a Deferred."""
 
@@ -243,6 +253,9 @@ class NullStore:
 
     def load(self, queue: Queue, messages: list[Message]) -> list[Message]:
         return messages  # it never offloads: nothing to read
+
+    def watch(self, callback: Callable[[bool, str], object]) -> None:
+        return None  # memory cannot fill a disk
 
     def flush(self) -> None:
         return None

@@ -39,6 +39,7 @@ from qmq.core.events import Events, Observer, observe
 from qmq.core.exchange import EXCHANGE_CLASSES, EXCHANGE_TYPES, Exchange, TopicExchange
 from qmq.core.expiry import ExpiryWheel
 from qmq.core.guarantee import queue_class_for
+from qmq.core.names import MAX_NAME_BYTES, check_binding_key, check_exchange, check_queue
 from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX
 from qmq.core.queue import DEFAULT_POLICY, Queue, QueuePolicy
 from qmq.core.store import ScanPage
@@ -72,9 +73,10 @@ DEATH_HEADERS = (
     "x-last-death-exchange",
 )
 
-#: Most characters in a queue name (AMQP 0-9-1's short string): clients
-#: name queues, and a name is kept for as long as its queue lives.
-MAX_QUEUE_NAME = 255
+#: Most bytes (UTF-8) in a queue name (AMQP 0-9-1's short string): clients
+#: name queues, and a name is kept for as long as its queue lives
+#: (L{qmq.core.names} has every rule a name follows).
+MAX_QUEUE_NAME = MAX_NAME_BYTES
 
 __all__ = ["DURABLE_SUBSCRIPTION_PREFIX", "MAX_QUEUE_NAME", "VirtualHost"]
 
@@ -188,12 +190,20 @@ class VirtualHost:
     # -- exchanges ---------------------------------------------------------
 
     def declare_exchange(
-        self, name: str, type: str, durable: bool = True, auto_delete: bool = False
+        self,
+        name: str,
+        type: str,
+        durable: bool = True,
+        auto_delete: bool = False,
+        validate: bool = True,
     ) -> Exchange:
         """Create an exchange, or return the existing one if it agrees.
 
+        @param validate: check a new exchange's name (L{qmq.core.names});
+            False only for what a store recovered (kept as it was).
         @raise PreconditionFailed: unknown type, or an existing exchange of
             another type.
+        @raise InvalidName: the name breaks a rule of L{qmq.core.names}.
         """
         if type not in EXCHANGE_TYPES:
             raise PreconditionFailed(
@@ -208,6 +218,8 @@ class VirtualHost:
                     f"exchange {name!r} exists with type {existing.type!r}, not {type!r}"
                 )
             return existing
+        if validate:
+            check_exchange(name)
         exchange = EXCHANGE_CLASSES[type](name, durable, auto_delete)
         if isinstance(exchange, TopicExchange) and self.broker is not None:
             limits = self.broker.limits
@@ -267,8 +279,13 @@ class VirtualHost:
         backlog: int = 0,
         policy: QueuePolicy | None = None,
         subscription: bool = False,
+        validate: bool = True,
     ) -> Queue:
         """Create a queue, or return the existing one.
+
+        A new queue's name must follow L{qmq.core.names}; an existing one is
+        returned whatever its name (a durable queue recovered with a name
+        an older version accepted stays reachable).
 
         @param on_demand: the queue is made because a client named it (not
             declared in configuration): it starts from L{queue_defaults},
@@ -280,8 +297,11 @@ class VirtualHost:
             C{on_demand} (a private queue whose subscriber states a buffer).
         @param subscription: the queue of a durable topic subscription: made
             on demand, it never expires (see L{_on_demand_policy}).
+        @param validate: check a new queue's name; False only for what a
+            store recovered.
         @raise AccessRefused: the queue is exclusive to another session.
         @raise PreconditionFailed: bad arguments.
+        @raise InvalidName: the name breaks a rule of L{qmq.core.names}.
         """
         queue = self.queues.get(name)
         if queue is not None:
@@ -292,10 +312,8 @@ class VirtualHost:
             return queue
         if not name:
             raise PreconditionFailed("a queue needs a name")
-        if len(name) > MAX_QUEUE_NAME:
-            raise PreconditionFailed(
-                f"queue name has {len(name)} characters; the limit is {MAX_QUEUE_NAME}"
-            )
+        if validate:
+            check_queue(name)
         base = (
             policy
             if policy is not None
@@ -448,16 +466,26 @@ class VirtualHost:
     # -- bindings ----------------------------------------------------------
 
     def bind(
-        self, queue: str, exchange: str, routing_key: str = "", arguments: dict | None = None
+        self,
+        queue: str,
+        exchange: str,
+        routing_key: str = "",
+        arguments: dict | None = None,
+        validate: bool = True,
     ) -> None:
         """Bind C{queue} to C{exchange} with C{routing_key}.
 
+        @param validate: check the binding key (L{qmq.core.names}); False
+            only for what a store recovered.
         @raise NotFound: no such queue or exchange.
+        @raise InvalidName: the key breaks a rule of L{qmq.core.names}.
         """
         q = self.queue(queue)
         if not exchange:
             raise AccessRefused("the default exchange cannot be bound")
         ex = self.exchange(exchange)
+        if validate:
+            check_binding_key(routing_key, ex)
         if ex.bind(q, routing_key, arguments):
             if q.bindings is None:
                 q.bindings = []
@@ -528,6 +556,7 @@ class VirtualHost:
             raise AccessRefused("the default exchange cannot be bound")
         dest = self.exchange(destination)
         src = self.exchange(source)
+        check_binding_key(routing_key, src)
         if src.bind(dest, routing_key, arguments):
             src.e2e += 1
             if dest.sources is None:
@@ -647,6 +676,7 @@ class VirtualHost:
         copy = broker.new_message(exchange, key, headers, message.body, message.persistent)
         copy.priority = message.priority
         copy.ack_timeout = message.ack_timeout
+        copy.properties = message.properties
         try:
             targets = self.route(exchange, key, headers)
             result = self.publish_to(targets, copy)

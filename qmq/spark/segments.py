@@ -35,6 +35,7 @@ from qmq.store.record import _PUBLISH as PUBLISH  # noqa: E402
 from qmq.store.record import (
     FLAG_HEADERS_JSON,
     FLAG_HEADERS_PAIRS,
+    FLAG_TIMING,
     FRAME,
     FRAME_SIZE,
     MAX_RECORD,
@@ -42,6 +43,7 @@ from qmq.store.record import (
     RECORD_PUBLISH,
     RECORD_REQUEUE,
     RECORD_SETTLE,
+    TIMING,
     TYPE_CRC,
     RecordError,
     decode_headers,
@@ -327,6 +329,8 @@ def _read_messages(data: Any, size: int, vhost: str, match: Callable[[str], bool
                         queue_cache[raw] = name
                     if name is not None:
                         names.append(name)
+                if flags & FLAG_TIMING:
+                    h += TIMING.size  # delivery time, ack timeout (format 4)
                 if h > rend:
                     continue  # shorter than its fields: damage
                 if not names:
@@ -421,7 +425,7 @@ def read_events(
     for type_, rstart, rend in reader.records():
         try:
             if type_ == RECORD_PUBLISH:
-                (mid, ts, _e, _p, _f, vh, exchange, rk, headers, queues, size) = (
+                (mid, ts, _e, _p, _f, vh, exchange, rk, headers, queues, size, _x) = (
                     decode_publish_fields(data, rstart, rend, False)
                 )
                 if vhost is not None and vh != vhost:

@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 from qmq.core.channel import Channel, SendTarget
 from qmq.core.consumer import Consumer
 from qmq.core.errors import BrokerError
+from qmq.core.names import check_destination, check_exchange, check_queue, check_routing_key
 from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX, check_queue_access
 from qmq.core.queue import Queue
 
@@ -130,8 +131,12 @@ class DestinationChannel(Channel):
 
         A C{/control/} destination resolves to C{(None, None, None, path, None)}.
 
+        Names and keys are checked here (L{qmq.core.names}), once per
+        destination and channel, not per message.
+
         @raise DestinationError: the name maps to nothing.
         @raise NotFound: the exchange does not exist, or an C{amq.} queue.
+        @raise InvalidName: a name or key breaks a rule of L{qmq.core.names}.
         """
         target = self._targets.get(text)
         if target is not None and not target[4].deleted:
@@ -151,6 +156,8 @@ class DestinationChannel(Channel):
             # Publishing to an existing queue is allowed even if it is
             # exclusive to another channel (a /temp-queue/ reply-to).
             queue = self.vhost.queues.get(name)
+            if queue is None:
+                check_queue(name)
             if self.user is not None:
                 self._authorize("write", name, text)
                 if queue is None:
@@ -166,8 +173,13 @@ class DestinationChannel(Channel):
             queue = self.temp_queue(dest.name)
             return (queue, None, "", queue.name, queue)
         if kind == "control":
+            check_destination(text)
             return (None, None, None, dest.name, None)
-        exchange = self.vhost.exchange(dest.name)
+        exchange = self.vhost.exchanges.get(dest.name)
+        if exchange is None:
+            check_exchange(dest.name)
+            exchange = self.vhost.exchange(dest.name)
+        check_routing_key(dest.key, exchange)
         if self.user is not None:
             self._authorize("write", exchange.name, text)
         return (None, exchange, exchange.name, dest.key, exchange)

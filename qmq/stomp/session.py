@@ -47,19 +47,29 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from qmq import __version__
+from qmq.core import options
 from qmq.core.broker import DEFAULT_VHOST, Broker
 from qmq.core.consumer import SubscriberBuffer
 from qmq.core.errors import BrokerError
-from qmq.core.message import ACK_TIMEOUT_HEADER, DELIVER_AT_HEADER
+from qmq.core.message import check_user_id
+from qmq.core.options import OptionError
 from qmq.core.ownership import escape_name
 from qmq.core.queue import QUEUE_ARGUMENTS, argument_name
 from qmq.core.vhost import VirtualHost
 from qmq.stomp.destinations import DestinationChannel, parse_destination
-from qmq.stomp.encoding import VERSION_INDEX, VERSIONS, encode_message_headers, relay_block
+from qmq.stomp.encoding import (
+    VERSION_INDEX,
+    VERSIONS,
+    destination_line,
+    encode_message_headers,
+    relay_block,
+    split_headers,
+    with_expiry,
+)
 from qmq.stomp.frame import Frame, FrameError, encode_frame, escape_header, excerpt
-from qmq.stomp.headers import HeaderError, parse_bool, parse_heartbeat, parse_int, parse_seconds
+from qmq.stomp.headers import HeaderError, parse_bool, parse_heartbeat, parse_int
 from qmq.stomp.settings import StompSettings
-from qmq.stomp.subscription import Subscription
+from qmq.stomp.subscription import Subscription, TextSubscription
 from qmq.transport import ITransport
 
 log = Logger()
@@ -83,28 +93,15 @@ _MAX_HELD_FRAMES = 1000
 _CACHED_BLOCKS = 64
 _CACHED_BLOCK_SIZE = 2048
 #: SEND headers that set how a message is delivered (see _delivery_options).
+ACK_TIMEOUT_HEADER = "ack-timeout"
 _TIMING_HEADERS = frozenset(("expires", "ttl", "delay", "deliver-at", ACK_TIMEOUT_HEADER))
 _DELIVERY_HEADERS = _TIMING_HEADERS | {"priority"}
-# The priorities as a client writes them (a dict lookup instead of a parse).
-_PRIORITIES = {str(i): i for i in range(10)}
-# Bounds of those headers: an epoch time in ms (year 6429), a span in ms (34 years).
-_MAX_EPOCH_MS = 1 << 47
-_MAX_SPAN_MS = 1 << 40
-# Spans (ttl, delay) already read: a producer repeats the same value, so a
-# lookup replaces parse_int. Bounded: cleared when full.
-_SPANS: dict[str, int] = {}
-_SPANS_MAX = 1024
 
 
-def _span_ms(value: str, name: str) -> int:
-    """A C{ttl} or C{delay} header's milliseconds (see L{parse_int})."""
-    ms = _SPANS.get(value)
-    if ms is None:
-        ms = parse_int(value, name, 0, _MAX_SPAN_MS)
-        if len(_SPANS) >= _SPANS_MAX:
-            _SPANS.clear()
-        _SPANS[value] = ms
-    return ms
+def _header_error(e: OptionError) -> HeaderError:
+    """The STOMP error for a delivery option the core refused (the option's
+    name is its header's)."""
+    return HeaderError(f"invalid {e.option} header", f"The {e.describe(e.option + ' header')}.")
 
 
 #: SUBSCRIBE headers that are queue arguments without their x- prefix; the
@@ -127,7 +124,8 @@ class StompError(Exception):
 class StompSession:
     """One client's STOMP session (see the module docstring).
 
-    @ivar id: the session id (also the prefix of every message-id it sends).
+    @ivar id: the session id, C{NODE.RUN.N} (L{qmq.core.ids}; also the
+        prefix of every message-id it sends).
     @ivar version: the negotiated STOMP version.
     @ivar vhost: the virtual host chosen at CONNECT.
     @ivar channel: the session's way into the core (from CONNECT on).
@@ -150,8 +148,16 @@ class StompSession:
         self.clock = clock if clock is not None else broker.clock
         self.transport = transport
         self.heartbeats_supported = transport.heartbeats
+        # A transport that carries text only (SockJS) gets subscriptions
+        # that refuse bodies that are not UTF-8 (see TextSubscription).
+        self._subscription = (
+            TextSubscription if getattr(transport, "text_only", False) else Subscription
+        )
         self.peer = transport.peer
-        self.id = f"{next(_session_ids):x}"
+        # NODE.RUN.N: a session id (and so every message-id it sends) never
+        # names another session of this or another node, in this run or a
+        # later one (qmq.core.ids), so a stale ack can settle nothing.
+        self.id = f"{broker.message_ids.prefix}.{next(_session_ids):x}"
         self.version = "1.0"
         self.version_index = 2
         self.vhost: VirtualHost = broker.default_vhost
@@ -176,7 +182,11 @@ class StompSession:
         self._out: list[bytes] = []
         self._out_size = 0
         self._blocks: dict[bytes, bytes] = {}
-        self._last_headers: dict[str, str] | None = None
+        # The last SEND's headers and their split into the model.
+        self._last_split: tuple = (None, None, None)
+        # The last relayed block given an expires line: (block, expiry in
+        # epoch ms, block with the line).
+        self._last_expiry: tuple = (None, 0, None)
         self._seconds = self.clock.seconds
         self._msgid_prefix = self.id + "-"
         self._wrote_flag = True
@@ -184,8 +194,9 @@ class StompSession:
         self._group: list | None = None
         self._group_waiter: Any = None
         self._disconnecting = False
-        self._alarm = broker.memory_alarm
+        self._admission = broker.admission
         self._blocked = False
+        self._blocked_persistent = False
         self.last_read = self._seconds()
         self.frame_started: float | None = None
         #: Bytes of the frame still being received (counted in the broker's budget).
@@ -482,24 +493,32 @@ class StompSession:
         reading for its own reasons leaves it off."""
         return self._blocked or self._held is not None
 
-    # -- publisher flow control (memory alarm) --------------------------------------
+    # -- publisher flow control (admission: memory and disk alarms, the store) -----
 
-    def _block(self) -> None:
-        """Stop reading from this publisher until the memory alarm clears."""
+    def _hold_back(self, headers: dict[str, str]) -> None:
+        """Admission holds some publishers back: stop reading from this one
+        if its SEND is of a kind held (every SEND under the memory alarm, a
+        persistent one under the disk alarm or a failing store), until
+        admission lets it through again."""
+        persistent = headers.get("persistent", "").lower() == "true"
+        hold = self._admission.refusal(persistent)
+        if hold is None:
+            return
         self._blocked = True
+        self._blocked_persistent = persistent
         self.transport.pause_reading()
-        self._alarm.subscribe(self._alarm_changed)
-        log.info("stomp publisher blocked by the memory alarm session={session} peer={peer}",
-                 session=self.id, peer=self.peer)
+        self._admission.subscribe(self._admission_changed)
+        log.info("stomp publisher held back session={session} peer={peer}: {why}",
+                 session=self.id, peer=self.peer, why=hold.detail)
 
-    def _alarm_changed(self, active: bool) -> None:
-        if not active:
+    def _admission_changed(self, admission: Any) -> None:
+        if admission.admits(self._blocked_persistent):
             self._unblock()
 
     def _unblock(self) -> None:
         if self._blocked:
             self._blocked = False
-            self._alarm.unsubscribe(self._alarm_changed)
+            self._admission.unsubscribe(self._admission_changed)
             if not self.closed:
                 # Deadlines restart: the silence was the broker's doing.
                 self.last_read = self._seconds()
@@ -579,7 +598,11 @@ class StompSession:
         self._group = self._group_waiter = None
         if not self.closed:
             log.failure("store failed to keep a message session={session}", failure, session=self.id)
-        self.error("message not stored", "The broker could not store a message; see its log.")
+        self.error(
+            "message not stored",
+            f"The broker could not store a message ({failure.getErrorMessage()}); it is not "
+            "accepted: send it again later.",
+        )
         # Passed on: the waiter may be shared with other sessions (see
         # qmq.core.store), whose errbacks must see the failure too.
         return failure
@@ -771,15 +794,17 @@ class StompSession:
             recv=recv_ms,
         )
 
-    def _owner_name(self) -> str:
+    def _owner_name(self) -> Any:
         """Who the client is, for what it owns (durable subscriptions): its
         login, else its verified TLS identity, else C{""} (anonymous).
 
-        With authentication on, the authenticated user's name; without it
-        the login is not checked.
+        With authentication on, the authenticated user's owner
+        (L{qmq.auth.User.owner}: a token's subject owns apart from the
+        password user of the same name); without it the login is not
+        checked.
         """
         if self.user is not None:
-            return self.user.name
+            return self.user.owner
         if self.login:
             return self.login
         identity = self.transport.identity
@@ -793,18 +818,17 @@ class StompSession:
         h = frame.headers
         if "destination" not in h:
             self._require(frame, "destination")
-        alarm = self._alarm
         if (
-            alarm is not None
-            and alarm.active
+            self._admission.closed
             and not self._blocked
             and not h["destination"].startswith("/control/")
         ):
             # This frame was read already and is published; the next are not
-            # read until memory is back under the mark (publisher flow
-            # control). A control query (/control/memory) publishes nothing:
-            # a monitor asking about the alarm is not blocked by it.
-            self._block()
+            # read until admission lets this publisher through (memory back
+            # under the mark, disk space freed, the store writing again). A
+            # control query (/control/memory) publishes nothing: a monitor
+            # asking about the alarm is not blocked by it.
+            self._hold_back(h)
         receipt = h.get("receipt")
         if "transaction" in h:
             self._hold(h["transaction"], "SEND", frame)
@@ -839,9 +863,12 @@ class StompSession:
         @return: None (done), a Deferred (its receipt waits for it), or for
             a control destination the list of RECEIPT headers answering it.
 
-        The frame's headers become the message's headers (less the ones that
-        describe the frame), and the raw header block the parser kept becomes
-        the MESSAGE header block as is, so relaying costs no re-encoding.
+        The frame's headers become the message model (L{split_headers}:
+        properties and application headers; the delivery options read by
+        the core's parser into the message's fields), and the raw header
+        block the parser kept becomes the MESSAGE header block (less what
+        the model does not keep as sent: L{relay_block}), so relaying costs
+        no re-encoding.
         """
         channel = self.channel
         assert channel is not None
@@ -854,6 +881,7 @@ class StompSession:
         persistent = False
         unique = False
         timing: Any = None
+        properties = headers = None
         if len(h) > 1:
             if "receipt" in h:
                 del h["receipt"]
@@ -876,37 +904,40 @@ class StompSession:
             if len(h) > 1 and not _DELIVERY_HEADERS.isdisjoint(h):
                 if "priority" in h and _TIMING_HEADERS.isdisjoint(h):
                     # A priority alone (the common case): a lookup, no call.
-                    timing = _PRIORITIES.get(h["priority"])
+                    timing = options.PRIORITIES.get(h["priority"])
                     if timing is None:
-                        timing = parse_int(h["priority"], "priority", 0, 9)
+                        try:
+                            timing = options.read_priority(h["priority"])
+                        except OptionError as e:
+                            raise _header_error(e) from None
                 elif "delay" in h or "deliver-at" in h or ACK_TIMEOUT_HEADER in h:
                     timing = self._delivery_options(h)
                 else:
                     timing = self._expiry_options(h)  # a TTL: no other call
-        if len(h) > 1:
-            # A producer's messages repeat their headers: they share one
-            # dict, as recovered messages do (a message's headers are never
-            # changed in place). Each would otherwise keep its own dict and
-            # strings, about 430 bytes for destination and persistent.
-            last = self._last_headers
-            if h == last:
-                h = last
-            else:
-                self._last_headers = h
-            headers: dict[str, str] | None = h
-        else:
-            headers = None  # rather than a dict of the destination alone
+            if len(h) > 1:
+                # A producer's messages repeat their headers: they share
+                # the model's dicts, as recovered messages do (a message's
+                # dicts are never changed in place), split once.
+                last = self._last_split
+                if h == last[0]:
+                    properties, headers = last[1], last[2]
+                else:
+                    properties, headers = split_headers(h)
+                    check_user_id(properties, channel.user)
+                    self._last_split = (h, properties, headers)
         message = channel.new_message(target, headers, frame.body, persistent)
+        if properties is not None:
+            message.properties = properties
         if timing is not None:
             if timing.__class__ is int:
                 message.priority = timing
             else:
                 message.priority, message.expires, message.deliver_at, message.ack_timeout = timing
         if raw is None:
-            encode_message_headers(message, text)
+            encode_message_headers(message)
         elif unique:
             # A receipt or transaction line makes the block unique to this
-            # frame: strip it when (if ever) the message is delivered, not
+            # frame: make it when (if ever) the message is delivered, not
             # now (see qmq.stomp.encoding).
             message.cache = (raw,)
         else:
@@ -914,76 +945,69 @@ class StompSession:
             # the same bytes object for it, so this lookup is cheap.
             block = self._blocks.get(raw)
             if block is None:
-                block = relay_block(raw, message, text)
-                # Re-encoded blocks depend on the message; long blocks are
-                # not worth keeping (and would let a client pin megabytes).
-                if block.__class__ is not tuple and len(raw) <= _CACHED_BLOCK_SIZE:
+                block = relay_block(raw, destination_line(target[2], target[3])) or b""
+                # Long blocks are not worth keeping (and would let a client
+                # pin megabytes).
+                if len(raw) <= _CACHED_BLOCK_SIZE:
                     blocks = self._blocks
                     if len(blocks) >= _CACHED_BLOCKS:
                         blocks.clear()
                     blocks[raw] = block
-            message.cache = block
+            if not block:  # not relayed as sent: from the model
+                encode_message_headers(message)
+            elif message.expires:
+                # A producer's messages expire at the same millisecond
+                # (a fixed expires, or a ttl within one read): one block.
+                ms = round(message.expires * 1000)
+                last = self._last_expiry
+                if last[0] is block and last[1] == ms:
+                    message.cache = last[2]
+                else:
+                    message.cache = with_expiry(block, message)
+                    self._last_expiry = (block, ms, message.cache)
+            else:
+                message.cache = block
         return channel.publish_target(target, message)
 
     def _delivery_options(self, h: dict[str, str]) -> tuple[int, float, float, float]:
-        """Read a SEND's delivery headers: C{priority} (0-9), C{expires}
-        (epoch ms, 0 never; ActiveMQ's), C{ttl} (ms from now), C{delay}
-        (ms from now), C{deliver-at} (epoch ms), C{ack-timeout} (seconds,
-        ocamlmq's).
-
-        A delivery time is written back as C{deliver-at} in epoch ms, the
-        header in which every store keeps it
-        (L{qmq.core.message.DELIVER_AT_HEADER}).
+        """Read a SEND's delivery headers through the core's one parser
+        (L{qmq.core.options.read}): C{priority}, C{expires}, C{ttl},
+        C{delay}, C{deliver-at}, C{ack-timeout} (their names are the core's
+        option names).
 
         @return: C{(priority, expires, deliver_at, ack_timeout)}, times in
             epoch seconds (0.0: none).
         @raise HeaderError: a value is malformed or out of range.
         """
-        priority, expires, _, _ = self._expiry_options(h)
-        deliver_at = ack_timeout = 0.0
-        if "deliver-at" in h:
-            deliver_at = parse_int(h["deliver-at"], "deliver-at", 0, _MAX_EPOCH_MS) / 1000.0
-        if "delay" in h or deliver_at:
-            now = self._seconds()
-            if "delay" in h:
-                deliver_at = max(deliver_at, now + _span_ms(h["delay"], "delay") / 1000.0)
-            if deliver_at > now:
-                h[DELIVER_AT_HEADER] = str(round(deliver_at * 1000))
-            else:
-                deliver_at = 0.0
-        if ACK_TIMEOUT_HEADER in h:
-            ack_timeout = parse_seconds(h[ACK_TIMEOUT_HEADER], ACK_TIMEOUT_HEADER, _MAX_SPAN_MS / 1000.0)
-        return priority, expires, deliver_at, ack_timeout
+        get = h.get
+        try:
+            timing = options.read(
+                self._seconds(),
+                get("priority"),
+                get("expires"),
+                get("ttl"),
+                get("delay"),
+                get("deliver-at"),
+                get(ACK_TIMEOUT_HEADER),
+            )
+        except OptionError as e:
+            raise _header_error(e) from None
+        return timing
 
     def _expiry_options(self, h: dict[str, str]) -> tuple[int, float, float, float]:
         """The part of L{_delivery_options} that reads C{priority},
         C{expires} and C{ttl}; the whole of it when a SEND has no delivery
         time or ack timeout (the common case, called directly)."""
         priority = 0
-        value = h.get("priority")
-        if value is not None:
-            priority = _PRIORITIES.get(value)  # type: ignore[assignment]
-            if priority is None:
-                priority = parse_int(value, "priority", 0, 9)
-        expires = 0.0
-        value = h.get("expires")
-        if value is not None:
-            if len(value) <= 16 and value.isdigit() and value.isascii():
-                ms = int(value)
-                if ms > _MAX_EPOCH_MS:
-                    ms = parse_int(value, "expires", 0, _MAX_EPOCH_MS)  # the error
-            else:
-                ms = parse_int(value, "expires", 0, _MAX_EPOCH_MS)
-            expires = ms / 1000.0
-        value = h.get("ttl")
-        if value is not None:
-            ms = _SPANS.get(value)
-            if ms is None:
-                ms = _span_ms(value, "ttl")
-            at = self._seconds() + ms / 1000.0
-            if not expires or at < expires:
-                expires = at
-        return priority, expires, 0.0, 0.0
+        try:
+            value = h.get("priority")
+            if value is not None:
+                priority = options.PRIORITIES.get(value)  # type: ignore[assignment]
+                if priority is None:
+                    priority = options.read_priority(value)
+            return priority, options.read_expiry(self._seconds(), h.get("expires"), h.get("ttl")), 0.0, 0.0
+        except OptionError as e:
+            raise _header_error(e) from None
 
     def _reply_to(self, text: str) -> str:
         """Rewrite a /temp-queue/ reply-to so the replier reaches this session."""
@@ -994,7 +1018,7 @@ class StompSession:
             # As RabbitMQ does: replies arrive without an explicit SUBSCRIBE,
             # on a subscription named after the temp-queue destination.
             self._check_subscription_cap()
-            sub = Subscription(self, text, text, "auto", None)
+            sub = self._subscription(self, text, text, "auto", None)
             self.subscriptions[text] = sub
             channel.subscribe(sub, text)
         return "/queue/" + queue.name
@@ -1033,7 +1057,7 @@ class StompSession:
         arguments = None
         if not _SUBSCRIBE_ARGUMENTS.isdisjoint(h):
             arguments = {argument_name(k): v for k, v in h.items() if k in _SUBSCRIBE_ARGUMENTS}
-        sub = Subscription(self, sub_id, text, mode, prefetch)
+        sub = self._subscription(self, sub_id, text, mode, prefetch)
         buffer = self._buffer(h)
         if buffer is not None:
             sub.buffer = buffer
@@ -1122,6 +1146,32 @@ class StompSession:
             f"Subscription {sub.id!r} ({sub.destination}) fell too far behind: {reason}. "
             "The connection is cut off; the messages it did not read are lost to it.",
         )
+
+    def undeliverable(self, sub: Subscription, message: Any, queue: Any) -> None:
+        """C{message} cannot cross this session's transport (a body that is
+        not UTF-8 over a text-only one): an ERROR tells the client, and the
+        message goes back to its queue, its delivery count raised (so a
+        queue's delivery limit dead-letters a message that keeps coming
+        back). An ack-required subscription has it among its unacked
+        deliveries (the channel's close gives it back); C{queue} is the
+        queue to give an auto-ack delivery back to (None for a live topic
+        subscription: the message is not delivered to it).
+        """
+        sub.paused = True
+        where = (
+            "It is back in its queue, for a consumer over a binary-capable transport."
+            if (sub.ack_required or queue is not None)
+            else "It is not delivered to this subscription."
+        )
+        self.error(
+            "binary body",
+            f"A message for subscription {sub.id!r} ({sub.destination}) has a body of "
+            f"{len(message.body)} bytes that is not UTF-8 text; SockJS carries text only, so "
+            f"it cannot be delivered here. {where} Consume binary bodies over STOMP over "
+            "WebSocket (/ws) or TCP.",
+        )
+        if queue is not None:
+            queue.requeue([message])
 
     def subscription_cancelled(self, sub: Subscription) -> None:
         """The queue or exchange under C{sub} was deleted by someone else."""

@@ -7,6 +7,12 @@ delivery; all this class adds is the wire form. Its C{deliver} is the
 broker's hottest path after the parser, so the MESSAGE frame is one
 C{bytes %} of a prefix fixed per subscription, the tag, the message's cached
 header block (L{qmq.stomp.encoding}) and the body.
+
+L{TextSubscription} is the subscription of a session whose transport carries
+text only (C{transport.text_only}: SockJS, whose messages are JavaScript
+strings): every delivery to such a session passes its C{deliver}, which
+refuses a body that is not UTF-8 (L{StompSession.undeliverable}) instead
+of sending it mangled.
 """
 
 from __future__ import annotations
@@ -87,3 +93,43 @@ class Subscription(Consumer):
 
     def overrun(self, reason: str) -> None:
         self.session.subscription_overrun(self, reason)
+
+
+def _is_utf8(body: bytes) -> bool:
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def is_text(body: bytes) -> bool:
+    """Whether C{body} is UTF-8 text (what a text-only transport can carry)."""
+    return body.isascii() or _is_utf8(body)
+
+
+class TextSubscription(Subscription):
+    """A subscription of a session over a text-only transport (SockJS).
+
+    A body that is not UTF-8 cannot cross it: decoded with replacement
+    characters it would arrive changed, and its C{content-length} (bytes)
+    would no longer match, which desynchronises stomp.js's parser. Such a
+    message is not delivered: the session gets it back
+    (L{qmq.stomp.session.StompSession.undeliverable}), tells its client with
+    an ERROR, and returns it to its queue.
+    """
+
+    __slots__ = ()
+
+    def deliver(self, message: Message, queue: Queue | None) -> None:
+        body = message.body
+        # is_text, inlined: ASCII (the usual STOMP text) costs one C call.
+        if body.isascii() or _is_utf8(body):
+            Subscription.deliver(self, message, queue)
+            return
+        if self.ack_required:
+            # Tracked like any delivery, so that closing the session's
+            # channel gives it back to its queue as it does every unacked one.
+            self.channel.track(self, message)
+            queue = None
+        self.session.undeliverable(self, message, queue)

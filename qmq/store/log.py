@@ -109,6 +109,9 @@ MiB = 1024 * 1024
 #: How far message ids jump after damage hid some records (see L{_open}).
 ID_JUMP = 1 << 32
 
+#: Seconds between two lines of progress while the log is replayed at start.
+PROGRESS_EVERY = 2.0
+
 #: The file a store holds locked while it is open (one broker per directory).
 LOCK_FILE = "LOCK"
 
@@ -120,6 +123,67 @@ _ID = struct.Struct("<Q")
 
 class StoreFailed(Exception):
     """The store could not write: what it was asked to keep may be lost."""
+
+
+class _Progress:
+    """Lines an operator can watch while the log is replayed at start: what
+    there is to read, then every L{PROGRESS_EVERY} seconds how far replay
+    got (segments, bytes, percent, live messages), then the total. A
+    million messages take seconds, and no listener is bound meanwhile."""
+
+    def __init__(self, directory: str, segments: list, replay: Replay, clock: Callable[[], float]) -> None:
+        self.directory = directory
+        self.replay = replay
+        self.clock = clock
+        self.sizes = []
+        for _, path in segments:
+            try:
+                self.sizes.append(os.path.getsize(path))
+            except OSError:
+                self.sizes.append(0)
+        self.total = sum(self.sizes)
+        self.read = 0
+        self.started = self.last = clock()
+        if segments:
+            _log.info(
+                "commit log: recovering {segments} segment(s), {mib:.1f} MiB, from {directory}; "
+                "listeners bind once it is done",
+                segments=len(segments),
+                mib=self.total / MiB,
+                bytes=self.total,
+                directory=directory,
+            )
+
+    def step(self, i: int) -> None:
+        """Segment C{i} is next: say how far replay got, if it is time."""
+        if i:
+            self.read += self.sizes[i - 1]
+            now = self.clock()
+            if now - self.last >= PROGRESS_EVERY:
+                self.last = now
+                _log.info(
+                    "commit log: recovery at {percent:.0f}%: {done} of {segments} segment(s), "
+                    "{mib:.1f} of {total_mib:.1f} MiB, {messages} live message(s) so far, "
+                    "{seconds:.1f} s",
+                    percent=100.0 * self.read / self.total if self.total else 100.0,
+                    done=i,
+                    segments=len(self.sizes),
+                    mib=self.read / MiB,
+                    total_mib=self.total / MiB,
+                    messages=len(self.replay.messages),
+                    seconds=now - self.started,
+                )
+
+    def done(self) -> None:
+        if self.sizes:
+            _log.info(
+                "commit log: recovered {segments} segment(s), {mib:.1f} MiB, {messages} live "
+                "message(s), in {seconds:.1f} s",
+                segments=len(self.sizes),
+                mib=self.total / MiB,
+                messages=len(self.replay.messages),
+                seconds=self.clock() - self.started,
+            )
 
 
 class _Batch:
@@ -188,6 +252,8 @@ class CommitLogStore:
         io: Callable[..., Deferred] | None = None,
         datasync: Callable[[int], None] = os.fdatasync,
         backlog_memory: int = 16 * MiB,
+        retry_interval: float = 1.0,
+        progress_clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """
         @param fsync: C{"always"} (a publish's Deferred fires after its
@@ -209,6 +275,10 @@ class CommitLogStore:
             more body bytes than this leaves the bodies (and headers) of the
             persistent messages published to it then on disk, once written,
             and reads them back as consumers reach them; 0 never does.
+        @param retry_interval: seconds between two tries to write again
+            after a write failed (a full disk, an I/O error).
+        @param progress_clock: the time replay's progress lines are spaced
+            by (L{PROGRESS_EVERY}); tests give a fake one.
         """
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, got {fsync!r}")
@@ -247,6 +317,18 @@ class CommitLogStore:
         self._compacting: int | None = None
         self._stuck: set[int] = set()
         self._failed: StoreFailed | None = None
+        # After a failed write: the records not written yet (that batch and
+        # the records made since), written again every retry_interval.
+        self._retry_batch: _Batch | None = None
+        self._retry_call: Any = None
+        self.retry_interval = retry_interval
+        self._progress_clock = progress_clock
+        self._failed_at = 0.0
+        self._retry_logged = 0.0
+        self._watchers: list[Callable[[bool, str], object]] = []
+        #: Writes that failed, and recoveries from them (figures, tests).
+        self.failures = 0
+        self.recoveries = 0
         self._closing = False
         self._closed: Deferred | None = None
         self._vhost_names: dict[str, bytes] = {}
@@ -269,8 +351,9 @@ class CommitLogStore:
         self._last_queue: Any = None
         self._last_qnames: tuple[tuple[str, ...], tuple[bytes, ...]] = ((), ())
         # (vhost, exchange, routing key, queue names, a copy of the
-        # headers, header flag, static part) of the last publish.
-        self._last_static: tuple = (None, None, None, None, None, 0, b"")
+        # headers, header flags, static part, a copy of the properties) of
+        # the last publish.
+        self._last_static: tuple = (None, None, None, None, None, 0, b"", None)
         #: Counts for tests and figures: writes done, segments deleted,
         #: segments compacted.
         self.writes = 0
@@ -327,9 +410,11 @@ class CommitLogStore:
         index = self._index
         replay = Replay(index, backlog_memory=self.backlog_memory)
         segments = list_segments(self.directory)
+        progress = _Progress(self.directory, segments, replay, self._progress_clock)
         floor = 1
         append_to = None
         for i, (number, path) in enumerate(segments):
+            progress.step(i)
             last = i == len(segments) - 1
             data = read_segment(path)
             reader = SegmentReader(path, data, last)
@@ -376,6 +461,7 @@ class CommitLogStore:
             # batch, even one that only deletes the old segments.
             self._place()
         self._sealed = self._active
+        progress.done()
         self._recovery = replay.recovery()
         self._recovery.next_message_id = self._next_id()
         if self.compact_interval:
@@ -448,8 +534,10 @@ class CommitLogStore:
             if not self._opened:
                 self._open()
             if self._failed is not None:
-                # Fails with the batch (see _submit), like any other waiter.
-                return self._shared_waiter() if self._always else None
+                # Refused whatever the fsync policy (a queue's "always" too,
+                # under a store-wide "never"): nothing is written until the
+                # store writes again. Fails with the batch (see _submit).
+                return self._shared_waiter()
         if vhost is self._last_vhost:
             vname, vbytes = self._last_vnames
         else:
@@ -471,6 +559,7 @@ class CommitLogStore:
         exchange = message.exchange
         routing_key = message.routing_key
         headers = message.headers
+        properties = message.properties
         last = self._last_static
         if (
             encoded is last[3]
@@ -478,16 +567,18 @@ class CommitLogStore:
             and exchange is last[1]
             and vbytes is last[0]
             and headers == last[4]
+            and properties == last[7]
         ):
             hflag = last[5]
             static = last[6]
         else:
-            hflag, static = publish_static(vbytes, exchange, routing_key, headers, encoded)
-            if hflag != FLAG_HEADERS_JSON:  # strings only (see encode_headers)
+            hflag, static = publish_static(vbytes, exchange, routing_key, headers, encoded, properties)
+            if not hflag & FLAG_HEADERS_JSON:  # strings only (see encode_headers)
                 # A copy: the message's own dict may change later.
                 self._last_static = (
                     vbytes, exchange, routing_key, encoded,
                     None if headers is None else dict(headers), hflag, static,
+                    None if properties is None else dict(properties),
                 )  # fmt: skip
         mid = message.id
         timestamp = message.timestamp
@@ -499,6 +590,8 @@ class CommitLogStore:
             hflag | FLAG_PERSISTENT if message.persistent else hflag,
             static,
             message.body,
+            message.deliver_at,
+            message.ack_timeout,
         )
         if self._active_size >= self.segment_size and self._active_records:
             self._roll()
@@ -901,7 +994,7 @@ class CommitLogStore:
         self._chunks = None
         self._flush_wanted = False
         if self._failed is not None:
-            self._fail_batch(batch, self._failed)
+            self._keep(batch)
             return
         self._inflight = batch
         self._run(self._write_batch, batch).addCallbacks(
@@ -974,13 +1067,145 @@ class CommitLogStore:
         self._batch.sync = True
         self.flush()
 
+    # -- a write that failed, and writing again ---------------------------------
+
+    def watch(self, callback: Callable[[bool, str], object]) -> None:
+        """Call C{callback(False, detail)} when a write fails and
+        C{callback(True, "")} once the store writes again
+        (L{qmq.core.store.MessageStore.watch})."""
+        self._watchers.append(callback)
+
+    @property
+    def failure(self) -> str | None:
+        """Why the store cannot write now, or None while it can."""
+        return str(self._failed) if self._failed is not None else None
+
+    def _tell(self, healthy: bool, detail: str) -> None:
+        for callback in list(self._watchers):
+            try:
+                callback(healthy, detail)
+            except Exception:
+                _log.failure("commit log: store watcher {callback!r} failed", callback=callback)
+
     def _write_failed(self, failure: Any, batch: _Batch) -> None:
+        """A batch could not be written (or synced): refuse what waits for
+        it, keep its records, and try again every C{retry_interval}.
+
+        Nothing of it was confirmed: its publishes' Deferreds fail (their
+        RECEIPTs are errors, HTTP answers 503). Its records, and those
+        made until the store writes again, are kept and written by the
+        retry, after the segments are cut back to their last good write.
+        Until then every publish is refused whatever its fsync policy, and
+        the store's watchers (admission) hold persistent publishers back.
+        """
         self._inflight = None
-        _log.failure("commit log: a write failed; the store takes no more records", failure)
-        self._failed = StoreFailed(f"commit log write failed: {failure.getErrorMessage()}")
-        self._fail_batch(batch, self._failed)
-        if self._inflight is None and self._batch:
+        error = failure.value
+        if isinstance(error, OSError) and error.errno is not None:
+            why = f"{os.strerror(error.errno)} ({errno.errorcode.get(error.errno, error.errno)})"
+        else:
+            why = failure.getErrorMessage()
+        first = self._failed is None
+        self._failed = StoreFailed(f"the commit log cannot write to {self.directory}: {why}")
+        self._keep(batch)
+        now = self._reactor.seconds()
+        if first:
+            self.failures += 1
+            self._failed_at = self._retry_logged = now
+            _log.error(
+                "commit log: a write failed ({why}); persistent publishes are refused, and the "
+                "store retries every {interval:g} s until it can write again",
+                why=why,
+                interval=self.retry_interval,
+                directory=self.directory,
+            )
+            self._tell(False, str(self._failed))
+        elif now - self._retry_logged >= 30:
+            self._retry_logged = now
+            _log.warn(
+                "commit log: still cannot write after {seconds:.0f} s ({why}); retrying every "
+                "{interval:g} s",
+                seconds=now - self._failed_at,
+                why=why,
+                interval=self.retry_interval,
+            )
+        if self._retry_call is None and not self._closing:
+            self._retry_call = self._reactor.callLater(self.retry_interval, self._retry)
+        if self._batch:
             self._submit()
+
+    def _keep(self, batch: _Batch) -> None:
+        """While the store cannot write: fail C{batch}'s waiters and keep
+        its records, after those kept before, for the retry."""
+        self._fail_batch(batch, self._failed)  # type: ignore[arg-type]
+        batch.waiters = []
+        batch.done = None
+        kept = self._retry_batch
+        if kept is None:
+            self._retry_batch = batch
+            return
+        kept.parts.extend(batch.parts)
+        kept.deletes.extend(batch.deletes)
+        kept.ends.update(batch.ends)
+        kept.sync = kept.sync or batch.sync
+        kept.interval = kept.interval or batch.interval
+        kept.other = kept.other or batch.other
+        if batch.offloads:
+            if kept.offloads is None:
+                kept.offloads = {}
+            for queue, pairs in batch.offloads.items():
+                kept.offloads.setdefault(queue, []).extend(pairs)
+
+    def _retry(self) -> None:
+        """Try to write the kept records again (timer)."""
+        self._retry_call = None
+        if self._failed is None or self._inflight is not None:
+            return
+        self._submit()  # what gathered since joins the kept records
+        batch, self._retry_batch = self._retry_batch, None
+        if batch is None:  # pragma: no cover - a failure always keeps its batch
+            batch = _Batch()
+        batch.sync = True  # the retry proves the disk takes data again
+        # Each segment the batch writes is cut back to what was last
+        # written whole (or made anew): a failed write may leave part of a
+        # record, and a failed sync leaves pages the kernel may have dropped.
+        plan: list[tuple[int, int | None]] = []
+        seen: set[int] = set()
+        for number, header, _chunks in batch.parts:
+            if number not in seen:
+                seen.add(number)
+                plan.append((number, None if header is not None else self._sizes.get(number)))
+        self._inflight = batch
+        self._run(self._rewrite, batch, plan).addCallbacks(
+            self._rewritten, self._write_failed, callbackArgs=(batch,), errbackArgs=(batch,)
+        )
+
+    def _rewrite(self, batch: _Batch, plan: list[tuple[int, int | None]]) -> None:
+        """In the writer thread: cut the segments back, then write C{batch}."""
+        writer = self._writer
+        writer.abandon()
+        for number, size in plan:
+            path = os.path.join(self.directory, segment_name(number))
+            if size is None:
+                try:
+                    os.unlink(path)  # made by the failed write: made again
+                except FileNotFoundError:
+                    pass
+            else:
+                os.truncate(path, size)
+        self._write_batch(batch)
+
+    def _rewritten(self, _: None, batch: _Batch) -> None:
+        seconds = self._reactor.seconds() - self._failed_at
+        self._failed = None
+        self.recoveries += 1
+        _log.info(
+            "commit log: writing again after {seconds:.1f} s: the records kept since the failed "
+            "write are written and synced; persistent publishes are accepted again",
+            seconds=seconds,
+            directory=self.directory,
+        )
+        self._tell(True, "")
+        self._written(None, batch)
 
     def _fail_batch(self, batch: _Batch, error: Exception) -> None:
         for d in batch.waiters:
@@ -1076,6 +1301,7 @@ class CommitLogStore:
             head, tail = encode_publish(
                 p.id, p.timestamp, p.expiry, p.priority, p.persistent, vbytes,
                 p.exchange, p.routing_key, p.headers, p.body, [n.encode() for n in names],
+                p.properties, p.deliver_at, p.ack_timeout,
             )  # fmt: skip
             index.forget(self._active, p.id, vname, p.queues)
             index.publish(self._active, p.id, vname, names, p.timestamp)
@@ -1254,7 +1480,7 @@ class CommitLogStore:
         writer thread. Returns a Deferred that fires when that is done."""
         if self._closed is not None:
             return self._closed
-        for name in ("_flush_call", "_sync_call", "_compact_call"):
+        for name in ("_flush_call", "_sync_call", "_compact_call", "_retry_call"):
             call = getattr(self, name)
             if call is not None and call.active():
                 call.cancel()
@@ -1263,6 +1489,9 @@ class CommitLogStore:
             self._closed = succeed(None)
             return self._closed
         self._closing = True
+        if self._failed is not None and self._inflight is None:
+            # One last try at what was kept since a write failed.
+            self._retry()
         drained: Deferred = Deferred()
         self._batch.waiters.append(drained)
         self._batch.sync = True
@@ -1271,6 +1500,16 @@ class CommitLogStore:
         def close_file(_: Any) -> Deferred:
             return self._run(self._writer.close)
 
+        def unwritten(failure: Any) -> Any:
+            if self._failed is not None:
+                _log.error(
+                    "commit log: closed while it could not write ({why}); the records kept "
+                    "since then are not written (publishes among them were refused)",
+                    why=str(self._failed),
+                )
+                return self._run(self._writer.abandon)
+            return failure
+
         def stopped(result: Any) -> Any:
             self._close_read_fds()
             self._stop_pool()
@@ -1278,7 +1517,7 @@ class CommitLogStore:
             self._unlock()
             return result
 
-        drained.addCallback(close_file)
+        drained.addCallbacks(close_file, unwritten)
         drained.addBoth(stopped)
         self._closed = drained
         return drained

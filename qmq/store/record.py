@@ -24,23 +24,34 @@ A publish record carries every durable queue the message reached, so a
 message routed to many queues is written once, and the body goes out as
 its own chunk (L{encode_publish} returns the framed head and the body
 apart), so a large body is copied once, by the writer's join.
+
+A publish record keeps the message model (L{qmq.core.message}) and nothing
+of a protocol: the properties, the typed application headers, the delivery
+time and ack timeout (format 4, L{FLAG_MODEL}). Records of formats 1 to 3
+kept a STOMP SEND's headers as they came (its destination, its delivery
+options, its property headers); they are read into the model
+(L{legacy_model}), so what a frontend shows of a recovered message is the
+same whatever format kept it.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import struct
 import zlib
 from collections.abc import Sequence
 from typing import Any
 
-from qmq.stomp.destinations import destination_of
+from qmq.core.message import PROPERTY_NAMES
 
 #: The segment format version written in every segment header. Version 2
 #: adds a settle's "kept until" time and the declare-queue flags; version 3
-#: writes declare-queue records in binary (L{encode_declare_queue}); a
-#: reader of version 3 reads versions 1 and 2 (docs/storage.rst).
-VERSION = 3
+#: writes declare-queue records in binary (L{encode_declare_queue});
+#: version 4 writes the message model in publish records (properties, typed
+#: headers, delivery time, ack timeout: L{FLAG_MODEL}); a reader of version
+#: 4 reads versions 1 to 3 (docs/storage.rst).
+VERSION = 4
 
 #: The first bytes of every segment file.
 MAGIC = b"\x89QMQLOG\n"
@@ -108,9 +119,25 @@ PUBLISH_FIXED = _PUBLISH.size
 FLAG_PERSISTENT = 0x01
 #: Headers are C{key NUL value NUL key NUL value} in UTF-8 (no NUL in any).
 FLAG_HEADERS_PAIRS = 0x02
-#: Headers are a JSON object (a NUL or a value that is not a string).
+#: Headers are a JSON object (a NUL or a value that is not a string; bytes
+#: are C{{"base64": TEXT}}).
 FLAG_HEADERS_JSON = 0x04
 _HEADERS_MASK = FLAG_HEADERS_PAIRS | FLAG_HEADERS_JSON
+#: Format 4: the headers are the message's application headers, and
+#: nothing else (without it, a record of formats 1 to 3: L{legacy_model}).
+FLAG_MODEL = 0x08
+#: The header block starts with the properties (L{encode_properties}).
+FLAG_PROPERTIES = 0x10
+#: The record has a delivery time and an ack timeout (L{TIMING}) between
+#: its queue names and its body.
+FLAG_TIMING = 0x20
+#: Delivery time (epoch seconds, 0: at once) and ack timeout (seconds, 0:
+#: the queue's) of a L{FLAG_TIMING} record.
+TIMING = struct.Struct("<dd")
+# A property: its index in PROPERTY_NAMES and its length; then its UTF-8.
+_PROPERTY = struct.Struct("<BI")
+_PROPERTIES_LENGTH = struct.Struct("<I")
+_PROPERTY_INDEX = {name: i for i, name in enumerate(PROPERTY_NAMES)}
 
 # A queue name in a publish record: its length, then its UTF-8 bytes.
 _NAME = struct.Struct("<H")
@@ -166,6 +193,22 @@ _STRINGS: dict[str, str] = {}
 _SHARED_VALUE = 16
 
 
+def _json_value(value: Any) -> Any:
+    """A header value JSON has no type for: bytes as C{{"base64": TEXT}}
+    (anything else, which no frontend sends, as its text)."""
+    if value.__class__ is bytes:
+        return {"base64": base64.b64encode(value).decode()}
+    return str(value)
+
+
+def _from_json(headers: dict) -> dict:
+    """Headers read from JSON: C{{"base64": TEXT}} values back to bytes."""
+    for k, v in headers.items():
+        if v.__class__ is dict:
+            headers[k] = base64.b64decode(v.get("base64", ""))
+    return headers
+
+
 def encode_headers(headers: dict | None) -> tuple[int, bytes]:
     """The header block of a publish record and its flag.
 
@@ -188,7 +231,7 @@ def encode_headers(headers: dict | None) -> tuple[int, bytes]:
     except (TypeError, UnicodeEncodeError):
         pass
     if found is None:
-        found = FLAG_HEADERS_JSON, json.dumps(headers, default=str).encode()
+        found = FLAG_HEADERS_JSON, json.dumps(headers, default=_json_value).encode()
     if key is not None and found[0] == FLAG_HEADERS_PAIRS:
         # Only strings are remembered: 1, 1.0 and True are equal keys but
         # different JSON, and no string equals anything but itself.
@@ -200,45 +243,154 @@ def encode_headers(headers: dict | None) -> tuple[int, bytes]:
 
 def decode_headers(flags: int, block: bytes) -> dict | None:
     """The headers dict that L{encode_headers} encoded (a new dict each
-    time: the caller may change it)."""
+    time: the caller may change it); of a L{FLAG_PROPERTIES} block, the
+    headers after the properties."""
+    if flags & FLAG_PROPERTIES:
+        block = block[decode_properties(block)[1] :]
     kind = flags & _HEADERS_MASK
     if kind == FLAG_HEADERS_PAIRS:
         if not block:
             return {}
         return _pairs(block).copy()
     if kind == FLAG_HEADERS_JSON:
-        return json.loads(block)  # type: ignore[no-any-return]
+        return _from_json(json.loads(block))
     return None
 
 
-_DESTINATION = b"destination\0"
+_ENCODED_PROPERTIES: dict[tuple, bytes] = {}
+_DECODED_PROPERTIES: dict[bytes, dict[str, str]] = {}
 
 
-def recovered_headers(flags: int, block: bytes, destination: str) -> dict | None:
-    """The headers of a message recovery puts back: like L{decode_headers},
-    but one dict is shared by every message with the same headers (the
-    core never changes a message's headers), and a C{destination} header
-    equal to C{destination} is left out (None if nothing else is left).
+def encode_properties(properties: dict[str, str]) -> bytes:
+    """The properties part of a L{FLAG_PROPERTIES} header block: its
+    length (u32), then per property its index in L{PROPERTY_NAMES} (u8),
+    its length (u32) and its UTF-8 (memoized: publishers repeat them)."""
+    key = tuple(properties.items())
+    found = _ENCODED_PROPERTIES.get(key)
+    if found is None:
+        parts = []
+        for k, v in key:
+            data = v.encode()
+            parts.append(_PROPERTY.pack(_PROPERTY_INDEX[k], len(data)) + data)
+        body = b"".join(parts)
+        found = _PROPERTIES_LENGTH.pack(len(body)) + body
+        if len(_ENCODED_PROPERTIES) >= _MEMO_SIZE:
+            _ENCODED_PROPERTIES.clear()
+        _ENCODED_PROPERTIES[key] = found
+    return found
 
-    C{destination} is what the frontends show when a message has no
-    destination header (L{qmq.stomp.destinations.destination_of} of its
-    exchange and routing key), so leaving it out changes nothing they
-    show; and it is the one header that differs between the messages of a
-    million queues, which could otherwise not share their headers (a dict
-    is 184 bytes, the string about 60 more).
-    """
-    if flags & _HEADERS_MASK != FLAG_HEADERS_PAIRS or not block.startswith(_DESTINATION):
-        headers = decode_headers(flags, block)
-        if headers and headers.get("destination") == destination:
-            del headers["destination"]
-        return headers
-    cut = block.find(b"\0", 12)
-    value = block[12:] if cut < 0 else block[12:cut]
-    if value != destination.encode():
-        return _pairs(block)
-    if cut < 0:
-        return None
-    return _pairs(block[cut + 1 :])
+
+def decode_properties(block: bytes) -> tuple[dict[str, str], int]:
+    """The properties at the start of a L{FLAG_PROPERTIES} header block (one
+    dict shared by the records with the same ones: never change it) and
+    where the headers start."""
+    (n,) = _PROPERTIES_LENGTH.unpack_from(block, 0)
+    end = 4 + n
+    part = block[4:end]
+    if len(part) != n:
+        raise ValueError("properties longer than their block")
+    found = _DECODED_PROPERTIES.get(part)
+    if found is None:
+        found = {}
+        pos = 0
+        while pos < n:
+            index, length = _PROPERTY.unpack_from(part, pos)
+            pos += 5
+            if index >= len(PROPERTY_NAMES) or pos + length > n:
+                raise ValueError(f"property {index} of {length} bytes does not fit")
+            found[PROPERTY_NAMES[index]] = part[pos : pos + length].decode()
+            pos += length
+        if len(_DECODED_PROPERTIES) >= _MEMO_SIZE:
+            _DECODED_PROPERTIES.clear()
+        _DECODED_PROPERTIES[part] = found
+    return found, end
+
+
+def encode_model(properties: dict[str, str] | None, headers: dict | None) -> tuple[int, bytes]:
+    """The header block of a format 4 publish record and its flags (with
+    L{FLAG_MODEL}): the properties if any, then the headers."""
+    hflag, hblock = encode_headers(headers)
+    if not properties:
+        return hflag | FLAG_MODEL, hblock
+    return hflag | FLAG_MODEL | FLAG_PROPERTIES, encode_properties(properties) + hblock
+
+
+# -- formats 1 to 3 ---------------------------------------------------------
+
+# What a STOMP SEND's headers meant (kept as they came by formats 1 to 3):
+# the property headers, and the headers that were the frame's or read into
+# the message's fields (its destination, derived from the exchange and
+# routing key; its options). The STOMP frontend's table as it was: the
+# store never imports a protocol.
+_LEGACY_PROPERTIES = {
+    "content-type": "content_type",
+    "content-encoding": "content_encoding",
+    "correlation-id": "correlation_id",
+    "reply-to": "reply_to",
+    "amqp-message-id": "message_id",
+    "user-id": "user_id",
+    "app-id": "app_id",
+    "type": "type",
+}
+_LEGACY_DROPPED = frozenset(
+    ("destination", "persistent", "priority", "expires", "ttl", "delay", "receipt", "transaction",
+     "content-length")
+)
+_LEGACY: dict[bytes, tuple] = {}
+
+
+def legacy_model(headers: dict | None) -> tuple[dict | None, dict | None, float, float]:
+    """The model of the headers a record of formats 1 to 3 kept:
+    C{(properties, application headers, delivery time, ack timeout)}
+    (None for none; 0.0 for no time)."""
+    if not headers:
+        return None, None, 0.0, 0.0
+    properties = None
+    kept = None
+    deliver_at = ack_timeout = 0.0
+    for k, v in headers.items():
+        if k in _LEGACY_DROPPED:
+            continue
+        name = _LEGACY_PROPERTIES.get(k)
+        if name is not None:
+            if properties is None:
+                properties = {}
+            properties[name] = v
+        elif k == "deliver-at" or k == "ack-timeout":
+            # As formats 1 to 3 were read: a value that does not read is
+            # ignored.
+            if v.__class__ is not str or len(v) > 19:
+                continue
+            if k == "deliver-at":
+                if v.isascii() and v.isdigit():
+                    deliver_at = int(v) / 1000.0
+            else:
+                try:
+                    seconds = float(v)
+                except ValueError:
+                    continue
+                if 0 < seconds < 2**31:
+                    ack_timeout = seconds
+        else:
+            if kept is None:
+                kept = {}
+            kept[k] = v
+    return properties, kept, deliver_at, ack_timeout
+
+
+def _legacy_block(flags: int, block: bytes) -> tuple:
+    """L{legacy_model} of a header block of formats 1 to 3 (memoized for a
+    pairs block: one tuple, and dicts, shared by every message that had
+    the same headers)."""
+    if flags & _HEADERS_MASK != FLAG_HEADERS_PAIRS:
+        return legacy_model(decode_headers(flags, block))
+    found = _LEGACY.get(block)
+    if found is None:
+        found = legacy_model(_pairs(block)) if block else (None, None, 0.0, 0.0)
+        if len(_LEGACY) >= _MEMO_SIZE:
+            _LEGACY.clear()
+        _LEGACY[block] = found
+    return found
 
 
 def _pairs(block: bytes) -> dict:
@@ -268,15 +420,20 @@ def _pairs(block: bytes) -> dict:
     return found
 
 
-# (vhost, exchange, routing key, queues, header items) -> (header flag, the
-# publish payload from the lengths to the queue names).
+# (vhost, exchange, routing key, queues, header items, property items) ->
+# (header flags, the publish payload from the lengths to the queue names).
 _STATIC: dict[tuple, tuple[int, bytes]] = {}
 
 
 def _static_part(
-    vhost: bytes, exchange: str, routing_key: str, headers: dict | None, queues: Sequence[bytes]
+    vhost: bytes,
+    exchange: str,
+    routing_key: str,
+    headers: dict | None,
+    queues: Sequence[bytes],
+    properties: dict | None,
 ) -> tuple[int, bytes]:
-    hflag, hblock = encode_headers(headers)
+    hflag, hblock = encode_model(properties, headers)
     ex = exchange.encode()
     rk = routing_key.encode()
     qblock = b"".join([_pack_name(len(q)) + q for q in queues])
@@ -285,22 +442,35 @@ def _static_part(
 
 
 def publish_static(
-    vhost: bytes, exchange: str, routing_key: str, headers: dict | None, queues: Sequence[bytes]
+    vhost: bytes,
+    exchange: str,
+    routing_key: str,
+    headers: dict | None,
+    queues: Sequence[bytes],
+    properties: dict | None = None,
 ) -> tuple[int, bytes]:
     """The part of a publish payload after the id, times, priority and
     flags (the lengths, the names, the header block), which repeats in a
-    publisher's stream (memoized), and the header flag to add to the flags.
+    publisher's stream (memoized), and the header flags to add to the
+    flags (L{FLAG_MODEL} and the header block's).
 
     L{publish_record} makes the record from it.
     """
     try:
-        key = (vhost, exchange, routing_key, queues, tuple(headers.items()) if headers else headers)
+        key = (
+            vhost,
+            exchange,
+            routing_key,
+            queues,
+            tuple(headers.items()) if headers else headers,
+            tuple(properties.items()) if properties else None,
+        )
         found = _STATIC.get(key)
     except TypeError:  # a header value that is not hashable
         key = found = None
     if found is None:
-        found = _static_part(vhost, exchange, routing_key, headers, queues)
-        if key is not None and found[0] != FLAG_HEADERS_JSON:  # strings only (see encode_headers)
+        found = _static_part(vhost, exchange, routing_key, headers, queues, properties)
+        if key is not None and not found[0] & FLAG_HEADERS_JSON:  # strings only (see encode_headers)
             if len(_STATIC) >= _MEMO_SIZE:
                 _STATIC.clear()
             _STATIC[key] = found
@@ -319,6 +489,9 @@ def encode_publish(
     headers: dict | None,
     body: bytes,
     queues: Sequence[bytes],
+    properties: dict | None = None,
+    deliver_at: float = 0.0,
+    ack_timeout: float = 0.0,
 ) -> tuple[bytes, bytes]:
     """A publish record as C{(head, tail)}: written one after the other they
     are the record. A small body is inside C{head} (C{tail} is empty); a
@@ -328,8 +501,12 @@ def encode_publish(
     @param queues: the durable queues' names, UTF-8.
     @param expiry: when the message expires (seconds since the epoch), 0
         for never.
+    @param properties: the message's properties (L{PROPERTY_NAMES}), or None.
+    @param deliver_at: when it may first be delivered (epoch seconds), 0
+        for at once.
+    @param ack_timeout: its own ack timeout (seconds), 0 for the queue's.
     """
-    hflag, static = publish_static(vhost, exchange, routing_key, headers, queues)
+    hflag, static = publish_static(vhost, exchange, routing_key, headers, queues, properties)
     return publish_record(
         message_id,
         timestamp,
@@ -338,10 +515,13 @@ def encode_publish(
         hflag | FLAG_PERSISTENT if persistent else hflag,
         static,
         body,
+        deliver_at,
+        ack_timeout,
     )
 
 
 _PUBLISH_CRC = _TYPE_CRC[RECORD_PUBLISH]
+_pack_timing = TIMING.pack
 
 
 def publish_record(
@@ -352,11 +532,18 @@ def publish_record(
     flags: int,
     static: bytes,
     body: bytes,
+    deliver_at: float = 0.0,
+    ack_timeout: float = 0.0,
 ) -> tuple[bytes, bytes]:
     """A publish record as C{(head, tail)} (see L{encode_publish}) from its
-    fields, C{flags} with the header flag in, and its static part (see
+    fields, C{flags} with the header flags in, and its static part (see
     L{publish_static})."""
-    payload = _pack_publish_head(message_id, timestamp, expiry, priority, flags) + static
+    if deliver_at or ack_timeout:
+        payload = _pack_publish_head(
+            message_id, timestamp, expiry, priority, flags | FLAG_TIMING
+        ) + static + _pack_timing(deliver_at, ack_timeout)
+    else:
+        payload = _pack_publish_head(message_id, timestamp, expiry, priority, flags) + static
     if len(body) <= _INLINE_BODY:
         # One checksum call and one chunk instead of two of each.
         payload += body
@@ -366,7 +553,8 @@ def publish_record(
 
 
 class Publish:
-    """A decoded publish record (what compaction and the tool read back)."""
+    """A decoded publish record (what compaction and the tool read back):
+    the message model, whatever format wrote it."""
 
     __slots__ = (
         "id",
@@ -380,6 +568,9 @@ class Publish:
         "headers",
         "queues",
         "body",
+        "properties",
+        "deliver_at",
+        "ack_timeout",
     )
 
     def __init__(self, fields: tuple) -> None:
@@ -395,7 +586,13 @@ class Publish:
             self.headers,
             self.queues,
             self.body,
+            extra,
         ) = fields
+        if extra is None:
+            self.properties = None
+            self.deliver_at = self.ack_timeout = 0.0
+        else:
+            self.properties, self.deliver_at, self.ack_timeout = extra
 
     def __repr__(self) -> str:
         return f"<Publish id={self.id} vhost={self.vhost!r} queues={self.queues!r}>"
@@ -416,12 +613,43 @@ def decode_publish(data: bytes, start: int, end: int, with_body: bool = True) ->
 
 _unpack_publish = _PUBLISH.unpack_from
 _unpack_name = _NAME.unpack_from
+_unpack_timing = TIMING.unpack_from
+
+
+def _model(flags: int, block: bytes, shared: bool) -> tuple:
+    """C{(headers, extra)} of a header block: the application headers and
+    C{(properties, deliver at, ack timeout)} or None (before the timing
+    part is read: its times are 0.0).
+
+    @param shared: the headers dict may be shared (recovery, which never
+        changes it); else a caller's own.
+    """
+    if not flags & FLAG_MODEL:
+        properties, headers, deliver_at, ack_timeout = _legacy_block(flags, block)
+        if headers is not None and not shared:
+            headers = headers.copy()
+        if properties is None and not deliver_at and not ack_timeout:
+            return headers, None
+        return headers, (properties, deliver_at, ack_timeout)
+    properties = None
+    if flags & FLAG_PROPERTIES:
+        properties, cut = decode_properties(block)
+        block = block[cut:]
+    if not flags & _HEADERS_MASK:
+        headers = None
+    elif shared and flags & FLAG_HEADERS_PAIRS:
+        headers = _pairs(block) if block else {}
+    else:
+        headers = decode_headers(flags & ~FLAG_PROPERTIES, block)
+    return headers, (None if properties is None else (properties, 0.0, 0.0))
 
 
 def decode_publish_fields(data: bytes, start: int, end: int, with_body: bool = True) -> tuple:
     """The fields of the publish payload in C{data[start:end]}, as a tuple:
     C{(id, timestamp, expiry, priority, flags, vhost, exchange, routing
-    key, headers, queue names, body)} (recovery's hot path: no object).
+    key, headers, queue names, body, extra)}, where C{headers} are the
+    application headers and C{extra} is None or C{(properties, deliver at,
+    ack timeout)} (recovery's hot path: no object).
 
     @param with_body: False gives the body's length instead of the body
         (a tool counting, recovery leaving bodies on disk).
@@ -437,10 +665,10 @@ def decode_publish_fields(data: bytes, start: int, end: int, with_body: bool = T
         b = pos + lr
         routing_key = data[pos:b].decode()
         pos = b + lh
-        if flags & _HEADERS_MASK:
-            headers = decode_headers(flags, data[b:pos])
+        if flags & (_HEADERS_MASK | FLAG_PROPERTIES):
+            headers, extra = _model(flags, data[b:pos], False)
         else:
-            headers = None
+            headers = extra = None
         if nq == 1:
             (n,) = _unpack_name(data, pos)
             pos += 2
@@ -457,22 +685,27 @@ def decode_publish_fields(data: bytes, start: int, end: int, with_body: bool = T
         if queues and routing_key == queues[0]:
             # Through the default exchange: one string for both.
             routing_key = queues[0]
+        if flags & FLAG_TIMING:
+            deliver_at, ack_timeout = _unpack_timing(data, pos)
+            pos += 16
+            extra = (None if extra is None else extra[0], deliver_at, ack_timeout)
         if pos > end:
             raise RecordError("publish record shorter than its fields")
         body = data[pos:end] if with_body else end - pos
-    except (struct.error, UnicodeDecodeError, ValueError) as e:
+    except (struct.error, UnicodeDecodeError, ValueError, TypeError) as e:
         raise RecordError(f"bad publish record: {e}") from None
-    return (mid, ts, expiry, prio, flags, vhost, exchange, routing_key, headers, queues, body)
+    return (mid, ts, expiry, prio, flags, vhost, exchange, routing_key, headers, queues, body, extra)
 
 
 def decode_recovered_publish(data: bytes, start: int, end: int, names: dict[str, str]) -> tuple:
     """L{decode_publish_fields} without the body (its length instead), for
     recovery, which keeps what it decodes for as long as the message
-    waits: the headers are L{recovered_headers} (shared, without the
-    destination the frontends derive), and each queue name found in
-    C{names} (the queues' declarations, as recovery read them) is that
-    string, so a queue's name, and the routing key of a message sent
-    through the default exchange, are one string, not one each.
+    waits: the headers dict is shared by every message with the same
+    headers (the core never changes a message's headers), and each queue
+    name found in C{names} (the queues' declarations, as recovery read
+    them) is that string, so a queue's name, and the routing key of a
+    message sent through the default exchange, are one string, not one
+    each.
 
     @raise RecordError: it does not decode.
     """
@@ -505,17 +738,19 @@ def decode_recovered_publish(data: bytes, start: int, end: int, names: dict[str,
                 pos += n
         if queues and routing_key == queues[0]:
             routing_key = queues[0]
+        if flags & (_HEADERS_MASK | FLAG_PROPERTIES):
+            headers, extra = _model(flags, data[hstart:hend], True)
+        else:
+            headers = extra = None
+        if flags & FLAG_TIMING:
+            deliver_at, ack_timeout = _unpack_timing(data, pos)
+            pos += 16
+            extra = (None if extra is None else extra[0], deliver_at, ack_timeout)
         if pos > end:
             raise RecordError("publish record shorter than its fields")
-        if flags & _HEADERS_MASK:
-            headers = recovered_headers(
-                flags, data[hstart:hend], destination_of(exchange, routing_key)
-            )
-        else:
-            headers = None
-    except (struct.error, UnicodeDecodeError, ValueError) as e:
+    except (struct.error, UnicodeDecodeError, ValueError, TypeError) as e:
         raise RecordError(f"bad publish record: {e}") from None
-    return (mid, ts, expiry, prio, flags, vhost, exchange, routing_key, headers, queues, end - pos)
+    return (mid, ts, expiry, prio, flags, vhost, exchange, routing_key, headers, queues, end - pos, extra)
 
 
 # -- settle, requeue ------------------------------------------------------

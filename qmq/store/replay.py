@@ -95,7 +95,7 @@ class Replay:
         for type_, start, end in reader.records():
             try:
                 if type_ == RECORD_PUBLISH:
-                    (mid, ts, expires, priority, flags, vhost, exchange, key, headers, queues, size) = (
+                    (mid, ts, expires, priority, flags, vhost, exchange, key, headers, queues, size, extra) = (
                         decode_recovered_publish(data, start, end, names)
                     )
                     if mid in messages:
@@ -124,11 +124,10 @@ class Replay:
                             priority,
                             expires or 0.0,  # one float for "never", not one each
                         )
+                        if extra is not None:
+                            m.properties, m.deliver_at, m.ack_timeout = extra
                         if body.__class__ is OnDisk:
-                            # What the headers say of timing is kept; the
-                            # headers themselves come back with the body.
-                            if headers:
-                                m.restore_options()
+                            # The headers come back with the body.
                             m.headers = None
                         # Where its publish record sent it, for a copy of the
                         # record that replaces it (forget): kept in the

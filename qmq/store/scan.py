@@ -136,9 +136,11 @@ def read_page(
             body = decode_publish_fields(data, rstart, rend)[10]
             if mid not in found:
                 heapq.heappush(largest, -mid)
-            found[mid] = Message(
+            got = found[mid] = Message(
                 mid, f[6], f[7], f[8], bytes(body), ts, f[4] & FLAG_PERSISTENT != 0, f[3], f[2]
             )
+            if f[11] is not None:
+                got.properties, got.deliver_at, got.ack_timeout = f[11]
             if len(largest) > limit:
                 dropped = -heapq.heappop(largest)
                 del found[dropped]

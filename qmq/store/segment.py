@@ -341,6 +341,18 @@ class SegmentWriter:
                 self.fd = None
                 self.number = None
 
+    def abandon(self) -> None:
+        """Close the open segment without syncing it (a write to it failed:
+        what it holds past the last good write is cut before writing again)."""
+        fd, self.fd = self.fd, None
+        self.number = None
+        self.dirty = False
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # the descriptor is gone either way
+
     def remove(self, number: int) -> None:
         """Delete segment C{number}."""
         if number == self.number:

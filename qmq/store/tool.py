@@ -123,8 +123,14 @@ def _decode(type_: int, data: bytes, start: int, end: int) -> str:
             text += f" priority={p.priority}"
         if p.expiry:
             text += f" expiry={p.expiry:.3f}"
+        if p.deliver_at:
+            text += f" deliver_at={p.deliver_at:.3f}"
+        if p.ack_timeout:
+            text += f" ack_timeout={p.ack_timeout:g}"
+        if p.properties:
+            text += f" properties={json.dumps(p.properties, sort_keys=True)}"
         if p.headers:
-            text += f" headers={json.dumps(p.headers, sort_keys=True, default=str)}"
+            text += f" headers={json.dumps(p.headers, sort_keys=True, default=repr)}"
         return text
     if type_ == RECORD_SETTLE:
         vhost, queue, mid, reason, kept = decode_settle(data, start, end)

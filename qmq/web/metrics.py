@@ -4,7 +4,7 @@
 No prometheus-client object is touched on the message path: a scrape reads
 what the broker keeps anyway (queue lengths, consumers and their unacked
 deliveries, the connection registry, the memory alarm, the message id
-counter) and a few plain integer counts (each queue's C{published} and
+generator's C{issued} count) and a few plain integer counts (each queue's C{published} and
 C{delivered}; each channel's publishes and acks, added up by protocol in
 L{qmq.core.traffic}) through a custom collector, in its own registry (not
 the process-global one, so two brokers in one process never mix). The HTTP
@@ -44,15 +44,12 @@ def _protocol(conn: Any) -> str:
 
 
 def issued_ids(broker: Any) -> int | None:
-    """How many message ids the broker has issued (its publishes), read
-    from its id counter without taking one (C{itertools.count}'s repr)."""
-    text = repr(getattr(broker, "message_ids", None))
-    if text.startswith("count(") and text.endswith(")"):
-        try:
-            return int(text[6:-1]) - 1
-        except ValueError:
-            return None
-    return None
+    """How many message ids the broker has issued in this run (its
+    publishes), read from its id generator without taking one
+    (L{qmq.core.ids.MessageIds.issued}); None for a broker without one."""
+    ids = getattr(broker, "message_ids", None)
+    issued = getattr(ids, "issued", None)
+    return issued if issued.__class__ is int else None
 
 
 def instrument_fsync(store: Any, histogram: Histogram) -> bool:
@@ -165,6 +162,21 @@ class BrokerCollector:
             raised = CounterMetricFamily("qmq_memory_alarm_raised", "Times the memory alarm was raised.")
             raised.add_metric([], alarm.raised_count)
             yield raised
+        disk = getattr(broker, "disk_alarm", None)
+        d = GaugeMetricFamily("qmq_disk_alarm", "1 while the disk alarm is raised (persistent publishes held).")
+        d.add_metric([], 1 if disk is not None and disk.active else 0)
+        yield d
+        if disk is not None:
+            free = GaugeMetricFamily("qmq_disk_free_bytes", "Free space of the data directory's filesystem at the last sample.")
+            free.add_metric([], max(disk.free, 0))
+            yield free
+            limit = GaugeMetricFamily("qmq_disk_free_limit_bytes", "The disk alarm's limit.")
+            limit.add_metric([], max(disk.limit, 0))
+            yield limit
+        failure = getattr(broker.store, "failure", None)
+        st = GaugeMetricFamily("qmq_store_failed", "1 while the store cannot write (persistent publishes held).")
+        st.add_metric([], 1 if failure else 0)
+        yield st
 
 
 class MetricsResource(Resource):

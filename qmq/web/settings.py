@@ -24,6 +24,15 @@ def _origins(value: str) -> str:
     return value
 
 
+def _hosts(value: str) -> str:
+    """Check an C{allowed_hosts} list: whitespace- or comma-separated."""
+    from qmq.web.guard import check_host_pattern, split_hosts  # noqa: PLC0415
+
+    for entry in split_hosts(value):
+        check_host_pattern(entry)
+    return value
+
+
 def split_origins(value: str) -> tuple[str, ...]:
     """The origin patterns of an C{allowed_origins} value, in order."""
     return tuple(part for part in value.replace(",", " ").split() if part)
@@ -35,9 +44,18 @@ class WebSettings:
 
     @ivar allowed_origins: the origins (scheme://host[:port], C{*} and C{?}
         wildcards allowed, whitespace- or comma-separated) whose pages may
-        open a WebSocket to the broker, besides the broker's own origin
-        (always allowed). C{"*"}: any page. A request without an C{Origin}
-        header (not a browser) is not checked.
+        use the broker (open a WebSocket or a SockJS session, call the API;
+        L{qmq.web.guard}), besides the broker's own origin (always allowed).
+        C{"*"}: any page. A request without an C{Origin} header (not a
+        browser) is not checked.
+    @ivar allowed_hosts: the host names (besides the loopback names, IP
+        addresses, the machine's host name and the listener's interface)
+        that requests may name in their C{Host} header; C{*.example.com}:
+        every name under C{example.com}; C{"*"}: any (no DNS rebinding
+        protection). Whitespace- or comma-separated (L{qmq.web.guard}).
+    @ivar head_timeout: seconds a request's head (its first line and
+        headers) may take to arrive, from its first byte; a slower one is
+        answered 408 and the connection closed.
     @ivar examples: serve the example pages at C{/examples/}.
     @ivar ping_interval: seconds between the broker's WebSocket pings on an
         idle connection; 0 = none.
@@ -57,6 +75,8 @@ class WebSettings:
     """
 
     allowed_origins: str = field(default="", metadata={"parse": _origins})
+    allowed_hosts: str = field(default="", metadata={"parse": _hosts})
+    head_timeout: float = field(default=10.0, metadata={"above": 0})
     examples: bool = False
     ping_interval: float = field(default=20.0, metadata={"min": 0})
     ping_timeout: float = field(default=10.0, metadata={"above": 0})
@@ -64,6 +84,13 @@ class WebSettings:
     max_request_body: int = field(default=16 * MiB, metadata={"min": 1})
     frame_type: str = field(default="auto", metadata={"choices": ("auto", "text", "binary")})
     access_log: bool = False
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        """The C{allowed_hosts} entries, split."""
+        from qmq.web.guard import split_hosts  # noqa: PLC0415
+
+        return split_hosts(self.allowed_hosts)
 
     @property
     def origins(self) -> tuple[str, ...]:

@@ -35,12 +35,16 @@ A connection's life, as this module sees it:
        session: the upgrade replaces the wrapped protocol, not the wrapper.
        Over TLS the handshake must finish within C{handshake_timeout}
        seconds or the connection is aborted.
-    3. Requests: L{QMQRequest} refuses a body larger than
-       C{[web] max_request_body} (C{413}, then the connection is closed), and
-       a failure inside a resource becomes a C{500} with a JSON body. A
-       kept-alive connection idle for C{[web] idle_timeout} seconds is
-       closed (Twisted's own timeout, which does not run while a request is
-       being answered).
+    3. Requests: a request's head must be in within C{[web] head_timeout}
+       seconds of the read that began it (else C{408} and the connection is
+       closed: L{HttpConnection}); L{QMQRequest} refuses a body larger than
+       C{[web] max_request_body} (C{413}, then the connection is closed);
+       every request then passes the site's L{Guard} (Host, Origin, no
+       state change from what a form can send: L{qmq.web.guard}) before
+       any resource sees it; and a failure inside a resource becomes a
+       C{500} with a JSON body. A kept-alive connection idle for
+       C{[web] idle_timeout} seconds is closed (Twisted's own timeout,
+       which does not run while a request is being answered).
     4. At a graceful shutdown the registry calls L{HttpConnection.shutdown}:
        a WebSocket carrying STOMP sends its client an C{ERROR} and closes;
        a plain HTTP connection is closed once what was written is flushed.
@@ -71,9 +75,12 @@ from zope.interface import implementer
 
 from qmq import __version__
 from qmq.connections import ConnectionRegistry
+from qmq.core.admission import RETRY_AFTER, release_input, take_input
 from qmq.core.broker import Broker
 from qmq.tls import PeerIdentity, peer_identity
 from qmq.transport import IConnection
+from qmq.twisted_internals import request_line
+from qmq.web.guard import Guard, HostRule
 from qmq.web.settings import WebSettings
 
 __all__ = [
@@ -85,6 +92,7 @@ __all__ = [
     "RefusedHttpProtocol",
     "StaticFile",
     "WebContext",
+    "build_guard",
     "build_root",
     "build_site",
     "json_error",
@@ -113,6 +121,9 @@ class WebContext:
     @ivar on_stop: what to call once the listener stops listening (a mount
         that keeps state beyond connections, such as SockJS sessions, ends
         it there).
+    @ivar guard: the listener's gate (L{qmq.web.guard}), once the site is
+        built: a mount that checks an origin again asks it
+        (C{guard.origins}).
     """
 
     broker: Broker
@@ -122,6 +133,7 @@ class WebContext:
     listener: str = "http"
     portal: Any = None
     on_stop: list[Callable[[], Any]] = field(default_factory=list)
+    guard: Guard | None = None
 
     @property
     def web(self) -> WebSettings:
@@ -344,6 +356,7 @@ class QMQRequest(server.Request):
 
     _refused = False
     _received = 0
+    _counted = 0
     _deadline: Any = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -367,8 +380,14 @@ class QMQRequest(server.Request):
             deadline.cancel()
 
     def gotLength(self, length: int | None) -> None:
+        # The head is complete (twisted.web calls this after the last header).
+        head_received = getattr(self.channel.transport, "head_received", None)
+        if head_received is not None:
+            head_received()
         if length is not None and length > self._limit():
             self._refuse(length)
+            return
+        if self._held_back():
             return
         self.content = io.BytesIO()
 
@@ -379,17 +398,68 @@ class QMQRequest(server.Request):
         if self._received > self._limit():
             self._refuse(None)
             return
+        broker = self._broker()
+        if broker is not None:
+            # The body counts in the broker-wide budget for input still
+            # being received, with STOMP's unfinished frames.
+            self._counted += len(data)
+            if not take_input(broker, len(data)):
+                self._answer_early(
+                    503, "Service Unavailable", "broker busy", "input-budget",
+                    "Too many bytes of request bodies and frames are being received across all "
+                    f"connections (limits.max_unfinished_bytes = {broker.max_unfinished_bytes}); "
+                    "retry later.", retry_after=RETRY_AFTER,
+                )
+                return
         super().handleContentChunk(data)
 
     def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
         if self._refused:
             return
         self._stop_deadline()
+        self._release_input()
         super().requestReceived(command, path, version)
 
     def connectionLost(self, reason: Failure) -> None:
         self._stop_deadline()
+        self._release_input()
         super().connectionLost(reason)
+
+    def finish(self) -> None:
+        # Answered: what the connection reads next is another request's head
+        # (told before finishing, which may hand the channel the next one).
+        channel = getattr(self, "channel", None)
+        request_done = getattr(channel.transport, "request_done", None) if channel is not None else None
+        if request_done is not None:
+            request_done()
+        super().finish()
+    def _broker(self) -> Any:
+        return getattr(getattr(self.channel, "site", None), "broker", None)
+
+    def _release_input(self) -> None:
+        counted, self._counted = self._counted, 0
+        if counted:
+            release_input(self._broker(), counted)
+
+    def _held_back(self) -> bool:
+        """While admission holds every publisher (the memory alarm), answer
+        a publish 503 before reading its body (the API refuses it all the
+        same where the request line cannot be read early)."""
+        broker = self._broker()
+        if broker is None or not broker.admission.held:
+            return False
+        from qmq.web.api import is_publish  # noqa: PLC0415 - the API loads on demand
+
+        line = request_line(self)
+        hold = broker.admission.refusal(False)
+        if line is None or hold is None or not is_publish(*line):
+            return False
+        self._answer_early(
+            503, "Service Unavailable", "publishers held back", "publishers-held",
+            f"Publishing is held back: {hold.detail}. Retry later.",
+            retry_after=RETRY_AFTER, extra={"alarm": hold.name},
+        )
+        return True
 
     def _refuse(self, length: int | None) -> None:
         """Answer 413 at once, before the body is read, and close."""
@@ -407,17 +477,22 @@ class QMQRequest(server.Request):
             f"The request was not received within {timeout:g} seconds ([http_api] upload_timeout).",
         )
 
-    def _answer_early(self, status: int, title: str, error: str, code: str, detail: str) -> None:
+    def _answer_early(
+        self, status: int, title: str, error: str, code: str, detail: str,
+        retry_after: int | None = None, extra: dict | None = None,
+    ) -> None:
         """Answer before the request is complete (a problem document), and close."""
         if self._refused:
             return
         self._refused = True
         self._stop_deadline()
+        self._release_input()
         self.content = io.BytesIO()
         body = json.dumps(
             {"type": "about:blank", "title": title, "status": status, "detail": detail, "code": code,
-             "error": error}
+             "error": error, **(extra or {})}
         ).encode()
+        more = b"retry-after: %d\r\n" % retry_after if retry_after is not None else b""
         channel = self.channel
         transport = channel.transport if channel is not None else None
         if transport is None:
@@ -428,10 +503,14 @@ class QMQRequest(server.Request):
             # behind it just closes the connection.
             transport.write(
                 b"HTTP/1.1 %d %s\r\ncontent-type: application/problem+json\r\n"
-                b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
-                % (status, title.encode(), len(body), body)
+                b"connection: close\r\n%scontent-length: %d\r\n\r\n%s"
+                % (status, title.encode(), more, len(body), body)
             )
-        transport.loseConnection()
+        close = getattr(transport, "close_after_writes", None)
+        if close is not None:
+            close()  # the listener's connection: really closed, also over TLS
+        else:
+            transport.loseConnection()
 
     def processingFailed(self, reason: Failure) -> None:
         log.failure("while answering {method} {uri}", reason,
@@ -447,13 +526,40 @@ class QMQRequest(server.Request):
 
 
 class QMQSite(server.Site):
-    """A site that writes its access log only when asked (C{[web] access_log})."""
+    """A site whose every request passes its L{Guard} before any resource
+    sees it (L{qmq.web.guard}), and that writes its access log only when
+    asked (C{[web] access_log}).
+
+    @ivar guard: the gate, or L{None} (none: a test's bare site).
+    """
 
     access_log = True
+    guard: Guard | None = None
+
+    def getResourceFor(self, request: Any) -> Resource:
+        """The resource for C{request}, or the gate's refusal of it."""
+        guard = self.guard
+        if guard is not None:
+            refusal = guard.check_request(request)
+            if refusal is not None:
+                return refusal.resource()
+        return super().getResourceFor(request)
 
     def log(self, request: Any) -> None:
         if self.access_log:
             super().log(request)
+
+
+def build_guard(ctx: WebContext) -> Guard:
+    """The gate of the listener of C{ctx}: its host names and the trusted
+    origins (C{[web] allowed_origins} and C{[http_api] cors_origins}).
+
+    @param ctx: the listener's context.
+    @return: the guard.
+    """
+    web = ctx.web
+    cors = ctx.settings.section("http_api").allowed_origins()
+    return Guard(HostRule.for_listener(web.hosts, ctx.listener), (*web.origins, *sorted(cors)))
 
 
 def build_site(ctx: WebContext) -> server.Site:
@@ -463,6 +569,7 @@ def build_site(ctx: WebContext) -> server.Site:
     @return: the site, on the context's clock.
     """
     web = ctx.web
+    ctx.guard = build_guard(ctx)  # before the mounts, which may ask it
     # twisted.web parses the Content-Type of every POST (with the email
     # package: a tenth of a one-message publish) to read HTML form fields;
     # nothing here takes forms (SockJS's jsonp_send reads its own body).
@@ -471,7 +578,9 @@ def build_site(ctx: WebContext) -> server.Site:
     site.requestFactory = QMQRequest
     site.displayTracebacks = False
     site.noisy = False
+    site.guard = ctx.guard
     site.web_settings = web  # read by QMQRequest for its body cap
+    site.broker = ctx.broker  # and for admission and the input budget
     site.upload_timeout = ctx.settings.section("http_api").upload_timeout  # and its deadline
     return site
 
@@ -511,6 +620,15 @@ class HttpConnection(ProtocolWrapper):
         self._handshake: Any = None
         self._grace: Any = None
         self._lost = False
+        #: The HTTP channel, while it is the wrapped protocol (not after a
+        #: WebSocket upgrade).
+        self._channel: Protocol | None = wrapped
+        #: Between requests or in a head (not in a body, nor while a
+        #: request is being answered): bytes read now are a head's.
+        self._in_head = True
+        #: Heads completed so far, and the deadline of the head being read.
+        self._heads = 0
+        self._head_timer: Any = None
 
     @property
     def protocol_name(self) -> str:
@@ -519,6 +637,9 @@ class HttpConnection(ProtocolWrapper):
         return getattr(self.wrappedProtocol, "traffic_name", "http")
 
     def dataReceived(self, data: bytes) -> None:
+        channel = self._channel
+        fresh = self._in_head and self._head_timer is None and self.wrappedProtocol is channel
+        heads = self._heads
         # twisted.web reads a request's head a line at a time from a buffer
         # that also holds the body, and each line's split copies the rest:
         # ten header lines over a 100 kB batch copied a megabyte (0.4 of
@@ -531,6 +652,72 @@ class HttpConnection(ProtocolWrapper):
                 self.wrappedProtocol.dataReceived(data[: end + 4])
                 data = data[end + 4 :]
         self.wrappedProtocol.dataReceived(data)
+        if fresh and self._in_head and self._heads == heads and self.wrappedProtocol is channel:
+            self._head_started()
+
+    # -- the head's deadline ([web] head_timeout) ---------------------------------
+    #
+    # Twisted restarts its idle timeout at every read, and a request exists
+    # (with its upload deadline, QMQRequest) only once its first line is in:
+    # a head dribbled a byte at a time would hold the connection for ever.
+    # The deadline runs from the read that began a head to its last header.
+    # It is armed only when a read ends inside a head, so a head that comes
+    # in one read (nearly all) costs no timer.
+
+    def _head_started(self) -> None:
+        if self._lost:
+            return
+        timeout = self.factory.ctx.web.head_timeout
+        self._head_timer = self.factory.ctx.clock.callLater(timeout, self._head_timeout, timeout)
+
+    def head_received(self) -> None:
+        """A request's head is complete (from L{QMQRequest.gotLength})."""
+        self._in_head = False
+        self._heads += 1
+        timer, self._head_timer = self._head_timer, None
+        if timer is not None and timer.active():
+            timer.cancel()
+
+    def request_done(self) -> None:
+        """A request was answered (L{QMQRequest.finish}): the next read
+        starts a head."""
+        self._in_head = True
+
+    def _head_timeout(self, timeout: float) -> None:
+        self._head_timer = None
+        if self._lost or self.wrappedProtocol is not self._channel:
+            return
+        log.info("request head timeout protocol=http peer={peer}", peer=self.peer_host)
+        body = json.dumps({
+            "type": "about:blank", "title": "Request Timeout", "status": 408, "code": "head-timeout",
+            "error": "request timeout",
+            "detail": f"The request's head was not received within {timeout:g} seconds ([web] head_timeout).",
+        }).encode()
+        self.transport.write(  # type: ignore[union-attr]
+            b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/problem+json\r\n"
+            b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        self.close_after_writes()
+
+    def close_after_writes(self) -> None:
+        """Close once what was written is sent; abort C{close_grace} later.
+
+        The HTTP channel registered itself as the socket's producer, and
+        Twisted's TLS starts its shutdown only once no producer is
+        registered (a TLS connection otherwise waited for the abort), so it
+        is unregistered first: nothing more is read or answered anyway.
+        """
+        if self._lost:
+            return
+        transport = self.transport
+        try:
+            transport.unregisterProducer()  # type: ignore[union-attr]
+        except RuntimeError:  # a test's StringTransport with none registered
+            pass
+        transport.loseConnection()  # type: ignore[union-attr]
+        if not self._lost and self._grace is None:
+            ctx = self.factory.ctx
+            self._grace = ctx.clock.callLater(ctx.connections.settings.close_grace, self.abort)
 
     def connectionMade(self) -> None:
         ctx = self.factory.ctx
@@ -557,10 +744,10 @@ class HttpConnection(ProtocolWrapper):
 
     def connectionLost(self, reason: Failure) -> None:  # type: ignore[override]
         self._lost = True
-        for timer in (self._handshake, self._grace):
+        for timer in (self._handshake, self._grace, self._head_timer):
             if timer is not None and timer.active():
                 timer.cancel()
-        self._handshake = self._grace = None
+        self._handshake = self._grace = self._head_timer = None
         self.factory.ctx.connections.remove(self)
         super().connectionLost(reason)
 
@@ -571,12 +758,7 @@ class HttpConnection(ProtocolWrapper):
         if IConnection.providedBy(wrapped):
             wrapped.shutdown(reason)
             return
-        if self._lost:
-            return
-        self.transport.loseConnection()  # type: ignore[union-attr]
-        if not self._lost and self._grace is None:
-            ctx = self.factory.ctx
-            self._grace = ctx.clock.callLater(ctx.connections.settings.close_grace, self.abort)
+        self.close_after_writes()
 
     def abort(self) -> None:
         """Drop the connection now."""

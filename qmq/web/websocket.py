@@ -45,7 +45,6 @@ L{qmq.stomp.session.StompSession}, exactly as a TCP connection is:
 
 from __future__ import annotations
 
-import fnmatch
 import struct
 from typing import Any
 
@@ -63,6 +62,7 @@ from qmq.stomp.session import StompSession
 from qmq.tls import PeerIdentity, peer_identity
 from qmq.transport import IConnection, ITransport
 from qmq.twisted_internals import direct_writer, hold_batches_per_read, websocket_feed
+from qmq.web.guard import origin_allowed
 from qmq.web.site import HttpConnection, WebContext
 
 __all__ = [
@@ -141,34 +141,6 @@ def encode_messages(frames: list[bytes], frame_type: str = "auto") -> bytes:
     return b"".join(out)
 
 
-def _normal_origin(origin: str) -> str:
-    return origin.strip().rstrip("/").lower()
-
-
-def origin_allowed(origin: str | None, host: str | None, secure: bool, patterns: tuple[str, ...]) -> bool:
-    """May a page from C{origin} open a WebSocket to this broker?
-
-    @param origin: the request's C{Origin} header, or L{None} or C{""} (none:
-        not a browser, allowed).
-    @param host: the request's C{Host} header (the broker's own origin is
-        always allowed).
-    @param secure: whether the request came over TLS.
-    @param patterns: the C{allowed_origins} patterns (C{*}, C{?} wildcards).
-    @return: whether it may.
-    """
-    if not origin:
-        return True  # autobahn reports a missing header as ""
-    origin = _normal_origin(origin)
-    if host:
-        own = ("https://" if secure else "http://") + host.strip().lower()
-        if origin == own:
-            return True
-    for pattern in patterns:
-        if pattern == "*" or fnmatch.fnmatchcase(origin, _normal_origin(pattern)):
-            return True
-    return False
-
-
 class _ClockTimer:
     """autobahn's timer interface (txaio's C{IBatchedTimer}) on our clock.
 
@@ -237,7 +209,8 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
         web = ctx.web
         secure = ISSLTransport.providedBy(self.transport)
         host = request.headers.get("host")
-        if not origin_allowed(request.origin, host, secure, web.origins):
+        origins = ctx.guard.origins if ctx.guard is not None else web.origins
+        if not origin_allowed(request.origin, host, secure, origins):
             log.info("websocket refused protocol=stomp peer={peer} origin={origin!r}",
                      peer=self.peer, origin=request.origin)
             raise ConnectionDeny(

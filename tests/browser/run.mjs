@@ -4,8 +4,9 @@
 //   node run.mjs SCENARIO BASE_URL [--spki HASH] [--screenshots DIR]
 //
 // SCENARIO is stompjs, sockjs-xhr-streaming, sockjs-xhr-polling,
-// sockjs-services, qmqjs, qmqjs-reconnect, chat or tasks; BASE_URL the
-// broker's http(s)://127.0.0.1:PORT/. Over HTTPS, --spki gives the base64
+// sockjs-binary, sockjs-services, qmqjs, qmqjs-reconnect, chat, tasks or
+// cross-site-form (which takes --evil URL: a page of another site); BASE_URL
+// the broker's http(s)://127.0.0.1:PORT/. Over HTTPS, --spki gives the base64
 // SHA-256 of the test server certificate's public key, which Chromium is
 // told to accept (--ignore-certificate-errors-spki-list): nothing else is
 // relaxed. Prints one JSON line ({"ok": true, ...} or {"ok": false,
@@ -25,6 +26,7 @@ const option = (name) => {
   return i >= 0 ? rest[i + 1] : undefined;
 };
 const spki = option("--spki");
+const evil = option("--evil");
 const screenshots = option("--screenshots");
 const executablePath = process.env.CHROMIUM || "/usr/bin/chromium";
 const STEP = 15000;
@@ -41,6 +43,8 @@ async function launch() {
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
   ];
   if (spki) args.push(`--ignore-certificate-errors-spki-list=${spki}`);
+  // Another site for the cross-site scenario: evil.test is 127.0.0.1.
+  args.push("--host-resolver-rules=MAP evil.test 127.0.0.1");
   const context = await chromium.launchPersistentContext(userDataDir, {
     executablePath, headless: true, args, viewport: { width: 900, height: 640 },
   });
@@ -114,6 +118,68 @@ async function sockjsStomp(context, transport) {
 // -- scenarios ---------------------------------------------------------------
 
 const scenarios = {
+  // A page of another site (--evil: a page served by the test on another
+  // port, under the name evil.test) tries to receive, and so hide, a
+  // queue's messages: real HTML form POSTs of each encoding a form has, and
+  // no-cors fetches (a typeless Blob, an empty body). The broker's own page
+  // published the messages and receives them afterwards: all three must
+  // still be there, and every cross-site attempt answered 403 or 415.
+  async "cross-site-form"(context) {
+    const queue = `cross-site-${Date.now()}`;
+    const api = new URL(`/api/v1/vhosts/%2F/queues/${queue}`, base).href;
+    const receive = `${api}/receive?max=10000&visibility=43200`;
+    const own = await open(context, "/");
+    const published = await own.evaluate(async (api) => (await fetch(`${api}/messages`, {
+      method: "POST", headers: { "content-type": "application/json" },
+      body: JSON.stringify({ messages: [{ body: "a" }, { body: "b" }, { body: "c" }] }),
+    })).status, api);
+    const attempts = [];
+    const attempt = async (what, action, arg = receive) => {
+      const page = await context.newPage();  // one each: a form navigates away
+      await page.goto(evil, { timeout: STEP });
+      const [response] = await Promise.all([
+        page.waitForResponse((r) => r.url().startsWith(`${api}/receive`), { timeout: STEP }),
+        page.evaluate(action, arg),
+      ]);
+      // Playwright reports the Origin a form sent, not the one Chromium adds
+      // to a no-cors fetch further down (a 403 says the broker saw one).
+      const origin = (await response.request().allHeaders()).origin ?? null;
+      attempts.push({ what, status: response.status(), origin });
+      await page.close();
+    };
+    for (const enctype of ["application/x-www-form-urlencoded", "multipart/form-data", "text/plain"]) {
+      await attempt(`form ${enctype}`, ([url, enctype]) => {
+        const form = document.createElement("form");
+        form.method = "POST";
+        form.action = url;
+        form.enctype = enctype;
+        for (const [name, value] of [["max", "10000"], ["visibility", "43200"]]) {
+          const input = document.createElement("input");
+          input.type = "hidden";
+          input.name = name;
+          input.value = value;
+          form.appendChild(input);
+        }
+        document.body.appendChild(form);
+        form.submit();
+      }, [receive, enctype]);
+    }
+    await attempt("no-cors fetch of a Blob", (url) => {
+      fetch(url, { method: "POST", mode: "no-cors", body: new Blob(["{}"]) }).catch(() => {});
+    });
+    await attempt("no-cors fetch, no body", (url) => {
+      fetch(url, { method: "POST", mode: "no-cors" }).catch(() => {});
+    });
+    const received = await own.evaluate(async (api) => {
+      const r = await fetch(`${api}/receive?max=10`, { method: "POST" });
+      return (await r.json()).messages.map((m) => m.body);
+    }, api);
+    const ok = published === 201 && attempts.length === 5
+      && attempts.every((a) => a.status === 403 || a.status === 415)
+      && JSON.stringify(received) === JSON.stringify(["a", "b", "c"]);
+    return { ok, published, attempts, received };
+  },
+
   // @stomp/stompjs over native WebSocket, at /ws (RabbitMQ's path).
   async stompjs(context) {
     const page = await open(context, "/");
@@ -175,6 +241,77 @@ const scenarios = {
   // @stomp/stompjs over sockjs-client, WebSocket disabled: xhr-polling.
   async "sockjs-xhr-polling"(context) {
     return await sockjsStomp(context, "xhr-polling");
+  },
+
+  // A body that is not UTF-8, published over the HTTP API, then consumed
+  // with @stomp/stompjs over sockjs-client (xhr-streaming): SockJS carries
+  // text only, so the broker refuses it with an ERROR ("binary body") and
+  // keeps it in its queue (stomp.js's parser stays in step: the text message
+  // before it arrives whole); then the same message is read, byte for byte,
+  // over STOMP over WebSocket at /ws.
+  async "sockjs-binary"(context) {
+    const page = await open(context, "/");
+    await page.addScriptTag({ path: join(here, "node_modules/sockjs-client/dist/sockjs.min.js") });
+    await page.addScriptTag({ path: join(here, "node_modules/@stomp/stompjs/bundles/stomp.umd.js") });
+    return await page.evaluate(async (step) => {
+      const bytes = [0x89, 0x50, 0x4e, 0x47, 0xff, 0xfe, 0x00, 0x01, 0xc3];
+      const posted = await fetch("/api/v1/vhosts/%2F/queues/sockjs-binary/messages", {
+        method: "POST", headers: { "Content-Type": "application/json" },
+        body: JSON.stringify({ messages: [
+          { body: "before \u00e9" },
+          { body: btoa(String.fromCharCode(...bytes)), encoding: "base64" },
+          { body: "after" },
+        ] }),
+      });
+      if (!posted.ok) return { ok: false, error: `publish: ${posted.status} ${await posted.text()}` };
+      // Over SockJS: the text message, then an ERROR for the binary one.
+      let sock;
+      const got = [];
+      const sockjs = new StompJs.Client({
+        webSocketFactory: () => {
+          sock = new SockJS(new URL("/sockjs", location.href).href, null,
+            { transports: ["xhr-streaming"] });
+          return sock;
+        },
+        reconnectDelay: 0, heartbeatIncoming: 0, heartbeatOutgoing: 0,
+      });
+      const refused = new Promise((resolve, reject) => {
+        sockjs.onConnect = () => sockjs.subscribe("/queue/sockjs-binary", (m) => {
+          got.push(m.body);
+        });
+        sockjs.onStompError = (frame) => resolve(frame);
+        setTimeout(() => reject(new Error(`no ERROR; got ${JSON.stringify(got)}`)), step);
+      });
+      const closed = new Promise((resolve) => { sockjs.onWebSocketClose = (e) => resolve(e); });
+      sockjs.activate();
+      const error = await refused;
+      const close = await closed;
+      await sockjs.deactivate();
+      // Over WebSocket: the binary message, intact, then the last one.
+      const url = new URL("/ws", location.href);
+      url.protocol = location.protocol === "https:" ? "wss:" : "ws:";
+      const ws = new StompJs.Client({ brokerURL: url.href, reconnectDelay: 0 });
+      const rest = [];
+      const done = new Promise((resolve, reject) => {
+        ws.onConnect = () => ws.subscribe("/queue/sockjs-binary", (m) => {
+          rest.push({ bytes: Array.from(m.binaryBody), redelivered: m.headers.redelivered });
+          if (rest.length === 2) resolve();
+        });
+        setTimeout(() => reject(new Error(`over /ws: ${JSON.stringify(rest)}`)), step);
+      });
+      ws.activate();
+      await done;
+      await ws.deactivate();
+      const after = Array.from(new TextEncoder().encode("after"));
+      const ok = JSON.stringify(got) === JSON.stringify(["before \u00e9"])
+        && error.headers.message === "binary body" && /not UTF-8/.test(error.body)
+        && close.code === 3000 && close.reason === "binary body"
+        && JSON.stringify(rest[0].bytes) === JSON.stringify(bytes)
+        && rest[0].redelivered === "true"
+        && JSON.stringify(rest[1].bytes) === JSON.stringify(after);
+      return { ok, got, error: { message: error.headers.message, body: error.body },
+        close: [close.code, close.reason], rest };
+    }, STEP);
   },
 
   // sockjs-client against the protocol's test services (echo, close,

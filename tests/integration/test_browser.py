@@ -5,10 +5,12 @@ listener over TCP or TLS (a C{trustme} test CA) and a STOMP listener, then
 runs C{tests/browser/run.mjs} with node: playwright-core drives Debian's
 C{/usr/bin/chromium} (never a downloaded browser) through a scenario and
 prints one JSON line. Scenarios: C{@stomp/stompjs} over native WebSocket
-and over C{sockjs-client} (xhr-streaming, xhr-polling), sockjs-client
+and over C{sockjs-client} (xhr-streaming, xhr-polling; a binary body refused),
+sockjs-client
 against the SockJS test services, C{qmq.js} (its reconnection, its SockJS
-transports and its fallback to them), and a click-through of both example pages
-(the task queue with C{examples/worker.py} running as a real worker).
+transports and its fallback to them), a click-through of both example pages
+(the task queue with C{examples/worker.py} running as a real worker), and a
+page of another site that posts forms to the API (refused, nothing hidden).
 
 Over HTTPS Chromium is told to accept exactly the test server's key
 (C{--ignore-certificate-errors-spki-list} with its SPKI hash); nothing else
@@ -38,6 +40,8 @@ from twisted.internet import defer, reactor, task
 from twisted.internet.endpoints import quoteStringArgument
 from twisted.internet.utils import getProcessOutputAndValue
 from twisted.trial import unittest
+from twisted.web.server import Site
+from twisted.web.static import Data
 
 from qmq import config
 from qmq.service import make_service
@@ -140,8 +144,8 @@ class BrowserMixin:
         self.addCleanup(stop)  # type: ignore[attr-defined]
 
     @defer.inlineCallbacks
-    def scenario(self, name: str) -> Any:
-        args = [str(BROWSER / "run.mjs"), name, self.base]
+    def scenario(self, name: str, *extra: str) -> Any:
+        args = [str(BROWSER / "run.mjs"), name, self.base, *extra]
         if self.tls:
             args += ["--spki", self.spki]
         screenshots = os.environ.get("QMQ_SCREENSHOTS")
@@ -180,6 +184,15 @@ class BrowserMixin:
         self.assertEqual(result["transport"], "xhr-polling")  # type: ignore[attr-defined]
 
     @defer.inlineCallbacks
+    def test_sockjsBinaryBody(self) -> Any:
+        """Issue 22: a body that is not UTF-8 (published over HTTP) reaches
+        stomp.js over sockjs-client as an ERROR, not as a mangled MESSAGE
+        that desynchronises its parser; it stays queued and arrives intact
+        over /ws."""
+        result = yield self.scenario("sockjs-binary")
+        self.assertEqual(result["close"], [3000, "binary body"])  # type: ignore[attr-defined]
+
+    @defer.inlineCallbacks
     def test_sockjsServices(self) -> Any:
         """sockjs-client against the SockJS test services (echo, cookie, close)."""
         yield self.scenario("sockjs-services")
@@ -213,6 +226,25 @@ class BrowserMixin:
     def test_chat(self) -> Any:
         """The chat example, clicked through by two people."""
         yield self.scenario("chat")
+
+    @defer.inlineCallbacks
+    def test_crossSiteForm(self) -> Any:
+        """A page of another site (evil.test, mapped to 127.0.0.1, on a port
+        of its own) posts real HTML forms (each encoding) and no-cors
+        fetches to a queue's receive: every one is refused (403 or 415), and
+        the broker's own page then receives all the messages (on d8fe3b8 the
+        first form hid them for 12 hours)."""
+        page = Data(b"<!doctype html><title>elsewhere</title><p>Another site.</p>", "text/html")
+        port = reactor.listenTCP(0, Site(page), interface="127.0.0.1")
+        self.addCleanup(port.stopListening)  # type: ignore[attr-defined]
+        evil = f"http://evil.test:{port.getHost().port}/"
+        result = yield self.scenario("cross-site-form", "--evil", evil)
+        self.assertEqual(result["received"], ["a", "b", "c"])  # type: ignore[attr-defined]
+        # Each carried the other site's Origin (a form's is seen here; a
+        # no-cors fetch's only by the broker), and the broker refused it: a
+        # form body alone would have been a 415.
+        self.assertEqual([a["status"] for a in result["attempts"]], [403] * 5)  # type: ignore[attr-defined]
+        self.assertEqual([a["origin"] for a in result["attempts"][:3]], [evil.rstrip("/")] * 3)  # type: ignore[attr-defined]
 
     @defer.inlineCallbacks
     def test_tasks(self) -> Any:

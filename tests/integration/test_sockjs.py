@@ -2,7 +2,7 @@
 
 A broker's SockJS resource and the protocol's test services on a
 twisted.web Site on 127.0.0.1, and autobahn's Twisted WebSocket client: the
-cases of sockjs-protocol 0.3.3 that need a real upgrade (WebsocketHybi10,
+checks of the sockjs-protocol suite that need a real upgrade (Websocket,
 RawWebsocket), STOMP over the SockJS WebSocket, and a STOMP session over
 xhr-streaming read with twisted.web's Agent. Every wait has a deadline.
 """
@@ -16,6 +16,7 @@ from typing import Any
 
 from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientProtocol
 from twisted.internet import defer, reactor
+from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.protocol import Protocol
 from twisted.trial import unittest
 from twisted.web.client import Agent, FileBodyProducer, readBody
@@ -23,7 +24,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
-from qmq.connections import ConnectionRegistry
+from qmq.connections import ConnectionRegistry, ConnectionSettings
 from qmq.core.broker import Broker
 from qmq.stomp.frame import StompParser, encode_frame
 from qmq.stomp.settings import StompSettings
@@ -43,6 +44,7 @@ class _Client(WebSocketClientProtocol):
         self.factory.received.put(payload.decode())
 
     def onClose(self, wasClean: bool, code: Any, reason: Any) -> None:
+        self.factory.closed_with = (code, reason)
         self.factory.received.put(CLOSED)
         if not self.factory.opened.called:
             self.factory.opened.errback(RuntimeError(f"not opened: {code} {reason}"))
@@ -68,6 +70,11 @@ class WebSocketClient:
 
     def close(self) -> None:
         self.proto.sendClose(1000)
+
+    @property
+    def closed_with(self) -> tuple[Any, Any]:
+        """The server's close code and reason."""
+        return self.factory.closed_with
 
 
 class SockJSOverSockets(unittest.TestCase):
@@ -113,12 +120,56 @@ class SockJSOverSockets(unittest.TestCase):
         self.assertEqual(await ws.recv(), "o")
         self.assertEqual(await ws.recv(), 'c[3000,"Go away!"]')
         self.assertIs(await ws.recv(), CLOSED)
+        self.assertEqual(ws.closed_with, (3000, "Go away!"))
+
+    async def test_empty_frame(self) -> None:
+        """Empty messages and empty arrays are ignored."""
+        ws = await self.ws(f"/sockjs_test/echo/000/{uuid.uuid4()}/websocket")
+        self.assertEqual(await ws.recv(), "o")
+        ws.send("")
+        ws.send("[]")
+        ws.send('["a"]')
+        self.assertEqual(await ws.recv(), 'a["a"]')
+
+    async def test_headersSanity(self) -> None:
+        """A bare RFC 6455 upgrade (version 13, the old C{Sec-WebSocket-Origin}
+        header and no C{Origin}) is answered 101 with the right accept key
+        and no body length."""
+        got = defer.Deferred()
+
+        class Raw(Protocol):
+            data = b""
+
+            def dataReceived(self, data: bytes) -> None:
+                self.data += data
+                if b"\r\n\r\n" in self.data and not got.called:
+                    got.callback(self.data.split(b"\r\n\r\n")[0])
+
+        path = f"/sockjs_test/echo/000/{uuid.uuid4()}/websocket"
+        proto = Raw()
+        await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", self.port.getHost().port),
+                              proto)
+        proto.transport.write(
+            f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+            "Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+            "Sec-WebSocket-Origin: http://asd\r\n"
+            "Sec-WebSocket-Key: x3JJHMbDL1EzLkh9GBhXDw==\r\n\r\n".encode())
+        head = (await got.addTimeout(WAIT, reactor)).decode().lower()
+        proto.transport.abortConnection()
+        lines = head.split("\r\n")
+        self.assertIn(" 101 ", lines[0] + " ")
+        headers = dict(line.split(": ", 1) for line in lines[1:])
+        self.assertEqual(headers["sec-websocket-accept"], "HSmrc0sMlYUkAGmm5OPpG2HaGWk=".lower())
+        self.assertEqual(headers["connection"], "upgrade")
+        self.assertEqual(headers["upgrade"], "websocket")
+        self.assertNotIn("content-length", headers)
 
     async def test_broken_json(self) -> None:
         ws = await self.ws(f"/sockjs_test/echo/000/{uuid.uuid4()}/websocket")
         self.assertEqual(await ws.recv(), "o")
         ws.send('["a')
         self.assertIs(await ws.recv(), CLOSED)
+        self.assertEqual(ws.closed_with[0], 1006)  # no close handshake: abrupt, as the protocol asks
 
     async def test_reuseSessionId(self) -> None:
         url = f"/sockjs_test/echo/000/{uuid.uuid4()}/websocket"
@@ -129,6 +180,15 @@ class SockJSOverSockets(unittest.TestCase):
         self.assertEqual(await ws1.recv(), 'a["a"]')
         ws2.send('["b"]')
         self.assertEqual(await ws2.recv(), 'a["b"]')
+        ws1.close()
+        ws2.close()
+        self.assertIs(await ws1.recv(), CLOSED)
+        self.assertIs(await ws2.recv(), CLOSED)
+        # The id may be used again once they are closed.
+        ws3 = await self.ws(url)
+        self.assertEqual(await ws3.recv(), "o")
+        ws3.send('["a"]')
+        self.assertEqual(await ws3.recv(), 'a["a"]')
 
     # RawWebsocket
     async def test_raw_transport(self) -> None:
@@ -137,8 +197,39 @@ class SockJSOverSockets(unittest.TestCase):
         self.assertEqual(await ws.recv(), "Hello world!\uffff")
 
     async def test_raw_close(self) -> None:
+        """The raw endpoint has no close frame: the session's code and
+        reason are the WebSocket's close (issue 22: it closed 1000 "")."""
         ws = await self.ws("/sockjs_test/close/websocket")
         self.assertIs(await ws.recv(), CLOSED)
+        self.assertEqual(ws.closed_with, (3000, "Go away!"))
+
+    async def test_raw_stomp_error_close(self) -> None:
+        """STOMP over the raw endpoint: an ERROR, then the WebSocket closes
+        with 3000 and the error's message."""
+        ws = await self.ws("/sockjs/websocket")
+        ws.send(encode_frame("SEND", [("destination", "/queue/a")], b"x", "1.2").decode())
+        self.assertTrue((await ws.recv()).startswith("ERROR\n"))
+        self.assertIs(await ws.recv(), CLOSED)
+        self.assertEqual(ws.closed_with, (3000, "not connected"))
+
+    async def test_raw_refused_past_the_caps(self) -> None:
+        """A WebSocket past the connection caps is closed with 3003 and the
+        reason (it raised inside autobahn: 1013 is not a code it sends)."""
+        self.registry = ConnectionRegistry(ConnectionSettings(max_per_address=1), clock=reactor)
+        root = self.port.factory.resource
+        root.putChild(b"capped", stomp_sockjs_resource(
+            self.broker, StompSettings(), SockJSSettings(), self.registry, "http", reactor))
+        first = await self.ws("/capped/websocket")
+        second = await self.ws("/capped/websocket")
+        self.assertIs(await second.recv(), CLOSED)
+        self.assertEqual(second.closed_with[0], 3003)
+        self.assertIn("max_per_address", second.closed_with[1])
+        framed = await self.ws(f"/capped/000/{uuid.uuid4()}/websocket")
+        self.assertTrue((await framed.recv()).startswith("c[3003,"))
+        self.assertIs(await framed.recv(), CLOSED)
+        self.assertEqual(framed.closed_with[0], 3003)
+        first.close()
+        self.assertIs(await first.recv(), CLOSED)
 
     # STOMP over the SockJS WebSocket
     async def test_stomp_over_websocket(self) -> None:

@@ -80,6 +80,18 @@ key_file = "{kiosk}"
 write = "^amq\\\\.topic$"
 read = "^amq\\\\.topic$"
 
+[vhosts.shared.permissions.alice]
+configure = ".*"
+write = ".*"
+read = ".*"
+
+[vhosts.shared.tokens]
+algorithm = "HS256"
+key_file = "{key}"
+configure = ".*"
+write = ".*"
+read = ".*"
+
 [[vhosts.app.queues]]
 name = "orders"
 """,
@@ -291,6 +303,44 @@ class TokenTests(AuthTestCase):
             [e] = c.rec.wait(lambda: c.rec.errors, "ERROR at expiry", timeout=10)
             assert e.headers["message"] == "token expired", e.headers
             c.rec.wait(lambda: c.rec.disconnected, "the broker closing the connection")
+
+        return self.in_thread(scenario)
+
+
+class IdentityTests(AuthTestCase):
+    """Identity is (how one logged in, name): a token whose subject is
+    C{alice} is not the password user alice, even with every permission in
+    the virtual host "shared" (issue 21)."""
+
+    def test_token_subject_cannot_attach_to_the_users_durable_subscription(self):
+        def scenario():
+            alice = self.auth_client(vhost="shared")
+            assert alice.login("alice", "wonderland") is not None, alice.rec.errors
+            alice.conn.subscribe("/topic/feed", id="feed", headers={"durable": "true", "receipt": "s"})
+            alice.rec.wait_receipt("s")
+            alice.close()
+            publisher = self.auth_client(vhost="shared")
+            assert publisher.login("alice", "wonderland") is not None, publisher.rec.errors
+            publisher.conn.send("/topic/feed", "hers", receipt="p")
+            publisher.rec.wait_receipt("p")
+            assert publisher.count("durable.alice.feed") == 1
+            # The token's durable subscription of the same name is its own...
+            tok = self.auth_client(vhost="shared")
+            assert tok.login(None, token(sub="alice")) is not None, tok.rec.errors
+            tok.conn.subscribe("/topic/feed", id="feed", headers={"durable": "true", "receipt": "t"})
+            tok.rec.wait_receipt("t")
+            # ... and naming alice's queue is refused.
+            tok.conn.subscribe("/queue/durable.alice.feed", id="steal", headers={"receipt": "u"})
+            [e] = tok.rec.wait(lambda: tok.rec.errors, "ERROR")
+            assert e.headers["message"] == "access refused (read)", e.headers
+            assert not tok.rec.messages, tok.rec.messages
+            assert publisher.count("durable.alice.feed") == 1
+            # alice's message waited for her.
+            again = self.auth_client(vhost="shared")
+            assert again.login("alice", "wonderland") is not None, again.rec.errors
+            again.conn.subscribe("/topic/feed", id="feed", headers={"durable": "true"})
+            [m] = again.rec.wait_messages(1, "feed")
+            assert m.body == "hers", m
 
         return self.in_thread(scenario)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from qmq.web.api.resource import ApiResource
+from qmq.web.api.resource import ApiResource, is_publish
 from qmq.web.api.settings import ApiSettings
 
 
@@ -41,4 +41,4 @@ def api_resource(ctx: Any) -> ApiResource:
     return resource
 
 
-__all__ = ["ApiResource", "ApiSettings", "api_resource", "api_settings"]
+__all__ = ["ApiResource", "ApiSettings", "api_resource", "api_settings", "is_publish"]

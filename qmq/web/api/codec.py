@@ -34,6 +34,7 @@ import binascii
 import io
 import json
 import os
+import struct
 import zlib
 from dataclasses import dataclass
 from importlib import resources
@@ -43,8 +44,10 @@ import fastavro
 import orjson
 from fastavro.schema import to_parsing_canonical_form
 
-from qmq.core.message import Message
+from qmq.core import options
+from qmq.core.message import PROPERTY_NAMES, Message
 from qmq.stomp.destinations import destination_of
+from qmq.stomp.encoding import RESERVED_NAMES
 from qmq.web.api.problem import Problem, bad_request
 
 JSON = "application/json"
@@ -57,8 +60,23 @@ OCF_MAGIC = b"Obj\x01"
 SCHEMA_NAMES = ("PublishMessage", "Delivery")
 
 _MESSAGE_FIELDS = frozenset(
-    ("body", "encoding", "headers", "destination", "routing_key", "priority", "ttl", "delay", "persistent")
+    (
+        "body",
+        "encoding",
+        "headers",
+        "properties",
+        "destination",
+        "routing_key",
+        "priority",
+        "ttl",
+        "delay",
+        "persistent",
+    )
 )
+#: The properties a message may carry (the model's, L{PROPERTY_NAMES}).
+_PROPERTIES = frozenset(PROPERTY_NAMES)
+#: An integer header value is an Avro long.
+_LONG_MIN, _LONG_MAX = -(1 << 63), (1 << 63) - 1
 #: The longest header name or value accepted, in characters.
 MAX_HEADER_TEXT = 8192
 #: Most headers one message carries.
@@ -87,22 +105,25 @@ class Outgoing:
 
     @ivar destination: the destination named in the message, or None.
     @ivar routing_key: the routing key named in the message, or None.
-    @ivar headers: application headers, or None.
+    @ivar headers: application headers (typed values), or None.
     @ivar body: the payload.
     @ivar priority: 0 to 9.
-    @ivar ttl: milliseconds to live, or None.
-    @ivar delay: milliseconds to wait before publishing, or None.
+    @ivar ttl: milliseconds from the publish until it expires, or None.
+    @ivar delay: milliseconds from the publish before its first delivery,
+        or None.
     @ivar persistent: keep on disk in durable queues.
+    @ivar properties: the model's text properties, or None.
     """
 
     destination: str | None
     routing_key: str | None
-    headers: dict[str, str] | None
+    headers: dict[str, Any] | None
     body: bytes
     priority: int = 0
     ttl: int | None = None
     delay: int | None = None
     persistent: bool = False
+    properties: dict[str, str] | None = None
 
 
 #: A message to publish as parsed: an L{Outgoing}, or for the common
@@ -120,27 +141,81 @@ def _where(index: int | None) -> str:
     return "the message" if index is None else f"message {index}"
 
 
-def _check_headers(headers: Any, where: str) -> dict[str, str] | None:
+def _header_value(value: Any, name: str, where: str, json: bool) -> Any:
+    """An application header's value as the model keeps it (JSON writes
+    bytes as C{{"base64": TEXT}})."""
+    cls = value.__class__
+    if cls is str:
+        if len(value) > MAX_HEADER_TEXT:
+            raise bad_request(f"{where}: header {name[:40]!r} is longer than {MAX_HEADER_TEXT} characters")
+        if "\x00" in value:
+            raise bad_request(f"{where}: header {name[:40]!r} contains a NUL character")
+        return value
+    if cls is int:
+        if not _LONG_MIN <= value <= _LONG_MAX:
+            raise bad_request(f"{where}: header {name[:40]!r} is an integer out of the 64-bit range")
+        return value
+    if value is None or cls is bool or cls is float:
+        return value
+    if cls is bytes and not json:
+        if len(value) > MAX_HEADER_TEXT:
+            raise bad_request(f"{where}: header {name[:40]!r} is longer than {MAX_HEADER_TEXT} bytes")
+        return value
+    if json and cls is dict and value.keys() == {"base64"} and value["base64"].__class__ is str:
+        try:
+            data = base64.b64decode(value["base64"], validate=True)
+        except (binascii.Error, ValueError):
+            raise bad_request(f"{where}: header {name[:40]!r} is not valid base64", "bad-base64") from None
+        return _header_value(data, name, where, False)
+    raise bad_request(
+        f"{where}: header {name[:40]!r} must be a string, a number, true, false, null or "
+        f'{{"base64": "..."}} (bytes), not {type(value).__name__}'
+    )
+
+
+def _check_headers(headers: Any, where: str, json: bool = True) -> dict[str, Any] | None:
     if headers is None:
         return None
     if not isinstance(headers, dict):
-        raise bad_request(f"{where}: 'headers' must be an object of strings")
+        raise bad_request(f"{where}: 'headers' must be an object")
     if len(headers) > MAX_HEADERS:
         raise bad_request(f"{where}: more than {MAX_HEADERS} headers")
+    out = None
     for k, v in headers.items():
-        if not isinstance(v, str):
-            raise bad_request(f"{where}: header {k!r} must be a string, not {type(v).__name__}")
-        if not k or len(k) > MAX_HEADER_TEXT or len(v) > MAX_HEADER_TEXT:
+        if not k or len(k) > MAX_HEADER_TEXT:
             raise bad_request(f"{where}: header {k[:40]!r} is empty or longer than {MAX_HEADER_TEXT} characters")
-        if "\x00" in k or "\x00" in v:
+        if "\x00" in k:
             raise bad_request(f"{where}: header {k[:40]!r} contains a NUL character")
-    return headers or None
+        kept = _header_value(v, k, where, json)
+        if kept is not v:
+            if out is None:
+                out = dict(headers)
+            out[k] = kept
+    if not headers.keys().isdisjoint(RESERVED_NAMES):
+        bad = sorted(headers.keys() & RESERVED_NAMES)
+        raise bad_request(
+            f"{where}: header(s) {', '.join(bad)} are the broker's (a property, a delivery option or "
+            "a STOMP frame's own header): use the message's fields"
+        )
+    return (out if out is not None else headers) or None
 
 
-def _check_int(value: Any, name: str, where: str, low: int, high: int) -> int:
-    if value.__class__ is not int or not low <= value <= high:
-        raise bad_request(f"{where}: {name!r} must be an integer from {low} to {high}, got {value!r}")
-    return value
+def _check_properties(properties: Any, where: str) -> dict[str, str] | None:
+    if properties is None:
+        return None
+    if properties.__class__ is not dict:
+        raise bad_request(f"{where}: 'properties' must be an object of strings")
+    if not properties.keys() <= _PROPERTIES:
+        unknown = sorted(properties.keys() - _PROPERTIES)
+        raise bad_request(f"{where}: unknown propert(ies) {', '.join(map(repr, unknown))}; a message has "
+                          f"{', '.join(PROPERTY_NAMES)}")
+    for k, v in properties.items():
+        if v.__class__ is not str:
+            raise bad_request(f"{where}: property {k!r} must be a string")
+        if len(v) > MAX_HEADER_TEXT or "\x00" in v:
+            raise bad_request(f"{where}: property {k!r} is longer than {MAX_HEADER_TEXT} characters or "
+                              "contains a NUL character")
+    return properties or None
 
 
 def _optional_text(value: Any, name: str, where: str) -> str | None:
@@ -159,24 +234,39 @@ def check_message(
     delay: Any,
     persistent: Any,
     where: str,
-    max_delay: int,
+    properties: Any = None,
+    json: bool = True,
 ) -> Outgoing:
-    """An L{Outgoing} from decoded fields. @raise Problem: a field is bad."""
+    """An L{Outgoing} from decoded fields. @raise Problem: a field is bad.
+
+    The delivery options (C{priority}, C{ttl}, C{delay}) are checked by the
+    core's one parser (L{qmq.core.options}), with the bounds every frontend
+    shares; the frontend reads their times at publish.
+    """
     if persistent.__class__ is not bool:
         raise bad_request(f"{where}: 'persistent' must be true or false")
+    if priority != 0 or priority.__class__ is not int or ttl is not None or delay is not None:
+        for name, value in (("priority", priority), ("ttl", ttl), ("delay", delay)):
+            if value.__class__ is str:  # text is STOMP's spelling, not this API's
+                raise bad_request(f"{where}: {name!r} must be a number, not a string")
+        try:
+            options.read(0.0, priority, None, ttl, delay)
+        except options.OptionError as e:
+            raise bad_request(f"{where}: {e.describe(repr(e.option))}") from None
     return Outgoing(
         _optional_text(destination, "destination", where),
         _optional_text(routing_key, "routing_key", where),
-        _check_headers(headers, where),
+        _check_headers(headers, where, json),
         body,
-        0 if priority == 0 else _check_int(priority, "priority", where, 0, 9),
-        None if ttl is None else _check_int(ttl, "ttl", where, 0, 1 << 40),
-        None if delay is None else _check_int(delay, "delay", where, 0, max_delay),
+        priority,
+        ttl,
+        delay,
         persistent,
+        _check_properties(properties, where),
     )
 
 
-def _json_message(obj: Any, index: int | None, max_delay: int) -> Outgoing:
+def _json_message(obj: Any, index: int | None) -> Outgoing:
     where = _where(index)
     if obj.__class__ is not dict:
         raise bad_request(f"{where} must be a JSON object")
@@ -210,11 +300,11 @@ def _json_message(obj: Any, index: int | None, max_delay: int) -> Outgoing:
         obj.get("delay"),
         obj.get("persistent", False),
         where,
-        max_delay,
+        obj.get("properties"),
     )
 
 
-def parse_json(data: bytes, max_batch: int, max_delay: int) -> tuple[list[Outgoing], bool]:
+def parse_json(data: bytes, max_batch: int) -> tuple[list[Outgoing], bool]:
     """The messages of a JSON publish body and whether it was a batch.
 
     @raise Problem: bad JSON, a bad message, too many messages.
@@ -245,9 +335,9 @@ def parse_json(data: bytes, max_batch: int, max_delay: int) -> tuple[list[Outgoi
                         continue
                     except UnicodeEncodeError:
                         pass
-            append(_json_message(m, i, max_delay))
+            append(_json_message(m, i))
         return out, True
-    return [_json_message(doc, None, max_delay)], False
+    return [_json_message(doc, None)], False
 
 
 def too_many(n: int, max_batch: int) -> Problem:
@@ -258,7 +348,7 @@ def too_many(n: int, max_batch: int) -> Problem:
     )
 
 
-def _avro_message(rec: Any, index: int | None, max_delay: int) -> Outgoing:
+def _avro_message(rec: Any, index: int | None) -> Outgoing:
     return check_message(
         rec["body"],
         rec["headers"],
@@ -269,7 +359,8 @@ def _avro_message(rec: Any, index: int | None, max_delay: int) -> Outgoing:
         rec["delay"],
         rec["persistent"],
         _where(index),
-        max_delay,
+        rec.get("properties"),
+        False,
     )
 
 
@@ -328,6 +419,33 @@ def _read_map(data: bytes, pos: int, kind: Any) -> tuple[dict[str, Any], int]:
             out[key], pos = kind(data, pos)
 
 
+_unpack_double = struct.Struct("<d").unpack_from
+
+
+def _typed(data: bytes, pos: int) -> tuple[Any, int]:
+    """An application header's value: a union of null, boolean, long,
+    double, string and bytes (in that order, L{HEADER_UNION})."""
+    branch, pos = _long(data, pos)
+    if branch == 4:
+        return _string(data, pos)
+    if branch == 0:
+        return None, pos
+    if branch == 1:
+        flag = data[pos]
+        if flag > 1:
+            raise _Bad(f"a boolean byte is {flag}")
+        return flag == 1, pos + 1
+    if branch == 2:
+        return _long(data, pos)
+    if branch == 3:
+        if pos + 8 > len(data):
+            raise _Bad("a double runs past its block")
+        return _unpack_double(data, pos)[0], pos + 8
+    if branch == 5:
+        return _bytes(data, pos)
+    raise _Bad(f"union branch {branch} of a 6-branch union")
+
+
 def _optional(data: bytes, pos: int, kind: Any) -> tuple[Any, int]:
     branch, pos = _long(data, pos)
     if branch == 0:
@@ -339,9 +457,10 @@ def _optional(data: bytes, pos: int, kind: Any) -> tuple[Any, int]:
 
 #: After a message's body, the rest of a PublishMessage with every default
 #: (empty headers, null destination and routing key, priority 0, null TTL
-#: and delay) and persistent false, or true.
-_DEFAULT_TAIL = b"\x00" * 7
-_PERSISTENT_TAIL = b"\x00" * 6 + b"\x01"
+#: and delay, no properties) and persistent false, or true.
+_DEFAULT_TAIL = b"\x00" * 8
+_PERSISTENT_TAIL = b"\x00" * 6 + b"\x01\x00"
+_TAIL = len(_DEFAULT_TAIL)
 #: Most bytes one deflated block of a container may inflate to.
 MAX_INFLATED = 64 << 20
 #: Container headers seen (their bytes) -> (codec, whether the writer schema
@@ -389,7 +508,7 @@ def _uniform(block: bytes, count: int) -> list[bytes] | None:
         n, start = _long(block, 0)
     except (_Bad, IndexError):
         return None
-    size = start + n + 7
+    size = start + n + _TAIL
     if n < 0 or size * count != len(block) or not block.startswith(_DEFAULT_TAIL, start + n):
         return None
     for j in (*range(start), *range(start + n, size)):
@@ -398,7 +517,7 @@ def _uniform(block: bytes, count: int) -> list[bytes] | None:
     return [block[i : i + n] for i in range(start, len(block), size)]
 
 
-def _read_container(data: bytes, max_batch: int, max_delay: int) -> list[Parsed] | None:
+def _read_container(data: bytes, max_batch: int) -> list[Parsed] | None:
     """The messages of an object container file written with QMQ's own
     schema, uncompressed or deflated, decoded here: a body-only message
     (the common case) costs a varint, a slice and a compare, a third of
@@ -460,13 +579,13 @@ def _read_container(data: bytes, max_batch: int, max_delay: int) -> list[Parsed]
             body = block[p:q]
             if startswith(_DEFAULT_TAIL, q):
                 append(body)
-                p = q + 7
+                p = q + _TAIL
                 continue
             if startswith(_PERSISTENT_TAIL, q):
                 append(Outgoing(None, None, None, body, persistent=True))
-                p = q + 7
+                p = q + _TAIL
                 continue
-            headers, p = _read_map(block, q, _string)
+            headers, p = _read_map(block, q, _typed)
             destination, p = _optional(block, p, _string)
             routing_key, p = _optional(block, p, _string)
             priority, p = _long(block, p)
@@ -476,14 +595,15 @@ def _read_container(data: bytes, max_batch: int, max_delay: int) -> list[Parsed]
             if flag > 1:
                 raise _Bad(f"a boolean byte is {flag}")
             p += 1
+            properties, p = _read_map(block, p, _string)
             append(check_message(body, headers, destination, routing_key, priority, ttl, delay, flag == 1,
-                                 _where(len(out)), max_delay))
+                                 _where(len(out)), properties, False))
         if p != blen:
             raise _Bad(f"a block has {blen - p} bytes after its {count} records")
     return out
 
 
-def parse_avro(data: bytes, max_batch: int, max_delay: int) -> tuple[list[Parsed], bool]:
+def parse_avro(data: bytes, max_batch: int) -> tuple[list[Parsed], bool]:
     """The messages of an Avro publish body and whether it was a batch.
 
     @raise Problem: bad Avro, a bad message, too many messages.
@@ -491,7 +611,7 @@ def parse_avro(data: bytes, max_batch: int, max_delay: int) -> tuple[list[Parsed
     sch = _SCHEMAS["PublishMessage"]
     if data.startswith(OCF_MAGIC):
         try:
-            fast = _read_container(data, max_batch, max_delay)
+            fast = _read_container(data, max_batch)
         except (_Bad, IndexError) as e:
             detail = str(e) if isinstance(e, _Bad) else "it ends early"
             raise bad_request(
@@ -512,7 +632,7 @@ def parse_avro(data: bytes, max_batch: int, max_delay: int) -> tuple[list[Parsed
             for i, rec in enumerate(reader):
                 if i >= max_batch:
                     raise too_many(i + 1, max_batch)
-                out.append(_avro_message(rec, i, max_delay))
+                out.append(_avro_message(rec, i))
         except Problem:
             raise
         except Exception as e:  # fastavro raises many kinds on bad input
@@ -534,28 +654,26 @@ def parse_avro(data: bytes, max_batch: int, max_delay: int) -> tuple[list[Parsed
             "object container file)",
             "bad-avro",
         )
-    return [_avro_message(rec, None, max_delay)], False
+    return [_avro_message(rec, None)], False
 
 
 # -- deliveries ------------------------------------------------------------------
 
 
 def message_destination(message: Message) -> str:
-    """The destination a message was published to."""
-    headers = message.headers
-    if headers:
-        d = headers.get("destination")
-        if d:
-            return d
+    """The destination a message was published to (named by its exchange
+    and routing key, as every frontend names it)."""
     return destination_of(message.exchange, message.routing_key)
 
 
-def _app_headers(message: Message) -> dict[str, str]:
-    headers = message.headers
+def _json_headers(headers: dict[str, Any] | None) -> dict[str, Any]:
+    """Application headers as JSON values (bytes as C{{"base64": TEXT}})."""
     if not headers:
         return {}
-    if "destination" in headers:
-        return {k: v for k, v in headers.items() if k != "destination"}
+    for v in headers.values():
+        if v.__class__ is bytes:
+            return {k: {"base64": base64.b64encode(v).decode()} if v.__class__ is bytes else v
+                    for k, v in headers.items()}
     return headers
 
 
@@ -574,7 +692,8 @@ def json_delivery(message: Message, handle: str | None, seq: int | None, force_b
         "destination": message_destination(message),
         "exchange": message.exchange,
         "routing_key": message.routing_key,
-        "headers": _app_headers(message),
+        "headers": _json_headers(message.headers),
+        "properties": message.properties or {},
         "body": text,
         "encoding": encoding,
         "timestamp": message.timestamp,
@@ -602,8 +721,7 @@ def json_deliveries(got: list[tuple[int, Message]], token: str, force_base64: bo
     names: dict[tuple[str, str], str] = {}
     prefix = token + "."
     for tag, m in got:
-        headers = m.headers
-        if headers:
+        if m.headers or m.properties:
             append(json_delivery(m, prefix + str(tag), None, False))
             continue
         body = m.body
@@ -622,6 +740,7 @@ def json_deliveries(got: list[tuple[int, Message]], token: str, force_base64: bo
             "exchange": m.exchange,
             "routing_key": m.routing_key,
             "headers": {},
+            "properties": {},
             "body": text,
             "encoding": encoding,
             "timestamp": m.timestamp,
@@ -644,7 +763,7 @@ def avro_delivery(message: Message, handle: str | None, seq: int | None) -> dict
         "destination": message_destination(message),
         "exchange": message.exchange,
         "routing_key": message.routing_key,
-        "headers": _app_headers(message),
+        "headers": message.headers or {},
         "body": message.body,
         "timestamp": int(message.timestamp * 1000),
         "redelivered": message.delivery_count > 0,
@@ -652,6 +771,7 @@ def avro_delivery(message: Message, handle: str | None, seq: int | None) -> dict
         "priority": message.priority,
         "persistent": message.persistent,
         "expires": int(message.expires * 1000) if message.expires else None,
+        "properties": message.properties or {},
     }
 
 
@@ -683,10 +803,39 @@ def _text(value: str | bytes) -> bytes:
     return _zigzag(len(data)) + data  # type: ignore[operator]
 
 
-def _map(headers: dict[str, str] | None) -> bytes:
-    if not headers:
+def _map(values: dict[str, str] | None) -> bytes:
+    """An Avro map of strings."""
+    if not values:
         return b"\x00"
-    return _zigzag(len(headers)) + b"".join(_text(k) + _text(v) for k, v in headers.items()) + b"\x00"
+    return _zigzag(len(values)) + b"".join(_text(k) + _text(v) for k, v in values.items()) + b"\x00"
+
+
+_pack_double = struct.Struct("<d").pack
+
+
+def _typed_value(value: Any) -> bytes:
+    """An application header's value in the union of L{_typed}."""
+    cls = value.__class__
+    if cls is str:
+        return b"\x08" + _text(value)
+    if value is None:
+        return b"\x00"
+    if cls is bool:
+        return b"\x02\x01" if value else b"\x02\x00"
+    if cls is int:
+        return b"\x04" + _zigzag(value)
+    if cls is float:
+        return b"\x06" + _pack_double(value)
+    return b"\x0a" + _text(value)  # bytes
+
+
+def _typed_map(headers: dict[str, Any]) -> bytes:
+    """Application headers as an Avro map of the union of L{_typed}."""
+    return (
+        _zigzag(len(headers))
+        + b"".join(_text(k) + _typed_value(v) for k, v in headers.items())
+        + b"\x00"
+    )
 
 
 #: The header of QMQ's Delivery containers (their schema; no compression)
@@ -719,14 +868,10 @@ def avro_deliveries(entries: list[tuple[Message, str | None, int | None]]) -> by
     last_size = -1
     for m, handle, seq in entries:
         headers = m.headers
-        if headers and "destination" in headers:
-            fields = _text(headers["destination"]) + _text(m.exchange) + _text(m.routing_key)
-            headers = {k: v for k, v in headers.items() if k != "destination"}
-        else:
-            key = (m.exchange, m.routing_key)
-            fields = names.get(key)  # type: ignore[assignment]
-            if fields is None:
-                fields = names[key] = _text(destination_of(*key)) + _text(key[0]) + _text(key[1])
+        key = (m.exchange, m.routing_key)
+        fields = names.get(key)  # type: ignore[assignment]
+        if fields is None:
+            fields = names[key] = _text(destination_of(*key)) + _text(key[0]) + _text(key[1])
         count = m.delivery_count
         expires = m.expires
         if m.timestamp != stamp:
@@ -737,9 +882,11 @@ def avro_deliveries(entries: list[tuple[Message, str | None, int | None]]) -> by
         if size != last_size:
             last_size = size
             size_bytes = _zigzag(size)
-        if not (count or m.priority or m.persistent or expires):
-            # redelivered, delivery_count, priority, persistent, expires
-            tail = b"\x00\x00\x00\x00\x00"
+        properties = m.properties
+        if not (count or m.priority or m.persistent or expires or properties):
+            # redelivered, delivery_count, priority, persistent, expires,
+            # properties
+            tail = b"\x00\x00\x00\x00\x00\x00"
         else:
             tail = (
                 (b"\x01" if count > 0 else b"\x00")
@@ -747,13 +894,14 @@ def avro_deliveries(entries: list[tuple[Message, str | None, int | None]]) -> by
                 + _zigzag(m.priority)
                 + (b"\x01" if m.persistent else b"\x00")
                 + (b"\x02" + _zigzag(int(expires * 1000)) if expires else b"\x00")
+                + _map(properties)
             )
         append(b"%b%b%b%b%b%b%b%b%b" % (
             b"\x02" + _text(handle) if handle is not None else b"\x00",
             _zigzag(m.id),
             b"\x02" + _zigzag(seq) if seq is not None else b"\x00",
             fields,
-            _map(headers) if headers else b"\x00",
+            _typed_map(headers) if headers else b"\x00",
             size_bytes,
             body,
             stamp_bytes,

@@ -42,11 +42,14 @@ from typing import TYPE_CHECKING, Any
 from twisted.internet import defer
 from twisted.logger import Logger
 
+from qmq.core import options
+from qmq.core.admission import RETRY_AFTER
 from qmq.core.consumer import Consumer
 from qmq.core.errors import BrokerError, NotFound
-from qmq.core.message import Message
+from qmq.core.message import Message, check_user_id
+from qmq.core.names import check_headers
 from qmq.stomp.destinations import DestinationChannel
-from qmq.web.api.codec import Outgoing, Parsed
+from qmq.web.api.codec import Parsed
 from qmq.web.api.problem import Problem, bad_request, from_broker_error
 
 if TYPE_CHECKING:
@@ -56,13 +59,6 @@ if TYPE_CHECKING:
     from qmq.web.api.settings import ApiSettings
 
 log = Logger()
-
-#: Header names a publisher may not set: the STOMP frontend writes them
-#: itself in every MESSAGE frame (a second one could be read first).
-RESERVED_HEADERS = frozenset(
-    ("destination", "content-length", "message-id", "subscription", "ack", "receipt",
-     "transaction", "redelivered", "x-delivery-count")
-)
 
 Delivered = list[tuple[int, "Message"]]
 
@@ -107,7 +103,9 @@ class PollConsumer(Consumer):
         self.channel = frontend.channel
         self.clock = frontend.clock
         self.name = name
-        self.token = secrets.token_urlsafe(6)
+        # NODE.RUN.RANDOM (qmq.core.ids): a handle from another node or an
+        # earlier run never names a delivery of this receiver.
+        self.token = f"{frontend.broker.message_ids.prefix}.{secrets.token_urlsafe(6)}"
         self.waiters: deque[Waiter] = deque()
         self.flush_call: Any = None
         self.batch_of: dict[int, _Batch] = {}
@@ -291,6 +289,24 @@ class PollConsumer(Consumer):
             self.frontend.detach(self)
 
 
+def refuse_held(admission: Any, persistent: bool) -> None:
+    """Refuse a publish that admission holds back (the memory alarm for
+    any, the disk alarm or a failing store for persistent messages): 503
+    with C{Retry-After}, nothing published. Consumers are never held.
+
+    @raise Problem: the publish is held back.
+    """
+    hold = admission.refusal(persistent)
+    if hold is not None:
+        raise Problem(
+            503,
+            "publishers-held",
+            f"Publishing is held back: {hold.detail}. Retry later.",
+            {"alarm": hold.name},
+            {"Retry-After": str(RETRY_AFTER)},
+        )
+
+
 def _check_destination(text: str, where: str) -> None:
     if not text.startswith("/queue/") and text.startswith(("/control/", "/temp-queue/")):
         raise bad_request(
@@ -302,7 +318,7 @@ def _check_destination(text: str, where: str) -> None:
 
 def parse_handle(handle: Any) -> tuple[str, int] | None:
     """C{(token, tag)} of a receipt handle, or None if it is not one."""
-    if handle.__class__ is not str or len(handle) > 64:
+    if handle.__class__ is not str or len(handle) > 128:
         return None
     token, _, tag = handle.rpartition(".")
     if not token or not tag.isdigit() or len(tag) > 19:
@@ -311,7 +327,7 @@ def parse_handle(handle: Any) -> tuple[str, int] | None:
 
 
 class VHostFrontend:
-    """The API's channel into one virtual host, its pollers and delayed messages."""
+    """The API's channel into one virtual host and its pollers."""
 
     def __init__(
         self, broker: Broker, vhost: VirtualHost, settings: ApiSettings, clock: Any, user: Any = None
@@ -325,15 +341,15 @@ class VHostFrontend:
         # user's permissions on every destination, and receipt handles of
         # one user's receivers mean nothing to another's.
         self.channel = DestinationChannel(
-            broker, vhost, owner_name=user.name if user is not None else "http", user=user, protocol="http"
+            broker, vhost, owner_name=user.owner if user is not None else "http", user=user, protocol="http"
         )
         self.pollers: dict[str, PollConsumer] = {}
 
     # -- publishing -------------------------------------------------------------
 
     def publish(
-        self, messages: list[Parsed], destination: str | Callable[[Parsed], str], frontend: HttpFrontend
-    ) -> tuple[list[int | None], list[defer.Deferred]]:
+        self, messages: list[Parsed], destination: str | Callable[[Parsed], str]
+    ) -> tuple[list[int], list[defer.Deferred]]:
         """Publish C{messages} in order.
 
         Every message's destination is resolved before any is published, so
@@ -343,11 +359,13 @@ class VHostFrontend:
 
         @param destination: the destination of every message, or a
             function giving each message's.
-        @return: the ids (None for a delayed message, which gets its id when
-            it is published) and the Deferreds of the store's writes the
-            answer waits for.
+        @return: the ids and the Deferreds of the store's writes the answer
+            waits for.
         @raise Problem: a bad destination or header, a refusal.
         """
+        admission = self.broker.admission
+        if admission.closed:
+            refuse_held(admission, any(m.__class__ is not bytes and m.persistent for m in messages))
         channel = self.channel
         same = destination if destination.__class__ is str else None
         targets: list | None = None
@@ -364,41 +382,37 @@ class VHostFrontend:
                         _check_destination(text, f"message {i}: ")
                         targets.append((text, channel.send_target(text)))
                     continue
-                if m.headers and not m.headers.keys().isdisjoint(RESERVED_HEADERS):
-                    bad = sorted(m.headers.keys() & RESERVED_HEADERS)
-                    raise bad_request(f"message {i}: header(s) {', '.join(bad)} are set by the broker")
+                if m.headers:
+                    # Before any is published (the channel checks again).
+                    check_headers(m.headers)
+                check_user_id(m.properties, channel.user)
                 if targets is not None:
                     text = destination(m)  # type: ignore[operator]
                     _check_destination(text, f"message {i}: ")
                     targets.append((text, channel.send_target(text)))
         except BrokerError as e:
             raise from_broker_error(e) from None
-        delayed = sum(1 for m in messages if m.__class__ is not bytes and m.delay)
-        if delayed:
-            frontend.check_delay_room(delayed)
-        ids: list[int | None] = []
+        ids: list[int] = []
         append = ids.append
         waits = []
         publish = channel.publish_target
         # Channel.new_message, inlined: one clock reading for the batch.
         next_id = channel.id_source()
         now = channel.now()
-        text = same
         for i, m in enumerate(messages):
             if targets is not None:
-                text, target = targets[i]
+                target = targets[i][1]
             if m.__class__ is bytes:
                 message = Message(next_id(), target[2], target[3], None, m, now, False)
             else:
-                if m.delay:
-                    frontend.delay(self, text, m)  # type: ignore[arg-type]
-                    append(None)
-                    continue
                 message = Message(next_id(), target[2], target[3], m.headers, m.body, now, m.persistent)
-                if m.priority:
-                    message.priority = m.priority
-                if m.ttl is not None:
-                    message.expires = now + m.ttl / 1000.0
+                message.properties = m.properties
+                if m.priority or m.ttl is not None or m.delay is not None:
+                    # The codec checked them (the same parser): no error
+                    # here. A delivery time is held by the core and kept
+                    # by the store with the message, as STOMP's.
+                    timing = options.read(now, m.priority, None, m.ttl, m.delay)
+                    message.priority, message.expires, message.deliver_at, _ = timing
             try:
                 w = publish(target, message)
             except BrokerError as e:
@@ -407,20 +421,6 @@ class VHostFrontend:
             if w is not None:
                 waits.append(w)
         return ids, waits
-
-    def publish_later(self, text: str, m: Outgoing) -> None:
-        """Publish a delayed message now (its time came)."""
-        channel = self.channel
-        try:
-            target = channel.send_target(text)
-            message = channel.new_message(target, m.headers, m.body, m.persistent)
-            message.priority = m.priority
-            if m.ttl is not None:
-                message.expires = message.timestamp + m.ttl / 1000.0
-            channel.publish_target(target, message)
-        except BrokerError as e:
-            log.warn("a delayed HTTP message to {destination} was refused: {error}",
-                     destination=text, error=e.message)
 
     # -- receiving --------------------------------------------------------------
 
@@ -471,20 +471,20 @@ class VHostFrontend:
 
 
 class HttpFrontend:
-    """The HTTP API's state across virtual hosts: their L{VHostFrontend}s
-    and the messages held for a delay."""
+    """The HTTP API's state across virtual hosts: their L{VHostFrontend}s."""
 
     def __init__(self, broker: Broker, settings: ApiSettings, clock: Any) -> None:
         self.broker = broker
         self.settings = settings
         self.clock = clock
-        self.vhosts: dict[tuple[str, str | None], VHostFrontend] = {}
-        self.delayed: set[Any] = set()
+        self.vhosts: dict[tuple[str, tuple[str, str] | None], VHostFrontend] = {}
 
     def vhost(self, name: str, user: Any = None) -> VHostFrontend:
         """The frontend of virtual host C{name} for C{user} (None: no
         authentication). @raise Problem: there is no such virtual host."""
-        key = (name, user.name if user is not None else None)
+        # Per identity (how it logged in, name): a token's "alice" is not
+        # the password user "alice", and owns apart (qmq.auth.User.owner).
+        key = (name, user.identity if user is not None else None)
         fe = self.vhosts.get(key)
         vhost = self.broker.vhosts.get(name)
         if vhost is None:
@@ -498,35 +498,7 @@ class HttpFrontend:
             fe.channel.set_user(user)
         return fe
 
-    def delay(self, fe: VHostFrontend, text: str, m: Outgoing) -> None:
-        """Hold C{m} for its delay, then publish it (in memory: a delayed
-        message is not stored until it is published)."""
-        self.check_delay_room(1)
-        call = None
-
-        def fire() -> None:
-            self.delayed.discard(call)
-            fe.publish_later(text, m)
-
-        call = self.clock.callLater(m.delay / 1000.0, fire)  # type: ignore[operator]
-        self.delayed.add(call)
-
-    def check_delay_room(self, n: int) -> None:
-        """@raise Problem: C{n} more delayed messages would pass the cap."""
-        if len(self.delayed) + n > self.settings.max_delayed:
-            raise Problem(
-                429,
-                "too-many-delayed",
-                f"The broker already holds {self.settings.max_delayed} delayed messages "
-                "(http_api.max_delayed); try again later.",
-                headers={"Retry-After": "1"},
-            )
-
     def close(self) -> None:
-        for call in list(self.delayed):
-            if call.active():
-                call.cancel()
-        self.delayed.clear()
         for fe in self.vhosts.values():
             fe.close()
 

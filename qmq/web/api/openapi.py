@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from qmq.core.message import PROPERTY_NAMES
+from qmq.core.options import MAX_PRIORITY, MAX_SPAN_MS
 from qmq.web.api.settings import ApiSettings
 
 PROBLEM = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
@@ -20,7 +22,8 @@ AVRO_MEDIA = {"avro/binary": {"schema": {"type": "string", "contentMediaType": "
 _REASONS = {
     400: "Bad request: bad JSON or Avro, a bad parameter or field (see detail).",
     401: "Authentication is on and the request has no valid credentials (HTTP Basic or a bearer token).",
-    403: "Refused: no permission (with authentication on), or the object is the broker's own or a session's.",
+    403: "Refused: no permission (with authentication on), the object is the broker's own or a session's, or "
+    "the request comes from a page of an origin the broker does not trust ([web] allowed_origins).",
     404: "No such virtual host, queue, exchange or endpoint.",
     405: "Method not allowed here.",
     408: "The request was not received in time (http_api.upload_timeout).",
@@ -28,10 +31,12 @@ _REASONS = {
     "authentication is off.",
     410: "The cursor's follower is gone; poll without a cursor.",
     413: "The body or the batch is too large ([web] max_request_body, [http_api] max_batch).",
-    415: "Unsupported Content-Type.",
-    429: "A queue is full (reject-publish), a cap on delayed messages or followers is reached, or too many "
+    415: "Unsupported Content-Type (a request that changes something takes JSON, Avro where the endpoint "
+    "does, or no body: never what an HTML form sends).",
+    421: "The Host header names no name of this broker ([web] allowed_hosts; a DNS rebinding guard).",
+    429: "A queue is full (reject-publish), the cap on followers is reached, or too many "
     "failed logins; retry later.",
-    503: "Published, but the store failed to keep the messages.",
+    503: "Not accepted: publishers are held back (memory or disk alarm), or the store could not keep the messages; retry after Retry-After.",
 }
 
 
@@ -83,10 +88,12 @@ PAGING = [
 def _op(summary: str, responses: dict, *errors: int, params: list | None = None, body: dict | None = None,
         description: str = "", tag: str = "") -> dict:
     # Any request may be malformed, sent with another method, too large or too
-    # slow; with authentication on, any but the documents may be refused.
-    codes = {400, 405, 408, 413, *errors}
+    # slow, to a name that is not the broker's or from a foreign page
+    # (qmq.web.guard); with authentication on, any but the documents may be
+    # refused.
+    codes = {400, 403, 405, 408, 413, 421, *errors}
     if tag != "meta":
-        codes |= {401, 403, 429}
+        codes |= {401, 429}
     codes = sorted(codes)
     op: dict[str, Any] = {"summary": summary, "responses": {**responses, **_errors(*codes)}}
     op["operationId"] = summary.lower().replace(" ", "_").replace(",", "").replace("'", "")
@@ -110,6 +117,21 @@ def _ok(schema: dict, description: str = "OK", status: int = 200, avro: bool = F
         r["headers"] = headers
     return {str(status): r}
 
+
+HEALTH = {
+    "type": "object", "required": ["status", "alarms", "store"],
+    "properties": {
+        "status": {"enum": ["ok", "degraded"]},
+        "alarms": {"type": "array", "items": {
+            "type": "object", "required": ["name", "detail", "persistent_only"],
+            "properties": {"name": {"enum": ["memory", "disk", "store"]}, "detail": {"type": "string"},
+                           "persistent_only": {"type": "boolean"}}}},
+        "store": {"type": "object", "properties": {
+            "healthy": {"type": "boolean"}, "failure": {"type": ["string", "null"]}}},
+        "disk": {"type": "object", "properties": {
+            "free_bytes": {"type": "integer"}, "limit_bytes": {"type": "integer"}}},
+    },
+}
 
 PUBLISH_BODY = {
     "required": True,
@@ -161,7 +183,23 @@ def _handles_body(extra: dict) -> dict:
 
 
 def _schemas(s: ApiSettings) -> dict:
-    headers = {"type": "object", "additionalProperties": {"type": "string"}}
+    headers = {
+        "type": "object",
+        "description": "Application headers: strings, numbers, booleans, null, or bytes as {\"base64\": TEXT}.",
+        "additionalProperties": {
+            "oneOf": [
+                {"type": ["string", "number", "boolean", "null"]},
+                {"type": "object", "required": ["base64"], "additionalProperties": False,
+                 "properties": {"base64": {"type": "string"}}},
+            ]
+        },
+    }
+    properties = {
+        "type": "object",
+        "description": "The message's properties that are set.",
+        "additionalProperties": False,
+        "properties": {name: {"type": "string"} for name in PROPERTY_NAMES},
+    }
     return {
         "Problem": {
             "type": "object",
@@ -185,13 +223,16 @@ def _schemas(s: ApiSettings) -> dict:
                 "body": {"type": "string", "description": "The payload: UTF-8 text, or base64 (see encoding)."},
                 "encoding": {"enum": ["utf-8", "base64"], "default": "utf-8"},
                 "headers": headers,
+                "properties": properties,
                 "destination": {"type": "string", "description": "For POST .../messages: /queue/NAME, /topic/KEY or "
                                 "/exchange/NAME/KEY. Not allowed where the path names the destination."},
                 "routing_key": {"type": "string", "description": "For the exchange endpoint."},
-                "priority": {"type": "integer", "minimum": 0, "maximum": 9, "default": 0},
-                "ttl": {"type": "integer", "minimum": 0, "description": "Milliseconds until it expires."},
-                "delay": {"type": "integer", "minimum": 0, "maximum": s.max_delay,
-                          "description": "Milliseconds to hold it (in memory) before publishing."},
+                "priority": {"type": "integer", "minimum": 0, "maximum": MAX_PRIORITY, "default": 0},
+                "ttl": {"type": "integer", "minimum": 0, "maximum": MAX_SPAN_MS,
+                        "description": "Milliseconds from the publish until it expires."},
+                "delay": {"type": "integer", "minimum": 0, "maximum": MAX_SPAN_MS,
+                          "description": "Milliseconds from the publish before its first delivery (the "
+                          "broker keeps it, on disk when persistent, meanwhile)."},
                 "persistent": {"type": "boolean", "default": False},
             },
         },
@@ -207,15 +248,15 @@ def _schemas(s: ApiSettings) -> dict:
             "required": ["published", "ids", "stored"],
             "properties": {
                 "published": {"type": "integer"},
-                "ids": {"type": "array", "items": {"type": ["integer", "null"]},
-                        "description": "Message ids in order (null for a delayed message)."},
+                "ids": {"type": "array", "items": {"type": "integer"},
+                        "description": "Message ids in order."},
                 "stored": {"type": "integer", "description": "Messages whose store write the answer waited for."},
             },
         },
         "Delivery": {
             "type": "object",
-            "required": ["id", "destination", "exchange", "routing_key", "headers", "body", "encoding", "timestamp",
-                         "redelivered", "delivery_count", "priority", "persistent", "expires"],
+            "required": ["id", "destination", "exchange", "routing_key", "headers", "properties", "body", "encoding",
+                         "timestamp", "redelivered", "delivery_count", "priority", "persistent", "expires"],
             "properties": {
                 "handle": {"type": "string", "description": "Receipt handle (received messages)."},
                 "seq": {"type": "integer", "description": "Position in a topic follower's stream (topic polls)."},
@@ -224,6 +265,7 @@ def _schemas(s: ApiSettings) -> dict:
                 "exchange": {"type": "string"},
                 "routing_key": {"type": "string"},
                 "headers": headers,
+                "properties": properties,
                 "body": {"type": "string"},
                 "encoding": {"enum": ["utf-8", "base64"]},
                 "timestamp": {"type": "number", "description": "Seconds since the epoch."},
@@ -421,6 +463,13 @@ def document(s: ApiSettings | None = None) -> dict:
     paths: dict[str, dict] = {
         "/api/v1": {"get": _op("API index", _ok({"type": "object"}), tag="meta")},
         "/api/v1/openapi.json": {"get": _op("This document", _ok({"type": "object"}), tag="meta")},
+        "/api/v1/health": {"get": _op(
+            "Readiness", {**_ok(HEALTH, "Publishers are admitted"),
+                          "503": {"description": "Publishers are held back (an alarm, the store)",
+                                  "content": _json(HEALTH)}},
+            description="The alarms holding publishers back (memory: every publish; disk, store: "
+                        "persistent ones) and the store's health. Consumers are never held back.",
+            tag="meta")},
         "/api/v1/schemas": {"get": _op("List the Avro schemas", _ok({
             "type": "object", "required": ["schemas"],
             "properties": {"schemas": {"type": "array", "items": {"type": "string"}}}}), tag="meta")},

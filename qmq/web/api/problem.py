@@ -23,6 +23,7 @@ from qmq.core.errors import (
     ResourceLimit,
     ResourceLocked,
 )
+from qmq.core.names import InvalidName
 from qmq.stomp.destinations import DestinationError
 
 PROBLEM_TYPE = "application/problem+json"
@@ -86,6 +87,7 @@ def bad_request(detail: str, code: str = "bad-parameter") -> Problem:
 #: Core errors, most specific first: (class, HTTP status, code).
 _BROKER_ERRORS: tuple[tuple[type[BrokerError], int, str], ...] = (
     (DestinationError, 400, "bad-destination"),
+    (InvalidName, 400, "invalid-name"),
     (NotFound, 404, "not-found"),
     (AccessRefused, 403, "access-refused"),
     (ResourceLocked, 409, "resource-locked"),

@@ -34,9 +34,11 @@ from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
+from qmq.core.admission import RETRY_AFTER
 from qmq.core.errors import BrokerError
 from qmq.core.exchange import EXCHANGE_TYPES
-from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX, check_queue_access
+from qmq.core.management import Management
+from qmq.core.names import check_exchange
 from qmq.core.queue import Queue
 from qmq.twisted_internals import no_delay_once
 from qmq.web.api import codec
@@ -186,7 +188,7 @@ Route = tuple[str, tuple[str, ...], str]
 
 
 #: Handlers anyone may call, also with authentication on (the documents).
-PUBLIC = frozenset(("h_index", "h_openapi", "h_schemas", "h_schema"))
+PUBLIC = frozenset(("h_index", "h_openapi", "h_schemas", "h_schema", "h_health"))
 #: Handlers of the broker as a whole (users, permissions): their caller
 #: logs in to the default virtual host whatever the path names.
 GLOBAL = frozenset(("h_get_permission", "h_put_permission", "h_delete_permission"))
@@ -208,6 +210,25 @@ def _session(conn: Any) -> Any:
     return session
 
 
+def is_publish(method: bytes, path: bytes) -> bool:
+    """Whether a request line (C{POST}, C{/api/v1/vhosts/%2F/queues/q/messages?x=1})
+    names one of the API's publish operations: the site refuses those
+    before reading their body while admission holds every publisher."""
+    if method != b"POST":
+        return False
+    segments = path.split(b"?", 1)[0].split(b"/")
+    if len(segments) < 3 or segments[0] != b"" or segments[1] != b"api":
+        return False
+    segments = segments[2:]
+    if segments and segments[-1] == b"":
+        segments.pop()
+    for route_method, template, name in ApiResource.routes:
+        if route_method == "POST" and name.startswith("publish") and len(template) == len(segments):
+            if all(t.startswith("{") or t.encode() == p for t, p in zip(template, segments, strict=True)):
+                return True
+    return False
+
+
 def _unauthorized(detail: str) -> Problem:
     return Problem(401, "unauthorized", detail, headers={"WWW-Authenticate": 'Basic realm="QMQ", Bearer'})
 
@@ -222,6 +243,7 @@ class ApiResource(Resource):
     routes: tuple[Route, ...] = (
         ("GET", ("v1",), "index"),
         ("GET", ("v1", "openapi.json"), "openapi"),
+        ("GET", ("v1", "health"), "health"),
         ("GET", ("v1", "schemas"), "schemas"),
         ("GET", ("v1", "schemas", "{schema}"), "schema"),
         ("GET", ("v1", "vhosts"), "list_vhosts"),
@@ -416,50 +438,39 @@ class ApiResource(Resource):
 
     def _is_admin(self, request: Request) -> bool:
         user = getattr(request, "qmq_user", None)
-        return user is None or user.name in self.settings.admins.split()
+        # By the identity's account, never the bare name: a token's subject
+        # "admin" is not the configured user admin (qmq.auth.User.is_admin).
+        return user is None or user.is_admin(self.settings.admins.split())
 
     def _require_admin(self, request: Request) -> None:
         if not self._is_admin(request):
             raise Problem(403, "access-refused", "Only the users named in http_api.admins may do this.")
 
-    def _can(self, request: Request, operation: str, vhost: str, name: str) -> bool:
-        user = getattr(request, "qmq_user", None)
-        return user is None or user.can(operation, vhost, name, None if user.destinations is None else name)
+    def _management(self, request: Request, vhost: str) -> Management:
+        """The core's management operations for the request's identity in
+        C{vhost}: every access check of the queue, exchange and binding
+        endpoints is made there (L{qmq.core.management}), not here.
+        @raise Problem: 404, no such virtual host."""
+        return Management(self._vhost(vhost), getattr(request, "qmq_user", None), self._owner(request))
 
-    def _check(self, request: Request, operation: str, vhost: str, name: str) -> None:
-        if not self._can(request, operation, vhost, name):
-            user = request.qmq_user
-            raise Problem(
-                403, "access-refused",
-                f"User {user.name!r} has no {operation} permission for {name!r} in virtual host {vhost!r}.",
-            )
+    def _listed(self, request: Request, mgmt: Management, queue: str) -> bool:
+        """Whether a listing shows queue C{queue}: the identity may read it
+        (L{Management.may_read_queue}); an admin also sees other users'
+        durable subscriptions, if its permissions allow reading them."""
+        return mgmt.may_read_queue(queue, see_all=self._is_admin(request))
 
     @staticmethod
-    def _owner(request: Request) -> str:
+    def _owner(request: Request) -> Any:
         """Who the request's client is for what it owns (the owner name of its channel)."""
         user = getattr(request, "qmq_user", None)
-        return user.name if user is not None else "http"
+        return user.owner if user is not None else "http"
 
-    def _own(self, request: Request, queue: str, operation: str) -> None:
-        """A durable subscription's queue is its owner's alone
-        (L{check_queue_access}): nobody else reads, purges or deletes it
-        over HTTP either. @raise Problem: 403."""
-        if queue.startswith(DURABLE_SUBSCRIPTION_PREFIX):
-            try:
-                check_queue_access(self._owner(request), queue, operation)
-            except BrokerError as e:
-                raise from_broker_error(e) from None
-
-    def _visible(self, request: Request, queue: str) -> bool:
-        """Whether the queue's description is shown to the request's user:
-        admins see every queue; others not other users' durable subscriptions."""
-        if not queue.startswith(DURABLE_SUBSCRIPTION_PREFIX) or self._is_admin(request):
-            return True
-        try:
-            check_queue_access(self._owner(request), queue, "read")
-        except BrokerError:
-            return False
-        return True
+    def _own(self, request: Request, vhost: str, queue: str) -> None:
+        """Receiving from a queue and settling its deliveries: the core's
+        L{Management.check_owner} (a durable subscription's queue is its
+        owner's alone), asked before a receiver is looked up, so the answer
+        is a 403 rather than unknown handles."""
+        self._management(request, vhost).check_owner(queue, "read")
 
     def _fe(self, request: Request, vhost: str) -> Any:
         return self.frontend.vhost(vhost, getattr(request, "qmq_user", None))
@@ -563,6 +574,29 @@ class ApiResource(Resource):
             }
         )
 
+    def h_health(self, request: Request) -> Response:
+        """Readiness: 200 while publishers are admitted, 503 while admission
+        holds any back (the alarms and the store's health, listed)."""
+        broker = self.broker
+        admission = broker.admission
+        failure = getattr(broker.store, "failure", None)
+        disk = broker.disk_alarm
+        body: dict[str, Any] = {
+            "status": "ok" if not admission.closed else "degraded",
+            "alarms": [
+                {"name": h.name, "detail": h.detail, "persistent_only": h.persistent_only}
+                for h in admission.holds
+            ],
+            "store": {"healthy": failure is None, "failure": failure},
+        }
+        if disk is not None:
+            body["disk"] = {"free_bytes": disk.free, "limit_bytes": disk.limit}
+        status = 200 if not admission.closed else 503
+        response = json_response(body, status)
+        if status == 503:
+            response.headers["Retry-After"] = str(RETRY_AFTER)
+        return response
+
     def h_openapi(self, request: Request) -> Response:
         if self._openapi is None:
             from qmq.web.api.openapi import document  # noqa: PLC0415
@@ -606,9 +640,9 @@ class ApiResource(Resource):
         data = request.content.read() if request.content is not None else b""
         s = self.settings
         if kind in AVRO_TYPES:
-            return codec.parse_avro(data, s.max_batch, s.max_delay)
+            return codec.parse_avro(data, s.max_batch)
         if kind == JSON or kind.endswith("+json"):
-            return codec.parse_json(data, s.max_batch, s.max_delay)
+            return codec.parse_json(data, s.max_batch)
         raise Problem(
             415, "unsupported-media-type", f"Publish with Content-Type {JSON} or {AVRO}, not {kind!r}."
         )
@@ -622,7 +656,7 @@ class ApiResource(Resource):
                     raise bad_request(f"message {i}: the path names the {path_names}; drop 'destination'")
         if path_names == "exchange":
             destination = destination(messages)
-        ids, waits = fe.publish(messages, destination, self.frontend)
+        ids, waits = fe.publish(messages, destination)
         self.published += len(messages)
         body = {"published": len(ids), "ids": ids, "stored": len(waits)}
         if not waits:
@@ -632,12 +666,18 @@ class ApiResource(Resource):
         def stored(_: Any) -> Response:
             return json_response(body, 201)
 
-        def failed(_: Any) -> Problem:
+        def failed(f: Any) -> Problem:
+            # Not "published": the answer promises nothing about them.
+            if isinstance(f.value, defer.FirstError):
+                f = f.value.subFailure
             return Problem(
                 503,
                 "not-stored",
-                "The broker published the messages but could not store them; see its log.",
-                {"published": len(ids), "ids": ids},
+                "The broker could not store the messages ("
+                f"{f.value.__class__.__name__}: {f.getErrorMessage()}); they are not accepted, "
+                "publish them again later.",
+                {"stored": 0},
+                {"Retry-After": str(RETRY_AFTER)},
             )
 
         return d.addCallbacks(stored, failed)
@@ -659,6 +699,8 @@ class ApiResource(Resource):
     def h_publish_exchange(self, request: Request, vhost: str, exchange: str) -> Any:
         if not exchange:
             raise bad_request("an exchange needs a name (the default exchange is the queue endpoint)")
+        # A '/' would split the destination below at the wrong place.
+        check_exchange(exchange)
         prefix = f"/exchange/{exchange}/"
 
         def destination(messages: list[codec.Parsed]) -> Any:
@@ -677,7 +719,7 @@ class ApiResource(Resource):
         visibility = _float_arg(request, "visibility", s.default_visibility, 0.001, s.max_visibility)
         force64 = _encoding_arg(request)
         avro = codec.wants_avro(request.getHeader("accept"))
-        self._own(request, queue, "read")
+        self._own(request, vhost, queue)
         fe = self._fe(request, vhost)
         poller = fe.poller(queue)
         waiter = poller.receive(want, wait, visibility)
@@ -727,7 +769,7 @@ class ApiResource(Resource):
         return tags, unknown
 
     def _settle(self, request: Request, vhost: str, queue: str, handles: list[str], ack: bool, requeue: bool) -> Response:
-        self._own(request, queue, "read")
+        self._own(request, vhost, queue)
         poller = self._fe(request, vhost).find_poller(queue)
         tags, unknown = self._tags(poller, handles)
         if tags:
@@ -753,7 +795,7 @@ class ApiResource(Resource):
         visibility = doc.get("visibility", self.settings.default_visibility)
         if not (math.isfinite(visibility) and 0 < visibility <= self.settings.max_visibility):
             raise bad_request(f"'visibility' must be above 0 and at most {self.settings.max_visibility:g}")
-        self._own(request, queue, "read")
+        self._own(request, vhost, queue)
         poller = self._fe(request, vhost).find_poller(queue)
         tags, unknown = self._tags(poller, handles)
         if tags:
@@ -766,10 +808,8 @@ class ApiResource(Resource):
     def h_scan(self, request: Request, vhost: str, queue: str) -> Any:
         from qmq.core.vhost import MAX_SCAN_LIMIT  # noqa: PLC0415
 
-        v = self._vhost(vhost)
+        mgmt = self._management(request, vhost)
         self._queue(vhost, queue)
-        self._check(request, "read", vhost, queue)
-        self._own(request, queue, "read")
         start = _float_arg(request, "start", 0.0, 0.0, 1e11)
         end = _float_arg(request, "end", 1e11, 0.0, 1e11)
         if start > end:
@@ -779,7 +819,7 @@ class ApiResource(Resource):
         force64 = _encoding_arg(request)
         avro = codec.wants_avro(request.getHeader("accept"))
         try:
-            d = v.scan(queue, start, end, cursor, limit)
+            d = mgmt.scan(queue, start, end, cursor, limit)
         except BrokerError as e:
             problem = from_broker_error(e)
             if problem.status == 409:
@@ -968,22 +1008,21 @@ class ApiResource(Resource):
         return page, {"total": total, "offset": offset, "next_offset": offset + len(page) if more else None}
 
     def h_list_queues(self, request: Request, vhost: str) -> Response:
-        v = self._vhost(vhost)
+        mgmt = self._management(request, vhost)
+        v = mgmt.vhost
         prefix = _arg(request, "prefix")
         queues: Any = v.queues.values()
         total = len(v.queues)
         if prefix or request.qmq_user is not None:
             queues = [q for q in queues if (not prefix or q.name.startswith(prefix))
-                      and self._can(request, "read", vhost, q.name) and self._visible(request, q.name)]
+                      and self._listed(request, mgmt, q.name)]
             total = len(queues)
         page, meta = self._page(request, queues, total)
         return json_response({"queues": [self._queue_doc(vhost, q) for q in page], **meta})
 
     def h_get_queue(self, request: Request, vhost: str, queue: str) -> Response:
-        q = self._queue(vhost, queue)
-        self._check(request, "read", vhost, queue)
-        if not self._visible(request, queue):
-            self._own(request, queue, "read")
+        self._queue(vhost, queue)
+        q = self._management(request, vhost).queue(queue, see_all=self._is_admin(request))
         return json_response(self._queue_doc(vhost, q))
 
     def _queue(self, vhost: str, name: str) -> Queue:
@@ -993,41 +1032,26 @@ class ApiResource(Resource):
         return q
 
     def h_put_queue(self, request: Request, vhost: str, queue: str) -> Response:
-        v = self._vhost(vhost)
+        mgmt = self._management(request, vhost)
         doc: dict = {}
         if request.content is not None and request.content.getvalue():
             doc = _object_body(request, {"durable": (bool,), "auto_delete": (bool,), "arguments": (dict,)}, ())
-        if queue.startswith("amq."):
-            raise Problem(403, "access-refused", "Queue names starting with 'amq.' are the broker's own.")
-        self._check(request, "configure", vhost, queue)
-        self._own(request, queue, "write")
-        existed = queue in v.queues
-        try:
-            q = v.declare_queue(
-                queue,
-                durable=doc.get("durable", True),
-                auto_delete=doc.get("auto_delete", False),
-                arguments=doc.get("arguments") or None,
-                on_demand=True,
-            )
-        except BrokerError as e:
-            raise from_broker_error(e) from None
-        return json_response(self._queue_doc(vhost, q), 200 if existed else 201)
+        q, made = mgmt.declare_queue(
+            queue,
+            durable=doc.get("durable", True),
+            auto_delete=doc.get("auto_delete", False),
+            arguments=doc.get("arguments") or None,
+        )
+        return json_response(self._queue_doc(vhost, q), 201 if made else 200)
 
     def h_delete_queue(self, request: Request, vhost: str, queue: str) -> Response:
-        q = self._queue(vhost, queue)
-        self._check(request, "configure", vhost, queue)
-        self._own(request, queue, "delete")
-        if q.exclusive_owner is not None:
-            raise Problem(403, "access-refused", f"Queue {queue!r} belongs to a session.")
-        dropped = self._vhost(vhost).delete_queue(queue)
+        self._queue(vhost, queue)
+        dropped = self._management(request, vhost).delete_queue(queue)
         return json_response({"deleted": queue, "messages": dropped})
 
     def h_purge_queue(self, request: Request, vhost: str, queue: str) -> Response:
-        q = self._queue(vhost, queue)
-        self._check(request, "read", vhost, queue)
-        self._own(request, queue, "delete")
-        return json_response({"purged": q.purge()})
+        self._queue(vhost, queue)
+        return json_response({"purged": self._management(request, vhost).purge_queue(queue)})
 
     # -- exchanges and bindings -----------------------------------------------------------
 
@@ -1042,11 +1066,11 @@ class ApiResource(Resource):
         }
 
     def h_list_exchanges(self, request: Request, vhost: str) -> Response:
-        v = self._vhost(vhost)
-        exchanges: Any = v.exchanges.values()
-        total = len(v.exchanges)
+        mgmt = self._management(request, vhost)
+        exchanges: Any = mgmt.vhost.exchanges.values()
+        total = len(mgmt.vhost.exchanges)
         if request.qmq_user is not None:
-            exchanges = [e for e in exchanges if self._can(request, "read", vhost, e.name)]
+            exchanges = [e for e in exchanges if mgmt.may_read_exchange(e.name)]
             total = len(exchanges)
         page, meta = self._page(request, exchanges, total)
         return json_response({"exchanges": [self._exchange_doc(vhost, e) for e in page], **meta})
@@ -1058,40 +1082,29 @@ class ApiResource(Resource):
         return ex
 
     def h_get_exchange(self, request: Request, vhost: str, exchange: str) -> Response:
-        ex = self._exchange(vhost, exchange)
-        self._check(request, "read", vhost, exchange)
+        self._exchange(vhost, exchange)
+        ex = self._management(request, vhost).exchange(exchange)
         return json_response(self._exchange_doc(vhost, ex))
 
     def h_put_exchange(self, request: Request, vhost: str, exchange: str) -> Response:
-        v = self._vhost(vhost)
+        mgmt = self._management(request, vhost)
         doc = _object_body(request, {"type": (str,), "durable": (bool,), "auto_delete": (bool,)}, ("type",))
         if doc["type"] not in EXCHANGE_TYPES:
             raise bad_request(f"'type' must be one of {', '.join(EXCHANGE_TYPES)}")
-        if exchange.startswith("amq.") and exchange not in v.exchanges:
-            raise Problem(403, "access-refused", "Exchange names starting with 'amq.' are the broker's own.")
-        self._check(request, "configure", vhost, exchange)
-        existed = exchange in v.exchanges
-        try:
-            ex = v.declare_exchange(exchange, doc["type"], doc.get("durable", True), doc.get("auto_delete", False))
-        except BrokerError as e:
-            raise from_broker_error(e) from None
-        return json_response(self._exchange_doc(vhost, ex), 200 if existed else 201)
+        ex, made = mgmt.declare_exchange(exchange, doc["type"], doc.get("durable", True), doc.get("auto_delete", False))
+        return json_response(self._exchange_doc(vhost, ex), 201 if made else 200)
 
     def h_delete_exchange(self, request: Request, vhost: str, exchange: str) -> Response:
         self._exchange(vhost, exchange)
-        self._check(request, "configure", vhost, exchange)
-        try:
-            self._vhost(vhost).delete_exchange(exchange)
-        except BrokerError as e:
-            raise from_broker_error(e) from None
+        self._management(request, vhost).delete_exchange(exchange)
         return json_response({"deleted": exchange})
 
     def h_list_bindings(self, request: Request, vhost: str) -> Response:
-        v = self._vhost(vhost)
+        mgmt = self._management(request, vhost)
         rows = (
             {"queue": q.name, "exchange": ex.name, "routing_key": key, "arguments": args or {}}
-            for q in v.queues.values()
-            if q.bindings and self._can(request, "read", vhost, q.name) and self._visible(request, q.name)
+            for q in mgmt.vhost.queues.values()
+            if q.bindings and self._listed(request, mgmt, q.name)
             for ex, key, args in q.bindings
         )
         limit = _int_arg(request, "limit", min(1000, self.settings.max_list), 1, self.settings.max_list)
@@ -1107,24 +1120,18 @@ class ApiResource(Resource):
         return doc["queue"], doc["exchange"], doc.get("routing_key", "")
 
     def h_add_binding(self, request: Request, vhost: str) -> Response:
-        v = self._vhost(vhost)
+        mgmt = self._management(request, vhost)
         doc = _object_body(
             request, {"queue": (str,), "exchange": (str,), "routing_key": (str,)}, ("queue", "exchange")
         )
         queue, exchange, key = self._binding_fields(doc)
         self._queue(vhost, queue)
         self._exchange(vhost, exchange)
-        self._check(request, "write", vhost, queue)
-        self._check(request, "read", vhost, exchange)
-        self._own(request, queue, "write")
-        try:
-            v.bind(queue, exchange, key)
-        except BrokerError as e:
-            raise from_broker_error(e) from None
+        mgmt.bind(queue, exchange, key)
         return json_response({"queue": queue, "exchange": exchange, "routing_key": key, "arguments": {}}, 201)
 
     def h_delete_binding(self, request: Request, vhost: str) -> Response:
-        v = self._vhost(vhost)
+        mgmt = self._management(request, vhost)
         queue = _arg(request, "queue")
         exchange = _arg(request, "exchange")
         if queue is None or exchange is None:
@@ -1132,13 +1139,7 @@ class ApiResource(Resource):
         key = _arg(request, "routing_key") or ""
         self._queue(vhost, queue)
         self._exchange(vhost, exchange)
-        self._check(request, "write", vhost, queue)
-        self._check(request, "read", vhost, exchange)
-        self._own(request, queue, "write")
-        try:
-            v.unbind(queue, exchange, key)
-        except BrokerError as e:
-            raise from_broker_error(e) from None
+        mgmt.unbind(queue, exchange, key)
         return json_response({"deleted": {"queue": queue, "exchange": exchange, "routing_key": key}})
 
     # -- connections ------------------------------------------------------------------
@@ -1278,7 +1279,7 @@ class ApiResource(Resource):
         done = 0
         for channel in list(traffic.live) if traffic is not None else ():
             user = channel.user
-            if user is not None and user.name == name:
+            if user is not None and user.account == name:
                 fresh = auth.refreshed(user)
                 if fresh is not None:
                     channel.set_user(fresh)
@@ -1300,7 +1301,7 @@ class ApiResource(Resource):
             # As RabbitMQ does: the deleted user's connections close.
             for conn in list(registry.connections()):
                 who = getattr(_session(conn), "user", None)
-                if who is not None and who.name == user and who.source != "token":
+                if who is not None and who.account == user:
                     conn.shutdown(f"user {user!r} was deleted by an administrator")
                     closed += 1
         log.info("http api: user {user} deleted by {admin}", user=user, admin=self._who(request))

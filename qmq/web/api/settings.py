@@ -33,8 +33,6 @@ class ApiSettings:
     @ivar follow_idle_timeout: seconds a cursor follower lives without a poll.
     @ivar max_followers: most topic followers (SSE streams and cursors) open
         at once.
-    @ivar max_delayed: most delayed messages held at once.
-    @ivar max_delay: most milliseconds a message may be delayed.
     @ivar sse_keepalive: seconds between keep-alive comments on an idle
         Server-Sent Events stream.
     @ivar cors_origins: origins allowed to call the API from a browser
@@ -58,8 +56,6 @@ class ApiSettings:
     follow_backlog: int = field(default=10_000, metadata={"min": 1})
     follow_idle_timeout: float = field(default=60.0, metadata={"above": 0})
     max_followers: int = field(default=10_000, metadata={"min": 1})
-    max_delayed: int = field(default=100_000, metadata={"min": 0})
-    max_delay: int = field(default=86_400_000, metadata={"min": 0})
     sse_keepalive: float = field(default=15.0, metadata={"above": 0})
     cors_origins: str = ""
     admins: str = ""

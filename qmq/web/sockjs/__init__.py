@@ -1,6 +1,6 @@
 """SockJS for browsers that cannot (or may not) use WebSocket: STOMP over
 xhr-streaming, xhr-polling, eventsource, htmlfile, jsonp and WebSocket, in
-the protocol sockjs-client speaks (sockjs-protocol 0.3.3).
+the protocol sockjs-client speaks (as sockjs-node serves it).
 
   - L{qmq.web.sockjs.framing}: frames and payloads (sans-I/O);
   - L{qmq.web.sockjs.session}: sessions, their timers and bounds;

@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.test_sockjs_framing -*-
-"""SockJS framing, without I/O (sockjs-protocol 0.3.3, what sockjs-client 1.x speaks).
+"""SockJS framing, without I/O (the SockJS protocol as sockjs-node speaks it to sockjs-client 1.x).
 
 The server sends the browser four kinds of frame, each a short string:
 
@@ -16,8 +16,11 @@ or raises L{PayloadError} with the text the protocol prescribes.
 
 Each HTTP transport wraps a frame its own way (L{TRANSPORTS}): xhr and
 xhr_streaming end it with a newline, eventsource makes it an event
-(C{data: FRAME\\r\\n\\r\\n}), htmlfile a C{<script>} calling the page's
-callback, jsonp a call of the client's callback. Streaming transports also
+(C{data: FRAME\\r\\n\\r\\n}; an event stream is UTF-8 by definition, so
+its content type names no charset), htmlfile a C{<script>} calling the page's
+callback, jsonp a call of the client's callback after an empty comment
+(C{/**/cb("o");}, so that no response starts with bytes the caller chose:
+the Rosetta Flash mitigation). Streaming transports also
 send a prelude first (2 KiB of C{h} for xhr_streaming, a newline for
 eventsource, an HTML page padded past 1 KiB for htmlfile), so browsers and
 proxies start handing the stream to the page at once.
@@ -198,7 +201,9 @@ def _htmlfile(frame: str, callback: str) -> bytes:
 
 
 def _jsonp(frame: str, callback: str) -> bytes:
-    return (callback + "(" + encode_string(frame) + ");\r\n").encode()
+    # The leading comment keeps a response from being read as a Flash file
+    # whose first bytes an attacker chose (Rosetta Flash, CVE-2014-4671).
+    return ("/**/" + callback + "(" + encode_string(frame) + ");\r\n").encode()
 
 
 _XHR_STREAMING_PRELUDE = b"h" * 2048 + b"\n"
@@ -211,7 +216,7 @@ TRANSPORTS: dict[str, Wrapping] = {
         "xhr_streaming", _JS, True, _xhr, prelude=lambda _c: _XHR_STREAMING_PRELUDE
     ),
     "eventsource": Wrapping(
-        "eventsource", b"text/event-stream; charset=UTF-8", True, _eventsource,
+        "eventsource", b"text/event-stream", True, _eventsource,
         prelude=lambda _c: b"\r\n", method=b"GET",
     ),
     "htmlfile": Wrapping(

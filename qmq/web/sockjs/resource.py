@@ -22,11 +22,26 @@ outbox then fills, and the application pauses), and tells the session when
 the request ends, normally or by a network error. Sending requests hand the
 session the messages they carry and answer at once.
 
+B{Sessions are bound to who opened them.} A session id travels in every
+URL of the session, so it leaks where URLs leak (logs, proxies, a shared
+screen); it must not be all it takes to read a session's messages or to
+speak in it. The service finds a session by its id I{and} by what the
+opening request came with (L{SockJSService.key}): the verified TLS client
+identity of its connection (a session whose client logged in with a
+certificate answers only requests over connections with that certificate;
+one whose client logged in with STOMP CONNECT inside it, only requests with
+no certificate), and, unless C{sockjs.bind_to_address} is off, the client's
+address. A request from elsewhere finds no session: a sending request gets
+the protocol's 404, a receiving one opens a new, separate session (as for
+any unknown id), so nothing tells it that the id is in use; it is logged
+(with a digest of the id, not the id).
+
 Errors the protocol prescribes keep its wording and codes (500 with
 C{Broken JSON encoding.} or C{Payload expected.}, 404 for a sending request
 to an unknown session); others are 4xx with a JSON body
 (C{{"error": ..., "detail": ...}}, L{qmq.web.site.json_error}). CORS
-follows the protocol (the request's C{Origin} echoed, credentials allowed)
+follows the protocol (the request's C{Origin} echoed, C{null} included,
+credentials allowed; C{*} without credentials when there is no C{Origin})
 for the pages the service's C{origin_allowed} lets in; others get 403.
 """
 
@@ -66,7 +81,7 @@ __all__ = ["SockJSResource", "SockJSService"]
 log = Logger()
 
 ONE_YEAR = 31536000
-_NO_CACHE = b"no-store, no-cache, must-revalidate, max-age=0"
+_NO_CACHE = b"no-store, no-cache, no-transform, must-revalidate, max-age=0"
 _IFRAME = re.compile(rb"^iframe[0-9a-z._-]*\.html$")
 _COOKIE = re.compile(rb"^[A-Za-z0-9._~+/=-]{1,128}$")
 _TEXT = b"text/plain; charset=UTF-8"
@@ -75,11 +90,11 @@ _IFRAME_PAGE = """<!DOCTYPE html>
 <head>
   <meta http-equiv="X-UA-Compatible" content="IE=edge" />
   <meta http-equiv="Content-Type" content="text/html; charset=UTF-8" />
+  <script src="%s"></script>
   <script>
     document.domain = document.domain;
-    _sockjs_onload = function(){SockJS.bootstrap_iframe();};
+    SockJS.bootstrap_iframe();
   </script>
-  <script src="%s"></script>
 </head>
 <body>
   <h2>Don't panic!</h2>
@@ -100,6 +115,11 @@ def _identity(request: Any) -> Any:
     return getattr(getattr(channel, "transport", None), "identity", None)
 
 
+def id_digest(session_id: str) -> str:
+    """A short digest of a session id for logs: the id itself is a secret."""
+    return hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
 def _peer(request: Any) -> tuple[str, str]:
     """(address for logs, host for caps) of the request's client."""
     peer = request.getClientAddress()
@@ -115,7 +135,7 @@ class SockJSService:
 
     @ivar settings: the L{SockJSSettings}.
     @ivar clock: the C{IReactorTime} of every session's timers.
-    @ivar sessions: session id -> L{SockJSSession} (HTTP sessions only).
+    @ivar sessions: L{key} -> L{SockJSSession} (HTTP sessions only).
     @ivar handler_factory: C{handler_factory(session)} -> the application end
         (an L{qmq.web.sockjs.session.ISockJSHandler}) of a new session.
     @ivar admit: C{admit(host)} -> L{None}, or why a new session from
@@ -141,7 +161,30 @@ class SockJSService:
         self.raw_handler_factory = raw_handler_factory or handler_factory
         self.admit = admit
         self.origin_allowed = origin_allowed
-        self.sessions: dict[str, SockJSSession] = {}
+        self.sessions: dict[Any, SockJSSession] = {}
+        # How many live HTTP sessions use each id (one, unless clients
+        # elsewhere chose the same): a lookup that misses on an id in use
+        # is a request from elsewhere, and is logged.
+        self._ids: dict[str, int] = {}
+
+    def key(self, session_id: str, host: str, identity: Any) -> tuple[str, str, Any]:
+        """What a session is found by: its id, the client's address (unless
+        C{bind_to_address} is off) and the connection's TLS client identity."""
+        return (session_id, host if self.settings.bind_to_address else "", identity)
+
+    def find(self, session_id: str, request: Any, transport: str) -> SockJSSession | None:
+        """The live session C{request} names, if it came from where the
+        session was opened (see the module docstring); None otherwise."""
+        peer, host = _peer(request)
+        session = self.sessions.get(self.key(session_id, host, _identity(request)))
+        if session is None and session_id in self._ids:
+            log.warn(
+                "sockjs request from elsewhere into a session, treated as naming no session "
+                "peer={peer} transport={transport} session_digest={digest}: the session was "
+                "opened from another address or with another TLS identity",
+                peer=peer, transport=transport, digest=id_digest(session_id),
+            )
+        return session
 
     def new_session(
         self, session_id: str, peer: str, peer_host: str, websocket: bool = False, raw: bool = False,
@@ -164,12 +207,23 @@ class SockJSService:
         )
         session.handler = (self.raw_handler_factory if raw else self.handler_factory)(session)
         if not websocket:
-            self.sessions[session_id] = session
+            key = session.key = self.key(session_id, peer_host, identity)
+            old = self.sessions.get(key)
+            if old is not None:
+                # A closed session's id used again by the same client.
+                self._forget(old)
+            self.sessions[key] = session
+            self._ids[session_id] = self._ids.get(session_id, 0) + 1
         return session
 
     def _forget(self, session: SockJSSession) -> None:
-        if self.sessions.get(session.id) is session:
-            del self.sessions[session.id]
+        if self.sessions.get(session.key) is session:
+            del self.sessions[session.key]
+            n = self._ids.get(session.id, 0) - 1
+            if n > 0:
+                self._ids[session.id] = n
+            else:
+                self._ids.pop(session.id, None)
 
     def refusal(self, host: str) -> str | None:
         return self.admit(host) if self.admit is not None else None
@@ -270,6 +324,8 @@ class SockJSWebSocketProtocol(WebSocketServerProtocol):
     session: SockJSSession | None = None
     paused = False
     _finished = False
+    #: The WebSocket close code and reason (those of the session's close frame).
+    _close: tuple[int, str] = (1000, "")
 
     def onOpen(self) -> None:
         service: SockJSService = self.factory.service
@@ -281,7 +337,8 @@ class SockJSWebSocketProtocol(WebSocketServerProtocol):
         if refusal is not None:
             if not self.raw:
                 self.sendMessage(b'c[3003,%s]' % json.dumps(refusal).encode())
-            self.sendClose(1013)
+            self._finished = True
+            self.sendClose(3003, refusal)
             return
         if getattr(self.transport, "producer", None) is not None:
             # twisted.web's HTTPChannel stays registered on the transport
@@ -304,9 +361,12 @@ class SockJSWebSocketProtocol(WebSocketServerProtocol):
             text = payload.decode("utf-8")
             messages = [text] if self.raw else decode_messages(text, single_allowed=True)
         except (UnicodeDecodeError, PayloadError):
-            # The protocol: broken JSON ends the connection abruptly.
+            # The protocol: broken framing ends the connection abruptly.
+            # A TCP close, not a reset (what dropConnection(abort) sends):
+            # a reset can overtake what the client has not read yet, and
+            # clients report it as an error of their own.
             self._finished = True
-            self.dropConnection(abort=True)
+            self.transport.loseConnection()
             return
         session.messages_received(messages)
 
@@ -321,8 +381,13 @@ class SockJSWebSocketProtocol(WebSocketServerProtocol):
     def send_frame(self, frame: str) -> bool:
         if self._finished:
             return False
+        kind = frame[0]
+        if kind == "c":
+            # The session's close code and reason become the WebSocket's
+            # own close (L{finish}): on the raw endpoint they are all the
+            # client learns of why (sockjs-node does the same).
+            self._close = _close_code(frame)
         if self.raw:
-            kind = frame[0]
             if kind == "a":
                 for message in json.loads(frame[1:]):
                     self.sendMessage(message.encode(), False)
@@ -333,13 +398,27 @@ class SockJSWebSocketProtocol(WebSocketServerProtocol):
     def finish(self) -> None:
         if not self._finished:
             self._finished = True
-            self.sendClose(1000)
+            self.sendClose(*self._close)
 
     def pause_reading(self) -> None:
         self.transport.pauseProducing()
 
     def resume_reading(self) -> None:
         self.transport.resumeProducing()
+
+
+def _close_code(frame: str) -> tuple[int, str]:
+    """The WebSocket close (code, reason) for a SockJS close frame
+    C{c[code,"reason"]}: its own where WebSocket lets a server send it
+    (1000, 3000-4999), else 1000 with the same reason (C{1002 Connection
+    interrupted}, C{2010 Another connection still open} are SockJS's codes)."""
+    try:
+        code, reason = json.loads(frame[1:])
+    except (ValueError, TypeError):
+        return 1000, ""
+    if not isinstance(code, int) or not (code == 1000 or 3000 <= code <= 4999):
+        code = 1000
+    return code, reason if isinstance(reason, str) else ""
 
 
 class RawWebSocketProtocol(SockJSWebSocketProtocol):
@@ -412,11 +491,17 @@ class SockJSResource(Resource):
         return check is None or check(request)
 
     def _cors(self, request: Any) -> None:
+        """CORS as sockjs-node answers: the page's origin echoed, with
+        credentials (C{null}, a sandboxed or C{file:} page, included:
+        browsers refuse C{*} with credentials); C{*} without credentials
+        for a request that names no origin. Only origins that
+        C{origin_allowed} let in get here."""
         origin = _header(request, b"origin")
-        if not origin or origin == "null":
-            origin = "*"
-        request.setHeader(b"Access-Control-Allow-Origin", origin.encode())
-        request.setHeader(b"Access-Control-Allow-Credentials", b"true")
+        if origin:
+            request.setHeader(b"Access-Control-Allow-Origin", origin.encode())
+            request.setHeader(b"Access-Control-Allow-Credentials", b"true")
+        else:
+            request.setHeader(b"Access-Control-Allow-Origin", b"*")
         # Caches must keep answers for different origins apart.
         request.setHeader(b"Vary", b"Origin")
         wanted = _header(request, b"access-control-request-headers")
@@ -523,17 +608,13 @@ class SockJSResource(Resource):
             callback = values[0].decode("utf-8", "replace")
             if not valid_callback(callback):
                 return self._protocol_error(request, 'invalid "callback" parameter')
-        session = self.service.sessions.get(session_id)
-        identity = _identity(request)
+        session = self.service.find(session_id, request, transport)
         if session is None or session.state is CLOSED:
             peer, host = _peer(request)
             refusal = self.service.refusal(host)
             if refusal is not None:
                 return self._json_error(request, 503, "too many connections", refusal)
-            session = self.service.new_session(session_id, peer, host, identity=identity)
-        elif session.identity != identity:
-            return self._json_error(request, 404, "no such session",
-                                    "The session is unknown or has ended; open a new one.")
+            session = self.service.new_session(session_id, peer, host, identity=_identity(request))
         request.setHeader(b"Content-Type", wrapping.content_type)
         self._no_cache(request)
         self._cors(request)
@@ -547,8 +628,8 @@ class SockJSResource(Resource):
         return NOT_DONE_YET
 
     def _send(self, request: Any, session_id: str, transport: str) -> bytes:
-        session = self.service.sessions.get(session_id)
-        if session is None or session.state is CLOSED or session.identity != _identity(request):
+        session = self.service.find(session_id, request, transport)
+        if session is None or session.state is CLOSED:
             return self._json_error(request, 404, "no such session",
                                     "The session is unknown or has ended; open a new one.")
         self._no_cache(request)

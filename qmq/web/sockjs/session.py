@@ -114,13 +114,15 @@ class SockJSSession:
     @ivar identity: the verified TLS client identity of the connection that
         opened the session (L{qmq.tls.PeerIdentity}), or None; every later
         request of the session must come with the same.
+    @ivar key: what the service finds the session by: its id, and what it
+        is bound to (L{qmq.web.sockjs.resource.SockJSService.key}).
     """
 
     __slots__ = (
         "id", "handler", "clock", "state", "peer", "peer_host", "receiver", "websocket",
         "heartbeat_delay", "disconnect_delay", "max_buffered", "outbox", "buffered",
         "close_frame", "reading_paused", "inbox", "inbox_bytes", "_forget", "_expiry",
-        "_heartbeat", "_full", "_wrote", "identity", "__weakref__",
+        "_heartbeat", "_full", "_wrote", "identity", "key", "__weakref__",
     )
 
     def __init__(
@@ -151,6 +153,7 @@ class SockJSSession:
         self.peer = peer
         self.peer_host = peer_host
         self.identity = identity
+        self.key: Any = session_id
         self.receiver: Any = None
         self.websocket = websocket
         self.heartbeat_delay = heartbeat_delay

@@ -37,6 +37,11 @@ class SockJSSettings:
     @ivar max_payload_bytes: largest body of one sending request (or
         WebSocket message).
     @ivar sockjs_url: the sockjs-client script that the iframe page loads.
+    @ivar bind_to_address: a session answers only requests from the client
+        address that opened it (besides the TLS client identity, always
+        bound); turn it off for clients behind proxies that rotate their
+        outgoing address. Requests from elsewhere are treated as naming an
+        unknown session.
     @ivar test_services: serve sockjs-protocol's test services (C{echo},
         C{disabled_websocket_echo}, C{cookie_needed_echo}, C{close}) under
         C{/sockjs_test}, with a 4096-byte response limit as the protocol's
@@ -51,4 +56,5 @@ class SockJSSettings:
     max_buffered_bytes: int = field(default=MiB, metadata={"min": 1})
     max_payload_bytes: int = field(default=16 * MiB + 64 * 1024, metadata={"min": 1})
     sockjs_url: str = DEFAULT_SOCKJS_URL
+    bind_to_address: bool = True
     test_services: bool = False

@@ -10,9 +10,12 @@ SockJS session's handler (L{qmq.web.sockjs.session.ISockJSHandler}):
     messages or several frames in one (stomp.js sends one per message, and
     heart-beats as a lone newline);
   - the session's frames go out one SockJS message each (a turn's frames
-    in one C{a[...]} frame), as the text stomp.js expects; a body that is not
-    UTF-8 is sent with U+FFFD in place of the bad bytes (SockJS carries text
-    only: binary bodies need the WebSocket endpoint);
+    in one C{a[...]} frame), as the text stomp.js expects. SockJS carries
+    text only (C{text_only}): the STOMP session's subscriptions refuse a
+    message whose body is not UTF-8 with an ERROR and give it back to its
+    queue (L{qmq.stomp.subscription.TextSubscription}), since sent with
+    U+FFFD in place of its bad bytes it would arrive changed, and its
+    C{content-length} would desynchronise stomp.js;
   - back-pressure: a full outbox (the client stopped polling or reading)
     pauses the session's deliveries, as a full socket buffer does over TCP;
     the memory alarm's C{pause_reading} holds the client's messages
@@ -58,6 +61,8 @@ class StompOverSockJS:
     """One SockJS session carrying one STOMP session (see the module docstring)."""
 
     heartbeats = True
+    #: SockJS messages are text: MESSAGE bodies must be UTF-8.
+    text_only = True
     #: The protocol its messages are counted under (L{qmq.core.traffic}),
     #: and its name in C{/metrics} and the connection listing.
     traffic_name = protocol_name = "sockjs"
@@ -175,7 +180,7 @@ def stomp_sockjs_resource(
 def _origin_check(ctx: WebContext) -> Callable[[Any], bool]:
     """The site's rule for pages of other origins (C{web.allowed_origins}),
     the one STOMP over WebSocket follows."""
-    patterns = ctx.web.origins
+    patterns = ctx.guard.origins if ctx.guard is not None else ctx.web.origins
 
     def check(request: Any) -> bool:
         origin = request.getHeader(b"origin")

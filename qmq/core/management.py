@@ -1,0 +1,325 @@
+# -*- test-case-name: tests.test_core_management -*-
+"""Management operations, with their access checks, in the core.
+
+A frontend that manages topology (the HTTP API's queue, exchange and
+binding endpoints; later AMQP's C{queue.declare} and friends) opens a
+L{Management} for the identity of the request and calls it; the checks are
+made here, once, and each operation is then done on the
+L{qmq.core.vhost.VirtualHost}:
+
+    operation                 permission (RabbitMQ's)         ownership
+    declare a queue           configure: the queue            yes
+      with arguments that     write: each target (see
+      make the broker write   L{authorize_arguments})
+    delete a queue            configure: the queue            yes
+    purge a queue             read: the queue                 yes
+    get (describe) a queue    read: the queue                 yes (unless
+                                                              C{see_all})
+    scan a queue              read: the queue                 yes
+    bind / unbind             write: the queue; read: the     yes (queue)
+                              exchange with the binding key
+    declare an exchange       configure: the exchange
+    delete an exchange        configure: the exchange
+    get an exchange           read: the exchange
+
+"Ownership" is L{qmq.core.ownership}: a durable subscription's queue is its
+owner's alone, whatever the permissions, with authentication on or off.
+L{Management.check_owner} asks that rule alone, for a frontend about to
+receive from a queue or settle its deliveries (the channel checks C{read}
+when it attaches the consumer).
+
+Arguments that make the broker write somewhere are permissions too: a queue
+declared with C{x-dead-letter-exchange} republishes into that exchange (or,
+for the default exchange C{""}, into the queue C{x-dead-letter-routing-key}
+names) on behalf of whoever publishes to it, so declaring one needs the
+declarer's C{write} on the target, as publishing there would
+(L{authorize_arguments}, which L{qmq.core.channel.Channel} also asks when a
+STOMP SUBSCRIBE declares a queue with arguments). Queues declared in the
+configuration are the operator's and are not asked.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from qmq.core.access import Resource, allowed, authorize
+from qmq.core.errors import AccessRefused, NotFound, PreconditionFailed
+from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX, Owner, check_queue_access
+from qmq.core.queue import QueuePolicy, argument_name
+
+if TYPE_CHECKING:
+    from twisted.internet.defer import Deferred
+
+    from qmq.core.exchange import Exchange
+    from qmq.core.queue import Queue
+    from qmq.core.vhost import VirtualHost
+
+__all__ = ["Management", "authorize_arguments", "check_equivalent", "writing_targets"]
+
+
+#: The queue arguments that make the broker write somewhere (by their core
+#: names, L{argument_name}).
+WRITING_ARGUMENTS = frozenset(("x-dead-letter-exchange", "x-dead-letter-routing-key"))
+
+
+def writing_targets(
+    vhost: str, arguments: dict[str, Any] | None, base: QueuePolicy | None = None
+) -> list[tuple[str, Resource]]:
+    """The resources queue C{arguments} make the broker write to, each
+    with the argument that names it.
+
+    Read from the policy the arguments make over C{base} (the virtual
+    host's defaults: a routing key given over a default dead-letter
+    exchange aims that exchange), so C{dead-letter-exchange} and
+    C{x-dead-letter-exchange} are one argument and a bad value is refused
+    as anywhere else. Arguments that name no target (L{WRITING_ARGUMENTS})
+    make none: what the defaults alone aim at is the operator's. Today the
+    target is the dead-letter one: the exchange C{x-dead-letter-exchange}
+    with C{x-dead-letter-routing-key} (None: the message's own key), or,
+    for the default exchange, the queue that key names. (An alternate
+    exchange, when QMQ has one, is another row here.)
+
+    @raise PreconditionFailed: an argument's value is bad, or the default
+        exchange is named without a routing key: the dead letters would go
+        to whichever queue their own routing key names, which no check at
+        declare time can bound.
+    """
+    if not arguments or WRITING_ARGUMENTS.isdisjoint(map(argument_name, arguments)):
+        return []
+    policy = QueuePolicy.from_arguments(arguments, base)
+    exchange = policy.dead_letter_exchange
+    if exchange is None:
+        return []
+    key = policy.dead_letter_routing_key
+    if not exchange and key is None:
+        raise PreconditionFailed(
+            "x-dead-letter-exchange '' (the default exchange) needs x-dead-letter-routing-key "
+            "naming the queue dead letters go to: without one they would go to whichever queue "
+            "their own routing key names, and the broker cannot check that you may write there.",
+            "dead-letter target needed",
+        )
+    return [("x-dead-letter-exchange", Resource.exchange(vhost, exchange, key))]
+
+
+def check_equivalent(queue: Queue, arguments: dict[str, Any]) -> None:
+    """C{arguments} given again for C{queue}, which exists: they must agree
+    with its policy (RabbitMQ's "inequivalent arg"), their values checked
+    as for a new queue; nothing is changed.
+
+    @raise PreconditionFailed: they do not, naming them.
+    """
+    wanted = QueuePolicy.from_arguments(arguments, queue.policy)
+    if wanted != queue.policy:
+        given = ", ".join(f"{k}={v}" for k, v in sorted(arguments.items()))
+        raise PreconditionFailed(
+            f"Queue {queue.name!r} exists with other arguments than those given ({given}); "
+            "delete it or declare it without them.",
+            "inequivalent queue arguments",
+        )
+
+
+def authorize_arguments(
+    user: Any,
+    owner: str | Owner,
+    vhost: str,
+    arguments: dict[str, Any] | None,
+    base: QueuePolicy | None = None,
+) -> None:
+    """Refuse queue C{arguments} that would make the broker write where
+    the declarer may not (see L{writing_targets}): the declarer needs
+    C{write} on each target, and a target queue that is another owner's
+    durable subscription is refused whatever the permissions.
+
+    @param user: a L{qmq.auth.User}, or None (authentication off: only
+        ownership is asked).
+    @param owner: the declarer as the owner of durable subscriptions.
+    @param base: the policy the arguments apply over (the virtual host's
+        C{queue_defaults}).
+    @raise AccessRefused: naming the argument and the target.
+    @raise PreconditionFailed: see L{writing_targets}.
+    """
+    for argument, target in writing_targets(vhost, arguments, base):
+        try:
+            authorize(user, "write", target, owner)
+        except AccessRefused as e:
+            raise AccessRefused(
+                f"{argument} would make the broker write to {target.describe()}, and {e.message}",
+                e.short,
+            ) from None
+
+
+class Management:
+    """Topology operations of one identity in one virtual host (see the
+    module docstring).
+
+    @ivar vhost: the virtual host.
+    @ivar user: a L{qmq.auth.User}, or None (authentication off).
+    @ivar owner: who the identity is as the owner of durable subscriptions.
+    """
+
+    def __init__(self, vhost: VirtualHost, user: Any = None, owner: str | Owner = "") -> None:
+        self.vhost = vhost
+        self.user = user
+        self.owner = owner
+
+    # -- the checks ------------------------------------------------------------------
+
+    def _queue(self, name: str) -> Resource:
+        return Resource.queue(self.vhost.name, name)
+
+    def _exchange(self, name: str, key: str | None = None) -> Resource:
+        return Resource(self.vhost.name, "exchange", name, key)
+
+    def authorize(self, operation: str, resource: Resource) -> None:
+        """L{qmq.core.access.authorize} for this identity (ownership included)."""
+        authorize(self.user, operation, resource, self.owner)
+
+    def check_owner(self, name: str, operation: str) -> None:
+        """The durable-subscription rule alone (L{check_queue_access}): for
+        receiving from queue C{name} and settling its deliveries, whose
+        C{read} permission the channel checks when it attaches a consumer.
+        @raise AccessRefused: it is another owner's durable subscription."""
+        check_queue_access(self.owner, name, operation)
+
+    def may_read_queue(self, name: str, see_all: bool = False) -> bool:
+        """Whether this identity may read queue C{name} (its permissions and,
+        for a durable subscription, ownership): what a listing shows.
+        @param see_all: skip ownership (an administrator's listing)."""
+        try:
+            authorize(self.user, "read", self._queue(name), None if see_all else self.owner)
+        except AccessRefused:
+            return False
+        return True
+
+    def may_read_exchange(self, name: str) -> bool:
+        """Whether this identity may read exchange C{name} (a listing's filter)."""
+        return allowed(self.user, "read", self._exchange(name))
+
+    # -- queues ------------------------------------------------------------------------
+
+    def declare_queue(
+        self,
+        name: str,
+        durable: bool = True,
+        auto_delete: bool = False,
+        arguments: dict[str, Any] | None = None,
+    ) -> tuple[Queue, bool]:
+        """Declare queue C{name} (made on demand: the virtual host's
+        defaults under its C{arguments}); return it and whether it was made.
+
+        @raise AccessRefused: an C{amq.} name or a new C{durable.} name
+            (the broker's own), no
+            C{configure}, another owner's durable subscription, or
+            arguments that write where the declarer may not.
+        @raise PreconditionFailed: bad arguments, or other arguments than
+            those of the queue that exists.
+        @raise NotFound: it does not exist and the virtual host does not let
+            clients create queues (C{allow_create = false}).
+        """
+        vhost = self.vhost
+        if name.startswith("amq.") or (name.startswith(DURABLE_SUBSCRIPTION_PREFIX) and name not in vhost.queues):
+            # As for a STOMP destination: the broker makes these (temporary
+            # and private queues; a durable SUBSCRIBE makes durable.OWNER.NAME).
+            raise AccessRefused(
+                f"Queue {name!r}: names starting with 'amq.' or 'durable.' are the broker's own; "
+                "a durable subscription's queue is made by subscribing.",
+                "access refused (configure)",
+            )
+        self.authorize("configure", self._queue(name))
+        authorize_arguments(self.user, self.owner, vhost.name, arguments, vhost.queue_defaults)
+        queue = vhost.queues.get(name)
+        existed = queue is not None
+        if queue is not None and arguments:
+            check_equivalent(queue, arguments)
+        if not existed and not vhost.allow_create:
+            # The same rule as a STOMP SEND or SUBSCRIBE naming a new queue.
+            raise NotFound(
+                f"Queue {name!r} does not exist, and virtual host {vhost.name!r} does not let "
+                "clients create queues (allow_create = false): only queues declared in the "
+                "configuration can be used.",
+                "no such queue",
+            )
+        queue = self.vhost.declare_queue(
+            name, durable=durable, auto_delete=auto_delete, arguments=arguments or None, on_demand=True
+        )
+        return queue, not existed
+
+    def queue(self, name: str, see_all: bool = False) -> Queue:
+        """Queue C{name}, to describe. @param see_all: skip ownership (an
+        administrator sees every queue's description).
+        @raise NotFound, AccessRefused."""
+        queue = self.vhost.queue(name)
+        authorize(self.user, "read", self._queue(name), None if see_all else self.owner)
+        return queue
+
+    def delete_queue(self, name: str) -> int:
+        """Delete queue C{name}; return how many ready messages went with it.
+        @raise NotFound, AccessRefused (also: it belongs to a session)."""
+        queue = self.vhost.queue(name)
+        self.authorize("configure", self._queue(name))
+        if queue.exclusive_owner is not None:
+            raise AccessRefused(f"Queue {name!r} belongs to a session.", "access refused (configure)")
+        return self.vhost.delete_queue(name)
+
+    def purge_queue(self, name: str) -> int:
+        """Drop queue C{name}'s ready messages; return how many.
+        @raise NotFound, AccessRefused."""
+        queue = self.vhost.queue(name)
+        self.authorize("read", self._queue(name))
+        return queue.purge()
+
+    def scan(self, name: str, start: float, end: float, cursor: str | None = None, limit: int = 100) -> Deferred:
+        """A range scan of queue C{name} (L{VirtualHost.scan}).
+        @raise NotFound, AccessRefused, PreconditionFailed."""
+        self.vhost.queue(name)
+        self.authorize("read", self._queue(name))
+        return self.vhost.scan(name, start, end, cursor, limit)
+
+    # -- bindings ------------------------------------------------------------------------
+
+    def _binding(self, queue: str, exchange: str, key: str) -> None:
+        self.vhost.queue(queue)
+        self.vhost.exchange(exchange)
+        self.authorize("write", self._queue(queue))
+        self.authorize("read", self._exchange(exchange, key))
+
+    def bind(self, queue: str, exchange: str, key: str = "") -> None:
+        """Bind C{queue} to C{exchange} with C{key}.
+        @raise NotFound, AccessRefused, PreconditionFailed."""
+        self._binding(queue, exchange, key)
+        self.vhost.bind(queue, exchange, key)
+
+    def unbind(self, queue: str, exchange: str, key: str = "") -> None:
+        """Remove the binding of C{queue} to C{exchange} with C{key}.
+        @raise NotFound, AccessRefused."""
+        self._binding(queue, exchange, key)
+        self.vhost.unbind(queue, exchange, key)
+
+    # -- exchanges -----------------------------------------------------------------------
+
+    def declare_exchange(
+        self, name: str, type: str, durable: bool = True, auto_delete: bool = False
+    ) -> tuple[Exchange, bool]:
+        """Declare exchange C{name}; return it and whether it was made.
+        @raise AccessRefused: a new C{amq.} name, or no C{configure}.
+        @raise PreconditionFailed: another type than the existing one's."""
+        exchanges = self.vhost.exchanges
+        if name.startswith("amq.") and name not in exchanges:
+            raise AccessRefused(f"Exchange names starting with 'amq.' are the broker's own ({name!r}).",
+                                "access refused (configure)")
+        self.authorize("configure", self._exchange(name))
+        existed = name in exchanges
+        return self.vhost.declare_exchange(name, type, durable, auto_delete), not existed
+
+    def exchange(self, name: str) -> Exchange:
+        """Exchange C{name}, to describe. @raise NotFound, AccessRefused."""
+        exchange = self.vhost.exchange(name)
+        self.authorize("read", self._exchange(name))
+        return exchange
+
+    def delete_exchange(self, name: str) -> None:
+        """Delete exchange C{name} and its bindings.
+        @raise NotFound, AccessRefused (also: a built-in exchange)."""
+        self.vhost.exchange(name)
+        self.authorize("configure", self._exchange(name))
+        self.vhost.delete_exchange(name)

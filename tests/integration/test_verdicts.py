@@ -1,0 +1,361 @@
+"""One identity, one operation, one verdict, over every frontend.
+
+A real broker (``make_service``) on 127.0.0.1 with a STOMP listener and an
+``http:`` listener (WebSocket at ``/stomp``, SockJS at ``/sockjs``, the
+HTTP API at ``/api``); real clients: stomp.py over TCP (in threads),
+autobahn over WebSocket and over SockJS's WebSocket transport, treq for
+HTTP. Each row of L{TABLE} names an identity, an operation on a resource
+and the verdict; each frontend that can say the operation does it on a
+fresh connection and must get that verdict (a RECEIPT or a 2xx: allowed;
+an ERROR ``access refused (...)`` or a 403: refused).
+
+How each frontend says an operation (STOMP's grammar has no purge, delete
+or bind of a named queue: those rows are HTTP's alone):
+
+    declare       SUBSCRIBE /queue/NAME (queue arguments as headers) | PUT queue
+    publish       SEND /queue/NAME, /topic/KEY      | POST .../messages
+    receive       SUBSCRIBE /queue/NAME             | POST .../receive
+    follow        SUBSCRIBE /topic/KEY              | GET .../topics/KEY/poll
+    purge, delete, bind                             | DELETE .../messages, DELETE, POST bindings
+
+Identities: ``bob`` (a password; his own ``bob.*`` queues and
+``amq.topic``), ``carol`` (a password; every permission, but not other
+owners' durable subscriptions) and ``web`` (a token of the virtual host,
+every permission narrowed by its ``destinations`` to ``/queue/web.*`` and
+``/topic/chat.*``). Every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import jwt
+import treq
+from autobahn.twisted.websocket import WebSocketClientFactory
+from twisted.internet import defer, reactor
+from twisted.internet.endpoints import TCP4ClientEndpoint
+from twisted.internet.threads import deferToThread
+from twisted.trial import unittest
+from twisted.web.client import HTTPConnectionPool
+
+from qmq import config
+from qmq.auth import hash_password
+from qmq.core.ownership import durable_queue_name
+from qmq.service import make_service
+from qmq.stomp.frame import StompParser, encode_frame
+from tests.integration.test_sockjs import WebSocketClient
+from tests.integration.test_stomppy_auth import AuthClient
+from tests.integration.test_websocket import TIMEOUT, StompClient
+
+SECRET = "the verdict tests' token secret, 32+ bytes"
+COST = 4
+FEED = durable_queue_name("alice", "feed")
+
+ALLOWED, REFUSED = "allowed", "refused"
+
+
+def dead_letters_to(target: str) -> dict[str, str]:
+    return {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": target, "x-message-ttl": "1"}
+
+
+#: (identity, operation, resource, arguments, verdict). C{{n}} in a name is
+#: replaced per frontend and row, so a declare always makes a new queue.
+TABLE: list[tuple[str, str, str, dict[str, str] | None, str]] = [
+    ("bob", "declare", "bob.d{n}", None, ALLOWED),
+    ("bob", "declare", "web.d{n}", None, REFUSED),
+    ("web", "declare", "web.d{n}", None, ALLOWED),
+    ("web", "declare", "bob.d{n}", None, REFUSED),
+    ("bob", "declare", "bob.dl{n}", dead_letters_to("bob.box"), ALLOWED),
+    ("bob", "declare", "bob.dl{n}", dead_letters_to("alice.inbox"), REFUSED),
+    ("web", "declare", "web.dl{n}", dead_letters_to("alice.inbox"), REFUSED),
+    ("carol", "declare", "carol.dl{n}", dead_letters_to("alice.inbox"), ALLOWED),
+    ("carol", "declare", "carol.dl{n}", dead_letters_to(FEED), REFUSED),
+    ("bob", "publish", "/queue/bob.box", None, ALLOWED),
+    ("bob", "publish", "/queue/alice.inbox", None, REFUSED),
+    ("web", "publish", "/queue/web.box", None, ALLOWED),
+    ("web", "publish", "/queue/bob.box", None, REFUSED),
+    ("carol", "publish", "/queue/alice.inbox", None, ALLOWED),
+    ("carol", "publish", f"/queue/{FEED}", None, REFUSED),
+    ("bob", "publish", "/topic/chat.a", None, ALLOWED),
+    ("web", "publish", "/topic/chat.a", None, ALLOWED),
+    ("web", "publish", "/topic/news", None, REFUSED),
+    ("bob", "receive", "bob.box", None, ALLOWED),
+    ("bob", "receive", "web.box", None, REFUSED),
+    ("web", "receive", "web.box", None, ALLOWED),
+    ("web", "receive", "bob.box", None, REFUSED),
+    ("carol", "receive", FEED, None, REFUSED),
+    ("bob", "follow", "chat.a", None, ALLOWED),
+    ("web", "follow", "chat.a", None, ALLOWED),
+    ("web", "follow", "news", None, REFUSED),
+    ("bob", "purge", "bob.box", None, ALLOWED),
+    ("bob", "purge", "web.box", None, REFUSED),
+    ("web", "purge", "web.box", None, ALLOWED),
+    ("carol", "purge", FEED, None, REFUSED),
+    ("bob", "bind", "bob.box", None, ALLOWED),
+    ("web", "bind", "web.box", None, ALLOWED),
+    ("web", "bind", "bob.box", None, REFUSED),
+    ("carol", "bind", FEED, None, REFUSED),
+    ("bob", "delete", "bob.gone{n}", None, ALLOWED),
+    ("bob", "delete", "web.box", None, REFUSED),
+    ("web", "delete", "web.gone{n}", None, ALLOWED),
+    ("carol", "delete", FEED, None, REFUSED),
+]
+
+STOMP_OPERATIONS = ("declare", "publish", "receive", "follow")
+
+
+def settings_for(directory: Path) -> config.Settings:
+    key = directory / "token.key"
+    key.write_text(SECRET + "\n")
+    return config.load_string(
+        f"""
+listen = ["stomp:tcp:0:interface=127.0.0.1", "http:tcp:0:interface=127.0.0.1"]
+data_dir = {json.dumps(str(directory / "data"))}
+
+[auth]
+failure_delay = 0.05
+
+[users.bob]
+password = "{hash_password('builder', COST)}"
+
+[users.carol]
+password = "{hash_password('carol', COST)}"
+
+[vhosts.app.permissions.bob]
+configure = "^bob\\\\."
+write = "^(bob\\\\.|amq\\\\.topic$)"
+read = "^(bob\\\\.|amq\\\\.topic$)"
+
+[vhosts.app.permissions.carol]
+configure = ".*"
+write = ".*"
+read = ".*"
+
+[vhosts.app.tokens]
+algorithm = "HS256"
+key_file = "{key}"
+configure = ".*"
+write = ".*"
+read = ".*"
+
+[[vhosts.app.queues]]
+name = "alice.inbox"
+
+[[vhosts.app.queues]]
+name = "bob.box"
+
+[[vhosts.app.queues]]
+name = "web.box"
+""",
+        "qmq.toml",
+    )
+
+
+class VerdictTests(unittest.TestCase):
+    timeout = 180
+
+    def setUp(self) -> None:
+        directory = Path(self.mktemp())
+        directory.mkdir()
+        self.service = make_service(settings_for(directory), reactor)
+        self.service.startService()
+        self.addCleanup(self.service.stopService)
+        stomp_listener, http_listener = self.service.listeners
+        self.stomp_port = stomp_listener.port.getHost().port
+        self.http_port = http_listener.port.getHost().port
+        self.vhost = self.service.broker.vhosts["app"]
+        self.vhost.declare_queue(FEED, subscription=True)
+        self.token = jwt.encode(
+            {
+                "sub": "web",
+                "exp": int(time.time()) + 600,
+                "destinations": {
+                    "configure": r"^/queue/web\.",
+                    "write": r"^/(queue/web\.|topic/chat\.)",
+                    "read": r"^/(queue/web\.|topic/chat\.)",
+                },
+            },
+            SECRET,
+            algorithm="HS256",
+        )
+        self.pool = HTTPConnectionPool(reactor, persistent=False)
+        self.addCleanup(self.pool.closeCachedConnections)
+        self.sockets: list[Any] = []
+        self.addCleanup(self._abort)
+        self.names = itertools.count()
+
+    def _abort(self) -> None:
+        for proto in self.sockets:
+            if proto.transport is not None and proto.transport.connected:
+                proto.transport.abortConnection()
+
+    def credentials(self, who: str) -> dict[str, str]:
+        if who == "web":
+            return {"passcode": self.token}
+        return {"login": who, "passcode": {"bob": "builder", "carol": "carol"}[who]}
+
+    # -- STOMP: the frame each operation is -----------------------------------------------
+
+    @staticmethod
+    def frame(operation: str, resource: str, arguments: dict[str, str] | None) -> tuple[str, dict[str, str]]:
+        if operation == "publish":
+            return "SEND", {"destination": resource, "receipt": "r"}
+        destination = "/topic/" + resource if operation == "follow" else "/queue/" + resource
+        return "SUBSCRIBE", {"destination": destination, "id": "s", "receipt": "r", **(arguments or {})}
+
+    @staticmethod
+    def stomp_verdict(frames: list, where: str) -> str:
+        for f in frames:
+            if f.command == "RECEIPT":
+                return ALLOWED
+            if f.command == "ERROR":
+                message = f.headers.get("message", "")
+                assert message.startswith("access refused ("), (where, message, f.body)
+                return REFUSED
+        raise AssertionError(f"{where}: neither RECEIPT nor ERROR in {frames}")
+
+    def over_tcp(self, who: str, command: str, headers: dict[str, str]) -> defer.Deferred:
+        def run() -> str:
+            c = AuthClient("1.2", self.stomp_port)
+            try:
+                assert c.login(**self.credentials(who)) is not None, c.rec.errors
+                c.conn.send_frame(command, headers)
+                rec = c.rec
+                rec.wait(lambda: rec.receipts or rec.errors, "RECEIPT or ERROR")
+                if rec.receipts:
+                    return ALLOWED
+                message = rec.errors[0].headers.get("message", "")
+                assert message.startswith("access refused ("), ("stomp.py", message, rec.errors[0].body)
+                return REFUSED
+            finally:
+                if c.conn.is_connected():
+                    c.conn.disconnect()
+
+        return deferToThread(run)
+
+    @defer.inlineCallbacks
+    def over_websocket(self, who: str, command: str, headers: dict[str, str]) -> Any:
+        factory = WebSocketClientFactory(f"ws://127.0.0.1:{self.http_port}/stomp", protocols=["v12.stomp"])
+        factory.protocol = StompClient
+        factory.opened = defer.Deferred()
+        yield TCP4ClientEndpoint(reactor, "127.0.0.1", self.http_port).connect(factory)
+        client = yield factory.opened.addTimeout(TIMEOUT, reactor)
+        self.sockets.append(client)
+        connect = {"accept-version": "1.2", "host": "app", "heart-beat": "0,0", **self.credentials(who)}
+        client.stomp(encode_frame("CONNECT", list(connect.items()), b"", "1.2"))
+        [answer] = yield client.wait_frames(1)
+        self.assertEqual(answer.command, "CONNECTED", answer.headers)
+        client.frames.clear()
+        client.stomp(encode_frame(command, list(headers.items()), b"", "1.2"))
+        [reply] = yield client.wait_frames(1)
+        client.sendClose(1000)
+        return self.stomp_verdict([reply], "WebSocket")
+
+    @defer.inlineCallbacks
+    def over_sockjs(self, who: str, command: str, headers: dict[str, str]) -> Any:
+        ws = WebSocketClient(f"ws://127.0.0.1:{self.http_port}/sockjs/000/{uuid.uuid4()}/websocket")
+        yield defer.Deferred.fromCoroutine(ws.connect(self.http_port))
+        self.sockets.append(ws.proto)
+        opened = yield defer.Deferred.fromCoroutine(ws.recv())
+        self.assertEqual(opened, "o")
+        parser = StompParser()
+
+        def send(command: str, headers: dict[str, str]) -> None:
+            ws.send(json.dumps([encode_frame(command, list(headers.items()), b"", "1.2").decode()]))
+
+        @defer.inlineCallbacks
+        def next_frame() -> Any:
+            got: list = []
+            for _ in range(20):
+                if got:
+                    break
+                text = yield defer.Deferred.fromCoroutine(ws.recv())
+                if isinstance(text, str) and text.startswith("a"):
+                    for m in json.loads(text[1:]):
+                        got.extend(parser.feed(m.encode()))
+            self.assertTrue(got, "no STOMP frame over SockJS")
+            return got
+
+        send("CONNECT", {"accept-version": "1.2", "host": "app", "heart-beat": "0,0", **self.credentials(who)})
+        [answer] = yield next_frame()
+        self.assertEqual(answer.command, "CONNECTED", answer.headers)
+        send(command, headers)
+        frames = yield next_frame()
+        ws.close()
+        return self.stomp_verdict(frames, "SockJS")
+
+    # -- HTTP -------------------------------------------------------------------------------
+
+    def http_headers(self, who: str) -> dict[str, str]:
+        if who == "web":
+            return {"Authorization": f"Bearer {self.token}"}
+        creds = self.credentials(who)
+        basic = base64.b64encode(f"{creds['login']}:{creds['passcode']}".encode()).decode()
+        return {"Authorization": f"Basic {basic}"}
+
+    @defer.inlineCallbacks
+    def over_http(self, who: str, operation: str, resource: str, arguments: dict[str, str] | None) -> Any:
+        base = f"http://127.0.0.1:{self.http_port}/api/v1/vhosts/app"
+        body: Any = None
+        if operation == "declare":
+            method, path = "PUT", f"/queues/{resource}"
+            if arguments:
+                body = {"arguments": {k: int(v) if v.isdigit() else v for k, v in arguments.items()}}
+        elif operation == "publish":
+            kind, _, name = resource[1:].partition("/")
+            method, path, body = "POST", f"/{kind}s/{name}/messages", {"body": "x"}
+        elif operation == "receive":
+            method, path = "POST", f"/queues/{resource}/receive"
+        elif operation == "follow":
+            method, path = "GET", f"/topics/{resource}/poll"
+        elif operation == "purge":
+            method, path = "DELETE", f"/queues/{resource}/messages"
+        elif operation == "delete":
+            method, path = "DELETE", f"/queues/{resource}"
+        else:
+            method, path = "POST", "/bindings"
+            body = {"queue": resource, "exchange": "amq.topic", "routing_key": "chat.b"}
+        headers = self.http_headers(who)
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        response = yield treq.request(method, base + path, data=data, headers=headers, pool=self.pool,
+                                      timeout=TIMEOUT)
+        content = yield response.content()
+        if 200 <= response.code < 300:
+            return ALLOWED
+        self.assertEqual(response.code, 403, (method, path, content))
+        return REFUSED
+
+    # -- the table --------------------------------------------------------------------------
+
+    @defer.inlineCallbacks
+    def test_one_verdict_per_row(self) -> Any:
+        wrong = []
+        for who, operation, resource, arguments, verdict in TABLE:
+            got = {}
+            for frontend in ("stomp.py", "WebSocket", "SockJS", "HTTP"):
+                name = resource.format(n=next(self.names))
+                if operation == "delete" and "{n}" in resource:
+                    self.vhost.declare_queue(name)
+                if frontend == "HTTP":
+                    got[frontend] = yield self.over_http(who, operation, name, arguments)
+                    continue
+                if operation not in STOMP_OPERATIONS:
+                    continue
+                command, headers = self.frame(operation, name, arguments)
+                probe = {"stomp.py": self.over_tcp, "WebSocket": self.over_websocket,
+                         "SockJS": self.over_sockjs}[frontend]
+                got[frontend] = yield probe(who, command, headers)
+            if set(got.values()) != {verdict}:
+                wrong.append((who, operation, resource, arguments and sorted(arguments.items()), verdict, got))
+        self.assertEqual(wrong, [])
+        # Nothing reached another owner's durable subscription.
+        self.assertEqual(len(self.vhost.queues[FEED]), 0)
