@@ -26,7 +26,7 @@ setup(
         "twisted[tls]>=24.7",
         "pyopenssl>=24.0",
         "service-identity>=24.1",
-        "autobahn>=24.4",
+        "autobahn>=24.4,<27",
         "avro>=1.11",
         "fastavro>=1.9",
         "orjson>=3.9",

@@ -19,6 +19,17 @@ upgrade changes them:
     L{TLSMemoryBIOProtocol} instance (the TCP transport looks that method
     up on every read).
 
+Two private names of other libraries, each read through one function here:
+
+  - L{websocket_feed}: autobahn's C{WebSocketProtocol._dataReceived}, the
+    entry of its frame parser, which QMQ's WebSocket transport feeds the
+    bytes its own fast path did not take (L{AUTOBAHN_FEED}). Without it,
+    autobahn's public Twisted C{dataReceived} of the base class does the
+    same (with a debug log call more per read).
+  - L{request_disconnected}: C{twisted.web} C{Request._disconnected},
+    whether the client went before the answer finished. Without it, the
+    request's C{channel} (set to None by the same C{connectionLost}) tells.
+
 And one check at start-up, not a hot path:
 
   - L{endpoint_interface}: the address a server endpoint will bind, read
@@ -39,12 +50,14 @@ And one read of a request's head, not a hot path:
     body and the API refuses the publish then (the same answer, later).
     Pinned by C{tests/test_web_admission.py}.
 
-Nothing else in QMQ may touch a private attribute of Twisted; a new trick of
-this kind goes here, with its check, its fallback and its test.
+Nothing else in QMQ may touch a private attribute of Twisted or autobahn
+(tests/test_twisted_internals.py greps the frontends for it); a new trick
+of this kind goes here, with its check, its fallback and its test.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -53,12 +66,16 @@ from twisted.logger import Logger
 from twisted.protocols.tls import TLSMemoryBIOProtocol
 
 __all__ = [
+    "AUTOBAHN_FEED",
     "REQUEST_LINE_FIELDS",
     "TCP_BUFFER_FIELDS",
     "direct_writer",
     "endpoint_interface",
     "hold_batches_per_read",
+    "no_delay_once",
+    "request_disconnected",
     "request_line",
+    "websocket_feed",
 ]
 
 log = Logger()
@@ -181,6 +198,64 @@ def endpoint_interface(endpoint: Any) -> str | None:
     if isinstance(endpoint, endpoints.TCP4ServerEndpoint | endpoints.SSL4ServerEndpoint):
         _warn_once("endpoint_interface", "the server endpoint has no _interface")
     return ""
+
+
+#: The private method of autobahn's C{WebSocketProtocol} that
+#: L{websocket_feed} hands bytes to.
+AUTOBAHN_FEED = "_dataReceived"
+
+
+def websocket_feed(protocol: Any) -> Callable[[bytes], None]:
+    """What feeds bytes to autobahn's WebSocket parser for C{protocol} (a
+    subclass of autobahn's Twisted C{WebSocketServerProtocol} that
+    overrides C{dataReceived} with a fast path of its own).
+
+    @return: autobahn's C{_dataReceived} of C{protocol}; if autobahn lost
+        it, the base class's public C{dataReceived} (which calls it),
+        bound to C{protocol}.
+    """
+    feed = getattr(protocol, AUTOBAHN_FEED, None)
+    if callable(feed):
+        return feed
+    _warn_once("websocket_feed", f"autobahn's WebSocketProtocol has no {AUTOBAHN_FEED}")
+    from autobahn.twisted.websocket import WebSocketServerProtocol  # noqa: PLC0415
+
+    def fallback(data: bytes) -> None:
+        WebSocketServerProtocol.dataReceived(protocol, data)
+
+    return fallback
+
+
+def request_disconnected(request: Any) -> bool:
+    """Whether the client of C{request} (a C{twisted.web} request) went away
+    before the answer finished.
+
+    @return: Twisted's private C{_disconnected} flag; without it, whether
+        the request lost its channel (set to None on the same event).
+    """
+    flag = getattr(request, "_disconnected", None)
+    if isinstance(flag, bool):
+        return flag
+    _warn_once("request_disconnected", "twisted.web's Request has no _disconnected")
+    return request.channel is None
+
+
+# HTTP channels already set to TCP_NODELAY (weakly: they come and go).
+_no_delay: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def no_delay_once(channel: Any) -> None:
+    """Turn Nagle's algorithm off on the connection of C{channel} (an HTTP
+    channel), once per channel; a transport that is not TCP is left as it
+    is. Kept here, not as an attribute of Twisted's object: nothing of QMQ's
+    is written onto another library's instances."""
+    if channel is None or channel in _no_delay:
+        return
+    _no_delay.add(channel)
+    try:
+        channel.transport.setTcpNoDelay(True)
+    except Exception:  # noqa: S110 - not TCP (unix socket, a test transport)
+        pass
 
 
 def request_line(request: Any) -> tuple[bytes, bytes] | None:

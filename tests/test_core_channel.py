@@ -17,13 +17,18 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from qmq.core.broker import Broker
-from qmq.core.channel import Channel
 from qmq.core.consumer import Consumer, SubscriberBuffer
-from qmq.core.destination import DestinationError
-from qmq.core.errors import AccessRefused, NotFound, PreconditionFailed, ResourceLimit
+from qmq.core.errors import (
+    NotFound,
+    PreconditionFailed,
+    ResourceLimit,
+    ResourceLocked,
+)
 from qmq.core.message import Message
 from qmq.core.queue import CUT_CONSUMERS, Queue
 from qmq.core.store import NullStore, Recovery
+from qmq.stomp.destinations import DestinationChannel as Channel
+from qmq.stomp.destinations import DestinationError
 
 START = 1000.0
 
@@ -303,7 +308,7 @@ class ChannelTestCase(SynchronousTestCase):
         what C{publish} returned."""
         channel = channel or self.channel
         target = channel.send_target(destination)
-        return channel.publish(target, channel.new_message(target, headers, body, persistent))
+        return channel.publish_target(target, channel.new_message(target, headers, body, persistent))
 
     def consumer(self, channel: Channel | None = None, **kwargs: Any) -> Recorder:
         return Recorder(channel or self.channel, **kwargs)
@@ -393,7 +398,7 @@ class DestinationTests(ChannelTestCase):
         self.assertIn(other.token, theirs.name)
         self.assertNotIn(other.token, mine.name)
         self.assertNotEqual(self.channel.token, other.token)
-        self.assertIs(mine.exclusive_owner, self.channel)
+        self.assertIs(mine.exclusive_owner, self.channel.connection)
         self.assertFalse(mine.durable)
         self.assertIs(self.vhost.queues[mine.name], mine)
         self.assertIs(self.channel.send_target("/temp-queue/r")[0], mine)
@@ -401,10 +406,11 @@ class DestinationTests(ChannelTestCase):
         reader = self.consumer()
         self.channel.subscribe(reader, "/temp-queue/r")
         self.assertIs(reader.queue, mine)
-        # ...anyone given the full name may reply to it, but not consume it.
+        # ...anyone given the full name may reply to it, but not consume it
+        # (AMQP's 405 resource-locked: it is exclusive to this connection).
         self.send("/queue/" + mine.name, b"reply", channel=other)
         self.assertEqual(reader.bodies(), [b"reply"])
-        with self.assertRaises(AccessRefused):
+        with self.assertRaises(ResourceLocked):
             other.subscribe(self.consumer(other), "/queue/" + mine.name)
 
     def test_bad_names(self) -> None:
@@ -685,9 +691,9 @@ class DelayingStoreTests(ChannelTestCase):
         for body in (b"acked", b"requeued", b"dropped"):
             self.send("/queue/d1", body, persistent=True)
         (t1, m1), (t2, m2), (t3, m3) = c.got
-        self.channel.settle(c, t1, True)
-        self.channel.settle(c, t2, False, requeue=True)
-        self.channel.settle(c, t3, False, requeue=False)
+        self.channel.settle_delivery(c, t1, True)
+        self.channel.settle_delivery(c, t2, False, requeue=True)
+        self.channel.settle_delivery(c, t3, False, requeue=False)
         again = c.got[3][1]
         self.assertEqual((again.body, again.delivery_count), (b"requeued", 1))
         self.assertEqual(
@@ -713,7 +719,7 @@ class ConsumeTests(ChannelTestCase):
         self.assertEqual(c.bodies(), [b"1", b"2"])
         self.assertEqual(self.ready("q"), [(b"3", 0), (b"4", 0)])
         self.assertEqual(list(c.unacked), c.tags())
-        self.channel.settle(self.channel.owner_of(c.tags()[0]), c.tags()[0], True)
+        self.channel.settle_delivery(self.channel.owner_of(c.tags()[0]), c.tags()[0], True)
         self.assertEqual(c.bodies(), [b"1", b"2", b"3"])
         self.assertEqual(self.ready("q"), [(b"4", 0)])
 
@@ -769,7 +775,7 @@ class ConsumeTests(ChannelTestCase):
         self.assertTrue(c.private)
         self.assertTrue(queue.auto_delete)
         self.assertFalse(queue.durable)
-        self.assertIs(queue.exclusive_owner, self.channel)
+        self.assertIs(queue.exclusive_owner, self.channel.connection)
         self.assertEqual(self.vhost.exchange("amq.topic").route("k", None), (queue,))
         self.send("/topic/k", b"1")
         self.send("/topic/k", b"2")
@@ -784,7 +790,7 @@ class ConsumeTests(ChannelTestCase):
         # Another channel cannot take the private queue meanwhile.
         other = self.consumer(prefetch=1)
         self.channel.subscribe(other, "/topic/k", label="sub-2")
-        with self.assertRaises(AccessRefused):
+        with self.assertRaises(ResourceLocked):
             self.open("alice").subscribe(
                 self.consumer(), "/queue/" + other.queue.name  # type: ignore[union-attr]
             )
@@ -810,8 +816,8 @@ class ConsumeTests(ChannelTestCase):
         c2 = self.consumer()
         self.channel.subscribe(c2, "/topic/news", durable_name="feed")
         self.assertEqual([(m.body, m.delivery_count) for _, m in c2.got], [(b"1", 1), (b"2", 0)])
-        self.channel.settle(c2, c2.tags()[1], True)
-        self.channel.settle(c2, c2.tags()[0], True)
+        self.channel.settle_delivery(c2, c2.tags()[1], True)
+        self.channel.settle_delivery(c2, c2.tags()[0], True)
         self.channel.close()
         self.assertIs(self.vhost.queues[name], queue)
         self.send("/topic/news", b"3", channel=self.open("bob"))
@@ -890,7 +896,7 @@ class SettleTests(ChannelTestCase):
             self.send("/queue/q", body)
         t1, t2, t3 = c.tags()
         self.assertIs(self.channel.owner_of(t2), c)
-        self.channel.settle(self.channel.owner_of(t2), t2, True)
+        self.channel.settle_delivery(self.channel.owner_of(t2), t2, True)
         self.assertEqual(list(c.unacked), [t1, t3])
         self.assertEqual(c.credit, 1)
         with self.assertRaises(NotFound):
@@ -907,7 +913,7 @@ class SettleTests(ChannelTestCase):
         self.send("/queue/q", b"2")
         [(tag, first)] = c.got
         c.paused = True
-        self.channel.settle(c, tag, False, requeue=True)
+        self.channel.settle_delivery(c, tag, False, requeue=True)
         self.assertEqual(self.ready("q"), [(b"1", 1), (b"2", 0)])
         self.assertEqual(first.delivery_count, 0)  # a copy is marked, not the original
         self.assertEqual(dict(c.unacked), {})
@@ -921,10 +927,10 @@ class SettleTests(ChannelTestCase):
         self.channel.subscribe(c, "/queue/q")
         self.send("/queue/q", b"1")
         self.send("/queue/q", b"2")
-        self.channel.settle(c, c.tags()[0], False, requeue=False)
+        self.channel.settle_delivery(c, c.tags()[0], False, requeue=False)
         self.assertEqual(c.bodies(), [b"1", b"2"])
         self.assertEqual(self.ready("q"), [])
-        self.channel.settle(c, c.tags()[1], True)
+        self.channel.settle_delivery(c, c.tags()[1], True)
         self.assertEqual(c.bodies(), [b"1", b"2"])
 
     def test_cumulative_ack(self) -> None:
@@ -935,7 +941,7 @@ class SettleTests(ChannelTestCase):
         for i in range(1, 5):
             self.send("/queue/q", b"%d" % i)
         t1, t2, t3, t4 = c.tags()
-        self.channel.settle(self.channel.owner_of(t3), t3, True)
+        self.channel.settle_delivery(self.channel.owner_of(t3), t3, True)
         self.assertEqual(list(c.unacked), [t4])
         self.assertEqual(set(self.channel.owners), {t4})
         self.assertIsNone(self.channel.owner_of(t1))
@@ -946,7 +952,7 @@ class SettleTests(ChannelTestCase):
         with self.assertRaises(NotFound):
             self.channel.owner_of(0)
         # Settling a None owner (already settled) is a no-op.
-        self.channel.settle(self.channel.owner_of(t2), t2, True)
+        self.channel.settle_delivery(self.channel.owner_of(t2), t2, True)
         self.assertEqual(list(c.unacked), [t4])
 
     def test_cumulative_nack(self) -> None:
@@ -957,7 +963,7 @@ class SettleTests(ChannelTestCase):
         for i in range(1, 5):
             self.send("/queue/q", b"%d" % i)
         c.paused = True
-        self.channel.settle(c, c.tags()[1], False, requeue=True)
+        self.channel.settle_delivery(c, c.tags()[1], False, requeue=True)
         self.assertEqual(self.ready("q"), [(b"1", 1), (b"2", 1), (b"4", 0)])
         self.assertEqual(list(c.unacked), [c.tags()[2]])
 
@@ -970,7 +976,7 @@ class SettleTests(ChannelTestCase):
         self.send("/queue/a", b"a1")
         self.send("/queue/b", b"b1")
         self.send("/queue/a", b"a2")
-        self.channel.settle(a, a.tags()[1], True)
+        self.channel.settle_delivery(a, a.tags()[1], True)
         self.assertEqual(dict(a.unacked), {})
         self.assertEqual(list(b.unacked), b.tags())
         self.assertIs(self.channel.owner_of(b.tags()[0]), b)
@@ -987,10 +993,10 @@ class SettleTests(ChannelTestCase):
         self.send("/queue/i", b"i")  # tag 1
         self.send("/queue/c", b"c")  # tag 2
         [tag] = individual.tags()
-        self.channel.settle(individual, tag, True)
+        self.channel.settle_delivery(individual, tag, True)
         with self.assertRaises(NotFound):
             self.channel.owner_of(tag)
-        self.channel.settle(cumulative, cumulative.tags()[0], True)
+        self.channel.settle_delivery(cumulative, cumulative.tags()[0], True)
         # Documented: at or below the channel's cumulative mark, a tag no
         # longer waiting is a no-op (None), whichever consumer it was on.
         self.assertIsNone(self.channel.owner_of(tag))
@@ -1024,7 +1030,7 @@ class SettleTests(ChannelTestCase):
         self.assertEqual(len(unacked), n)
         first_tag = c.got[0][0]
         owner_of = self.channel.owner_of
-        settle = self.channel.settle
+        settle = self.channel.settle_delivery
         for tag in range(first_tag, first_tag + n):
             settle(owner_of(tag), tag, True)
         # Every message settled once, nothing left behind.
@@ -1053,7 +1059,7 @@ class CloseTests(ChannelTestCase):
         self.channel.subscribe(c, "/queue/q")
         for body in (b"1", b"2", b"3"):
             self.send("/queue/q", body)
-        self.channel.settle(c, c.tags()[0], True)  # 1 done; 2, 3 unacked
+        self.channel.settle_delivery(c, c.tags()[0], True)  # 1 done; 2, 3 unacked
         self.assertEqual(c.bodies(), [b"1", b"2", b"3"])
         temp = self.channel.send_target("/temp-queue/r")[0]
         private = self.consumer()

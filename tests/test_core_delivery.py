@@ -11,11 +11,11 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from qmq.core.broker import Broker
-from qmq.core.channel import Channel
 from qmq.core.consumer import Consumer
 from qmq.core.errors import PreconditionFailed
 from qmq.core.message import Message
 from qmq.core.queue import QUEUE_ARGUMENTS, Queue, QueuePolicy, argument_name
+from qmq.stomp.destinations import DestinationChannel as Channel
 
 
 class QueueArgumentTests(SynchronousTestCase):
@@ -170,7 +170,7 @@ class PriorityTests(DeliveryTestCase):
         self.send("q", b"low2", priority=1)
         self.send("q", b"high", priority=7)
         tag, m = r.got[0]
-        self.channel.settle(r, tag, False, True)
+        self.channel.settle_delivery(r, tag, False, True)
         self.assertEqual([m.body for m in q.messages()], [b"low", b"low2"])
         self.assertEqual(r.bodies(), [b"low", b"high"])
         self.assertEqual(r.got[1][1].delivery_count, 0)
@@ -316,10 +316,10 @@ class AckTimeoutTests(DeliveryTestCase):
         self.assertEqual(first.credit, 1)
         # A late ack of the taken-back delivery is ignored, not an error.
         late_tag = first.got[0][0]
-        self.channel.settle(self.channel.owner_of(late_tag), late_tag, True)
+        self.channel.settle_delivery(self.channel.owner_of(late_tag), late_tag, True)
         # Acking the redelivery in time settles it for good.
         tag = other.got[0][0]
-        self.channel.settle(self.channel.owner_of(tag), tag, True)
+        self.channel.settle_delivery(self.channel.owner_of(tag), tag, True)
         self.clock.advance(10)
         self.assertEqual(len(q), 0)
         self.assertEqual(len(first.got) + len(other.got), 2)
@@ -339,7 +339,7 @@ class AckTimeoutTests(DeliveryTestCase):
         for i in range(100):
             self.send("q", b"%d" % i)
         for tag, _ in list(a.got):
-            self.channel.settle(a, tag, True)
+            self.channel.settle_delivery(a, tag, True)
         self.clock.advance(2)
         self.assertEqual(len(a.got), 100)
         self.assertIsNone(q._rare)
@@ -368,7 +368,7 @@ class BackoffTests(DeliveryTestCase):
         times = []
         for _ in range(3):
             tag = a.got[-1][0]
-            self.channel.settle(a, tag, False, True)
+            self.channel.settle_delivery(a, tag, False, True)
             start = self.clock.seconds()
             n = len(a.got)
             while len(a.got) == n:
@@ -389,7 +389,7 @@ class DeadLetterTests(DeliveryTestCase):
         self.declare(**{"x-dead-letter-exchange": "dlx"})
         a = self.subscribe()
         self.send("q", b"m", headers={"destination": "/queue/q", "app": "1"})
-        self.channel.settle(a, a.got[0][0], False, False)
+        self.channel.settle_delivery(a, a.got[0][0], False, False)
         [dead] = self.dlq.messages()
         self.assertEqual(dead.body, b"m")
         h = dead.headers
@@ -431,7 +431,7 @@ class DeadLetterTests(DeliveryTestCase):
         q = self.declare(**{"x-dead-letter-exchange": "nowhere"})
         a = self.subscribe()
         self.send("q", b"m")
-        self.channel.settle(a, a.got[0][0], False, False)
+        self.channel.settle_delivery(a, a.got[0][0], False, False)
         self.assertEqual(len(q), 0)
 
     def test_self_cycle_dropped(self) -> None:
@@ -448,6 +448,6 @@ class DeadLetterTests(DeliveryTestCase):
         a = self.subscribe()
         self.send("q", b"m")
         for _ in range(3):
-            self.channel.settle(a, a.got[-1][0], False, False)
+            self.channel.settle_delivery(a, a.got[-1][0], False, False)
         self.assertEqual(a.got[-1][1].headers["x-death-count"], "3")
         self.assertEqual(a.got[-1][1].headers["x-first-death-reason"], "rejected")

@@ -13,9 +13,9 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from qmq.core.broker import Broker
-from qmq.core.channel import Channel
 from qmq.core.expiry import ExpiryWheel
 from qmq.core.names import InvalidName
+from qmq.stomp.destinations import DestinationChannel as Channel
 from tests.test_core_channel import Recorder
 
 

@@ -94,7 +94,7 @@ class EffectivelyOnceTests(ChannelTestCase):
         c = self.consumer()
         self.channel.subscribe(c, "/queue/eo")
         for tag in c.tags():
-            self.channel.settle(c, tag, True)
+            self.channel.settle_delivery(c, tag, True)
         self.send("/queue/eo", b"again", headers={"dedup-id": "A"})
         self.assertEqual(len(c.got), 4)
         # After the window, the same id is a new message.
@@ -183,8 +183,8 @@ class AtMostOnceTests(ChannelTestCase):
         for i in range(4):
             self.send("/queue/amo", b"%d" % i)
         tags = c.tags()
-        self.channel.settle(c, tags[0], True)
-        self.channel.settle(c, tags[1], False, requeue=True)
+        self.channel.settle_delivery(c, tags[0], True)
+        self.channel.settle_delivery(c, tags[1], False, requeue=True)
         self.channel.unsubscribe(c)
         other = self.consumer()
         self.channel.subscribe(other, "/queue/amo")

@@ -21,10 +21,10 @@ from qmq import config
 from qmq.cluster.settings import NODE_FILE, ClusterSettings, check_node, node_id
 from qmq.config import ConfigError
 from qmq.core.broker import Broker
-from qmq.core.channel import Channel
 from qmq.core.ids import TIME_SHIFT, MessageIds, base36, time_floor
 from qmq.service import make_service
 from qmq.stomp import session as stomp_session
+from qmq.stomp.destinations import DestinationChannel as Channel
 from qmq.stomp.protocol import StompFactory
 from qmq.stomp.settings import StompSettings
 from qmq.store.log import CommitLogStore
@@ -133,7 +133,7 @@ class RestartTests(SynchronousTestCase):
         ids = []
         for i in range(count):
             message = channel.new_message(target, None, b"%d" % i, persistent=i % 2 == 0)
-            channel.publish(target, message)
+            channel.publish_target(target, message)
             ids.append(message.id)
         client = Client(self.factory)
         client.connect()

@@ -12,11 +12,11 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from qmq.auth.permissions import Permission, User
 from qmq.core.broker import Broker
-from qmq.core.channel import Channel
 from qmq.core.consumer import Consumer
 from qmq.core.errors import AccessRefused, NotFound, PreconditionFailed
 from qmq.core.management import Management, authorize_arguments, writing_targets
 from qmq.core.ownership import durable_queue_name
+from qmq.stomp.destinations import DestinationChannel as Channel
 
 #: Bob may configure, write and read his own queues (bob.*) and read and
 #: write amq.topic; nothing else.

@@ -9,7 +9,6 @@ from twisted.logger import globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 
 from qmq.core.broker import Broker
-from qmq.core.channel import Channel
 from qmq.core.consumer import Consumer
 from qmq.core.names import (
     InvalidName,
@@ -21,6 +20,7 @@ from qmq.core.names import (
     problem,
 )
 from qmq.core.store import NullStore, RecoveredQueue, Recovery
+from qmq.stomp.destinations import DestinationChannel as Channel
 
 
 class RuleTests(SynchronousTestCase):
@@ -135,11 +135,11 @@ class CoreTests(SynchronousTestCase):
         """A publish's header names are checked (once per headers dict)."""
         target = self.channel.send_target("/queue/q")
         bad = self.channel.new_message(target, {"a\x00": "1"}, b"x")
-        e = self.assertRaises(InvalidName, self.channel.publish, target, bad)
+        e = self.assertRaises(InvalidName, self.channel.publish_target, target, bad)
         self.assertEqual(e.message, "header name contains a control character (U+0000): 'a\\x00'")
         headers = {"a": "1"}
         for _ in range(2):
-            self.channel.publish(target, self.channel.new_message(target, headers, b"x"))
+            self.channel.publish_target(target, self.channel.new_message(target, headers, b"x"))
         self.assertEqual(len(self.vhost.queues["q"]), 2)
 
     def test_existing_names_reachable(self) -> None:
@@ -148,7 +148,7 @@ class CoreTests(SynchronousTestCase):
         self.vhost.declare_queue("old\x00name", validate=False)
         self.assertIn("old\x00name", self.vhost.queues)
         self.vhost.declare_queue("old\x00name")
-        self.channel.publish(*self._target("/queue/old\x00name"))
+        self.channel.publish_target(*self._target("/queue/old\x00name"))
         self.assertEqual(len(self.vhost.queues["old\x00name"]), 1)
         self.vhost.delete_queue("old\x00name")
 

@@ -30,11 +30,11 @@ from qmq.config import ConfigError, Settings
 from qmq.core import alarm as alarm_module
 from qmq.core.alarm import MemoryAlarm, MiB
 from qmq.core.broker import Broker
-from qmq.core.channel import Channel
 from qmq.core.errors import PreconditionFailed, ResourceLimit
 from qmq.core.limits import LimitSettings
 from qmq.core.store import NullStore, Recovery
 from qmq.service import STORES, build_memory_alarm, build_store, make_service
+from qmq.stomp.destinations import DestinationChannel as Channel
 from qmq.stomp.frame import StompParser, encode_frame
 from qmq.store import log as log_module
 from qmq.store.log import CommitLogStore
@@ -714,9 +714,9 @@ class QueueDefaultsTests(ServiceTestCase):
         channel = Channel(svc.broker, svc.broker.default_vhost)
         target = channel.send_target("/queue/q")
         for body in (b"1", b"2"):
-            channel.publish(target, channel.new_message(target, None, body))
+            channel.publish_target(target, channel.new_message(target, None, body))
         e = self.assertRaises(
-            ResourceLimit, channel.publish, target, channel.new_message(target, None, b"3")
+            ResourceLimit, channel.publish_target, target, channel.new_message(target, None, b"3")
         )
         self.assertIn("'q' is full (2 messages)", e.message)
         self.assertEqual(len(svc.broker.default_vhost.queues["q"]), 2)

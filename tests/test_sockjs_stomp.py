@@ -196,6 +196,13 @@ class StompOverSockJSTests(SynchronousTestCase):
         Exchange(self.site, "POST", url + "/xhr", identity=alice)
         (session,) = self._sessions()
         self.assertIs(session.handler.identity, alice)
+        # The real transport of a session honours the session's interface.
+        from zope.interface.verify import verifyObject  # noqa: PLC0415
+
+        from qmq.transport import IConnection, ITransport  # noqa: PLC0415
+
+        self.assertTrue(verifyObject(ITransport, session.handler))
+        self.assertTrue(verifyObject(IConnection, session.handler))
         connect = json.dumps([frame("CONNECT", **{"accept-version": "1.2", "host": "/"})])
         for other in (mallory, None):
             r = Exchange(self.site, "POST", url + "/xhr_send", connect, identity=other)

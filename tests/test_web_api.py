@@ -939,8 +939,8 @@ class LiveSessionTests(AuthSetup):
         channel) is checked against the new permissions from its next
         destination on, a send target it resolved before included."""
         from qmq.auth.checkers import Principal  # noqa: PLC0415
-        from qmq.core.channel import Channel  # noqa: PLC0415
         from qmq.core.errors import AccessRefused  # noqa: PLC0415
+        from qmq.stomp.destinations import DestinationChannel as Channel  # noqa: PLC0415
 
         auth = self.broker.auth
         channel = Channel(self.broker, self.broker.default_vhost, "bob",

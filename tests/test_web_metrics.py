@@ -66,14 +66,14 @@ class MetricsTests(ApiSiteMixin, unittest.TestCase):
     @defer.inlineCallbacks
     def test_protocols_and_queue_rates(self) -> None:
         """STOMP and HTTP counted apart; a queue's rates in its description."""
-        from qmq.core.channel import Channel  # noqa: PLC0415
         from qmq.core.consumer import Consumer  # noqa: PLC0415
+        from qmq.stomp.destinations import DestinationChannel as Channel  # noqa: PLC0415
 
         clock = self.api.clock = Clock()
         stomp = Channel(self.broker, self.broker.default_vhost, "s", protocol="stomp")
         target = stomp.send_target("/queue/work")
         for i in range(4):
-            stomp.publish(target, stomp.new_message(target, None, b"m%d" % i, False))
+            stomp.publish_target(target, stomp.new_message(target, None, b"m%d" % i, False))
         yield self.call("GET", f"{Q}/work")  # the first reading: rates 0
         _, _, _, doc = yield self.call("POST", f"{Q}/work/receive?max=3")
         yield self.call("POST", f"{Q}/work/ack", {"handles": [m["handle"] for m in doc["messages"][:2]]})
@@ -83,7 +83,7 @@ class MetricsTests(ApiSiteMixin, unittest.TestCase):
 
         taker = Taker(True, 10)
         stomp.subscribe(taker, "/queue/work")
-        stomp.settle(taker, next(iter(taker.unacked)), True)
+        stomp.settle_delivery(taker, next(iter(taker.unacked)), True)
         clock.advance(2.0)
         _, _, _, doc = yield self.call("GET", f"{Q}/work")
         # The four were published before the first reading, delivered after it.

@@ -189,6 +189,13 @@ class WebSocketTests(unittest.TestCase):
         self.assertIn(f"Sec-WebSocket-Accept: {client.accept}", client.head)
         self.assertIn("Sec-WebSocket-Protocol: v12.stomp", client.head)
         self.assertIsInstance(client.ws, StompWebSocketProtocol)
+        # The real transport of a session honours the session's interface.
+        from zope.interface.verify import verifyObject  # noqa: PLC0415
+
+        from qmq.transport import IConnection, ITransport  # noqa: PLC0415
+
+        self.assertTrue(verifyObject(ITransport, client.ws))
+        self.assertTrue(verifyObject(IConnection, client.ws))
         # The connection stays the registry's one entry across the upgrade.
         self.assertEqual(list(self.ctx.connections.connections()), [client.protocol])
 

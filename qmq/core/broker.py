@@ -32,6 +32,7 @@ from twisted.logger import Logger
 from qmq.core.admission import Admission
 from qmq.core.alarm import trim_heap
 from qmq.core.batch import WriteBatcher
+from qmq.core.events import Observer
 from qmq.core.ids import DEFAULT_NODE, MessageIds
 from qmq.core.limits import LimitSettings
 from qmq.core.message import Message
@@ -169,6 +170,8 @@ class Broker:
         self._disk_alarm: Any = None
         self._store_flush = _StoreFlush(self.store)
         self.vhosts: dict[str, VirtualHost] = {}
+        # Observers of every virtual host's events: [observer, replay, stops].
+        self._observers: list[list[Any]] = []
         self.default_vhost = self.add_vhost(DEFAULT_VHOST)
         self.batcher = WriteBatcher(clock)
         self.node = node
@@ -215,7 +218,27 @@ class Broker:
         vhost = self.vhosts.get(name)
         if vhost is None:
             vhost = self.vhosts[name] = VirtualHost(self, name)
+            for entry in self._observers:
+                entry[2].append(vhost.observe(entry[0], entry[1]))
         return vhost
+
+    def observe(self, observer: Observer, replay: bool = True) -> Callable[[], None]:
+        """Make C{observer} listen to the interest and topology events
+        (L{qmq.core.events}) of every virtual host, those made later too.
+
+        @return: the call that stops it listening everywhere.
+        """
+        entry: list[Any] = [observer, replay, [v.observe(observer, replay) for v in self.vhosts.values()]]
+        self._observers.append(entry)
+
+        def stop() -> None:
+            if entry in self._observers:
+                self._observers.remove(entry)
+            stops, entry[2] = entry[2], []
+            for each in stops:
+                each()
+
+        return stop
 
     def vhost(self, name: str | None) -> VirtualHost | None:
         """The virtual host called C{name}, or None."""

@@ -1,65 +1,184 @@
 # -*- test-case-name: tests.test_core_channel -*-
-"""The channel: every frontend's one way into the core.
+"""The channel: every frontend's one way into the core, in AMQP 0-9-1's words.
 
-A frontend session (STOMP over any transport; later HTTP, AMQP and peer
-links) opens one L{Channel} per client connection, as an AMQP client opens a
-channel, and does everything through it:
+A frontend session (STOMP over any transport, the HTTP API, later AMQP and
+links between nodes) opens a L{Channel} for its client, as an AMQP client
+opens a channel on a connection, and does everything through it. The
+operations are AMQP's, so every frontend is a translation onto them:
 
-    resolve   destination name -> queue or exchange + routing key
-              (L{send_target}; the grammar is L{qmq.core.destination})
-    publish   L{new_message} (the core stamps the id and the time), then
-              L{publish}: routed atomically, the store asked once, and the
-              answer is None ("done") or a Deferred that fires when the
-              message is as durable as the store makes it
-    consume   L{subscribe} a L{Consumer} to a destination: a queue
-              consumer, or a live consumer bound straight to an exchange
-    settle    L{settle} a delivery tag: ack, or nack with or without requeue
-              (one tag, or every earlier tag of a cumulative consumer)
-    leave     L{unsubscribe}, and L{close} when the client goes: unacked
-              messages go back to their queues, private queues go away
+    declare   L{declare_queue} (durable, exclusive to the connection,
+              auto-delete, arguments; passive), L{named_queue} (made on
+              first use, for protocols that name queues into being)
+    publish   L{make_message} / L{new_message} (the core stamps the id and
+              the time), then L{publish}(exchange, routing key, message,
+              mandatory): routed atomically, the store asked once; the
+              answer is L{Published}: how many queues (and live consumers)
+              took it, and None ("done") or a Deferred that fires when the
+              message is as durable as the store makes it. A frontend that
+              resolved its target once (L{target}) publishes with
+              L{publish_target}, the hot path.
+    consume   L{consume} a L{Consumer} on a queue, or on an exchange + a
+              binding pattern (a live consumer, a private queue, or a
+              durable subscription's queue), with a consumer tag and
+              exclusivity; L{cancel} by tag, L{unsubscribe} by consumer
+    qos       L{qos}: a prefetch window by count and bytes, per consumer
+              (for the consumers made after) or for the whole channel
+    settle    L{settle}(tag, multiple): ack, nack or reject, one delivery
+              or every earlier one on the channel, requeued or not;
+              L{settle_delivery} settles one consumer's delivery (STOMP's
+              cumulative C{ack:client} is per subscription)
+    get       L{get}: take one message from a queue, tracked for an ack
+    bind      L{bind_exchange} / L{unbind_exchange}: exchange to exchange
+    leave     L{close} when the client goes: unacked messages go back to
+              their queues, private queues go, and with the last channel of
+              its L{Connection} the queues exclusive to it
 
 Deliveries are tagged by the channel: a frontend's C{Consumer.deliver} takes
-a tag with L{track} (or inlines the same two lines on its hot path) and
-names it to its client; the client's ack names it back.
+a tag with L{track} and names it to its client; the client's ack names it
+back.
 
-The channel owns what is private to one client: its temporary reply queues
-(C{/temp-queue/NAME}, named with an unguessable token so that only someone
-given the name can reply), its private subscription queues, and the cache of
-resolved send destinations.
+Names of destinations (STOMP's C{/queue/NAME}, C{/topic/KEY}...) are not the
+core's business: L{qmq.stomp.destinations} translates them onto these
+operations (and the HTTP API borrows it as an adapter).
+
+Refusals are L{qmq.core.errors} with AMQP's reply codes: a second consumer
+on a queue that has an exclusive one, or an exclusive consumer on a queue
+that has consumers, is L{AccessRefused} (403 access-refused); a queue
+exclusive to another connection is L{ResourceLocked} (405); an unknown
+delivery tag is L{PreconditionFailed} (406).
 """
 
 from __future__ import annotations
 
 import secrets
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from qmq.core.access import authorize, resource_named
-from qmq.core.consumer import BacklogBudget, Consumer
-from qmq.core.destination import Destination, DestinationError, parse_destination
-from qmq.core.errors import AccessRefused, NotFound, PreconditionFailed
+from qmq.core.consumer import UNLIMITED, BacklogBudget, Consumer
+from qmq.core.errors import AccessRefused, NotAllowed, NotFound, PreconditionFailed, ResourceLocked
 from qmq.core.management import authorize_arguments, check_equivalent
 from qmq.core.message import Message
-from qmq.core.names import (
-    check_binding_key,
-    check_destination,
-    check_exchange,
-    check_headers,
-    check_queue,
-    check_routing_key,
-)
+from qmq.core.names import check_binding_key, check_exchange, check_headers, check_routing_key
 from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX, check_queue_access, durable_queue_name
 from qmq.core.queue import CUT_CONSUMERS, Queue, QueuePolicy
 
 if TYPE_CHECKING:
+    from twisted.internet.defer import Deferred
+
     from qmq.core.broker import Broker
     from qmq.core.exchange import Exchange
     from qmq.core.vhost import VirtualHost
 
-#: A resolved send destination: (queue or None, exchange or None, exchange
+#: A resolved send target: (queue or None, exchange or None, exchange
 #: name, routing key, the object whose C{deleted} flag invalidates it).
 SendTarget = tuple[Any, Any, Any, str, Any]
 
-_TARGET_CACHE_SIZE = 1000
+#: Most names L{Channel.publish} remembers as writable (then it forgets all).
+_WRITABLE_CACHE_SIZE = 1000
+
+
+class Published(NamedTuple):
+    """What L{Channel.publish} did.
+
+    @ivar routed: how many queues and live consumers took the message (0:
+        unroutable; a frontend returns a mandatory message, as AMQP's
+        C{basic.return}).
+    @ivar durable: None when the message is as safe as it will be, else a
+        Deferred that fires once the store has made it durable.
+    """
+
+    routed: int
+    durable: Deferred | None
+
+
+class Got(NamedTuple):
+    """One message taken by L{Channel.get} (AMQP's C{basic.get-ok}).
+
+    @ivar tag: its delivery tag (settle it with L{Channel.settle} when it
+        was taken with C{ack=True}).
+    @ivar message: the message.
+    @ivar remaining: how many messages are still ready in the queue.
+    """
+
+    tag: int
+    message: Message
+    remaining: int
+
+
+class Window:
+    """A prefetch window: most unacknowledged deliveries by count and body bytes.
+
+    @ivar count: most deliveries (0: no bound by count).
+    @ivar bytes: most body bytes (0: no bound by bytes). A delivery is made
+        while fewer bytes than this are out, so a message bigger than the
+        window still goes, alone (AMQP's prefetch-size would never send it).
+    @ivar used: deliveries out now.
+    @ivar used_bytes: body bytes out now.
+    """
+
+    __slots__ = ("count", "bytes", "used", "used_bytes")
+
+    def __init__(self, count: int = 0, bytes: int = 0) -> None:
+        self.count = count
+        self.bytes = bytes
+        self.used = 0
+        self.used_bytes = 0
+
+    def full(self) -> bool:
+        """Whether no more deliveries may be made."""
+        return bool(
+            (self.count and self.used >= self.count) or (self.bytes and self.used_bytes >= self.bytes)
+        )
+
+    def __repr__(self) -> str:
+        return f"<Window {self.used}/{self.count or '-'} messages, {self.used_bytes}/{self.bytes or '-'} bytes>"
+
+
+class Connection:
+    """What a client's connection owns across its channels: the queues
+    exclusive to it (AMQP's C{exclusive} queues, STOMP's temp queues and
+    private subscription queues), deleted when it closes.
+
+    A frontend with one channel per connection (STOMP, the HTTP API) lets
+    each L{Channel} make its own; a frontend with several (AMQP) makes one
+    and gives it to each channel it opens, and closes it last.
+
+    @ivar exclusive_queues: the queues exclusive to it, by (virtual host
+        name, queue name).
+    @ivar closed: set once it has closed.
+    """
+
+    def __init__(self) -> None:
+        self.exclusive_queues: dict[tuple[str, str], Queue] = {}
+        self.closed = False
+
+    def owns(self, queue: Queue) -> None:
+        """Record C{queue} as exclusive to this connection."""
+        vhost = queue.vhost
+        self.exclusive_queues[(vhost.name if vhost is not None else "", queue.name)] = queue
+
+    def close(self) -> None:
+        """The connection is gone: delete the queues exclusive to it (once)."""
+        if self.closed:
+            return
+        self.closed = True
+        queues, self.exclusive_queues = self.exclusive_queues, {}
+        for queue in queues.values():
+            vhost = queue.vhost
+            if not queue.deleted and vhost is not None and vhost.queues.get(queue.name) is queue:
+                vhost.delete_queue(queue.name)
+
+
+class _Getter(Consumer):
+    """The consumer that L{Channel.get}'s deliveries wait on for their ack:
+    never attached to its queue (the queue hands it nothing), only there so
+    that a settle finds the queue and the credit bookkeeping stays one."""
+
+    __slots__ = ()
+
+    def deliver(self, message: Message, queue: Queue | None) -> None:  # pragma: no cover
+        raise AssertionError("a getter is never attached to a queue")
 
 
 class Channel:
@@ -67,18 +186,25 @@ class Channel:
 
     @ivar broker: the broker.
     @ivar vhost: the virtual host the client chose.
+    @ivar connection: the L{Connection} it belongs to (owner of exclusive
+        queues).
     @ivar owner_name: who the client is (its user: until authentication,
         the login it gave or its TLS identity), owning its durable
         subscriptions (L{qmq.core.ownership}).
     @ivar owners: delivery tag -> the consumer it was delivered on.
-    @ivar next_tag: the next delivery tag.
-    @ivar temp_queues: temp-queue name -> its queue.
+    @ivar next_tag: the next delivery tag (read it; L{track} takes one).
+    @ivar consumer_tags: consumer tag -> consumer, for the consumers
+        L{consume} tagged.
     @ivar backlog_budget: the budget the backlogs of its live consumers
         share, or None (each bounded only by its own C{backlog_limit}).
     @ivar user: the authenticated user whose permissions every new
         destination is checked against (L{qmq.auth.User}: anything with
         C{name} and C{can(operation, vhost, resource, destination)}), or
         None: no checks (authentication is off).
+    @ivar prefetch_count: the prefetch by count of the consumers made
+        next (L{qos}, not global; 0: none beyond their own).
+    @ivar prefetch_bytes: their prefetch by body bytes (0: none).
+    @ivar window: the channel's own L{Window} (L{qos} global), or None.
     """
 
     def __init__(
@@ -89,6 +215,7 @@ class Channel:
         backlog_budget: int = 0,
         user: Any = None,
         protocol: str = "",
+        connection: Connection | None = None,
     ) -> None:
         """
         @param backlog_budget: most messages its live consumers' backlogs
@@ -96,6 +223,8 @@ class Channel:
         @param user: the authenticated user, or None (no permission checks).
         @param protocol: the frontend's name, for the counts by protocol
             (L{qmq.core.traffic}).
+        @param connection: the connection it is a channel of; None: its own
+            (closed with it), for protocols with one channel per connection.
         """
         self.broker = broker
         self.protocol = protocol
@@ -108,20 +237,36 @@ class Channel:
         self.backlog_budget = BacklogBudget(backlog_budget) if backlog_budget else None
         self.vhost = vhost
         self.owner_name = owner_name
+        self._own_connection = connection is None
+        self.connection = connection if connection is not None else Connection()
         # Names of the channel's own queues carry a random token: they can be
         # published to by name (RPC replies), so they must not be guessable.
         self.token = secrets.token_urlsafe(12)
         self.owners: dict[int, Consumer] = {}
         self.next_tag = 1
-        self.temp_queues: dict[str, Queue] = {}
         self.consumers: set[Consumer] = set()
+        self.consumer_tags: dict[str, Consumer] = {}
+        self._tag_of: dict[Consumer, str] = {}
+        self._ctag_serial = 0
         self.closed = False
         self._cumulative_upto = 0
         self._taken_back: dict[int, None] = {}
-        self._targets: dict[str, SendTarget] = {}
+        self.prefetch_count = 0
+        self.prefetch_bytes = 0
+        self.window: Window | None = None
+        # Consumers with a window of their own (a prefetch by bytes).
+        self._windows: dict[Consumer, Window] = {}
+        # Whether any window applies: the one test track pays without qos.
+        self._gated = False
+        self._transport_paused = False
+        self._getters: dict[Queue, _Getter] = {}
+        # Names L{publish} found writable under the current user.
+        self._writable: set[str] = set()
         # The last headers dict whose names were checked (qmq.core.names):
         # a producer's messages share one, so it is checked once.
         self._checked_headers: Any = None
+        # And the last routing key L{publish} checked (a producer reuses one).
+        self._checked_key: Any = None
         self._ids = broker.message_ids
         self._seconds = broker.clock.seconds
         traffic = getattr(broker, "traffic", None)
@@ -131,69 +276,14 @@ class Channel:
     def set_user(self, user: Any) -> None:
         """Check later destinations against C{user} (the same client logged
         in again, with permissions changed since): the send targets resolved
-        under the old permissions are forgotten."""
+        under the old permissions are forgotten (L{forget_targets})."""
         self.user = user
-        self._targets.clear()
+        self._writable.clear()
+        self.forget_targets()
 
-    # -- destinations ----------------------------------------------------------
-
-    def send_target(self, text: str) -> SendTarget:
-        """Resolve a destination to publish to (cached until its object is deleted).
-
-        A C{/control/} destination resolves to C{(None, None, None, path, None)}.
-
-        Names and keys are checked here (L{qmq.core.names}), once per
-        destination and channel, not per message.
-
-        @raise DestinationError: the name maps to nothing.
-        @raise NotFound: the exchange does not exist, or an C{amq.} queue.
-        @raise InvalidName: a name or key breaks a rule of L{qmq.core.names}.
-        """
-        target = self._targets.get(text)
-        if target is not None and not target[4].deleted:
-            return target
-        target = self._resolve_send(text)
-        if target[4] is not None:
-            if len(self._targets) >= _TARGET_CACHE_SIZE:
-                self._targets.clear()
-            self._targets[text] = target
-        return target
-
-    def _resolve_send(self, text: str) -> SendTarget:
-        if text.startswith("/queue/") and len(text) > 7:
-            # parse_destination's first case, inlined: a client naming a
-            # million queues resolves each once.
-            name = text[7:]
-            # Publishing to an existing queue is allowed even if it is
-            # exclusive to another channel (a /temp-queue/ reply-to).
-            queue = self.vhost.queues.get(name)
-            if queue is None:
-                check_queue(name)
-            if self.user is not None:
-                self._authorize("write", name, text)
-                if queue is None:
-                    self._authorize("configure", name, text)
-            if queue is None:
-                queue = self.named_queue(name, "write")
-            elif name.startswith(DURABLE_SUBSCRIPTION_PREFIX):
-                check_queue_access(self.owner_name, name, "write")
-            return (queue, None, "", name, queue)
-        dest = parse_destination(text)
-        kind = dest.kind
-        if kind == "temp-queue":
-            queue = self.temp_queue(dest.name)
-            return (queue, None, "", queue.name, queue)
-        if kind == "control":
-            check_destination(text)
-            return (None, None, None, dest.name, None)
-        exchange = self.vhost.exchanges.get(dest.name)
-        if exchange is None:
-            check_exchange(dest.name)
-            exchange = self.vhost.exchange(dest.name)
-        check_routing_key(dest.key, exchange)
-        if self.user is not None:
-            self._authorize("write", exchange.name, text)
-        return (None, exchange, exchange.name, dest.key, exchange)
+    def forget_targets(self) -> None:
+        """Forget what was resolved under the old permissions (a frontend's
+        adapter that caches resolutions overrides it)."""
 
     def _authorize(self, operation: str, resource: str, text: str) -> None:
         """Check the user's C{operation} permission on C{resource}, named
@@ -266,27 +356,74 @@ class Channel:
         with its policy (their values are checked, as for a new queue)."""
         check_equivalent(queue, arguments)
 
-    def temp_queue(self, name: str) -> Queue:
-        """This channel's private reply queue C{name} (made on first use:
-        that needs the configure permission on its queue's name, as
-        RabbitMQ's C{amq.gen-} reply queues do)."""
-        queue = self.temp_queues.get(name)
-        if queue is None or queue.deleted:
-            if not name:
-                raise DestinationError("a /temp-queue/ destination needs a name")
-            queue_name = f"amq.tmp.{self.token}.{name}"
-            if self.user is not None:
-                self._authorize("configure", queue_name, "/temp-queue/" + name)
-            queue = self.vhost.declare_queue(
-                queue_name,
-                durable=False,
-                auto_delete=False,
-                exclusive_owner=self,
-            )
-            self.temp_queues[name] = queue
+    # -- publishing --------------------------------------------------------------
+
+    # -- declaring ---------------------------------------------------------------
+
+    def declare_queue(
+        self,
+        name: str,
+        durable: bool = True,
+        exclusive: bool = False,
+        auto_delete: bool = False,
+        arguments: dict[str, Any] | None = None,
+        passive: bool = False,
+    ) -> Queue:
+        """Declare queue C{name} (AMQP's C{queue.declare}), or find it.
+
+        An exclusive queue belongs to this channel's L{Connection}: only its
+        channels may use it, and it goes when the connection closes.
+
+        @param passive: only find it (L{NotFound} if there is none).
+        @raise ResourceLocked: it is exclusive to another connection.
+        @raise PreconditionFailed: it exists with other arguments, or a
+            bad name or argument.
+        @raise AccessRefused: no configure permission to make it.
+        """
+        vhost = self.vhost
+        queue = vhost.queues.get(name)
+        if queue is not None or passive:
+            if queue is None:
+                raise NotFound(f"no queue {name!r} in virtual host {vhost.name!r}", "no such queue")
+            self._check_exclusive(queue)
+            if arguments:
+                self._check_arguments(queue, arguments)
+            queue.touch()
+            return queue
+        if self.user is not None:
+            self._authorize("configure", name, name)
+        queue = vhost.declare_queue(
+            name,
+            durable=durable,
+            auto_delete=auto_delete,
+            arguments=arguments,
+            exclusive_owner=self.connection if exclusive else None,
+        )
+        if exclusive:
+            self.connection.owns(queue)
         return queue
 
+    def _check_exclusive(self, queue: Queue) -> None:
+        """@raise ResourceLocked: C{queue} is exclusive to another connection."""
+        owner = queue.exclusive_owner
+        if owner is not None and owner is not self.connection:
+            raise ResourceLocked(
+                f"Queue {queue.name!r} is exclusive to another connection.", "resource locked"
+            )
+
     # -- publishing --------------------------------------------------------------
+
+    def make_message(
+        self,
+        exchange: str,
+        routing_key: str,
+        headers: dict[str, str] | None,
+        body: bytes,
+        persistent: bool = False,
+    ) -> Message:
+        """A message to publish to C{exchange} with C{routing_key}, stamped
+        with a fresh id and the clock's time."""
+        return Message(next(self._ids), exchange, routing_key, headers, body, self._seconds(), persistent)
 
     def new_message(
         self,
@@ -295,21 +432,107 @@ class Channel:
         body: bytes,
         persistent: bool = False,
     ) -> Message:
-        """A message for C{target}, stamped with a fresh id and the clock's time.
+        """L{make_message} for a resolved C{target} (L{publish_target}).
 
         The frontend may set C{message.cache} (its encoded form) before
-        L{publish}. (L{Broker.new_message}, inlined: this is the publish path.)
+        publishing. (Inlined: this is the publish path.)
         """
         return Message(next(self._ids), target[2], target[3], headers, body, self._seconds(), persistent)
 
-    def publish(self, target: SendTarget, message: Message) -> Any:
-        """Route C{message} to C{target}'s queues, atomically.
+    def now(self) -> float:
+        """The core's time (its clock's seconds), as messages are stamped."""
+        return self._seconds()
 
-        Its headers are checked (L{qmq.core.names.check_headers}) unless
-        they are the dict the previous publish checked.
+    def id_source(self) -> Any:
+        """A callable giving fresh message ids, for a frontend that stamps a
+        batch of messages itself (L{new_message} does it one at a time)."""
+        return self._ids.__next__
+
+    def target(self, exchange: str, routing_key: str) -> SendTarget:
+        """Resolve a publish to C{exchange} with C{routing_key} once, for
+        L{publish_target} (a frontend may cache it until C{target[4].deleted}).
+
+        The default exchange (C{""}) names the queue C{routing_key}, which
+        must exist.
+
+        @raise NotFound: no such exchange or queue.
+        @raise AccessRefused: no write permission on it.
+        """
+        if not exchange:
+            queue = self.vhost.queue(routing_key)
+            if self.user is not None:
+                self._authorize("write", routing_key, routing_key)
+            return (queue, None, "", routing_key, queue)
+        ex = self.vhost.exchange(exchange)
+        check_routing_key(routing_key, ex)
+        if self.user is not None:
+            self._authorize("write", exchange, exchange)
+        return (None, ex, exchange, routing_key, ex)
+
+    def publish(
+        self, exchange: str, routing_key: str, message: Message, mandatory: bool = False
+    ) -> Published:
+        """Publish C{message} to C{exchange} with C{routing_key} (AMQP's
+        C{basic.publish}), atomically: a bounded queue that refuses it
+        means no queue has it.
+
+        A message that reaches nothing is dropped, and counted as published
+        unless C{mandatory} (the frontend returns it: C{routed} is 0).
+
+        @return: L{Published}: the routed count, and the durability Deferred
+            or None.
+        @raise NotFound: no such exchange.
+        @raise AccessRefused: no write permission on the exchange (or, for
+            the default exchange, on the queue).
+        @raise ResourceLimit: a bounded queue refused it.
+        @raise PreconditionFailed: the routing key breaks a limit.
+        @raise InvalidName: a header name or value breaks a rule.
+        """
+        headers = message.headers
+        if headers is not None and headers is not self._checked_headers:
+            check_headers(headers)
+            self._checked_headers = headers
+        vhost = self.vhost
+        if exchange:
+            ex = vhost.exchange(exchange)
+            if routing_key is not self._checked_key:
+                check_routing_key(routing_key, ex)
+                self._checked_key = routing_key
+            if self.user is not None and exchange not in self._writable:
+                self._may_write(exchange)
+            targets = ex.route(routing_key, message.headers)
+            if ex.e2e:
+                targets = vhost.expand(ex, targets, routing_key, message.headers)
+        else:
+            if self.user is not None and routing_key not in self._writable:
+                self._may_write(routing_key)
+            queue = vhost.queues.get(routing_key)
+            targets = (queue,) if queue is not None else ()
+        if not targets and mandatory:
+            return Published(0, None)
+        self.published += 1
+        if not targets:
+            return Published(0, None)
+        return Published(len(targets), vhost.publish_to(targets, message))
+
+    def _may_write(self, resource: str) -> None:
+        """Check the write permission on C{resource} once per channel (and
+        permissions): L{publish} is per message, the check is not."""
+        self._authorize("write", resource, resource)
+        writable = self._writable
+        if len(writable) >= _WRITABLE_CACHE_SIZE:
+            writable.clear()
+        writable.add(resource)
+
+    def publish_target(self, target: SendTarget, message: Message) -> Any:
+        """Route C{message} to a resolved C{target}'s queues, atomically (the
+        hot path of frontends that resolve a destination once).
 
         @return: None when the message is as safe as it will be, else a
             Deferred that fires once the store has made it durable.
+        Its headers are checked (L{qmq.core.names.check_headers}) unless
+        they are the dict the previous publish checked.
+
         @raise ResourceLimit: a bounded queue refused it (then no queue has it).
         @raise PreconditionFailed: the routing key breaks a limit.
         @raise InvalidName: a header name or value breaks a rule.
@@ -326,103 +549,166 @@ class Channel:
             if message.persistent and queue.store is not None and not dropped:
                 return self.broker.store_publish(self.vhost, message, (queue,))
             return None
-        return self.vhost.publish_to(target[1].route(message.routing_key, message.headers), message)
+        exchange = target[1]
+        targets = exchange.route(message.routing_key, message.headers)
+        if exchange.e2e:
+            targets = self.vhost.expand(exchange, targets, message.routing_key, message.headers)
+        return self.vhost.publish_to(targets, message)
 
     # -- consuming ---------------------------------------------------------------
 
-    def subscribe(
+    def consume(
         self,
         consumer: Consumer,
-        text: str,
+        queue: str | None = None,
+        *,
+        exchange: str | None = None,
+        pattern: str = "",
+        tag: str | None = None,
+        exclusive: bool = False,
         durable_name: str | None = None,
         live: bool = True,
         label: str = "",
         arguments: dict[str, Any] | None = None,
-    ) -> None:
-        """Attach C{consumer} to the destination C{text}.
+        text: str | None = None,
+    ) -> str:
+        """Attach C{consumer} to queue C{queue} (AMQP's C{basic.consume}),
+        or to C{exchange} with the binding C{pattern}:
 
-          - C{/queue/NAME}, C{/temp-queue/NAME}: a queue consumer on it.
-          - C{/topic/KEY}, C{/exchange/NAME/KEY}: with C{durable_name}, a
-            queue consumer on the durable queue C{durable.OWNER.NAME} bound
-            with KEY (it keeps messages while the client is away); else, for
-            an auto-ack consumer when C{live} is true, a live consumer bound
-            straight to the exchange; else a queue consumer on a private,
-            auto-delete queue bound with KEY (deleted with the consumer),
-            named after C{label} (the client's subscription id) and the
-            channel's token.
+          - with C{durable_name}, a queue consumer on the durable queue
+            C{durable.OWNER.NAME} bound with the pattern (it keeps messages
+            while the client is away);
+          - else, for an auto-ack consumer when C{live} is true, a live
+            consumer bound straight to the exchange;
+          - else a queue consumer on a private, auto-delete queue bound with
+            the pattern (deleted with the consumer), named after C{label}
+            and the channel's token.
 
         C{arguments} are queue arguments (L{qmq.core.queue.QUEUE_ARGUMENTS})
-        for the queue a C{/queue/} or durable subscription names: they apply
-        when the subscription creates it, over the virtual host's defaults;
-        a queue that exists must already have them, else
-        L{PreconditionFailed} (RabbitMQ's "inequivalent arg").
+        for a durable subscription's queue: they apply when it is made; a
+        queue that exists must already have them, else L{PreconditionFailed}.
 
-        @raise DestinationError, NotFound, AccessRefused, PreconditionFailed.
+        @param tag: a consumer tag to cancel it by (L{cancel}); C{""} for
+            one made up; None for none (a frontend that keeps its own ids).
+        @param exclusive: no other consumer may share the queue.
+        @param text: how the client named it, for error messages (its
+            destination); the queue or exchange name by default.
+        @return: the consumer tag (C{""} without one).
+        @raise NotFound: no such queue or exchange.
+        @raise AccessRefused: no read permission, or the queue has an
+            exclusive consumer (or has consumers, for an exclusive one).
+        @raise ResourceLocked: the queue is exclusive to another connection.
+        @raise NotAllowed: the tag is in use on this channel.
         """
-        dest = parse_destination(text)
-        vhost = self.vhost
-        kind = dest.kind
-        consumer.channel = self
-        if kind == "control":
-            raise DestinationError(
-                "Control destinations answer a SEND with a receipt; they cannot be "
-                "subscribed to.",
-                "cannot subscribe to a control destination",
+        if tag is not None:
+            if not tag:
+                self._ctag_serial += 1
+                tag = f"amq.ctag-{self.token}-{self._ctag_serial}"
+            elif tag in self.consumer_tags:
+                raise NotAllowed(f"Consumer tag {tag!r} is in use on this channel.", "tag in use")
+        if queue is not None:
+            q = self.vhost.queue(queue)
+            if self.user is not None:
+                self._authorize("read", queue, text or queue)
+            if queue.startswith(DURABLE_SUBSCRIPTION_PREFIX):
+                check_queue_access(self.owner_name, queue, "read")
+            self._check_buffer(consumer, True)
+            consumer.channel = self
+            self._attach(consumer, q, exclusive)
+        elif exchange is not None:
+            self._check_buffer(consumer, durable_name is not None)
+            consumer.channel = self
+            self._consume_exchange(
+                consumer, exchange, pattern, durable_name, live, label, arguments, text or exchange
             )
-        if consumer.buffer is not None and (kind in ("queue", "temp-queue") or durable_name):
+        else:
+            raise PreconditionFailed("a consumer needs a queue or an exchange")
+        if tag is not None:
+            self.consumer_tags[tag] = consumer
+            self._tag_of[consumer] = tag
+            return tag
+        return ""
+
+    @staticmethod
+    def _check_buffer(consumer: Consumer, shared: bool) -> None:
+        if consumer.buffer is not None and shared:
             raise PreconditionFailed(
                 "A subscriber's buffer (buffer-messages, buffer-bytes) bounds what is held for "
                 "it alone: it applies to non-durable topic and exchange subscriptions, not to "
                 "a queue (shared, or kept for a durable subscription), whose own bounds apply.",
                 "buffer not allowed here",
             )
+
+    def _consume_exchange(
+        self,
+        consumer: Consumer,
+        exchange_name: str,
+        pattern: str,
+        durable_name: str | None,
+        live: bool,
+        label: str,
+        arguments: dict[str, Any] | None,
+        text: str,
+    ) -> None:
+        """L{consume} on an exchange + pattern (see there)."""
+        vhost = self.vhost
         user = self.user
-        if kind == "queue":
-            if user is not None:
-                self._authorize("read", dest.name, text)
-                if dest.name not in vhost.queues:
-                    self._authorize("configure", dest.name, text)
-            queue = self.named_queue(dest.name, arguments=arguments)
-        elif kind == "temp-queue":
-            queue = self.temp_queue(dest.name)
+        if exchange_name not in vhost.exchanges:
+            check_exchange(exchange_name)
+        exchange = vhost.exchange(exchange_name)
+        if user is not None:
+            self._authorize("read", exchange.name, text)
+        if durable_name is not None:
+            name = durable_queue_name(self.owner_name, durable_name)
+            existed = name in vhost.queues
+            if user is not None and not existed:
+                self._authorize("configure", name, text)
+            if arguments:
+                authorize_arguments(user, self.owner_name, vhost.name, arguments, vhost.queue_defaults)
+            queue = vhost.declare_queue(
+                name, durable=True, on_demand=True, subscription=True, arguments=arguments
+            )
+            if existed and arguments:
+                self._check_arguments(queue, arguments)
+            self._bind_or_undo(queue, exchange, pattern, made=not existed)
+            consumer.durable = True
+        elif live and not consumer.ack_required:
+            self._bind_live(consumer, exchange, pattern)
+            return
         else:
-            if dest.name not in vhost.exchanges:
-                check_exchange(dest.name)
-            exchange = vhost.exchange(dest.name)
-            if user is not None:
-                self._authorize("read", exchange.name, text)
-            if durable_name is not None:
-                name = durable_queue_name(self.owner_name, durable_name)
-                existed = name in vhost.queues
-                if user is not None and not existed:
-                    self._authorize("configure", name, text)
-                if arguments:
-                    authorize_arguments(user, self.owner_name, vhost.name, arguments, vhost.queue_defaults)
-                queue = vhost.declare_queue(
-                    name, durable=True, on_demand=True, subscription=True, arguments=arguments
-                )
-                if existed and arguments:
-                    self._check_arguments(queue, arguments)
-                self._bind_or_undo(queue, exchange, dest.key, made=not existed)
-                consumer.durable = True
-            elif live and not consumer.ack_required:
-                self._bind_live(consumer, exchange, dest)
-                return
-            else:
-                name = f"amq.sub.{self.token}.{label or f'{id(consumer):x}'}"
-                queue = vhost.declare_queue(
-                    name,
-                    durable=False,
-                    auto_delete=True,
-                    exclusive_owner=self,
-                    arguments=None,
-                    backlog=consumer.backlog_limit,
-                    policy=_buffer_policy(consumer),
-                )
-                self._bind_or_undo(queue, exchange, dest.key, made=True)
-                consumer.private = True
-        if queue.exclusive_owner is not None and queue.exclusive_owner is not self:
-            raise AccessRefused(f"Queue {queue.name!r} belongs to another session.")
+            name = f"amq.sub.{self.token}.{label or f'{id(consumer):x}'}"
+            queue = vhost.declare_queue(
+                name,
+                durable=False,
+                auto_delete=True,
+                exclusive_owner=self.connection,
+                arguments=None,
+                backlog=consumer.backlog_limit,
+                policy=_buffer_policy(consumer),
+            )
+            self._bind_or_undo(queue, exchange, pattern, made=True)
+            consumer.private = True
+        self._attach(consumer, queue, False)
+
+    def _attach(self, consumer: Consumer, queue: Queue, exclusive: bool) -> None:
+        """Attach C{consumer} to C{queue} (checked: exclusivity), under the
+        channel's prefetch for consumers made now (L{qos})."""
+        self._check_exclusive(queue)
+        consumers = queue.consumers
+        if consumers and (exclusive or consumers[0].exclusive):
+            raise AccessRefused(
+                f"Queue {queue.name!r} has an exclusive consumer."
+                if consumers[0].exclusive
+                else f"Queue {queue.name!r} has consumers: an exclusive one cannot join.",
+                "access refused (exclusive consumer)",
+            )
+        consumer.exclusive = exclusive
+        if consumer.ack_required:
+            if self.prefetch_count and consumer.prefetch == UNLIMITED:
+                consumer.prefetch = consumer.credit = self.prefetch_count
+            if self.prefetch_bytes:
+                self._windows[consumer] = Window(0, self.prefetch_bytes)
+                self._gated = True
         self.consumers.add(consumer)
         queue.add_consumer(consumer)
 
@@ -437,26 +723,38 @@ class Channel:
                 self.vhost.delete_queue(queue.name)
             raise
 
-    def _bind_live(self, consumer: Consumer, exchange: Exchange, dest: Destination) -> None:
-        check_binding_key(dest.key, exchange)
-        exchange.bind(consumer, dest.key, None)  # type: ignore[arg-type]
+    def _bind_live(self, consumer: Consumer, exchange: Exchange, key: str) -> None:
+        check_binding_key(key, exchange)
+        self.vhost.bind_live(consumer, exchange, key)
         consumer.exchange = exchange
-        consumer.binding_key = dest.key
+        consumer.binding_key = key
         consumer.budget = self.backlog_budget
         self.consumers.add(consumer)
+
+    def cancel(self, tag: str) -> Consumer:
+        """Cancel the consumer tagged C{tag} (AMQP's C{basic.cancel}): see
+        L{unsubscribe}. @raise NotFound: no consumer has that tag here."""
+        consumer = self.consumer_tags.get(tag)
+        if consumer is None:
+            raise NotFound(f"No consumer is tagged {tag!r} on this channel.", "unknown consumer tag")
+        self.unsubscribe(consumer)
+        return consumer
 
     def unsubscribe(self, consumer: Consumer, delete_durable: bool = False) -> None:
         """Detach C{consumer}: its unacked messages go back to their queue; a
         private queue goes with it, and a durable subscription's queue too
         when C{delete_durable}."""
         self.consumers.discard(consumer)
+        if self._tag_of:
+            tag = self._tag_of.pop(consumer, None)
+            if tag is not None:
+                del self.consumer_tags[tag]
         exchange = consumer.exchange
         if exchange is not None:
             consumer.exchange = None
             consumer.discard_backlog()
             if not exchange.deleted:
-                exchange.unbind(consumer, consumer.binding_key, None)  # type: ignore[arg-type]
-                self.vhost.maybe_auto_delete_exchange(exchange)
+                self.vhost.unbind_live(consumer, exchange, consumer.binding_key)
             return
         unacked = self._forget_unacked(consumer)
         queue = consumer.queue
@@ -473,6 +771,10 @@ class Channel:
     def consumer_cancelled(self, consumer: Consumer) -> None:
         """The queue or exchange under C{consumer} was deleted by someone else."""
         self.consumers.discard(consumer)
+        if self._tag_of:
+            tag = self._tag_of.pop(consumer, None)
+            if tag is not None:
+                del self.consumer_tags[tag]
         consumer.discard_backlog()
         self._forget_unacked(consumer)
 
@@ -480,23 +782,137 @@ class Channel:
         """Stop tracking C{consumer}'s unacknowledged deliveries; return their messages."""
         unacked = consumer.unacked
         if not unacked:
+            if self._windows:
+                self._windows.pop(consumer, None)
             return []
         owners = self.owners
         for tag in unacked:
             owners.pop(tag, None)
         messages = list(unacked.values())
         unacked.clear()
+        if self._gated:
+            self._released(consumer, messages)
+            self._windows.pop(consumer, None)
         return messages
+
+    # -- prefetch ----------------------------------------------------------------
+
+    def qos(self, prefetch_count: int = 0, prefetch_bytes: int = 0, global_: bool = False) -> None:
+        """Set a prefetch window (AMQP's C{basic.qos}).
+
+        Not global: the consumers this channel attaches from now on may
+        hold at most C{prefetch_count} unacknowledged deliveries each (unless
+        they state their own) and C{prefetch_bytes} body bytes. Global: the
+        channel's consumers together, from now on (what is out counts).
+        0 is no bound.
+
+        @raise PreconditionFailed: a negative bound.
+        """
+        if prefetch_count < 0 or prefetch_bytes < 0:
+            raise PreconditionFailed("a prefetch bound is 0 (none) or more")
+        if not global_:
+            self.prefetch_count = prefetch_count
+            self.prefetch_bytes = prefetch_bytes
+            return
+        if not (prefetch_count or prefetch_bytes):
+            self.window = None
+            self._gated = bool(self._windows)
+            self._reopen(list(self.consumers))
+            return
+        window = self.window = Window(prefetch_count, prefetch_bytes)
+        window.used = len(self.owners)
+        for consumer in set(self.owners.values()):
+            window.used_bytes += sum(len(m.body) for m in consumer.unacked.values())
+        self._gated = True
+        if window.full():
+            for consumer in self.consumers:
+                if consumer.ack_required:
+                    consumer.paused = True
+
+    def _took(self, consumer: Consumer, message: Message) -> None:
+        """C{message} was delivered to C{consumer}, which must ack it:
+        count it in the windows over it, and close a window that is full."""
+        size = len(message.body)
+        window = self._windows.get(consumer) if self._windows else None
+        if window is not None:
+            window.used += 1
+            window.used_bytes += size
+            if window.full():
+                consumer.paused = True
+        window = self.window
+        if window is not None:
+            window.used += 1
+            window.used_bytes += size
+            if window.full():
+                for c in self.consumers:
+                    if c.ack_required:
+                        c.paused = True
+
+    def _released(self, consumer: Consumer, messages: Iterable[Message]) -> None:
+        """C{messages} delivered to C{consumer} are settled (or given back):
+        open the windows they held, and deliver what waits."""
+        count = 0
+        size = 0
+        for m in messages:
+            count += 1
+            size += len(m.body)
+        reopen: list[Consumer] = []
+        window = self._windows.get(consumer) if self._windows else None
+        if window is not None:
+            was = window.full()
+            window.used -= count
+            window.used_bytes -= size
+            if was and not window.full():
+                reopen.append(consumer)
+        window = self.window
+        if window is not None:
+            was = window.full()
+            window.used -= count
+            window.used_bytes -= size
+            if was and not window.full():
+                reopen = list(self.consumers)
+        if reopen:
+            # The settle's own drain serves the consumer's queue.
+            self._reopen(reopen, consumer.queue)
+
+    def _blocked(self, consumer: Consumer) -> bool:
+        """Whether a window (or the transport) keeps C{consumer} paused."""
+        if self._transport_paused:
+            return True
+        if self.window is not None and self.window.full():
+            return True
+        window = self._windows.get(consumer) if self._windows else None
+        return window is not None and window.full()
+
+    def _reopen(self, consumers: list[Consumer], drained: Queue | None = None) -> None:
+        """Unpause those of C{consumers} nothing keeps paused, and hand them
+        what waits in their queues (but C{drained}, which the caller drains)."""
+        queues = []
+        for consumer in consumers:
+            buffer = consumer.buffer
+            if consumer.paused and not self._blocked(consumer) and not (buffer is not None and buffer.cut):
+                consumer.paused = False
+                queue = consumer.queue
+                if queue is not None and queue is not drained and queue not in queues:
+                    queues.append(queue)
+        for queue in queues:
+            queue.drain()
 
     # -- acknowledgements --------------------------------------------------------
 
     def track(self, consumer: Consumer, message: Message) -> int:
-        """Tag a delivery on C{consumer}; record it as unacked if it must be acked."""
+        """Tag a delivery on C{consumer} and record it as unacked if it must
+        be acked: what every frontend's C{Consumer.deliver} calls first.
+
+        @return: the delivery tag to name to the client.
+        """
         tag = self.next_tag
         self.next_tag = tag + 1
         if consumer.ack_required:
             consumer.unacked[tag] = message
             self.owners[tag] = consumer
+            if self._gated:
+                self._took(consumer, message)
         return tag
 
     def owner_of(self, tag: int) -> Consumer | None:
@@ -517,9 +933,47 @@ class Channel:
             raise NotFound(f"no delivery {tag} is waiting for an acknowledgement")
         return consumer
 
-    def settle(self, consumer: Consumer | None, tag: int, ack: bool, requeue: bool = True) -> None:
+    def settle(self, tag: int, multiple: bool = False, ack: bool = True, requeue: bool = True) -> int:
+        """Settle delivery C{tag} (AMQP's C{basic.ack}, C{basic.nack} and
+        C{basic.reject}): ack it, or nack it, requeued or dropped (dead-lettered
+        where the queue says so).
+
+        With C{multiple}, every delivery of this channel up to C{tag} too,
+        whichever consumer it went to; C{multiple} with tag 0 settles all.
+        Each consumer's deliveries are settled in delivery order.
+
+        A tag whose ack timeout passed (the queue took it back) is ignored.
+
+        @return: how many deliveries were settled.
+        @raise PreconditionFailed: C{tag} is not waiting for a settle here
+            (AMQP's 406 "unknown delivery tag").
+        """
+        owners = self.owners
+        if multiple:
+            if tag and tag not in owners and tag not in self._taken_back:
+                raise PreconditionFailed(f"unknown delivery tag {tag}", "unknown delivery tag")
+            # Outstanding deliveries are bounded by the prefetch window.
+            tags = [t for t in owners if t <= tag] if tag else list(owners)
+        else:
+            if tag not in owners:
+                if tag in self._taken_back:
+                    return 0
+                raise PreconditionFailed(f"unknown delivery tag {tag}", "unknown delivery tag")
+            tags = [tag]
+        by_consumer: dict[Consumer, list[Message]] = {}
+        for t in tags:
+            consumer = owners.pop(t)
+            by_consumer.setdefault(consumer, []).append(consumer.unacked.pop(t))
+        for consumer, messages in by_consumer.items():
+            self._settle_messages(consumer, messages, ack, requeue)
+        return len(tags)
+
+    def settle_delivery(
+        self, consumer: Consumer | None, tag: int, ack: bool, requeue: bool = True
+    ) -> None:
         """Ack (or nack, requeueing or not) delivery C{tag} on C{consumer};
-        for a cumulative consumer, every earlier delivery on it too.
+        for a cumulative consumer, every earlier delivery on it too (STOMP's
+        C{ack:client}, which is per subscription).
 
         Each settled delivery is visited once: the cost is O(1) per message,
         however many acks name it (the consumer's unacked dict is in delivery
@@ -545,15 +999,95 @@ class Channel:
             if message is None:
                 return
             done = [message]
+        if done:
+            self._settle_messages(consumer, done, ack, requeue)
+
+    def _settle_messages(
+        self, consumer: Consumer, messages: list[Message], ack: bool, requeue: bool
+    ) -> None:
+        if self._gated:
+            # Before the queue drains: the consumer may take more at once.
+            self._released(consumer, messages)
         queue = consumer.queue
-        if queue is None or not done:
+        if queue is None:
             return
         if ack:
-            self.acked += len(done)
-            for m in done:
+            self.acked += len(messages)
+            for m in messages:
                 queue.ack(consumer, m)
         else:
-            queue.reject(consumer, done, requeue)
+            queue.reject(consumer, messages, requeue)
+
+    # -- polling -----------------------------------------------------------------
+
+    def get(self, queue: str, ack: bool = True) -> Got | None:
+        """Take the next ready message of C{queue} (AMQP's C{basic.get}).
+
+        With C{ack}, the delivery waits for L{settle} (a nack requeues it;
+        it goes back to the queue if the channel closes first); without,
+        it is settled as it is taken.
+
+        @return: L{Got}, or None when the queue has nothing ready.
+        @raise NotFound: no such queue.
+        @raise ResourceLocked: the queue is exclusive to another connection.
+        @raise AccessRefused: no read permission, or the queue has an
+            exclusive consumer.
+        """
+        q = self.vhost.queue(queue)
+        self._check_exclusive(q)
+        if self.user is not None:
+            self._authorize("read", queue, queue)
+        if queue.startswith(DURABLE_SUBSCRIPTION_PREFIX):
+            check_queue_access(self.owner_name, queue, "read")
+        if q.consumers and q.consumers[0].exclusive:
+            raise AccessRefused(
+                f"Queue {queue!r} has an exclusive consumer.", "access refused (exclusive consumer)"
+            )
+        message = q.get()
+        if message is None:
+            return None
+        getter = self._getters.get(q)
+        if getter is None:
+            getter = self._getters[q] = _Getter(True, None, self)
+            getter.channel = self
+            getter.queue = q
+        if ack:
+            tag = self.track(getter, message)
+        else:
+            tag = self.next_tag
+            self.next_tag = tag + 1
+            q.ack(getter, message)
+        return Got(tag, message, len(q))
+
+    # -- exchange to exchange ----------------------------------------------------
+
+    def bind_exchange(
+        self, destination: str, source: str, routing_key: str = "", arguments: dict | None = None
+    ) -> None:
+        """Bind exchange C{destination} to exchange C{source} (AMQP's
+        C{exchange.bind}): what C{source} routes with a matching key goes
+        on through C{destination} too, with its own routing key. A loop of
+        such bindings is allowed and harmless: a publish visits each
+        exchange once and reaches each queue once.
+
+        @raise NotFound: no such exchange.
+        @raise AccessRefused: no write permission on C{destination}, or
+            no read permission on C{source} (as RabbitMQ asks).
+        """
+        if self.user is not None:
+            self._authorize("write", destination, destination)
+            self._authorize("read", source, source)
+        self.vhost.bind_exchange(destination, source, routing_key, arguments)
+
+    def unbind_exchange(
+        self, destination: str, source: str, routing_key: str = "", arguments: dict | None = None
+    ) -> None:
+        """Remove an exchange-to-exchange binding (AMQP's C{exchange.unbind};
+        no error if there was none)."""
+        if self.user is not None:
+            self._authorize("write", destination, destination)
+            self._authorize("read", source, source)
+        self.vhost.unbind_exchange(destination, source, routing_key, arguments)
 
     #: How many taken-back delivery tags a channel remembers, so that a
     #: late ack of one is a no-op rather than an error.
@@ -578,6 +1112,8 @@ class Channel:
         taken[tag] = None
         if len(taken) > self.taken_back_memory:
             del taken[next(iter(taken))]
+        if self._gated:
+            self._released(consumer, (message,))
         consumer.credit += 1
         return True
 
@@ -585,60 +1121,29 @@ class Channel:
 
     def pause(self) -> None:
         """The client's transport is full: no consumer of this channel gets more."""
+        self._transport_paused = True
         for consumer in self.consumers:
             consumer.paused = True
 
     def resume(self) -> None:
-        """The transport drained: deliver what waits."""
+        """The transport drained: deliver what waits (to the consumers no
+        prefetch window keeps paused)."""
+        self._transport_paused = False
+        gated = self._gated
         for consumer in list(self.consumers):
-            consumer.resume()
+            if not (gated and self._blocked(consumer)):
+                consumer.resume()
 
-    # -- control destinations ------------------------------------------------------
-
-    def control(self, path: str) -> list[tuple[str, str]]:
-        """Answer an ocamlmq control destination (counts).
-
-        With a user, a count about a queue needs the read permission on it,
-        a count of topic subscribers the read permission on C{amq.topic}.
-        """
-        vhost = self.vhost
-        if self.user is not None:
-            if path.startswith(("count-msgs/queue/", "count-subscribers/queue/")):
-                self._authorize("read", path.partition("/queue/")[2], "/control/" + path)
-            elif path.startswith("count-subscribers/topic/"):
-                self._authorize("read", "amq.topic", "/control/" + path)
-        if path.startswith("count-msgs/queue/"):
-            name = path[17:]
-            if name.startswith(DURABLE_SUBSCRIPTION_PREFIX):
-                check_queue_access(self.owner_name, name, "read")
-            queue = vhost.queues.get(name)
-            return [("num-messages", str(len(queue) if queue is not None else 0))]
-        if path.startswith("count-subscribers/queue/"):
-            name = path[24:]
-            if name.startswith(DURABLE_SUBSCRIPTION_PREFIX):
-                check_queue_access(self.owner_name, name, "read")
-            queue = vhost.queues.get(name)
-            return [("num-subscribers", str(len(queue.consumers) if queue is not None else 0))]
-        if path.startswith("count-subscribers/topic/"):
-            targets = vhost.exchange("amq.topic").route(path[24:], None)
-            # Queues count their consumers; a live consumer counts one.
-            count = sum(len(t.consumers) if isinstance(t, Queue) else 1 for t in targets)
-            return [("num-subscribers", str(count))]
-        if path == "memory":
-            alarm = getattr(self.broker, "memory_alarm", None)
-            if alarm is None:
-                return [("memory-alarm", "off")]
-            return [
-                ("memory-alarm", "on" if alarm.active else "off"),
-                ("memory-rss", str(alarm.rss)),
-                ("memory-high-watermark", str(alarm.high)),
-            ]
-        raise DestinationError(
-            f"Unknown control destination '/control/{path}'; QMQ answers "
-            "/control/count-msgs/queue/NAME, /control/count-subscribers/queue/NAME, "
-            "/control/count-subscribers/topic/NAME and /control/memory.",
-            "unknown control destination",
-        )
+    def deliver_waiting(self, consumer: Consumer) -> None:
+        """Hand C{consumer} what waits for it now, if it may take it (a
+        frontend that held deliveries back, e.g. until a RECEIPT was sent)."""
+        if consumer.paused:
+            return
+        queue = consumer.queue
+        if queue is not None:
+            queue.drain()
+        elif consumer.backlog:
+            consumer.drain_backlog()
 
     # -- the end -------------------------------------------------------------------
 
@@ -651,7 +1156,8 @@ class Channel:
 
         Its consumers are paused at once (no queue hands them anything
         more) and detached L{close_batch} per reactor turn: their unacked
-        messages go back, their private queues go.
+        messages go back, their private queues go, and then, if the channel
+        has its own L{Connection}, the queues exclusive to it.
         """
         if self.closed:
             return
@@ -673,12 +1179,20 @@ class Channel:
             self.broker.clock.callLater(0, self._detach, consumers[batch:])
             return
         self.consumers.clear()
+        getters, self._getters = self._getters, {}
+        for queue, getter in getters.items():
+            unacked = self._forget_unacked(getter)
+            if unacked and not queue.deleted:
+                queue.requeue(unacked)
         self.owners.clear()
-        vhost = self.vhost
-        for queue in self.temp_queues.values():
-            vhost.delete_queue(queue.name)
-        self.temp_queues.clear()
-        self._targets.clear()
+        self._closed()
+
+    def _closed(self) -> None:
+        """The last step of L{close}: what it resolved is forgotten, and
+        its own connection closes (its exclusive queues go)."""
+        self.forget_targets()
+        if self._own_connection:
+            self.connection.close()
 
 
 def _buffer_policy(consumer: Consumer) -> QueuePolicy | None:
@@ -696,4 +1210,4 @@ def _buffer_policy(consumer: Consumer) -> QueuePolicy | None:
     )
 
 
-__all__ = ["Channel", "DestinationError", "PreconditionFailed", "SendTarget"]
+__all__ = ["Channel", "Connection", "Got", "PreconditionFailed", "Published", "SendTarget", "Window"]

@@ -16,7 +16,7 @@ core owns the bookkeeping that must be the same for every protocol:
   - C{unacked}: delivery tag -> message, in delivery order, for consumers
     that ack (the tags come from the consumer's L{qmq.core.channel.Channel}).
 
-A consumer is attached one of two ways (L{qmq.core.channel.Channel.subscribe}
+A consumer is attached one of two ways (L{qmq.core.channel.Channel.consume}
 chooses):
 
   - B{queue consumer}: attached to a queue (C{queue} is set), which hands it
@@ -133,6 +133,8 @@ class Consumer:
     @ivar durable: its queue is a durable subscription's.
     @ivar buffer: its L{SubscriberBuffer}, or None (then a full backlog
         drops its oldest message instead of cutting it off).
+    @ivar exclusive: it holds its queue alone (AMQP's exclusive consumer:
+        L{qmq.core.channel.Channel.consume} refuses any other).
     """
 
     __slots__ = (
@@ -153,6 +155,7 @@ class Consumer:
         "private",
         "durable",
         "buffer",
+        "exclusive",
     )
 
     #: A consumer is never a durable queue: the store is never asked for it.
@@ -192,6 +195,7 @@ class Consumer:
         self.private = False
         self.durable = False
         self.buffer: SubscriberBuffer | None = None
+        self.exclusive = False
 
     def deliver(self, message: Message, queue: Queue | None) -> None:
         """Hand C{message} to the client. Called by the core only.

@@ -54,3 +54,10 @@ class ResourceLimit(BrokerError):
     """A bounded queue is full and its overflow policy rejects the publish."""
 
     code = 506
+
+
+class NotAllowed(BrokerError):
+    """The request breaks the protocol's rules (a consumer tag in use, a
+    delivery settled twice): AMQP's C{not-allowed}."""
+
+    code = 530

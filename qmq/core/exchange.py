@@ -92,6 +92,11 @@ class Exchange:
     @ivar auto_delete: deleted when its last binding goes.
     @ivar binding_count: how many bindings it has.
     @ivar deleted: set once it has been deleted (frontends cache exchanges).
+    @ivar e2e: how many of its bindings point at exchanges (0 keeps the
+        expansion of L{qmq.core.vhost.VirtualHost.expand} off the publish
+        path).
+    @ivar sources: the bindings that point at it from other exchanges, as
+        C{(source, routing_key, arguments)} (None while there are none).
     """
 
     type = ""
@@ -102,6 +107,8 @@ class Exchange:
         self.auto_delete = auto_delete
         self.binding_count = 0
         self.deleted = False
+        self.e2e = 0
+        self.sources: list[tuple[Exchange, str, dict | None]] | None = None
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} bindings={self.binding_count}>"

@@ -8,7 +8,7 @@ L{VirtualHost.publish} and consume by attaching a
 L{qmq.core.consumer.Consumer} to a queue.
 
 Frontends do not call a virtual host directly: they go through a
-L{qmq.core.channel.Channel}, which resolves destination names and tags
+L{qmq.core.channel.Channel}, which speaks AMQP's operations and tags
 deliveries; the virtual host does the routing (L{VirtualHost.publish_to}:
 atomic, one store call per publish) and keeps the topology.
 
@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from twisted.logger import Logger
 
 from qmq.core.errors import AccessRefused, BrokerError, NotFound, PreconditionFailed
+from qmq.core.events import Events, Observer, observe
 from qmq.core.exchange import EXCHANGE_CLASSES, EXCHANGE_TYPES, Exchange, TopicExchange
 from qmq.core.expiry import ExpiryWheel
 from qmq.core.guarantee import queue_class_for
@@ -111,6 +112,8 @@ def _page(result: tuple[list[Message], int | None]) -> ScanPage:
     return ScanPage(messages, make_cursor(following) if following is not None else None)
 
 
+EXCHANGE_CLASSES_SET = frozenset(EXCHANGE_CLASSES.values())
+
 STANDARD_EXCHANGES = (
     ("amq.direct", "direct"),
     ("amq.fanout", "fanout"),
@@ -146,6 +149,9 @@ class VirtualHost:
         self.queues: dict[str, Queue] = {}
         self.queue_defaults: QueuePolicy = DEFAULT_POLICY
         self.fsync: str | None = None
+        #: The interest and topology events' observers (L{qmq.core.events}),
+        #: or None while nobody listens (each change then pays one test).
+        self.events: Events | None = None
         # Deadlines of unused queues with an expiry policy.
         self.expiry: ExpiryWheel | None = ExpiryWheel(broker.clock) if broker is not None else None
         for ex_name, ex_type in STANDARD_EXCHANGES:
@@ -167,6 +173,12 @@ class VirtualHost:
         """
         self.queue_defaults = QueuePolicy.from_arguments(dict(arguments or {}))
         return self.queue_defaults
+
+    def observe(self, observer: Observer, replay: bool = True) -> Any:
+        """Make C{observer} listen to this virtual host's interest and
+        topology events (L{qmq.core.events.observe}); return the call that
+        stops it."""
+        return observe(self, observer, replay)
 
     def stop_timers(self) -> None:
         """Cancel every timer of this virtual host and its queues (shutdown)."""
@@ -216,6 +228,8 @@ class VirtualHost:
         self.exchanges[name] = exchange
         if durable and self.broker is not None and not name.startswith("amq."):
             self.broker.store.declare_exchange(self, exchange)
+        if self.events is not None:
+            self.events.exchange_declared(exchange)
         return exchange
 
     def exchange(self, name: str) -> Exchange:
@@ -230,17 +244,24 @@ class VirtualHost:
         if name.startswith("amq."):
             raise AccessRefused(f"exchange {name!r} is built in")
         exchange = self.exchange(name)
+        for source, key, arguments in list(exchange.sources or ()):
+            self.unbind_exchange(name, source.name, key, arguments)
         for target, key, arguments in list(exchange.bindings()):
             if isinstance(target, Queue):
                 self.unbind(target.name, name, key, arguments)
+            elif isinstance(target, Exchange):
+                self.unbind_exchange(target.name, name, key, arguments)
             else:
                 # A live consumer bound straight to the exchange: it has no
                 # queue to fall back on, so its client is told.
                 exchange.unbind(target, key, arguments)
+                if self.events is not None:
+                    self.events.unbound(exchange, key)
                 target.exchange = None
                 target.cancelled()
         # An auto-delete exchange is gone already once its last binding went.
-        self.exchanges.pop(name, None)
+        if self.exchanges.pop(name, None) is not None and self.events is not None:
+            self.events.exchange_deleted(exchange)
         exchange.deleted = True
         if exchange.durable and self.broker is not None:
             self.broker.store.delete_exchange(self, exchange)
@@ -326,6 +347,8 @@ class VirtualHost:
             if cls is Queue or guarantee != "at-most-once":
                 queue.store = store
             store.declare_queue(self, queue)
+        if self.events is not None:
+            self.events.queue_declared(queue)
         return queue
 
     def _durable_store(self, queue: Queue) -> MessageStore | None:
@@ -357,8 +380,11 @@ class VirtualHost:
         if queue is None:
             return 0
         if queue.bindings:
+            events = self.events
             for exchange, key, args in list(queue.bindings):
                 exchange.unbind(queue, key, args)
+                if events is not None:
+                    events.unbound(exchange, key)
                 self.maybe_auto_delete_exchange(exchange)
             queue.bindings = None
         count = len(queue)
@@ -367,6 +393,8 @@ class VirtualHost:
         store = self._durable_store(queue)
         if store is not None:
             store.delete_queue(self, queue)
+        if self.events is not None:
+            self.events.queue_deleted(queue)
         return count
 
     def queue_unused(self, queue: Queue) -> None:
@@ -462,6 +490,8 @@ class VirtualHost:
             if q.bindings is None:
                 q.bindings = []
             q.bindings.append((ex, routing_key, arguments))
+            if self.events is not None:
+                self.events.bound(ex, routing_key)
             store = self._durable_store(q)
             if store is not None and ex.durable:
                 store.bind(self, q, ex, routing_key, arguments)
@@ -473,6 +503,8 @@ class VirtualHost:
         q = self.queue(queue)
         ex = self.exchange(exchange)
         if ex.unbind(q, routing_key, arguments) and q.bindings:
+            if self.events is not None:
+                self.events.unbound(ex, routing_key)
             for i, b in enumerate(q.bindings):
                 if b[0] is ex and b[1] == routing_key and b[2] == arguments:
                     del q.bindings[i]
@@ -483,10 +515,101 @@ class VirtualHost:
             self.maybe_auto_delete_exchange(ex)
 
     def maybe_auto_delete_exchange(self, exchange: Exchange) -> None:
-        """Delete C{exchange} if it is auto-delete and has no binding left."""
-        if exchange.auto_delete and exchange.binding_count == 0:
-            self.exchanges.pop(exchange.name, None)
+        """Delete C{exchange} if it is auto-delete and has no binding left
+        (bindings from other exchanges to it go with it)."""
+        if exchange.auto_delete and exchange.binding_count == 0 and not exchange.deleted:
+            for source, key, arguments in list(exchange.sources or ()):
+                self.unbind_exchange(exchange.name, source.name, key, arguments)
+            if self.exchanges.pop(exchange.name, None) is not None and self.events is not None:
+                self.events.exchange_deleted(exchange)
             exchange.deleted = True
+
+    def bind_live(self, consumer: Any, exchange: Exchange, routing_key: str) -> None:
+        """Bind a live consumer straight to C{exchange} with C{routing_key}.
+
+        @raise PreconditionFailed: the key breaks a limit.
+        """
+        if exchange.bind(consumer, routing_key, None) and self.events is not None:
+            self.events.bound(exchange, routing_key)
+
+    def unbind_live(self, consumer: Any, exchange: Exchange, routing_key: str) -> None:
+        """Remove a live consumer's binding (an auto-delete exchange left
+        with none goes)."""
+        if exchange.unbind(consumer, routing_key, None) and self.events is not None:
+            self.events.unbound(exchange, routing_key)
+        self.maybe_auto_delete_exchange(exchange)
+
+    # -- exchange to exchange ------------------------------------------------
+
+    def bind_exchange(
+        self, destination: str, source: str, routing_key: str = "", arguments: dict | None = None
+    ) -> None:
+        """Bind exchange C{destination} to exchange C{source}: what
+        C{source} routes with a matching key goes on through C{destination}
+        (L{expand}). Not kept across a restart (only queue bindings are
+        stored).
+
+        @raise NotFound: no such exchange.
+        @raise AccessRefused: the default exchange.
+        """
+        if not destination or not source:
+            raise AccessRefused("the default exchange cannot be bound")
+        dest = self.exchange(destination)
+        src = self.exchange(source)
+        check_binding_key(routing_key, src)
+        if src.bind(dest, routing_key, arguments):
+            src.e2e += 1
+            if dest.sources is None:
+                dest.sources = []
+            dest.sources.append((src, routing_key, arguments))
+            if self.events is not None:
+                self.events.bound(src, routing_key)
+
+    def unbind_exchange(
+        self, destination: str, source: str, routing_key: str = "", arguments: dict | None = None
+    ) -> None:
+        """Remove an exchange-to-exchange binding (no error if there was none)."""
+        dest = self.exchanges.get(destination)
+        src = self.exchanges.get(source)
+        if dest is None or src is None or not src.unbind(dest, routing_key, arguments):
+            return
+        src.e2e -= 1
+        if dest.sources:
+            for i, b in enumerate(dest.sources):
+                if b[0] is src and b[1] == routing_key and b[2] == arguments:
+                    del dest.sources[i]
+                    break
+        if self.events is not None:
+            self.events.unbound(src, routing_key)
+        self.maybe_auto_delete_exchange(src)
+
+    #: Most exchanges one publish passes through (bindings from exchange to
+    #: exchange): a bound on the work of a publish, whatever the topology.
+    max_exchange_hops = 64
+
+    def expand(
+        self, exchange: Exchange, targets: Sequence[Any], routing_key: str, headers: dict | None
+    ) -> list:
+        """The queues and live consumers a publish reaches through C{exchange}
+        whose route gave C{targets}, some of which are exchanges: each
+        exchange reached routes the same key and headers on, once (a loop
+        of bindings ends where it began), and each queue gets one copy.
+        At most L{max_exchange_hops} exchanges are passed through."""
+        seen = {exchange}
+        out: dict[Any, None] = {}
+        pending = [targets]
+        hops = 0
+        while pending:
+            for t in pending.pop():
+                if t.__class__ in EXCHANGE_CLASSES_SET:
+                    if t in seen or hops >= self.max_exchange_hops:
+                        continue
+                    seen.add(t)
+                    hops += 1
+                    pending.append(t.route(routing_key, headers))
+                else:
+                    out[t] = None
+        return list(out)
 
     # -- dead letters ----------------------------------------------------------
 
@@ -575,7 +698,11 @@ class VirtualHost:
         if not exchange:
             q = self.queues.get(routing_key)
             return (q,) if q is not None else ()
-        return self.exchange(exchange).route(routing_key, headers)
+        ex = self.exchange(exchange)
+        targets = ex.route(routing_key, headers)
+        if ex.e2e:
+            return self.expand(ex, targets, routing_key, headers)
+        return targets
 
     def publish(self, message: Message) -> int:
         """Route C{message} by its exchange and key (see L{publish_to}); return

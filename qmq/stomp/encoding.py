@@ -47,8 +47,8 @@ import base64
 import re
 from typing import Any
 
-from qmq.core.destination import destination_of
 from qmq.core.message import Message
+from qmq.stomp.destinations import destination_of
 from qmq.stomp.frame import escape_header
 
 VERSIONS = ("1.2", "1.1", "1.0")

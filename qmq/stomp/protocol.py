@@ -152,7 +152,7 @@ class StompProtocol(Protocol):
         log.info("connection closed protocol=stomp peer={peer} session={session} reason={reason}",
                  peer=self.peer, session=session.id,
                  reason=reason.getErrorMessage() if reason is not None else "")
-        factory._lost(self)
+        factory.connection_lost(self)
 
     # ITransport: what the session calls.
     def write_frames(self, frames: list[bytes]) -> None:
@@ -300,7 +300,7 @@ class StompFactory(Factory):
             return RefusedStompProtocol(self, refusal)
         return StompProtocol(self, host)
 
-    def _lost(self, proto: StompProtocol) -> None:
+    def connection_lost(self, proto: StompProtocol) -> None:
         """A connection is gone (a hook for tests that count them)."""
 
     def shutdown(self, reason: str = "broker shutting down", timeout: float = 5.0) -> defer.Deferred:

@@ -11,7 +11,8 @@ gone (L{StompSession.connection_lost}); the session writes whole frames back
 (C{transport.write_frames}) and closes with a reason (C{transport.close}).
 
 Everything the session does to the broker goes through its
-L{qmq.core.channel.Channel}, opened at CONNECT: destinations, publish,
+L{qmq.stomp.destinations.DestinationChannel} (the core's channel with STOMP's
+destination names), opened at CONNECT: destinations, publish,
 subscribe, ack. The session itself owns only STOMP: frames, headers,
 versions, heart-beats, transactions, receipts and errors.
 
@@ -48,15 +49,14 @@ from twisted.python.failure import Failure
 from qmq import __version__
 from qmq.core import options
 from qmq.core.broker import DEFAULT_VHOST, Broker
-from qmq.core.channel import Channel
 from qmq.core.consumer import SubscriberBuffer
-from qmq.core.destination import parse_destination
 from qmq.core.errors import BrokerError
 from qmq.core.message import check_user_id
 from qmq.core.options import OptionError
 from qmq.core.ownership import escape_name
 from qmq.core.queue import QUEUE_ARGUMENTS, argument_name
 from qmq.core.vhost import VirtualHost
+from qmq.stomp.destinations import DestinationChannel, parse_destination
 from qmq.stomp.encoding import (
     VERSION_INDEX,
     VERSIONS,
@@ -161,7 +161,7 @@ class StompSession:
         self.version = "1.0"
         self.version_index = 2
         self.vhost: VirtualHost = broker.default_vhost
-        self.channel: Channel | None = None
+        self.channel: DestinationChannel | None = None
         self.connected = False
         self.closed = False
         self.paused = False
@@ -763,7 +763,7 @@ class StompSession:
         self.vhost = vhost
         self.login = h.get("login")
         self.client_id = h.get("client-id")
-        self.channel = Channel(
+        self.channel = DestinationChannel(
             self.broker,
             vhost,
             self._owner_name(),
@@ -967,7 +967,7 @@ class StompSession:
                     self._last_expiry = (block, ms, message.cache)
             else:
                 message.cache = block
-        return channel.publish(target, message)
+        return channel.publish_target(target, message)
 
     def _delivery_options(self, h: dict[str, str]) -> tuple[int, float, float, float]:
         """Read a SEND's delivery headers through the core's one parser
@@ -1072,8 +1072,7 @@ class StompSession:
             sub.paused = paused
         self.subscriptions[sub_id] = sub
         self._receipt(frame)
-        if sub.queue is not None and not sub.paused:
-            sub.queue.drain()
+        channel.deliver_waiting(sub)
 
     def _check_subscription_cap(self) -> None:
         cap = self.settings.max_subscriptions
@@ -1217,7 +1216,7 @@ class StompSession:
         if tx is not None:
             self._hold(tx, "ACK", frame)
         else:
-            self.channel.settle(sub, tag, True)  # type: ignore[union-attr]
+            self.channel.settle_delivery(sub, tag, True)  # type: ignore[union-attr]
         if "receipt" in frame.headers:
             self._receipt(frame)
 
@@ -1228,7 +1227,7 @@ class StompSession:
         if tx is not None:
             self._hold(tx, "NACK", frame)
         else:
-            self.channel.settle(sub, tag, False, requeue)  # type: ignore[union-attr]
+            self.channel.settle_delivery(sub, tag, False, requeue)  # type: ignore[union-attr]
         self._receipt(frame)
 
     @staticmethod
@@ -1302,9 +1301,9 @@ class StompSession:
                 except StompError:
                     continue  # already settled (e.g. its subscription ended)
                 if kind == "ACK":
-                    channel.settle(sub, tag, True)
+                    channel.settle_delivery(sub, tag, True)
                 else:
-                    channel.settle(sub, tag, False, self._requeue(op))
+                    channel.settle_delivery(sub, tag, False, self._requeue(op))
         receipt = frame.headers.get("receipt")
         if receipt is not None:
             self._send_receipt(receipt, None, waiter)

@@ -64,10 +64,7 @@ class Subscription(Consumer):
         self.paused = session.paused
 
     def deliver(self, message: Message, queue: Queue | None) -> None:
-        # Channel.track, inlined: one call less per delivery.
-        channel = self.channel
-        tag = channel.next_tag
-        channel.next_tag = tag + 1
+        tag = self.channel.track(self, message)
         block = message.cache
         if block is None:
             block = encode_message_headers(message)
@@ -77,8 +74,6 @@ class Subscription(Consumer):
             block = b"\nredelivered:true\nx-delivery-count:%d%s" % (message.delivery_count, block)
         body = message.body
         if self.ack_required:
-            self.unacked[tag] = message
-            channel.owners[tag] = self
             if self.ack_line:
                 frame = b"%s%d%s%d%scontent-length:%d\n\n%s\x00" % (
                     self.prefix, tag, self.ack_line, tag, block, len(body), body,
@@ -135,10 +130,6 @@ class TextSubscription(Subscription):
         if self.ack_required:
             # Tracked like any delivery, so that closing the session's
             # channel gives it back to its queue as it does every unacked one.
-            channel = self.channel
-            tag = channel.next_tag
-            channel.next_tag = tag + 1
-            self.unacked[tag] = message
-            channel.owners[tag] = self
+            self.channel.track(self, message)
             queue = None
         self.session.undeliverable(self, message, queue)

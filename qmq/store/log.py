@@ -1441,6 +1441,35 @@ class CommitLogStore:
             self._read_pool.stop()
             self._read_pool = None
 
+    def observe_syncs(self, observer: Callable[[float], None]) -> bool:
+        """Tell C{observer} the seconds each fdatasync of the segments took
+        (for C{/metrics}), from the writer thread: it must be thread-safe
+        (a Prometheus histogram's C{observe} is).
+
+        @return: False if C{observer} was observing already.
+        """
+        observers = getattr(self, "_sync_observers", None)
+        if observers is None:
+            observers = self._sync_observers = []
+            writer = self._writer
+            sync = writer.datasync
+            clock = time.perf_counter
+
+            def timed(fd: int) -> None:
+                start = clock()
+                try:
+                    sync(fd)
+                finally:
+                    took = clock() - start
+                    for observe in list(observers):
+                        observe(took)
+
+            writer.datasync = timed
+        if observer in observers:
+            return False
+        observers.append(observer)
+        return True
+
     def disk_usage(self) -> int:
         """Bytes of segment files in the directory."""
         return sum(os.path.getsize(path) for _, path in list_segments(self.directory))

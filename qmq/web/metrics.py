@@ -20,7 +20,6 @@ totals count every queue.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -54,29 +53,16 @@ def issued_ids(broker: Any) -> int | None:
 
 
 def instrument_fsync(store: Any, histogram: Histogram) -> bool:
-    """Time the commit log's syncs into C{histogram}.
+    """Time the commit log's syncs into C{histogram}, through the store's
+    sync observer (L{qmq.store.log.CommitLogStore.observe_syncs}).
 
-    The one place that reaches into the store: its segment writer's
-    C{datasync} (injectable for tests) is wrapped; a test fails if the
-    store stops having it. @return: whether the store was instrumented.
+    @return: whether the store was instrumented now (False: a store that
+        does not sync, or one timed into C{histogram} already).
     """
-    writer = getattr(store, "_writer", None)
-    sync = getattr(writer, "datasync", None)
-    if sync is None or getattr(sync, "qmq_timed", False):
+    observe_syncs = getattr(store, "observe_syncs", None)
+    if observe_syncs is None:
         return False
-    observe = histogram.observe
-    clock = time.perf_counter
-
-    def timed(fd: int) -> None:
-        start = clock()
-        try:
-            sync(fd)
-        finally:
-            observe(clock() - start)
-
-    timed.qmq_timed = True  # type: ignore[attr-defined]
-    writer.datasync = timed
-    return True
+    return bool(observe_syncs(histogram.observe))
 
 
 class BrokerCollector:

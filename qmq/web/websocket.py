@@ -61,7 +61,7 @@ from qmq.stomp.reader import StompReader
 from qmq.stomp.session import StompSession
 from qmq.tls import PeerIdentity, peer_identity
 from qmq.transport import IConnection, ITransport
-from qmq.twisted_internals import direct_writer, hold_batches_per_read
+from qmq.twisted_internals import direct_writer, hold_batches_per_read, websocket_feed
 from qmq.web.guard import origin_allowed
 from qmq.web.site import HttpConnection, WebContext
 
@@ -197,6 +197,8 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
         through it would cost a call per write, and autobahn reads TLS
         details (the channel binding) only from Twisted's own TLS transport.
         """
+        # autobahn's parser entry, for what the fast path leaves to it.
+        self._feed = websocket_feed(self)
         if isinstance(transport, HttpConnection):
             self.connection = transport
             transport = transport.transport
@@ -259,7 +261,7 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
     def dataReceived(self, data: bytes) -> None:
         # One socket read is one batch, however many messages it carries.
         if self.reader is None:
-            self._dataReceived(data)
+            self._feed(data)
             return
         batcher = self._batcher
         batcher.hold()
@@ -282,9 +284,9 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
             ):
                 done = self._whole_messages(data)
                 if done < len(data) and not self._cut:
-                    self._dataReceived(data[done:] if done else data)
+                    self._feed(data[done:] if done else data)
             else:
-                self._dataReceived(data)
+                self._feed(data)
         finally:
             batcher.release()
 

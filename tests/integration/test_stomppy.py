@@ -182,9 +182,9 @@ class CountingFactory(StompFactory):
 
     lost = 0
 
-    def _lost(self, proto) -> None:
+    def connection_lost(self, proto) -> None:
         self.lost += 1
-        super()._lost(proto)
+        super().connection_lost(proto)
 
 
 class BrokerTestCase(unittest.TestCase):

@@ -46,8 +46,8 @@ import orjson
 from fastavro.schema import to_parsing_canonical_form
 
 from qmq.core import options
-from qmq.core.destination import destination_of
 from qmq.core.message import PROPERTY_NAMES, Message
+from qmq.stomp.destinations import destination_of
 from qmq.stomp.encoding import RESERVED_NAMES
 from qmq.web.api.problem import Problem, bad_request
 

@@ -44,11 +44,11 @@ from twisted.logger import Logger
 
 from qmq.core import options
 from qmq.core.admission import RETRY_AFTER
-from qmq.core.channel import Channel
 from qmq.core.consumer import Consumer
 from qmq.core.errors import BrokerError, NotFound
 from qmq.core.message import Message, check_user_id
 from qmq.core.names import check_headers
+from qmq.stomp.destinations import DestinationChannel
 from qmq.web.api.codec import Parsed
 from qmq.web.api.problem import Problem, bad_request, from_broker_error
 
@@ -119,9 +119,7 @@ class PollConsumer(Consumer):
         self.waiters.append(waiter)
         if len(self.waiters) == 1:
             self.paused = False
-            queue = self.queue
-            if queue is not None:
-                queue.drain()
+            self.channel.deliver_waiting(self)
         if waiter.got and waiter.deferred.called is False and waiter in self.waiters:
             # Served at once from what was waiting in the queue.
             self._flush()
@@ -133,12 +131,7 @@ class PollConsumer(Consumer):
         return waiter
 
     def deliver(self, message: Message, queue: Queue | None) -> None:
-        # Channel.track, inlined (every delivery is acked by handle).
-        channel = self.channel
-        tag = channel.next_tag
-        channel.next_tag = tag + 1
-        self.unacked[tag] = message
-        channel.owners[tag] = self
+        tag = self.channel.track(self, message)
         waiter = self.waiters[0]
         got = waiter.got
         got.append((tag, message))
@@ -199,7 +192,7 @@ class PollConsumer(Consumer):
         if not self.waiters:
             self.paused = True
         for tag, _ in waiter.got:
-            self.channel.settle(self, tag, False, True)
+            self.channel.settle_delivery(self, tag, False, True)
         waiter.got = []
         self._maybe_detach()
 
@@ -221,7 +214,7 @@ class PollConsumer(Consumer):
         channel = self.channel
         unacked = self.unacked
         batch_of = self.batch_of
-        settle = channel.settle
+        settle = channel.settle_delivery
         for tag in tags:
             if tag not in unacked:
                 unknown.append(tag)
@@ -260,7 +253,7 @@ class PollConsumer(Consumer):
         for tag in list(batch.tags):
             self.batch_of.pop(tag, None)
             if tag in self.unacked:
-                channel.settle(self, tag, False, True)
+                channel.settle_delivery(self, tag, False, True)
         batch.tags.clear()
         self._maybe_detach()
 
@@ -347,7 +340,7 @@ class VHostFrontend:
         # With authentication, one channel per user: the core checks the
         # user's permissions on every destination, and receipt handles of
         # one user's receivers mean nothing to another's.
-        self.channel = Channel(
+        self.channel = DestinationChannel(
             broker, vhost, owner_name=user.owner if user is not None else "http", user=user, protocol="http"
         )
         self.pollers: dict[str, PollConsumer] = {}
@@ -402,10 +395,10 @@ class VHostFrontend:
         ids: list[int] = []
         append = ids.append
         waits = []
-        publish = channel.publish
+        publish = channel.publish_target
         # Channel.new_message, inlined: one clock reading for the batch.
-        next_id = channel._ids.__next__
-        now = channel._seconds()
+        next_id = channel.id_source()
+        now = channel.now()
         for i, m in enumerate(messages):
             if targets is not None:
                 target = targets[i][1]
@@ -448,7 +441,7 @@ class VHostFrontend:
             raise Problem(403, "access-refused", f"Queue {name!r} belongs to a session.")
         poller = PollConsumer(self, name, self.settings.max_unacked)
         try:
-            self.channel.subscribe(poller, "/queue/" + name)
+            self.channel.consume(poller, name, text="/queue/" + name)
         except BrokerError as e:
             raise from_broker_error(e) from None
         self.pollers[name] = poller

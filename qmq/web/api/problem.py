@@ -15,7 +15,6 @@ import json
 from http import HTTPStatus
 from typing import Any
 
-from qmq.core.destination import DestinationError
 from qmq.core.errors import (
     AccessRefused,
     BrokerError,
@@ -25,6 +24,7 @@ from qmq.core.errors import (
     ResourceLocked,
 )
 from qmq.core.names import InvalidName
+from qmq.stomp.destinations import DestinationError
 
 PROBLEM_TYPE = "application/problem+json"
 

@@ -40,6 +40,7 @@ from qmq.core.exchange import EXCHANGE_TYPES
 from qmq.core.management import Management
 from qmq.core.names import check_exchange
 from qmq.core.queue import Queue
+from qmq.twisted_internals import no_delay_once
 from qmq.web.api import codec
 from qmq.web.api.codec import AVRO, AVRO_TYPES, JSON, SCHEMA_NAMES
 from qmq.web.api.follow import CursorFollower, SseFollower, _SseProducer
@@ -312,16 +313,10 @@ class ApiResource(Resource):
     # -- dispatch ----------------------------------------------------------------
 
     def render(self, request: Request) -> Any:
-        channel = request.channel
-        if channel is not None and not getattr(channel, "_qmq_nodelay", False):
-            # twisted.web writes a response's head and body apart: with
-            # Nagle's algorithm on, the body waits for the client's delayed
-            # ACK (40 ms a request on a kept-alive connection).
-            channel._qmq_nodelay = True
-            try:
-                channel.transport.setTcpNoDelay(True)
-            except Exception:  # noqa: S110 - not TCP (unix socket, a test transport)
-                pass
+        # twisted.web writes a response's head and body apart: with
+        # Nagle's algorithm on, the body waits for the client's delayed
+        # ACK (40 ms a request on a kept-alive connection).
+        no_delay_once(request.channel)
         self._cors(request)
         method = request.method.decode("ascii", "replace")
         try:

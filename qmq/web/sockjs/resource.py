@@ -64,6 +64,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 from zope.interface import implementer
 
+from qmq.twisted_internals import request_disconnected
 from qmq.web.site import json_error
 from qmq.web.sockjs.framing import (
     TRANSPORTS,
@@ -270,7 +271,7 @@ class HTTPReceiver:
         self.finished = True
         request = self.request
         request.unregisterProducer()
-        if not request._disconnected:
+        if not request_disconnected(request):
             request.finish()
 
     def _ended(self, result: Any) -> None:
