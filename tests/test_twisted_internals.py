@@ -100,6 +100,27 @@ class NoPrivateReachTests(SynchronousTestCase):
         self.assertEqual(found, [])
 
 
+class ChannelSeamTests(SynchronousTestCase):
+    """Frontends tag deliveries and hand out waiting messages through the
+    channel's public calls (Channel.track, Channel.deliver_waiting), never
+    by writing its counters or driving a queue themselves."""
+
+    REACHING = re.compile(r"\.next_tag\s*=[^=]|\.owners\[|\bqueue\.drain\(\)|\bchannel\._ids\b")
+
+    def test_frontends(self) -> None:
+        files = sorted(
+            [*(ROOT / "qmq" / "web").rglob("*.py"), *(ROOT / "qmq" / "stomp").rglob("*.py"),
+             ROOT / "qmq" / "service.py"]
+        )
+        found = [
+            f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+            for path in files
+            for number, line in enumerate(path.read_text().splitlines(), 1)
+            if self.REACHING.search(line.split("#", 1)[0])
+        ]
+        self.assertEqual(found, [])
+
+
 class StompTransportTests(SynchronousTestCase):
     def test_verify_tcp_transport(self) -> None:
         """The STOMP session's TCP (and TLS) transport honours ITransport

@@ -999,8 +999,20 @@ class Channel:
             if message is None:
                 return
             done = [message]
-        if done:
-            self._settle_messages(consumer, done, ack, requeue)
+        # _settle_messages, inlined: STOMP's every ACK comes here.
+        if not done:
+            return
+        if self._gated:
+            self._released(consumer, done)
+        queue = consumer.queue
+        if queue is None:
+            return
+        if ack:
+            self.acked += len(done)
+            for m in done:
+                queue.ack(consumer, m)
+        else:
+            queue.reject(consumer, done, requeue)
 
     def _settle_messages(
         self, consumer: Consumer, messages: list[Message], ack: bool, requeue: bool
