@@ -28,7 +28,7 @@ from twisted.trial import unittest
 
 from qmq import config
 from qmq.service import make_service
-from qmq.store.log import StoreFailed
+from qmq.store.failure import StoreFailed
 from tests.integration.test_admission import TIMEOUT, BrokerTestCase
 
 MiB = 1 << 20
