@@ -27,7 +27,7 @@ Segments roll at C{segment_size}. A segment is deleted (after the batch
 that made it unneeded is synced) once nothing in it is live and nothing
 in it cancels a record still on disk (L{qmq.store.index}); an old segment
 whose live records are a small part of it is compacted: they are copied
-forward and it goes.
+forward and it goes (L{qmq.store.compaction}).
 
 At start L{recover} (or the first call that changes anything) reads every
 segment in order and replays it into the index; damage is logged and kept
@@ -52,6 +52,7 @@ from twisted.logger import Logger
 
 from qmq.core.message import Message, OnDisk
 from qmq.core.store import Recovery, collector_paused
+from qmq.store.compaction import Compaction
 from qmq.store.failure import StoreFailed, WriteFailure
 from qmq.store.index import (
     QUEUE_AUTO_DELETE,
@@ -66,21 +67,14 @@ from qmq.store.record import (
     FRAME_SIZE,
     RECORD_BIND,
     RECORD_DECLARE_EXCHANGE,
-    RECORD_DECLARE_QUEUE,
     RECORD_DELETE_EXCHANGE,
     RECORD_DELETE_QUEUE,
     RECORD_PUBLISH,
-    RECORD_REQUEUE,
     RECORD_UNBIND,
     VERSION,
     RecordError,
-    arguments_key,
-    decode_publish,
     decode_publish_fields,
-    decode_requeue,
-    decode_topology,
     encode_declare_queue,
-    encode_publish,
     encode_requeue,
     encode_settle,
     encode_topology,
@@ -233,14 +227,15 @@ class _Batch:
         return bool(self.parts or self.waiters or self.deletes or self.sync)
 
 
-class CommitLogStore(WriteFailure):
+class CommitLogStore(WriteFailure, Compaction):
     """A L{qmq.core.store.MessageStore} on an append-only segmented log.
 
     @ivar directory: the data directory (made if missing).
     @ivar problems: damage found at start (L{qmq.store.segment.Problem}).
 
     Its cold jobs live in the modules of its base classes: a failed write
-    and the retries (L{qmq.store.failure.WriteFailure}).
+    and the retries (L{qmq.store.failure.WriteFailure}); compaction
+    (L{qmq.store.compaction.Compaction}).
     """
 
     def __init__(
@@ -1069,149 +1064,6 @@ class CommitLogStore(WriteFailure):
         self._sync_call = None
         self._batch.sync = True
         self.flush()
-
-    # -- space ----------------------------------------------------------------
-
-    def _compact_tick(self) -> None:
-        self._compact_call = None
-        self.compact()
-        if not self._closing:
-            self._compact_call = self._reactor.callLater(self.compact_interval, self._compact_tick)
-
-    def compact(self) -> Deferred | None:
-        """Copy the live records of the first sparse segment forward, so it
-        can go; return a Deferred that fires when the copies are queued, or
-        None if no segment needs it. An active segment that is full of dead
-        records is rolled, so it can go too."""
-        if self._compacting is not None or self._closing or self._failed is not None:
-            return None
-        index = self._index
-        info = index.segments.get(self._active)
-        if info is not None and not info.live and self._active_size >= self.segment_size // 4:
-            self._roll()
-            self._place()
-            self._want_flush()
-        now = self._reactor.seconds()
-        if index.kept_last:
-            # Segments kept for retention go as time passes, not as records die.
-            index.dirty = True
-            if index.kept_last <= now:
-                index.kept_last = 0.0
-        number = index.compactable(self._sealed, self.compact_ratio, self._stuck, now)
-        if number is None:
-            if index.dirty:
-                self._want_flush()
-            return None
-        self._compacting = number
-        path = os.path.join(self.directory, segment_name(number))
-        d = self._run(read_segment, path)
-        d.addCallback(self._copy_forward, number, path)
-
-        def done(result: Any) -> Any:
-            self._compacting = None
-            return result
-
-        d.addBoth(done)
-        d.addErrback(
-            lambda f: _log.failure("commit log: compaction of {path} failed", f, path=path)
-        )
-        return d
-
-    def _copy_forward(self, data: bytes, number: int, path: str) -> None:
-        """Rewrite the live records of segment C{number} (read as C{data})
-        at the head of the log."""
-        index = self._index
-        reader = SegmentReader(path, data, last=False)
-        self.compactions += 1
-        copied = 0
-        for type_, start, end in reader.records():
-            try:
-                copied += self._copy_record(number, type_, data, start, end)
-            except (RecordError, KeyError, TypeError) as e:
-                _log.warn("commit log: compaction of {path}: {error}", path=path, error=e)
-        info = index.segments.get(number)
-        if info is not None and info.live:
-            # Not tried again (a bug, or damage the copy could not read).
-            self._stuck.add(number)
-            _log.warn(
-                "commit log: {path} still has {live} live records after compaction",
-                path=path,
-                live=info.live,
-            )
-        index.dirty = True
-        self._want_flush()
-
-    def _copy_record(self, number: int, type_: int, data: bytes, start: int, end: int) -> int:
-        index = self._index
-        if type_ == RECORD_PUBLISH:
-            p = decode_publish(data, start, end)
-            if index.where.get(p.id) != number:
-                return 0
-            holders = index.holders(p.id, p.vhost, p.queues)
-            if not holders:
-                return 0
-            chunks = self._place()
-            vname, vbytes = self._vhost(p.vhost)
-            names = [name for name, _ in holders]
-            head, tail = encode_publish(
-                p.id, p.timestamp, p.expiry, p.priority, p.persistent, vbytes,
-                p.exchange, p.routing_key, p.headers, p.body, [n.encode() for n in names],
-                p.properties, p.deliver_at, p.ack_timeout,
-            )  # fmt: skip
-            index.forget(self._active, p.id, vname, p.queues)
-            index.publish(self._active, p.id, vname, names, p.timestamp)
-            chunks.append(head)
-            if tail:
-                chunks.append(tail)
-            self._active_size += len(head) + len(tail)
-            self._active_records += 1
-            for name, count in holders:
-                if count:
-                    self._place()
-                    index.requeue(self._active, vname, name, p.id, count)
-                    self._append(encode_requeue(vbytes, name.encode(), p.id, count))
-            return 1
-        if type_ == RECORD_REQUEUE:
-            vhost, queue, mid, _ = decode_requeue(data, start, end)
-            qs = index.vhosts.get(vhost, {}).get(queue)
-            if qs is None or not qs.requeued or qs.requeued.get(mid) != number:
-                return 0
-            count = qs.count(mid) or 0
-            self._place()
-            index.requeue(self._active, vhost, queue, mid, count)
-            self._append(encode_requeue(vhost.encode(), queue.encode(), mid, count))
-            return 1
-        if type_ == RECORD_DECLARE_QUEUE:
-            f = decode_topology(data, start, end, type_)
-            qs = index.vhosts.get(f["vhost"], {}).get(f["queue"])
-            if qs is None or qs.declared != number:
-                return 0
-            self._declare_queue(
-                f["vhost"], f["queue"], qs.arguments, qs.flags, force=True, since=qs.since
-            )
-            return 1
-        if type_ == RECORD_DECLARE_EXCHANGE:
-            f = decode_topology(data, start, end, type_)
-            ex = index.exchanges.get((f["vhost"], f["exchange"]))
-            if ex is None or ex[2] != number:
-                return 0
-            self._declare_exchange(f["vhost"], f["exchange"], ex[0], ex[1], force=True)
-            return 1
-        if type_ == RECORD_BIND:
-            f = decode_topology(data, start, end, type_)
-            key = (
-                f["vhost"],
-                f["queue"],
-                f["exchange"],
-                f["key"],
-                arguments_key(f.get("arguments")),
-            )
-            b = index.bindings.get(key)
-            if b is None or b.segment != number:
-                return 0
-            self._bind(b.vhost, b.queue, b.exchange, b.key, b.arguments, force=True)
-            return 1
-        return 0
 
     # -- range scans ----------------------------------------------------------
 
