@@ -47,7 +47,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 
 from qmq.core.message import Message, OnDisk
@@ -83,7 +83,7 @@ from qmq.store.record import (
     record_crc,
 )
 from qmq.store.replay import Replay, on_disk
-from qmq.store.scan import PAGE_BYTES, read_page
+from qmq.store.scan import RangeScans
 from qmq.store.segment import (
     HEADER_SIZE,
     Problem,
@@ -227,7 +227,7 @@ class _Batch:
         return bool(self.parts or self.waiters or self.deletes or self.sync)
 
 
-class CommitLogStore(WriteFailure, Compaction):
+class CommitLogStore(WriteFailure, Compaction, RangeScans):
     """A L{qmq.core.store.MessageStore} on an append-only segmented log.
 
     @ivar directory: the data directory (made if missing).
@@ -235,7 +235,8 @@ class CommitLogStore(WriteFailure, Compaction):
 
     Its cold jobs live in the modules of its base classes: a failed write
     and the retries (L{qmq.store.failure.WriteFailure}); compaction
-    (L{qmq.store.compaction.Compaction}).
+    (L{qmq.store.compaction.Compaction}); range scans
+    (L{qmq.store.scan.RangeScans}).
     """
 
     def __init__(
@@ -1064,88 +1065,6 @@ class CommitLogStore(WriteFailure, Compaction):
         self._sync_call = None
         self._batch.sync = True
         self.flush()
-
-    # -- range scans ----------------------------------------------------------
-
-    def scan(
-        self,
-        vhost: VirtualHost,
-        queue: Queue,
-        start: float,
-        end: float,
-        after: int,
-        limit: int,
-    ) -> Deferred:
-        """A page of a range scan (see L{qmq.store.scan}): once what was
-        published so far is written, read the segments in the reader
-        thread. The Deferred fires with C{(messages, next id or None)}."""
-        self._open()
-        if self._failed is not None:
-            return fail(self._failed)
-        qs = self._index.vhosts.get(vhost.name, {}).get(queue.name)
-        if qs is None:
-            return succeed(([], None))
-        after = max(after, qs.since - 1)
-        batch = self._batch
-        if batch.parts or self._inflight is not None:
-            # Written first, so the page sees every publish made before it.
-            written: Deferred = Deferred()
-            batch.waiters.append(written)
-            self.flush()
-        else:
-            written = succeed(None)
-        vname, qname = vhost.name, queue.name
-        written.addCallback(lambda _: self._read_page(vname, qname, start, end, after, limit))
-        return written
-
-    def _read_page(
-        self, vhost: str, queue: str, start: float, end: float, after: int, limit: int
-    ) -> Deferred:
-        sizes = self._sizes
-        plan = []
-        for number, info in self._index.segments.items():
-            size = sizes.get(number)
-            if (
-                size
-                and info.max_id > after
-                and info.min_ts < end
-                and info.max_ts >= start
-            ):
-                plan.append((info.min_id, number, size))
-        if not plan:
-            return succeed(([], None))
-        plan.sort()
-        self._reading += 1
-
-        def done(result: Any) -> Any:
-            self._reading -= 1
-            if self._index.dirty:
-                self._want_flush()
-            return result
-
-        d = self._read(read_page, self.directory, plan, vhost, queue, start, end, after, limit,
-                       PAGE_BYTES, self._scan_marks)
-        return d.addBoth(done)
-
-    def _read(self, f: Callable, *args: Any) -> Deferred:
-        """Run C{f} in the reader thread (range scans), so that reads never
-        hold up the writer's group commit. With an injected C{io}, there."""
-        if self._io is not None and self._pool is None:
-            return self._io(f, *args)
-        if self._read_pool is None:
-            from twisted.python.threadpool import ThreadPool  # noqa: PLC0415
-
-            self._read_pool = ThreadPool(1, 1, name="qmq-commit-log-read")
-            self._read_pool.start()
-            self._reactor.addSystemEventTrigger("after", "shutdown", self._stop_read_pool)
-        from twisted.internet.threads import deferToThreadPool  # noqa: PLC0415
-
-        return deferToThreadPool(self._reactor, self._read_pool, f, *args)
-
-    def _stop_read_pool(self) -> None:
-        if self._read_pool is not None:
-            self._read_pool.stop()
-            self._read_pool = None
 
     def observe_syncs(self, observer: Callable[[float], None]) -> bool:
         """Tell C{observer} the seconds each fdatasync of the segments took
