@@ -30,8 +30,9 @@ whose live records are a small part of it is compacted: they are copied
 forward and it goes (L{qmq.store.compaction}).
 
 At start L{recover} (or the first call that changes anything) reads every
-segment in order and replays it into the index; damage is logged and kept
-in L{CommitLogStore.problems} (see L{qmq.store.segment}).
+segment in order and replays it into the index (L{qmq.store.startup});
+damage is logged and kept in L{CommitLogStore.problems} (see
+L{qmq.store.segment}).
 
 A write that fails (a full disk) is refused to its publishers and kept, and
 the store writes it again once the disk takes data: L{qmq.store.failure}.
@@ -39,8 +40,6 @@ the store writes it again once the disk takes data: L{qmq.store.failure}.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import os
 import struct
 import time
@@ -71,7 +70,6 @@ from qmq.store.record import (
     RECORD_DELETE_QUEUE,
     RECORD_PUBLISH,
     RECORD_UNBIND,
-    VERSION,
     RecordError,
     decode_publish_fields,
     encode_declare_queue,
@@ -82,7 +80,7 @@ from qmq.store.record import (
     publish_static,
     record_crc,
 )
-from qmq.store.replay import Replay, on_disk
+from qmq.store.replay import on_disk
 from qmq.store.scan import RangeScans
 from qmq.store.segment import (
     HEADER_SIZE,
@@ -94,8 +92,8 @@ from qmq.store.segment import (
     read_segment,
     segment_name,
     sync_directory,
-    truncate,
 )
+from qmq.store.startup import Startup
 
 if TYPE_CHECKING:
     from qmq.core.exchange import Exchange
@@ -104,80 +102,11 @@ if TYPE_CHECKING:
 
 FSYNC_POLICIES = ("always", "interval", "never")
 MiB = 1024 * 1024
-#: How far message ids jump after damage hid some records (see L{_open}).
-ID_JUMP = 1 << 32
-
-#: Seconds between two lines of progress while the log is replayed at start.
-PROGRESS_EVERY = 2.0
-
-#: The file a store holds locked while it is open (one broker per directory).
-LOCK_FILE = "LOCK"
 
 _log = Logger()
 
 # A publish payload starts with the message id.
 _ID = struct.Struct("<Q")
-
-
-class _Progress:
-    """Lines an operator can watch while the log is replayed at start: what
-    there is to read, then every L{PROGRESS_EVERY} seconds how far replay
-    got (segments, bytes, percent, live messages), then the total. A
-    million messages take seconds, and no listener is bound meanwhile."""
-
-    def __init__(self, directory: str, segments: list, replay: Replay, clock: Callable[[], float]) -> None:
-        self.directory = directory
-        self.replay = replay
-        self.clock = clock
-        self.sizes = []
-        for _, path in segments:
-            try:
-                self.sizes.append(os.path.getsize(path))
-            except OSError:
-                self.sizes.append(0)
-        self.total = sum(self.sizes)
-        self.read = 0
-        self.started = self.last = clock()
-        if segments:
-            _log.info(
-                "commit log: recovering {segments} segment(s), {mib:.1f} MiB, from {directory}; "
-                "listeners bind once it is done",
-                segments=len(segments),
-                mib=self.total / MiB,
-                bytes=self.total,
-                directory=directory,
-            )
-
-    def step(self, i: int) -> None:
-        """Segment C{i} is next: say how far replay got, if it is time."""
-        if i:
-            self.read += self.sizes[i - 1]
-            now = self.clock()
-            if now - self.last >= PROGRESS_EVERY:
-                self.last = now
-                _log.info(
-                    "commit log: recovery at {percent:.0f}%: {done} of {segments} segment(s), "
-                    "{mib:.1f} of {total_mib:.1f} MiB, {messages} live message(s) so far, "
-                    "{seconds:.1f} s",
-                    percent=100.0 * self.read / self.total if self.total else 100.0,
-                    done=i,
-                    segments=len(self.sizes),
-                    mib=self.read / MiB,
-                    total_mib=self.total / MiB,
-                    messages=len(self.replay.messages),
-                    seconds=now - self.started,
-                )
-
-    def done(self) -> None:
-        if self.sizes:
-            _log.info(
-                "commit log: recovered {segments} segment(s), {mib:.1f} MiB, {messages} live "
-                "message(s), in {seconds:.1f} s",
-                segments=len(self.sizes),
-                mib=self.total / MiB,
-                messages=len(self.replay.messages),
-                seconds=self.clock() - self.started,
-            )
 
 
 class _Batch:
@@ -227,13 +156,14 @@ class _Batch:
         return bool(self.parts or self.waiters or self.deletes or self.sync)
 
 
-class CommitLogStore(WriteFailure, Compaction, RangeScans):
+class CommitLogStore(Startup, WriteFailure, Compaction, RangeScans):
     """A L{qmq.core.store.MessageStore} on an append-only segmented log.
 
     @ivar directory: the data directory (made if missing).
     @ivar problems: damage found at start (L{qmq.store.segment.Problem}).
 
-    Its cold jobs live in the modules of its base classes: a failed write
+    Its cold jobs live in the modules of its base classes: opening the log
+    at start (L{qmq.store.startup.Startup}); a failed write
     and the retries (L{qmq.store.failure.WriteFailure}); compaction
     (L{qmq.store.compaction.Compaction}); range scans
     (L{qmq.store.scan.RangeScans}).
@@ -277,7 +207,7 @@ class CommitLogStore(WriteFailure, Compaction, RangeScans):
         @param retry_interval: seconds between two tries to write again
             after a write failed (a full disk, an I/O error).
         @param progress_clock: the time replay's progress lines are spaced
-            by (L{PROGRESS_EVERY}); tests give a fake one.
+            by (L{qmq.store.startup.PROGRESS_EVERY}); tests give a fake one.
         """
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, got {fsync!r}")
@@ -378,93 +308,6 @@ class CommitLogStore(WriteFailure, Compaction, RangeScans):
         self._opened = True
         with collector_paused():  # replay's objects all live on
             self._replay()
-
-    def _lock(self) -> None:
-        """Hold C{LOCK} in the directory for as long as the store is open:
-        a second broker pointed at the same data directory would append to
-        the same segments and damage them.
-
-        @raise OSError: another process holds it (the message says so).
-        """
-        fd = os.open(os.path.join(self.directory, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise OSError(
-                errno.EWOULDBLOCK,
-                f"another process (a broker, or qmq-store?) holds {self.directory!r}",
-            ) from None
-        self._lock_fd = fd
-
-    def _unlock(self) -> None:
-        fd = self._lock_fd
-        if fd is not None:
-            self._lock_fd = None
-            os.close(fd)  # releases the lock
-
-    def _replay(self) -> None:
-        os.makedirs(self.directory, exist_ok=True)
-        self._lock()
-        index = self._index
-        replay = Replay(index, backlog_memory=self.backlog_memory)
-        segments = list_segments(self.directory)
-        progress = _Progress(self.directory, segments, replay, self._progress_clock)
-        floor = 1
-        append_to = None
-        for i, (number, path) in enumerate(segments):
-            progress.step(i)
-            last = i == len(segments) - 1
-            data = read_segment(path)
-            reader = SegmentReader(path, data, last)
-            index.add_segment(number)
-            replay.segment(number, data, reader)
-            for problem in reader.problems:
-                _log.warn("commit log: {problem}", problem=str(problem))
-            self.problems.extend(reader.problems)
-            if reader.header is not None and reader.header.crc_ok:
-                floor = max(floor, reader.header.id_floor)
-            if reader.cut is not None:
-                if reader.cut == 0:
-                    os.unlink(path)
-                    sync_directory(self.directory)
-                    del index.segments[number]
-                    continue
-                truncate(path, reader.cut)
-                _log.warn("commit log: {path} cut at offset {offset}", path=path, offset=reader.cut)
-            self._sizes[number] = reader.end
-            if (
-                last
-                and reader.clean
-                and reader.end < self.segment_size
-                # Records of this format never go into an older one's segment.
-                and reader.header is not None
-                and reader.header.version == VERSION
-            ):
-                append_to = (number, reader.end, index.segments[number].records)
-        index.max_id = max(index.max_id, floor - 1)
-        if any(p.kind != "torn" for p in self.problems):
-            # Records that could not be read may hold higher message ids
-            # than any read: jump well past them, as ids never repeat.
-            index.max_id += ID_JUMP
-        index.dirty = True
-        if append_to is not None:
-            self._active, self._active_size, self._active_records = append_to
-            self._pending_header = None
-        else:
-            self._active = segments[-1][0] + 1 if segments else 0
-            index.add_segment(self._active)
-            self._active_size = HEADER_SIZE
-            self._pending_header = encode_header(self._active, index.max_id + 1)
-            # The new segment's header (its id floor) goes out with the first
-            # batch, even one that only deletes the old segments.
-            self._place()
-        self._sealed = self._active
-        progress.done()
-        self._recovery = replay.recovery()
-        self._recovery.next_message_id = self._next_id()
-        if self.compact_interval:
-            self._compact_call = self._reactor.callLater(self.compact_interval, self._compact_tick)
 
     # -- the batch ------------------------------------------------------------
 
