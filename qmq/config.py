@@ -71,13 +71,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from qmq.auth.permissions import compile_pattern
 from qmq.auth.settings import (
-    TOKEN_ALGORITHMS,
     AuthSettings,
     PermissionSettings,
     TokenSettings,
     UserSettings,
+    check_permissions,
+    check_tokens,
+    check_users,
 )
 from qmq.cluster.settings import ClusterSettings
 from qmq.connections import ConnectionSettings
@@ -98,7 +99,6 @@ from qmq.settings_schema import (
     _Schema,
     _section,
     _string,
-    _string_list,
     _table,
 )
 from qmq.stomp.settings import StompSettings
@@ -456,110 +456,6 @@ def _queue_defaults_table(value: object, key: str) -> dict[str, Any]:
     return result
 
 
-def _pattern(value: object, key: str) -> str:
-    if not isinstance(value, str):
-        raise _fail(key, "a string (a regular expression)", value)
-    try:
-        compile_pattern(value, "user")
-    except re.error as e:
-        raise _Invalid(key, f"not a regular expression: {e}") from None
-    return value
-
-
-_PERMISSION_SCHEMA: _Schema = {"configure": _pattern, "write": _pattern, "read": _pattern}
-
-
-def _permissions(value: object, key: str) -> dict[str, dict[str, str]]:
-    if not isinstance(value, dict):
-        raise _fail(key, "a table of users' permissions (e.g. [vhosts.\"/\".permissions.alice])", value)
-    return {
-        name: _table(item, _join(key, name), _PERMISSION_SCHEMA)
-        for name, item in value.items()
-    }
-
-
-def _key_file(value: object, key: str) -> dict[str, Any]:
-    if not isinstance(value, str) or not value:
-        raise _fail(key, "a file name (a non-empty string)", value)
-    try:
-        data = Path(value).read_bytes()
-    except OSError as e:
-        raise _Invalid(key, f"cannot read {value!r}: {e.strerror or e}") from None
-    return {"key_file": value, "key": data}
-
-
-_TOKEN_SCHEMA: _Schema = {
-    "algorithm": _one_of(TOKEN_ALGORITHMS),
-    "key_file": _key_file,
-    "audience": _string,
-    "issuer": _string,
-    "leeway": _number(minimum=0),
-    "max_lifetime": _number(minimum=0),
-    "speak_for": lambda value, key: _string_list(value, key),
-    **_PERMISSION_SCHEMA,
-}
-
-
-def _tokens(value: object, key: str) -> dict[str, Any]:
-    table = _table(
-        value,
-        key,
-        _TOKEN_SCHEMA,
-        {"algorithm": "one of " + ", ".join(TOKEN_ALGORITHMS), "key_file": "a file name"},
-    )
-    table.update(table.pop("key_file"))
-    key_bytes = table["key"]
-    if table["algorithm"].startswith("HS"):
-        table["key"] = key_bytes.strip()
-        if len(table["key"]) < 32:
-            raise _Invalid(
-                _join(key, "key_file"),
-                f"an HMAC secret needs at least 32 bytes; {table['key_file']!r} has "
-                f"{len(table['key'])}",
-            )
-    else:
-        from cryptography.hazmat.primitives.serialization import (  # noqa: PLC0415
-            load_pem_public_key,
-        )
-
-        try:
-            load_pem_public_key(key_bytes)
-        except ValueError:
-            raise _Invalid(
-                _join(key, "key_file"),
-                f"{table['key_file']!r} holds no PEM public key (needed for "
-                f"{table['algorithm']})",
-            ) from None
-    return table
-
-
-
-def _password_hash(value: object, key: str) -> str:
-    from qmq.auth.passwords import HashError, parse_hash  # noqa: PLC0415
-
-    if not isinstance(value, str):
-        raise _fail(key, "a password hash printed by qmq-passwd", value)
-    try:
-        parse_hash(value)
-    except HashError as e:
-        raise _Invalid(key, str(e)) from None
-    return value
-
-
-_USER_SCHEMA: _Schema = {"password": _password_hash, "certificate_names": _string_list}
-
-
-def _users(value: object, key: str) -> dict[str, dict[str, Any]]:
-    if not isinstance(value, dict):
-        raise _fail(key, "a table of users (e.g. [users.alice])", value)
-    result = {}
-    for name, item in value.items():
-        if not name:
-            raise _Invalid(_join(key, name), "a user needs a non-empty name")
-        result[name] = _table(item, _join(key, name), _USER_SCHEMA)
-    return result
-
-
 #: The keys of a virtual host that declare things (arrays of tables).
 _DECLARATION_KEYS = ("exchanges", "queues", "bindings")
 
@@ -570,8 +466,8 @@ _VHOST_SCHEMA: _Schema = {
     "queue_defaults": _queue_defaults_table,
     "allow_create": _boolean,
     "fsync": _one_of(FSYNC_POLICIES),
-    "permissions": _permissions,
-    "tokens": _tokens,
+    "permissions": check_permissions,
+    "tokens": check_tokens,
 }
 
 
@@ -596,7 +492,7 @@ _TOP_SCHEMA: _Schema = {
     "store": _store_name,
     "shutdown_timeout": _number(above=0),
     "vhosts": _vhosts,
-    "users": _users,
+    "users": check_users,
 }
 
 
