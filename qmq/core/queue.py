@@ -1345,7 +1345,7 @@ class Queue:
         backoff = policy.redelivery_backoff
         store = self.store
         rare = self._rare
-        added = 0
+        added = given = 0
         for m in messages:
             if rare is not None and rare.ack_entries:
                 self._ack_done(m)
@@ -1353,6 +1353,7 @@ class Queue:
                 self._discard(m, "delivery_limit")
                 continue
             m = m.redelivery()
+            given += 1
             if store is not None and m.persistent:
                 store.requeue(self, m)
             if backoff is not None:
@@ -1363,6 +1364,8 @@ class Queue:
             self._give_back(m)
             added += len(m.body)
         self._bytes += added
+        if self.vhost is not None:
+            self.vhost.redelivered += given
         # Even when every message given back was dropped: the consumer's
         # credit came back and messages behind them may be waiting.
         if self._items:
