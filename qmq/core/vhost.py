@@ -735,10 +735,12 @@ class VirtualHost:
             Deferred that fires when the store has made it durable.
         @raise ResourceLimit: a bounded queue refused it.
         """
-        if not targets:
-            self.unroutable += 1
-            return None
-        if len(targets) > 1:
+        if len(targets) != 1:
+            # (One test for the common case, one target: no more than before
+            # the unroutable count.)
+            if not targets:
+                self.unroutable += 1
+                return None
             # Only a bounded reject-publish queue can refuse (live consumers
             # never do): ask those, without a call for the others.
             for t in targets:
