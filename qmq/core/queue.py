@@ -1008,7 +1008,7 @@ class Queue(QueueTimers):
         backoff = policy.redelivery_backoff
         store = self.store
         rare = self._rare
-        added = 0
+        added = given = 0
         for m in messages:
             if rare is not None and rare.ack_entries:
                 self._ack_done(m)
@@ -1016,6 +1016,7 @@ class Queue(QueueTimers):
                 self._discard(m, "delivery_limit")
                 continue
             m = m.redelivery()
+            given += 1
             if store is not None and m.persistent:
                 store.requeue(self, m)
             if backoff is not None:
@@ -1026,6 +1027,8 @@ class Queue(QueueTimers):
             self._give_back(m)
             added += len(m.body)
         self._bytes += added
+        if self.vhost is not None:
+            self.vhost.redelivered += given
         # Even when every message given back was dropped: the consumer's
         # credit came back and messages behind them may be waiting.
         if self._items:

@@ -40,6 +40,7 @@ from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
+from qmq.core.access import authorize_monitoring
 from qmq.core.admission import RETRY_AFTER
 from qmq.core.errors import BrokerError
 from qmq.core.management import Management
@@ -50,6 +51,7 @@ from qmq.web.api.admin import AdminMixin
 from qmq.web.api.codec import AVRO, AVRO_TYPES, JSON, SCHEMA_NAMES
 from qmq.web.api.follow import CursorFollower, SseFollower, _SseProducer
 from qmq.web.api.frontend import HttpFrontend, parse_handle
+from qmq.web.api.health import HealthHandlers
 from qmq.web.api.params import (
     Response,
     _arg,
@@ -80,7 +82,8 @@ Route = tuple[str, tuple[str, ...], str]
 
 
 #: Handlers anyone may call, also with authentication on (the documents).
-PUBLIC = frozenset(("h_index", "h_openapi", "h_schemas", "h_schema", "h_health"))
+PUBLIC = frozenset(("h_index", "h_openapi", "h_schemas", "h_schema", "h_health", "h_health_live",
+                    "h_health_ready", "h_health_check", "h_health_port"))  # the checks ask monitor_check
 #: Handlers of the broker as a whole (users, permissions): their caller
 #: logs in to the default virtual host whatever the path names.
 GLOBAL = frozenset(("h_get_permission", "h_put_permission", "h_delete_permission"))
@@ -111,7 +114,7 @@ def _unauthorized(detail: str) -> Problem:
     return Problem(401, "unauthorized", detail, headers={"WWW-Authenticate": 'Basic realm="QMQ", Bearer'})
 
 
-class ApiResource(TopologyMixin, AdminMixin, Resource):
+class ApiResource(HealthHandlers, TopologyMixin, AdminMixin, Resource):
     """C{/api}: version 1 of QMQ's HTTP API (see the module docstring)."""
 
     isLeaf = True
@@ -122,6 +125,10 @@ class ApiResource(TopologyMixin, AdminMixin, Resource):
         ("GET", ("v1",), "index"),
         ("GET", ("v1", "openapi.json"), "openapi"),
         ("GET", ("v1", "health"), "health"),
+        ("GET", ("v1", "health", "live"), "health_live"),
+        ("GET", ("v1", "health", "ready"), "health_ready"),
+        ("GET", ("v1", "health", "checks", "{check}"), "health_check"),
+        ("GET", ("v1", "health", "checks", "port-listener", "{port}"), "health_port"),
         ("GET", ("v1", "schemas"), "schemas"),
         ("GET", ("v1", "schemas", "{schema}"), "schema"),
         ("GET", ("v1", "vhosts"), "list_vhosts"),
@@ -233,7 +240,7 @@ class ApiResource(TopologyMixin, AdminMixin, Resource):
 
     # -- authentication ----------------------------------------------------------
 
-    def _login(self, request: Request, vhost: str) -> defer.Deferred:
+    def _login(self, request: Request, vhost: str, use_vhost: bool = True) -> defer.Deferred:
         """The user of C{request} (HTTP Basic, or a bearer token), logged in
         to C{vhost} through the broker's authenticator, as STOMP's CONNECT
         is; remembered for C{auth_cache} seconds per virtual host and
@@ -241,7 +248,7 @@ class ApiResource(TopologyMixin, AdminMixin, Resource):
         auth = self.broker.auth
         header = request.getHeader("authorization")
         identity = getattr(getattr(request.channel, "transport", None), "identity", None)
-        key = (vhost, hashlib.sha256(header.encode()).digest() if header else None, identity)
+        key = (vhost, use_vhost, hashlib.sha256(header.encode()).digest() if header else None, identity)
         now = self.clock.seconds()
         cached = self._users.get(key)
         generation = auth.generation
@@ -267,7 +274,7 @@ class ApiResource(TopologyMixin, AdminMixin, Resource):
                 raise _unauthorized("Send credentials as 'Authorization: Basic ...' or 'Authorization: Bearer TOKEN'.")
         credentials = auth.credentials(vhost, login, passcode, identity)
         address = getattr(request.getClientAddress(), "host", "") or ""
-        d = auth.authenticate(vhost, credentials, address)
+        d = auth.authenticate(vhost, credentials, address, use_vhost)
 
         def logged_in(user: Any) -> Any:
             if self.settings.auth_cache > 0:
@@ -303,6 +310,25 @@ class ApiResource(TopologyMixin, AdminMixin, Resource):
             self._require_admin(request)
 
         return defer.maybeDeferred(self._login, request, DEFAULT_VHOST).addCallback(check)
+
+    def monitor_check(self, request: Request) -> defer.Deferred:
+        """Fires once C{request}'s user may read the monitoring answers
+        (L{qmq.core.access.may_monitor}: an admin or one of
+        C{http_api.monitors}); fails with a L{Problem} otherwise (401 for
+        bad credentials, 403 for an identity without the right, which is
+        not a failed login). The identity needs no virtual host."""
+        if getattr(self.broker, "auth", None) is None:
+            request.qmq_user = None
+            return defer.succeed(None)
+
+        def check(user: Any) -> None:
+            request.qmq_user = user
+            try:
+                authorize_monitoring(user, self.settings.admins.split(), self.settings.monitors.split())
+            except BrokerError as e:
+                raise from_broker_error(e) from None
+
+        return defer.maybeDeferred(self._login, request, DEFAULT_VHOST, False).addCallback(check)
 
     def finish_later(self, request: Request, d: defer.Deferred) -> Any:
         """Write what C{d} fires with (bytes), or the problem it fails with."""
@@ -451,29 +477,6 @@ class ApiResource(TopologyMixin, AdminMixin, Resource):
                 "vhosts": "/api/v1/vhosts",
             }
         )
-
-    def h_health(self, request: Request) -> Response:
-        """Readiness: 200 while publishers are admitted, 503 while admission
-        holds any back (the alarms and the store's health, listed)."""
-        broker = self.broker
-        admission = broker.admission
-        failure = getattr(broker.store, "failure", None)
-        disk = broker.disk_alarm
-        body: dict[str, Any] = {
-            "status": "ok" if not admission.closed else "degraded",
-            "alarms": [
-                {"name": h.name, "detail": h.detail, "persistent_only": h.persistent_only}
-                for h in admission.holds
-            ],
-            "store": {"healthy": failure is None, "failure": failure},
-        }
-        if disk is not None:
-            body["disk"] = {"free_bytes": disk.free, "limit_bytes": disk.limit}
-        status = 200 if not admission.closed else 503
-        response = json_response(body, status)
-        if status == 503:
-            response.headers["Retry-After"] = str(RETRY_AFTER)
-        return response
 
     def h_openapi(self, request: Request) -> Response:
         if self._openapi is None:
