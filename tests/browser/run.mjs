@@ -7,7 +7,8 @@
 // sockjs-binary, sockjs-services, qmqjs, qmqjs-reconnect, chat, tasks,
 // cross-site-form (which takes --evil URL: a page of another site) or
 // console (which takes --admin USER:PASSWORD, --user USER:PASSWORD and
-// --queue NAME: a queue the test filled); BASE_URL
+// --queue NAME: a queue the test filled) or console-open (the console of a
+// broker without authentication); BASE_URL
 // the broker's http(s)://127.0.0.1:PORT/. Over HTTPS, --spki gives the base64
 // SHA-256 of the test server certificate's public key, which Chromium is
 // told to accept (--ignore-certificate-errors-spki-list): nothing else is
@@ -271,6 +272,44 @@ const scenarios = {
       && attempts.every((a) => a.status === 403 || a.status === 415)
       && JSON.stringify(received) === JSON.stringify(["a", "b", "c"]);
     return { ok, published, attempts, received };
+  },
+
+  // The console of a broker without authentication: no login, every tab;
+  // a STOMP client over WebSocket (in another page) listed among the
+  // connections and closed from the console.
+  async "console-open"(context) {
+    const page = await open(context, "/console/");
+    page.on("dialog", (dialog) => dialog.accept());
+    await page.locator("#tabs").waitFor({ timeout: STEP });
+    const loginShown = await page.locator("#login").isVisible();
+    const who = await page.locator("#user").innerText();
+    const tabs = await page.locator("#tabs a:visible").allInnerTexts();
+    const client = await open(context, "/");
+    const connected = await client.evaluate(async (step) => {
+      const url = new URL("/ws", location.href);
+      url.protocol = location.protocol === "https:" ? "wss:" : "ws:";
+      const ws = new WebSocket(url.href, ["v12.stomp"]);
+      window.wsClosed = new Promise((resolve) => { ws.onclose = (e) => resolve([e.code, e.reason]); });
+      return await new Promise((resolve, reject) => {
+        ws.onopen = () => ws.send("CONNECT\naccept-version:1.2\nhost:/\n\n\0");
+        ws.onmessage = (e) => resolve(String(e.data).split("\n")[0]);
+        ws.onerror = () => reject(new Error("websocket error"));
+        setTimeout(() => reject(new Error("no CONNECTED")), step);
+      });
+    }, STEP);
+    await page.click("#tabs a[data-tab=connections]");
+    const row = page.locator("#connection-table tr", {
+      has: page.locator("td[data-col=protocol]", { hasText: /^websocket$/ }) });
+    await row.first().waitFor({ timeout: STEP });
+    const listed = await row.count();
+    await row.first().locator("button:text('Close')").click();
+    const closed = await client.evaluate(() => window.wsClosed);
+    await page.locator("#flash", { hasText: "Done." }).waitFor({ timeout: STEP });
+    await row.first().waitFor({ state: "detached", timeout: STEP });
+    const errors = [...page.errors].filter((e) => !e.startsWith("Failed to load resource"));
+    const ok = !loginShown && who === "authentication off" && tabs.includes("Users")
+      && connected === "CONNECTED" && listed === 1 && errors.length === 0;
+    return { ok, login_shown: loginShown, who, tabs, connected, listed, closed, errors };
   },
 
   // @stomp/stompjs over native WebSocket, at /ws (RabbitMQ's path).

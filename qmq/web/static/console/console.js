@@ -198,7 +198,7 @@ const TABS = {
   overview: { load: loadOverview, poll: true },
   queues: { load: loadQueues, poll: true },
   exchanges: { load: loadExchanges },
-  connections: { load: loadConnections, admin: true },
+  connections: { load: loadConnections, admin: true, poll: true },
   users: { load: loadUsers, admin: true },
 };
 
@@ -211,7 +211,8 @@ function show(tab) {
   stopPolling();
   const run = () => TABS[tab].load().catch(failed);
   run();
-  if (TABS[tab].poll) state.timer = setInterval(run, state.poll);
+  // No readings while the page is in a background tab: it would only load the broker.
+  if (TABS[tab].poll) state.timer = setInterval(() => { if (!document.hidden) run(); }, state.poll);
 }
 
 function stopPolling() {
@@ -297,6 +298,9 @@ async function loadOverview() {
   }
   $("cards").replaceChildren(...cards.map(([label, value, digits]) =>
     el("div", { class: "card", "data-card": label }, el("b", {}, fmt(value, digits)), el("span", {}, label))));
+  if (queues.total > qs.length) {
+    $("cards").append(el("p", { class: "note" }, `Messages, consumers and rates: the first ${fmt(qs.length)} queues.`));
+  }
   const alarms = health ? health.alarms || [] : [];
   $("alarms").replaceChildren(alarms.length
     ? alarms.map((a) => el("p", { class: "alarm" }, `${a.name} alarm: ${a.detail}`))
