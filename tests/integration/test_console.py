@@ -82,7 +82,7 @@ class ConsoleTests(unittest.TestCase):
         to empty; users listed. Alice: no users, no connections. Phone
         width: nothing overflows."""
         yield deferToThread(self.fill)
-        shots = os.environ.get("QMQ_SCREENSHOTS") or self.mktemp()
+        shots = str(Path(os.environ.get("QMQ_SCREENSHOTS") or self.mktemp()).resolve())
         Path(shots).mkdir(parents=True, exist_ok=True)
         args = [str(BROWSER / "run.mjs"), "console", self.base, "--screenshots", shots,
                 "--admin", ":".join(ADMIN), "--user", ":".join(ALICE), "--queue", QUEUE]
