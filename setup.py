@@ -18,7 +18,7 @@ setup(
     package_dir={"": "."},
     packages=find_packages(include=["qmq", "qmq.*"]) + ["twisted.plugins"],
     package_data={
-        "qmq": ["default.toml", "web/static/*", "web/examples/*", "web/api/schemas/*.avsc"],
+        "qmq": ["default.toml", "web/static/*", "web/static/console/*", "web/examples/*", "web/api/schemas/*.avsc"],
         "twisted.plugins": ["qmq_plugin.py", "qmq_endpoints.py"],
     },
     include_package_data=True,

@@ -10,6 +10,7 @@ C{http:qmqtls:...}) makes one L{HttpFactory}. On one port it serves::
     /sockjs         STOMP over SockJS (L{qmq.web.sockjs})
     /sockjs_test    SockJS protocol test services, when [sockjs] test_services = true
     /api, /metrics  the JSON/Avro HTTP API and the metrics (qmq.web.api)
+    /console        the web console, a static page over the API (L{qmq.web.console})
 
 The contract for a part mounted here is small. It is one entry in
 L{MOUNTS}: a path segment and a function that takes the listener's
@@ -185,6 +186,12 @@ def _metrics(ctx: WebContext) -> Resource:
     return metrics_resource(ctx, getattr(ctx, "api", None))
 
 
+def _console(ctx: WebContext) -> Resource:
+    from qmq.web.console import console_resource  # noqa: PLC0415
+
+    return console_resource(ctx)
+
+
 #: The site's paths: the first segment -> what builds the resource there.
 #: A part of QMQ that serves HTTP adds one line here (see the module
 #: docstring); C{/ws} is the same resource as C{/stomp} (RabbitMQ's path).
@@ -197,6 +204,7 @@ MOUNTS: dict[str, MountBuilder] = {
     "sockjs_test": _sockjs_test,
     "api": _api,
     "metrics": _metrics,
+    "console": _console,
 }
 
 

@@ -4,8 +4,11 @@
 //   node run.mjs SCENARIO BASE_URL [--spki HASH] [--screenshots DIR]
 //
 // SCENARIO is stompjs, sockjs-xhr-streaming, sockjs-xhr-polling,
-// sockjs-binary, sockjs-services, qmqjs, qmqjs-reconnect, chat, tasks or
-// cross-site-form (which takes --evil URL: a page of another site); BASE_URL
+// sockjs-binary, sockjs-services, qmqjs, qmqjs-reconnect, chat, tasks,
+// cross-site-form (which takes --evil URL: a page of another site) or
+// console (which takes --admin USER:PASSWORD, --user USER:PASSWORD and
+// --queue NAME: a queue the test filled) or console-open (the console of a
+// broker without authentication); BASE_URL
 // the broker's http(s)://127.0.0.1:PORT/. Over HTTPS, --spki gives the base64
 // SHA-256 of the test server certificate's public key, which Chromium is
 // told to accept (--ignore-certificate-errors-spki-list): nothing else is
@@ -118,6 +121,97 @@ async function sockjsStomp(context, transport) {
 // -- scenarios ---------------------------------------------------------------
 
 const scenarios = {
+  // The web console (/console/): an admin logs in, watches the overview's
+  // charts while the page publishes and receives over the API, sees the
+  // depth of the queue the test filled over STOMP, browses it by range
+  // scan, purges it and sees it empty, and sees the users; every tab is
+  // then checked at phone width for horizontal overflow. A user who is no
+  // admin sees neither users nor connections.
+  async console(context) {
+    const [adminName, adminPassword] = option("--admin").split(":");
+    const [userName, userPassword] = option("--user").split(":");
+    const queue = option("--queue");
+    const login = async (page, name, password) => {
+      await page.locator("#login-form").waitFor({ timeout: STEP });
+      await page.fill("#login-user", name);
+      await page.fill("#login-password", password);
+      await page.click("#login-form button[type=submit]");
+      await page.locator("#tabs").waitFor({ timeout: STEP });
+    };
+    const overflow = {};
+    const measure = async (page, who) => {
+      for (const [tab, content] of [["overview", "#cards .card"], ["queues", "#queue-table > *"],
+        ["exchanges", "#exchange-table > *"], ["connections", "#connection-table > *"],
+        ["users", "#user-table > *"]]) {
+        if (!(await page.locator(`#tabs a[data-tab=${tab}]`).isVisible())) continue;
+        await page.click(`#tabs a[data-tab=${tab}]`);
+        await page.locator(`#${tab} ${content}`).first().waitFor({ timeout: STEP });
+        const width = await page.evaluate(() => [document.documentElement.scrollWidth, window.innerWidth]);
+        if (width[0] > width[1]) overflow[`${who}/${tab}`] = width;
+      }
+    };
+    const page = await open(context, "/console/");
+    page.on("dialog", (dialog) => dialog.accept());
+    await page.setViewportSize({ width: 1200, height: 820 });
+    await login(page, adminName, adminPassword);
+    const adminTabs = await page.locator("#tabs a:visible").allInnerTexts();
+    await page.selectOption("#refresh", "1000");
+    // Traffic over the API for the charts: a few batches in, some out.
+    await page.evaluate(async (auth) => {
+      const headers = { authorization: auth, "content-type": "application/json" };
+      const api = "/api/v1/vhosts/%2F/queues/console-demo";
+      for (let i = 0; i < 12; i++) {
+        const messages = Array.from({ length: 20 + 15 * (i % 4) }, (_, j) => ({ body: `m${i}.${j}` }));
+        await fetch(`${api}/messages`, { method: "POST", headers, body: JSON.stringify({ messages }) });
+        const got = await (await fetch(`${api}/receive?max=${10 + 5 * (i % 3)}`, { method: "POST", headers })).json();
+        const handles = got.messages.map((m) => m.handle);
+        if (handles.length) await fetch(`${api}/ack`, { method: "POST", headers, body: JSON.stringify({ handles }) });
+        await new Promise((resolve) => setTimeout(resolve, 1000));
+      }
+    }, `Basic ${Buffer.from(`${adminName}:${adminPassword}`).toString("base64")}`);
+    await page.locator("#chart-published .legend i").first().waitFor({ timeout: STEP });
+    if (screenshots) await page.screenshot({ path: join(screenshots, "console-desktop.png") });
+    await page.click("#tabs a[data-tab=queues]");
+    const ready = page.locator(`#queue-table tr[data-name="${queue}"] td[data-col=ready]`);
+    await ready.waitFor({ timeout: STEP });
+    const depth = [await ready.innerText()];
+    await page.click(`#queue-table tr[data-name="${queue}"] button:text("Browse")`);
+    await page.locator("#browse-result td.body").first().waitFor({ timeout: STEP });
+    const browsed = await page.locator("#browse-result td.body").allInnerTexts();
+    if (screenshots) await page.screenshot({ path: join(screenshots, "console-queues.png"), fullPage: true });
+    await page.click(`#queue-table tr[data-name="${queue}"] button:text("Purge")`);
+    await page.locator("#flash", { hasText: "Purged" }).waitFor({ timeout: STEP });
+    await page.locator(`#queue-table tr[data-name="${queue}"] td[data-col=ready]`, { hasText: /^0$/ })
+      .waitFor({ timeout: STEP });
+    depth.push(await ready.innerText());
+    await page.click("#tabs a[data-tab=users]");
+    await page.locator(`#user-table tr[data-name="${userName}"]`).waitFor({ timeout: STEP });
+    const adminSeesUsers = await page.locator(`#user-table tr[data-name="${userName}"]`).isVisible();
+    await page.setViewportSize({ width: 390, height: 844 });
+    await measure(page, "admin");
+    await page.click("#tabs a[data-tab=overview]");
+    await page.locator("#chart-published canvas").waitFor({ timeout: STEP });
+    if (screenshots) await page.screenshot({ path: join(screenshots, "console-phone.png") });
+    // The other user, on a page of its own.
+    const other = await open(context, "/console/");
+    await other.setViewportSize({ width: 390, height: 844 });
+    await login(other, userName, userPassword);
+    const userTabs = await other.locator("#tabs a:visible").allInnerTexts();
+    await other.locator("#cards .card").first().waitFor({ timeout: STEP });
+    await measure(other, "user");
+    await other.evaluate(() => { location.hash = "#users"; });
+    await other.locator("#overview").waitFor({ timeout: STEP });
+    const userSeesUsers = await other.locator("#users").isVisible();
+    // A refused login (401) or probe (403) is logged by Chromium as a failed
+    // resource load: that is the API's answer, not a fault of the page.
+    const errors = [...page.errors, ...other.errors].filter((e) => !e.startsWith("Failed to load resource"));
+    const ok = depth[0] === browsed.length.toString() && depth[1] === "0" && adminSeesUsers
+      && adminTabs.includes("Users") && !userTabs.includes("Users") && !userTabs.includes("Connections")
+      && !userSeesUsers && Object.keys(overflow).length === 0 && errors.length === 0;
+    return { ok, depth, browsed, admin_sees_users: adminSeesUsers, admin_tabs: adminTabs,
+      user_tabs: userTabs, user_sees_users: userSeesUsers, overflow, errors };
+  },
+
   // A page of another site (--evil: a page served by the test on another
   // port, under the name evil.test) tries to receive, and so hide, a
   // queue's messages: real HTML form POSTs of each encoding a form has, and
@@ -178,6 +272,44 @@ const scenarios = {
       && attempts.every((a) => a.status === 403 || a.status === 415)
       && JSON.stringify(received) === JSON.stringify(["a", "b", "c"]);
     return { ok, published, attempts, received };
+  },
+
+  // The console of a broker without authentication: no login, every tab;
+  // a STOMP client over WebSocket (in another page) listed among the
+  // connections and closed from the console.
+  async "console-open"(context) {
+    const page = await open(context, "/console/");
+    page.on("dialog", (dialog) => dialog.accept());
+    await page.locator("#tabs").waitFor({ timeout: STEP });
+    const loginShown = await page.locator("#login").isVisible();
+    const who = await page.locator("#user").innerText();
+    const tabs = await page.locator("#tabs a:visible").allInnerTexts();
+    const client = await open(context, "/");
+    const connected = await client.evaluate(async (step) => {
+      const url = new URL("/ws", location.href);
+      url.protocol = location.protocol === "https:" ? "wss:" : "ws:";
+      const ws = new WebSocket(url.href, ["v12.stomp"]);
+      window.wsClosed = new Promise((resolve) => { ws.onclose = (e) => resolve([e.code, e.reason]); });
+      return await new Promise((resolve, reject) => {
+        ws.onopen = () => ws.send("CONNECT\naccept-version:1.2\nhost:/\n\n\0");
+        ws.onmessage = (e) => resolve(String(e.data).split("\n")[0]);
+        ws.onerror = () => reject(new Error("websocket error"));
+        setTimeout(() => reject(new Error("no CONNECTED")), step);
+      });
+    }, STEP);
+    await page.click("#tabs a[data-tab=connections]");
+    const row = page.locator("#connection-table tr", {
+      has: page.locator("td[data-col=protocol]", { hasText: /^websocket$/ }) });
+    await row.first().waitFor({ timeout: STEP });
+    const listed = await row.count();
+    await row.first().locator("button:text('Close')").click();
+    const closed = await client.evaluate(() => window.wsClosed);
+    await page.locator("#flash", { hasText: "Done." }).waitFor({ timeout: STEP });
+    await row.first().waitFor({ state: "detached", timeout: STEP });
+    const errors = [...page.errors].filter((e) => !e.startsWith("Failed to load resource"));
+    const ok = !loginShown && who === "authentication off" && tabs.includes("Users")
+      && connected === "CONNECTED" && listed === 1 && errors.length === 0;
+    return { ok, login_shown: loginShown, who, tabs, connected, listed, closed, errors };
   },
 
   // @stomp/stompjs over native WebSocket, at /ws (RabbitMQ's path).

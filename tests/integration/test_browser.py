@@ -247,6 +247,16 @@ class BrowserMixin:
         self.assertEqual([a["origin"] for a in result["attempts"][:3]], [evil.rstrip("/")] * 3)  # type: ignore[attr-defined]
 
     @defer.inlineCallbacks
+    def test_consoleOpen(self) -> Any:
+        """The console without authentication: no login, every tab; a STOMP
+        client over WebSocket is listed and closed from the Connections tab
+        (it gets an ERROR, then the close). With authentication:
+        L{tests.integration.test_console}."""
+        result = yield self.scenario("console-open")
+        self.assertEqual(result["tabs"], ["Overview", "Queues", "Exchanges", "Connections", "Users"])  # type: ignore[attr-defined]
+        self.assertEqual(result["closed"][0], 1000)  # type: ignore[attr-defined]
+
+    @defer.inlineCallbacks
     def test_tasks(self) -> Any:
         """The live task queue example with examples/worker.py as the worker."""
         self.start_worker()

@@ -1,0 +1,109 @@
+"""The web console (C{/console}) in a real headless Chromium against a real
+broker with authentication on: an admin and a user who is not one.
+
+The broker runs in this process (on trial's reactor) with an C{http:} and a
+STOMP listener; stomp.py fills a queue over STOMP (in a thread, as a client
+on the network would); C{tests/browser/run.mjs console} then logs in as the
+admin, sees the queue's depth, browses it by range scan, purges it and sees
+it empty, sees the users; logs in as the other user, who sees no users nor
+connections; and checks at phone width (390x844) that no tab overflows
+horizontally. It takes screenshots (desktop and phone) into a temporary
+directory (C{QMQ_SCREENSHOTS}, when set, keeps them: the ones in
+docs/images/ were made so).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import stomp
+from twisted.internet import defer, reactor
+from twisted.internet.threads import deferToThread
+from twisted.internet.utils import getProcessOutputAndValue
+from twisted.trial import unittest
+
+from qmq import config
+from qmq.auth import hash_password
+from qmq.service import make_service
+from tests.integration.test_browser import BROWSER, NODE, TIMEOUT, missing
+
+ADMIN = ("admin", "Adm1n-console")
+ALICE = ("alice", "al1ce-console")
+QUEUE = "orders"
+DEPTH = 7
+
+
+class ConsoleTests(unittest.TestCase):
+    """The console, clicked through by an admin and by a user."""
+
+    skip = missing()
+
+    def setUp(self) -> Any:
+        data = Path(self.mktemp())
+        settings = config.load_string(
+            'listen = ["http:tcp:0:interface=127.0.0.1", "stomp:tcp:0:interface=127.0.0.1"]\n'
+            f"data_dir = {json.dumps(str(data))}\n"
+            "[http_api]\nadmins = \"admin\"\n"
+            f"[users.admin]\npassword = \"{hash_password(ADMIN[1], 4)}\"\n"
+            f"[users.alice]\npassword = \"{hash_password(ALICE[1], 4)}\"\n"
+            '[vhosts."/".permissions.admin]\nconfigure = ".*"\nwrite = ".*"\nread = ".*"\n'
+            '[vhosts."/".permissions.alice]\nconfigure = ".*"\nwrite = ".*"\nread = ".*"\n'
+        )
+        self.service = make_service(settings, reactor)
+        self.service.startService()
+        self.addCleanup(self.service.stopService)
+        web, stomp_listener = self.service.listeners
+        self.base = f"http://127.0.0.1:{web.port.getHost().port}/"
+        self.stomp_port = stomp_listener.port.getHost().port
+
+    def fill(self) -> None:
+        """Publish DEPTH persistent messages to QUEUE over STOMP, each
+        confirmed by a receipt (runs in a thread)."""
+        conn = stomp.Connection([("127.0.0.1", self.stomp_port)], heartbeats=(0, 0))
+        listener = stomp.listener.WaitingListener("filled")
+        conn.set_listener("wait", listener)
+        conn.connect(*ADMIN, wait=True)
+        try:
+            for i in range(DEPTH):
+                headers = {"persistent": "true"}
+                if i == DEPTH - 1:
+                    headers["receipt"] = "filled"
+                conn.send(f"/queue/{QUEUE}", f"order {i}", headers=headers)
+            listener.wait_on_receipt()
+        finally:
+            conn.disconnect()
+
+    @defer.inlineCallbacks
+    def test_console(self) -> Any:
+        """Admin: the queue filled over STOMP shows its depth, browses, purges
+        to empty; users listed. Alice: no users, no connections. Phone
+        width: nothing overflows."""
+        yield deferToThread(self.fill)
+        shots = str(Path(os.environ.get("QMQ_SCREENSHOTS") or self.mktemp()).resolve())
+        Path(shots).mkdir(parents=True, exist_ok=True)
+        args = [str(BROWSER / "run.mjs"), "console", self.base, "--screenshots", shots,
+                "--admin", ":".join(ADMIN), "--user", ":".join(ALICE), "--queue", QUEUE]
+        d = getProcessOutputAndValue(NODE, args, env=dict(os.environ), path=str(BROWSER))
+        d.addTimeout(TIMEOUT, reactor)
+        out, err, code = yield d
+        lines = out.decode("utf-8", "replace").strip().splitlines()
+        try:
+            result = json.loads(lines[-1])
+        except (IndexError, ValueError):
+            self.fail(f"no result from run.mjs (exit {code}): {err.decode()[-2000:]}")
+        if code == 3:
+            raise unittest.SkipTest(result["error"])
+        self.assertTrue(result.get("ok"), json.dumps(result)[:3000])
+        self.assertEqual(result["depth"], [str(DEPTH), "0"])
+        self.assertEqual(result["browsed"], [f"order {i}" for i in range(DEPTH)])
+        self.assertTrue(result["admin_sees_users"])
+        self.assertEqual(result["user_tabs"], ["Overview", "Queues", "Exchanges"])
+        self.assertEqual(result["overflow"], {})
+        for name in ("console-desktop.png", "console-phone.png"):
+            self.assertTrue((Path(shots) / name).stat().st_size > 0, name)
+        # The queue is empty in the broker itself, not only on the page.
+        queue = self.service.broker.vhosts["/"].queues[QUEUE]
+        self.assertEqual(len(queue), 0)
