@@ -282,7 +282,7 @@ async function loadOverview() {
     const conns = metrics.filter((m) => m.name === "qmq_connections").reduce((n, m) => n + m.value, 0);
     cards.push(["connections", conns, 0]);
     for (const m of metrics) {
-      const kind = /^qmq_protocol_messages_(published|delivered|acked)(?:_total)?$/.exec(m.name);
+      const kind = /^qmq_(?:protocol_)?messages_(published|delivered|acked)(?:_total)?$/.exec(m.name);
       if (kind && m.labels.protocol !== undefined) {
         (sample.counters[kind[1]] ??= {})[m.labels.protocol] = m.value;
       }
