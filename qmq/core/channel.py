@@ -303,7 +303,11 @@ class Channel:
             authorize(user, operation, named, named=text)
 
     def named_queue(
-        self, name: str, operation: str = "read", arguments: dict[str, Any] | None = None
+        self,
+        name: str,
+        operation: str = "read",
+        arguments: dict[str, Any] | None = None,
+        checked: bool = False,
     ) -> Queue:
         """The queue a C{/queue/NAME} destination names, created on first use.
 
@@ -313,6 +317,9 @@ class Channel:
         leaving a stray queue behind. Nor are durable subscriptions' queues
         (C{durable.OWNER.NAME}): a durable SUBSCRIBE makes them, and only
         their owner may name them (L{check_queue_access}).
+
+        @param checked: the caller checked C{name} already (L{check_queue}):
+            a new queue's name is not checked again.
         """
         vhost = self.vhost
         if name.startswith(DURABLE_SUBSCRIPTION_PREFIX):
@@ -348,7 +355,7 @@ class Channel:
             if queue is not None:
                 self._check_arguments(queue, arguments)
                 return vhost.declare_queue(name, on_demand=True)
-        return vhost.declare_queue(name, on_demand=True, arguments=arguments)
+        return vhost.declare_queue(name, on_demand=True, arguments=arguments, validate=not checked)
 
     @staticmethod
     def _check_arguments(queue: Queue, arguments: dict[str, Any]) -> None:

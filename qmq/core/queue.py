@@ -316,7 +316,13 @@ class Queue(QueueTimers):
         self.auto_delete = auto_delete
         self.subscription = subscription
         self.arguments = arguments or None
-        self.policy = QueuePolicy.from_arguments(arguments, policy)
+        # from_arguments' first case inlined: a queue made on demand has no
+        # arguments of its own, its policy the virtual host's shared one.
+        self.policy = (
+            QueuePolicy.from_arguments(arguments, policy)
+            if arguments
+            else policy if policy is not None else DEFAULT_POLICY
+        )
         self.store = store
         # A shared empty tuple until the first consumer: most of a million
         # idle queues never have one, and an empty list costs 56 bytes.

@@ -306,7 +306,7 @@ class VirtualHost:
         @param subscription: the queue of a durable topic subscription: made
             on demand, it never expires (see L{_on_demand_policy}).
         @param validate: check a new queue's name; False only for what a
-            store recovered.
+            store recovered, or a name the caller checked already.
         @raise AccessRefused: the queue is exclusive to another session.
         @raise PreconditionFailed: bad arguments.
         @raise InvalidName: the name breaks a rule of L{qmq.core.names}.

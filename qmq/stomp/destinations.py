@@ -163,7 +163,7 @@ class DestinationChannel(Channel):
                 if queue is None:
                     self._authorize("configure", name, text)
             if queue is None:
-                queue = self.named_queue(name, "write")
+                queue = self.named_queue(name, "write", checked=True)
             elif name.startswith(DURABLE_SUBSCRIPTION_PREFIX):
                 check_queue_access(self.owner_name, name, "write")
             return (queue, None, "", name, queue)

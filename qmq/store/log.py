@@ -705,9 +705,11 @@ class CommitLogStore(Startup, WriteFailure, Compaction, RangeScans):
         since: int | None = None,
     ) -> None:
         self._open()
-        if not force:
+        index = self._index
+        vqueues = index.vhosts.get(vhost)
+        if not force and vqueues is not None:
             # Declared alike already (every queue at recovery): nothing to do.
-            qs = self._index.vhosts.get(vhost, {}).get(name)
+            qs = vqueues.get(name)
             if (
                 qs is not None
                 and qs.declared is not None
@@ -716,10 +718,10 @@ class CommitLogStore(Startup, WriteFailure, Compaction, RangeScans):
             ):
                 return
         self._place()
-        index = self._index
         if index.declare_queue(self._active, vhost, name, arguments, force, flags, since):
-            qs = index.vhosts[vhost][name]
-            self._append(encode_declare_queue(vhost, name, arguments, qs.since, flags))
+            if vqueues is None:
+                vqueues = index.vhosts[vhost]
+            self._append(encode_declare_queue(vhost, name, arguments, vqueues[name].since, flags))
 
     def delete_queue(self, vhost: VirtualHost, queue: Queue) -> None:
         self._open()

@@ -846,10 +846,15 @@ def encode_declare_queue(
     v = vhost.encode()
     q = queue.encode()
     bits = _DECLARE_FLAGS_KNOWN | flags if flags is not None else 0
-    payload = _DECLARE.pack(DECLARE_BINARY, bits, since, len(v), len(q)) + v + q
+    parts = [_DECLARE.pack(DECLARE_BINARY, bits, since, len(v), len(q)), v, q]
     if arguments is not None:
-        payload += json.dumps(arguments, separators=(",", ":"), default=str).encode()
-    return frame(RECORD_DECLARE_QUEUE, payload)
+        parts.append(json.dumps(arguments, separators=(",", ":"), default=str).encode())
+    payload = b"".join(parts)
+    # frame(), inlined: one record per queue made.
+    return (
+        _pack_frame(len(payload), RECORD_DECLARE_QUEUE, _crc32(payload, _TYPE_CRC[RECORD_DECLARE_QUEUE]))
+        + payload
+    )
 
 
 def decode_declare_queue(
