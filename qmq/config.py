@@ -10,7 +10,8 @@ The flow::
 1. The embedded default (C{qmq/default.toml}, package data read with
    L{importlib.resources}) and the user's file are each parsed with
    L{tomllib}.
-2. Each layer is checked on its own against the schema below, so that every
+2. Each layer is checked on its own against the schema below (built from the
+   checkers of L{qmq.settings_schema}), so that every
    error names the file it comes from, the dotted key (C{stomp.heartbeat_grace},
    C{vhosts."/".queues[0].name}) and what was expected.  Unknown keys are
    errors: a typo must not pass silently.
@@ -30,8 +31,8 @@ C{[stomp]} is a I{section}: L{SECTIONS} maps its name to a frozen dataclass
 that lives with the code it configures (L{qmq.stomp.settings.StompSettings},
 L{qmq.connections.ConnectionSettings}, L{qmq.core.limits.LimitSettings},
 L{qmq.store.settings.CommitLogSettings}).
-This module knows nothing of their fields: it derives each table's schema
-from the dataclass.
+This module knows nothing of their fields: each table's schema is derived
+from the dataclass (L{qmq.settings_schema._section_schema}).
 
   - The type annotation gives the TOML type: C{int} (an integer), C{float}
     (a number; an integer is accepted and stored as a float), C{bool},
@@ -61,27 +62,23 @@ C{settings.limits}, C{settings.commit_log}, C{settings.auth}).
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import functools
-import json
-import math
 import re
 import tomllib
 import types
-import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from qmq.auth.permissions import compile_pattern
 from qmq.auth.settings import (
-    TOKEN_ALGORITHMS,
     AuthSettings,
     PermissionSettings,
     TokenSettings,
     UserSettings,
+    check_permissions,
+    check_tokens,
+    check_users,
 )
 from qmq.cluster.settings import ClusterSettings
 from qmq.connections import ConnectionSettings
@@ -89,6 +86,21 @@ from qmq.core.errors import PreconditionFailed
 from qmq.core.limits import LimitSettings
 from qmq.core.names import problem as name_problem
 from qmq.core.queue import FSYNC_POLICIES, QUEUE_ARGUMENTS, QueueArgument, argument_name
+from qmq.settings_schema import (
+    _arguments,
+    _boolean,
+    _declarations,
+    _fail,
+    _Invalid,
+    _join,
+    _name,
+    _number,
+    _one_of,
+    _Schema,
+    _section,
+    _string,
+    _table,
+)
 from qmq.stomp.settings import StompSettings
 from qmq.store.settings import CommitLogSettings
 from qmq.web.api.settings import ApiSettings
@@ -336,112 +348,9 @@ _SETTINGS_ATTRIBUTES = frozenset(f.name for f in dataclasses.fields(Settings))
 
 # -- the schema ---------------------------------------------------------------
 #
-# A checker takes (value, key) and returns the normalised value or raises
-# _Invalid(problem, key); _check_layer turns that into a ConfigError naming the
-# file.
-
-
-class _Invalid(Exception):
-    def __init__(self, key: str, problem: str) -> None:
-        super().__init__(key, problem)
-        self.key = key
-        self.problem = problem
-
-
-_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+\Z")  # \Z: "$" would let a trailing line break pass
-
-
-def _join(prefix: str, name: str | int) -> str:
-    """Append a table key or an array index to a dotted key path."""
-    if isinstance(name, int):
-        return f"{prefix}[{name}]"
-    part = name if _BARE_KEY.match(name) else json.dumps(name)
-    return f"{prefix}.{part}" if prefix else part
-
-
-def _describe(value: object) -> str:
-    """Show a TOML value the way it would be written, briefly."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, dict):
-        return "a table"
-    if isinstance(value, list):
-        return "an array"
-    return f"a {type(value).__name__}"
-
-
-def _fail(key: str, expected: str, value: object) -> _Invalid:
-    return _Invalid(key, f"expected {expected}, got {_describe(value)}")
-
-
-def _integer(minimum: int | None = None) -> Callable[[object, str], int]:
-    expected = "an integer" + (f" >= {minimum}" if minimum is not None else "")
-
-    def check(value: object, key: str) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise _fail(key, expected, value)
-        if minimum is not None and value < minimum:
-            raise _fail(key, expected, value)
-        return value
-
-    return check
-
-
-def _number(
-    minimum: float | None = None, above: float | None = None
-) -> Callable[[object, str], float]:
-    if above is not None:
-        expected = f"a number > {above:g}"
-    elif minimum is not None:
-        expected = f"a number >= {minimum:g}"
-    else:
-        expected = "a number"
-
-    def check(value: object, key: str) -> float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise _fail(key, expected, value)
-        if not math.isfinite(value):
-            raise _fail(key, expected, value)
-        if minimum is not None and value < minimum:
-            raise _fail(key, expected, value)
-        if above is not None and value <= above:
-            raise _fail(key, expected, value)
-        return float(value)
-
-    return check
-
-
-def _boolean(value: object, key: str) -> bool:
-    if not isinstance(value, bool):
-        raise _fail(key, "true or false", value)
-    return value
-
-
-def _string(value: object, key: str) -> str:
-    if not isinstance(value, str):
-        raise _fail(key, "a string", value)
-    return value
-
-
-def _name(value: object, key: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise _fail(key, "a non-empty string", value)
-    return value
-
-
-def _one_of(choices: tuple[str, ...]) -> Callable[[object, str], str]:
-    expected = "one of " + ", ".join(choices)
-
-    def check(value: object, key: str) -> str:
-        if not isinstance(value, str) or value not in choices:
-            raise _fail(key, expected, value)
-        return value
-
-    return check
+# Built from the checkers of qmq.settings_schema: a checker takes (value, key)
+# and returns the normalised value or raises _Invalid(key, problem);
+# _check_layer turns that into a ConfigError naming the file.
 
 
 def _store_name(value: object, key: str) -> str:
@@ -483,166 +392,6 @@ def _directory(value: object, key: str) -> Path:
     return Path(value)
 
 
-def _arguments(value: object, key: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise _fail(key, "a table of arguments", value)
-    for name, argument in value.items():
-        if isinstance(argument, dict | list) or not isinstance(argument, str | int | float | bool):
-            raise _fail(_join(key, name), "a string, number or boolean", argument)
-    return dict(value)
-
-
-_Schema = dict[str, Callable[[object, str], Any]]
-
-
-# -- sections: a schema derived from a settings dataclass -----------------------
-
-#: The TOML type of each Python type a section field may have: what errors
-#: call it, and whether a TOML value is one.
-_KINDS: dict[type, tuple[str, Callable[[object], bool]]] = {
-    bool: ("true or false", lambda v: isinstance(v, bool)),
-    int: ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
-    float: (
-        "a number",
-        lambda v: isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v),
-    ),
-    str: ("a string", lambda v: isinstance(v, str)),
-}
-
-_METADATA = frozenset({"min", "above", "max", "choices", "parse", "expected"})
-
-
-def _bound(value: float) -> str:
-    """Show a range bound: C{1.5}, C{0}, C{1000000} (not C{1e+06})."""
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-@dataclass(frozen=True)
-class _FieldChecker:
-    """
-    Checks one key of a section against the field it fills.
-
-    @ivar kinds: the Python types the value may have, in the annotation's
-        order (L{_KINDS} keys).
-    @ivar expected: what errors say was expected (C{"an integer >= 1"}).
-    """
-
-    kinds: tuple[type, ...]
-    expected: str
-    minimum: float | None = None
-    above: float | None = None
-    maximum: float | None = None
-    choices: tuple[Any, ...] | None = None
-    parse: Callable[[Any], Any] | None = None
-
-    def __call__(self, value: Any, key: str) -> Any:
-        for kind in self.kinds:
-            if _KINDS[kind][1](value):
-                break
-        else:
-            raise _fail(key, self.expected, value)
-        if kind in (int, float):
-            if self.minimum is not None and value < self.minimum:
-                raise _fail(key, self.expected, value)
-            if self.above is not None and value <= self.above:
-                raise _fail(key, self.expected, value)
-            if self.maximum is not None and value > self.maximum:
-                raise _fail(key, self.expected, value)
-        if kind is float:
-            value = float(value)
-        if self.choices is not None and value not in self.choices:
-            raise _fail(key, self.expected, value)
-        if self.parse is not None:
-            try:
-                value = self.parse(value)
-            except ValueError as e:
-                raise _Invalid(key, str(e)) from None
-        return value
-
-
-def _field_checker(cls: type, f: dataclasses.Field, annotation: Any) -> _FieldChecker:
-    """Derive the checker of one section field from its annotation and metadata."""
-    where = f"{cls.__module__}.{cls.__qualname__}.{f.name}"
-    kinds = typing.get_args(annotation) if _is_union(annotation) else (annotation,)
-    if not kinds or any(kind not in _KINDS for kind in kinds):
-        raise TypeError(
-            f"qmq.config cannot map {where}: {annotation!r} (expected int, float, bool, str"
-            " or a union of them)"
-        )
-    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-        raise TypeError(f"qmq.config: {where} needs a default (the key is optional)")
-    meta = f.metadata
-    unknown = set(meta) - _METADATA
-    if unknown:
-        raise TypeError(f"qmq.config: unknown metadata {sorted(unknown)} on {where}")
-    minimum, above, maximum = meta.get("min"), meta.get("above"), meta.get("max")
-    numeric = int in kinds or float in kinds
-    if numeric and minimum is None and above is None and "parse" not in meta:
-        # A count, a size or a duration: never negative unless a field says so.
-        if float in kinds:
-            above = 0
-        else:
-            minimum = 0
-    choices = tuple(meta["choices"]) if "choices" in meta else None
-    if choices is not None:
-        expected = "one of " + ", ".join(map(str, choices))
-    else:
-        descriptions = []
-        for kind in kinds:
-            text = _KINDS[kind][0]
-            if kind in (int, float):
-                if above is not None:
-                    text += f" > {_bound(above)}"
-                    if maximum is not None:
-                        text += f" and <= {_bound(maximum)}"
-                elif minimum is not None and maximum is not None:
-                    text += f" from {_bound(minimum)} to {_bound(maximum)}"
-                elif minimum is not None:
-                    text += f" >= {_bound(minimum)}"
-                elif maximum is not None:
-                    text += f" <= {_bound(maximum)}"
-            descriptions.append(text)
-        expected = " or ".join(descriptions)
-    return _FieldChecker(
-        kinds=kinds,
-        expected=meta.get("expected", expected),
-        minimum=minimum,
-        above=above,
-        maximum=maximum,
-        choices=choices,
-        parse=meta.get("parse"),
-    )
-
-
-def _is_union(annotation: Any) -> bool:
-    return isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union
-
-
-@functools.cache
-def _section_schema(cls: type) -> dict[str, _FieldChecker]:
-    """
-    The schema of a section, derived from its frozen dataclass.
-
-    @raise TypeError: a field has a type or metadata this module cannot map
-        (a programming error, found the first time the section is used).
-    """
-    if not dataclasses.is_dataclass(cls):
-        raise TypeError(f"qmq.config: section {cls!r} is not a dataclass")
-    hints = typing.get_type_hints(cls)
-    return {
-        f.name: _field_checker(cls, f, hints[f.name]) for f in dataclasses.fields(cls) if f.init
-    }
-
-
-def _section(cls: type) -> Callable[[object, str], dict[str, Any]]:
-    schema = _section_schema(cls)
-
-    def check(value: object, key: str) -> dict[str, Any]:
-        return _table(value, key, schema)
-
-    return check
-
-
 _EXCHANGE_SCHEMA: _Schema = {
     "name": _name,
     "type": _one_of(EXCHANGE_TYPES),
@@ -676,64 +425,6 @@ _BINDING_SCHEMA: _Schema = {
 _BINDING_REQUIRED = {"queue": "a non-empty string", "exchange": "a string"}
 
 
-#: Keys that were removed, with what replaced them: an old configuration
-#: setting one is told so in its error.
-_REMOVED = {
-    "http_api.max_delay": "delays are bounded by the core for every protocol (docs/stomp.rst, "
-    "Delivery options); remove the key",
-    "http_api.max_delayed": "delayed messages wait in their queues (durably, under the memory "
-    "alarm), as STOMP's always did; remove the key",
-}
-
-
-def _table(
-    value: object, key: str, schema: _Schema, required: Mapping[str, str] | None = None
-) -> dict[str, Any]:
-    """Check a table against a schema: unknown keys and missing required keys are errors."""
-    if not isinstance(value, dict):
-        raise _fail(key, "a table", value)
-    result = {}
-    for name, item in value.items():
-        item_key = _join(key, name)
-        if name not in schema:
-            known = ", ".join(sorted(schema))
-            close = difflib.get_close_matches(name, schema, n=1)
-            hint = f"; did you mean {json.dumps(close[0])}?" if close else ""
-            if item_key in _REMOVED:
-                hint = f"; removed: {_REMOVED[item_key]}"
-            raise _Invalid(item_key, f"unknown key (expected one of: {known}){hint}")
-        result[name] = schema[name](item, item_key)
-    for name, expected in (required or {}).items():
-        if name not in value:
-            raise _Invalid(key, f"missing key {json.dumps(name)} (expected {expected})")
-    return result
-
-
-def _declarations(
-    schema: _Schema, required: Mapping[str, str], unique: str | None
-) -> Callable[[object, str], list[dict[str, Any]]]:
-    def check(value: object, key: str) -> list[dict[str, Any]]:
-        if not isinstance(value, list):
-            raise _fail(key, "an array of tables", value)
-        result = []
-        seen: set[str] = set()
-        for index, item in enumerate(value):
-            item_key = _join(key, index)
-            table = _table(item, item_key, schema, required)
-            if unique is not None:
-                if table[unique] in seen:
-                    raise _Invalid(
-                        _join(item_key, unique),
-                        f"{json.dumps(table[unique])} is declared twice",
-                    )
-                seen.add(table[unique])
-            table["origin"] = item_key
-            result.append(table)
-        return result
-
-    return check
-
-
 def _queue_argument(spec: QueueArgument) -> Callable[[object, str], Any]:
     def check(value: object, key: str) -> Any:
         if isinstance(value, bool | float | dict):
@@ -765,115 +456,6 @@ def _queue_defaults_table(value: object, key: str) -> dict[str, Any]:
     return result
 
 
-def _pattern(value: object, key: str) -> str:
-    if not isinstance(value, str):
-        raise _fail(key, "a string (a regular expression)", value)
-    try:
-        compile_pattern(value, "user")
-    except re.error as e:
-        raise _Invalid(key, f"not a regular expression: {e}") from None
-    return value
-
-
-_PERMISSION_SCHEMA: _Schema = {"configure": _pattern, "write": _pattern, "read": _pattern}
-
-
-def _permissions(value: object, key: str) -> dict[str, dict[str, str]]:
-    if not isinstance(value, dict):
-        raise _fail(key, "a table of users' permissions (e.g. [vhosts.\"/\".permissions.alice])", value)
-    return {
-        name: _table(item, _join(key, name), _PERMISSION_SCHEMA)
-        for name, item in value.items()
-    }
-
-
-def _key_file(value: object, key: str) -> dict[str, Any]:
-    if not isinstance(value, str) or not value:
-        raise _fail(key, "a file name (a non-empty string)", value)
-    try:
-        data = Path(value).read_bytes()
-    except OSError as e:
-        raise _Invalid(key, f"cannot read {value!r}: {e.strerror or e}") from None
-    return {"key_file": value, "key": data}
-
-
-_TOKEN_SCHEMA: _Schema = {
-    "algorithm": _one_of(TOKEN_ALGORITHMS),
-    "key_file": _key_file,
-    "audience": _string,
-    "issuer": _string,
-    "leeway": _number(minimum=0),
-    "max_lifetime": _number(minimum=0),
-    "speak_for": lambda value, key: _string_list(value, key),
-    **_PERMISSION_SCHEMA,
-}
-
-
-def _tokens(value: object, key: str) -> dict[str, Any]:
-    table = _table(
-        value,
-        key,
-        _TOKEN_SCHEMA,
-        {"algorithm": "one of " + ", ".join(TOKEN_ALGORITHMS), "key_file": "a file name"},
-    )
-    table.update(table.pop("key_file"))
-    key_bytes = table["key"]
-    if table["algorithm"].startswith("HS"):
-        table["key"] = key_bytes.strip()
-        if len(table["key"]) < 32:
-            raise _Invalid(
-                _join(key, "key_file"),
-                f"an HMAC secret needs at least 32 bytes; {table['key_file']!r} has "
-                f"{len(table['key'])}",
-            )
-    else:
-        from cryptography.hazmat.primitives.serialization import (  # noqa: PLC0415
-            load_pem_public_key,
-        )
-
-        try:
-            load_pem_public_key(key_bytes)
-        except ValueError:
-            raise _Invalid(
-                _join(key, "key_file"),
-                f"{table['key_file']!r} holds no PEM public key (needed for "
-                f"{table['algorithm']})",
-            ) from None
-    return table
-
-
-def _string_list(value: object, key: str) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise _fail(key, "an array of non-empty strings", value)
-    return tuple(value)
-
-
-def _password_hash(value: object, key: str) -> str:
-    from qmq.auth.passwords import HashError, parse_hash  # noqa: PLC0415
-
-    if not isinstance(value, str):
-        raise _fail(key, "a password hash printed by qmq-passwd", value)
-    try:
-        parse_hash(value)
-    except HashError as e:
-        raise _Invalid(key, str(e)) from None
-    return value
-
-
-_USER_SCHEMA: _Schema = {"password": _password_hash, "certificate_names": _string_list}
-
-
-def _users(value: object, key: str) -> dict[str, dict[str, Any]]:
-    if not isinstance(value, dict):
-        raise _fail(key, "a table of users (e.g. [users.alice])", value)
-    result = {}
-    for name, item in value.items():
-        if not name:
-            raise _Invalid(_join(key, name), "a user needs a non-empty name")
-        result[name] = _table(item, _join(key, name), _USER_SCHEMA)
-    return result
-
-
 #: The keys of a virtual host that declare things (arrays of tables).
 _DECLARATION_KEYS = ("exchanges", "queues", "bindings")
 
@@ -884,8 +466,8 @@ _VHOST_SCHEMA: _Schema = {
     "queue_defaults": _queue_defaults_table,
     "allow_create": _boolean,
     "fsync": _one_of(FSYNC_POLICIES),
-    "permissions": _permissions,
-    "tokens": _tokens,
+    "permissions": check_permissions,
+    "tokens": check_tokens,
 }
 
 
@@ -910,7 +492,7 @@ _TOP_SCHEMA: _Schema = {
     "store": _store_name,
     "shutdown_timeout": _number(above=0),
     "vhosts": _vhosts,
-    "users": _users,
+    "users": check_users,
 }
 
 

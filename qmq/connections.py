@@ -131,6 +131,10 @@ class ConnectionRegistry:
         self._hosts: dict[str, int] = {}
         self._where: dict[IConnection, tuple[str, str]] = {}
         self._refusals: dict[str, _Refusals] = {}
+        #: listener -> connections it admitted, and of those, closed, since
+        #: start (for C{/metrics}: a per-connection count, not per message).
+        self.opened: dict[str, int] = {}
+        self.closed: dict[str, int] = {}
         # (listener or None for all, Deferred) waiting for connections to go.
         self._waiting: list[tuple[str | None, defer.Deferred[None]]] = []
 
@@ -221,6 +225,7 @@ class ConnectionRegistry:
             return
         host = conn.peer_host or ""
         self._where[conn] = (listener, host)
+        self.opened[listener] = self.opened.get(listener, 0) + 1
         members = self._listeners.get(listener)
         if members is None:
             members = self._listeners[listener] = set()
@@ -234,6 +239,7 @@ class ConnectionRegistry:
         if where is None:
             return
         listener, host = where
+        self.closed[listener] = self.closed.get(listener, 0) + 1
         members = self._listeners[listener]
         members.discard(conn)
         if not members:

@@ -758,6 +758,7 @@ def make_service(settings: Settings, reactor: Any = None) -> BrokerService:
     disk_alarm = build_disk_alarm(settings.limits, broker.store, reactor)
     broker.disk_alarm = disk_alarm
     service = BrokerService(broker, settings, reactor, memory_alarm=alarm, disk_alarm=disk_alarm)
+    broker.listeners = service.listeners
     names: set[str] = set()
     exposure: list[tuple[str, Any, str, str]] = []
     for index, (spec, endpoint) in enumerate(zip(settings.listen, endpoints, strict=True)):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from twisted.trial import unittest
 
-from qmq import config
+from qmq import config, settings_schema
 from qmq.auth.settings import AuthSettings
 from qmq.cluster.settings import ClusterSettings
 from qmq.config import (
@@ -149,7 +149,7 @@ class DefaultTests(unittest.TestCase):
         default = tomllib.loads(config.default_toml())
         rows = doc_rows((DOCS / "configuration.rst").read_text(encoding="utf-8"))
         for name, cls in config.SECTIONS.items():
-            schema = config._section_schema(cls)
+            schema = settings_schema._section_schema(cls)
             fields = {f.name: f for f in dataclasses.fields(cls)}
             defaults = cls()
             self.assertEqual(set(schema), set(fields), name)
@@ -1004,7 +1004,7 @@ class DescribeTests(unittest.TestCase):
     """
 
     def test_describe(self) -> None:
-        self.assertEqual(config._describe(False), "false")
-        self.assertEqual(config._describe('a"b'), '"a\\"b"')
-        self.assertEqual(config._describe(1.5), "1.5")
-        self.assertEqual(config._describe(os.sep), '"/"')
+        self.assertEqual(settings_schema._describe(False), "false")
+        self.assertEqual(settings_schema._describe('a"b'), '"a\\"b"')
+        self.assertEqual(settings_schema._describe(1.5), "1.5")
+        self.assertEqual(settings_schema._describe(os.sep), '"/"')

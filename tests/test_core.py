@@ -27,7 +27,8 @@ from qmq.core.exchange import (
 )
 from qmq.core.limits import LimitSettings
 from qmq.core.message import Message
-from qmq.core.queue import DEFAULT_POLICY, Queue, QueuePolicy
+from qmq.core.policy import DEFAULT_POLICY, QueuePolicy
+from qmq.core.queue import Queue
 from qmq.core.store import NullStore, Recovery
 
 

@@ -6,7 +6,16 @@ from __future__ import annotations
 from twisted.trial.unittest import SynchronousTestCase
 
 from qmq.auth.permissions import Permission, User
-from qmq.core.access import EXCHANGE, QUEUE, Resource, allowed, authorize, resource_named
+from qmq.core.access import (
+    EXCHANGE,
+    QUEUE,
+    Resource,
+    allowed,
+    authorize,
+    authorize_monitoring,
+    may_monitor,
+    resource_named,
+)
 from qmq.core.errors import AccessRefused
 from qmq.core.ownership import durable_queue_name
 
@@ -118,3 +127,27 @@ class AuthorizeTests(SynchronousTestCase):
                 authorize(user, "write", feed, owner="bob")
             authorize(user, "write", feed, owner="alice")
             authorize(user, "write", feed)  # not asked without an owner
+
+
+class MonitoringTests(SynchronousTestCase):
+    """Who may read the metrics and the health checks' details: admins and
+    monitors by account, with or without any virtual host."""
+
+    def test_rule(self) -> None:
+        admins, monitors = ["root"], ["prom"]
+        self.assertTrue(may_monitor(None, admins, monitors))  # authentication off
+        self.assertTrue(may_monitor(User("root", permissions={"/": EVERYTHING}), admins, monitors))
+        self.assertTrue(may_monitor(User("prom"), admins, monitors))  # no virtual host at all
+        self.assertFalse(may_monitor(User("joe", permissions={"/": EVERYTHING}), admins, monitors))
+        # A token's subject is not the account of that name...
+        self.assertFalse(may_monitor(User("prom", "token", {"/": EVERYTHING}), admins, monitors))
+        self.assertFalse(may_monitor(User("root", "token", {"/": EVERYTHING}), admins, monitors))
+        # ...unless its virtual host's speak_for maps it.
+        self.assertTrue(may_monitor(User("p", "token", speaks_for="prom"), admins, monitors))
+
+    def test_refusal_names_the_settings(self) -> None:
+        with self.assertRaises(AccessRefused) as caught:
+            authorize_monitoring(User("joe"), ["root"], ["prom"])
+        self.assertIn("'joe'", caught.exception.message)
+        self.assertIn("http_api.monitors", caught.exception.message)
+        authorize_monitoring(User("prom"), ["root"], ["prom"])

@@ -14,7 +14,8 @@ from qmq.core.broker import Broker
 from qmq.core.consumer import Consumer
 from qmq.core.errors import PreconditionFailed
 from qmq.core.message import Message
-from qmq.core.queue import QUEUE_ARGUMENTS, Queue, QueuePolicy, argument_name
+from qmq.core.policy import QUEUE_ARGUMENTS, QueuePolicy, argument_name
+from qmq.core.queue import Queue
 from qmq.stomp.destinations import DestinationChannel as Channel
 
 

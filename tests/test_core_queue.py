@@ -22,7 +22,8 @@ from qmq.core.consumer import Consumer
 from qmq.core.errors import PreconditionFailed, ResourceLimit
 from qmq.core.expiry import ExpiryWheel
 from qmq.core.message import Message
-from qmq.core.queue import DEFAULT_POLICY, Queue, QueuePolicy
+from qmq.core.policy import DEFAULT_POLICY, QueuePolicy
+from qmq.core.queue import Queue
 from qmq.core.store import NullStore
 
 

@@ -19,7 +19,8 @@ from twisted.logger import globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 
 from qmq.core.broker import Broker
-from qmq.store.log import CommitLogStore, StoreFailed
+from qmq.store.failure import StoreFailed
+from qmq.store.log import CommitLogStore
 from tests.test_store_log import Taker, sync_io
 
 

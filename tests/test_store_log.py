@@ -29,7 +29,8 @@ from qmq.core.queue import Queue
 from qmq.stomp.frame import Frame
 from qmq.stomp.session import StompSession
 from qmq.stomp.settings import StompSettings
-from qmq.store.log import CommitLogStore, StoreFailed
+from qmq.store.failure import StoreFailed
+from qmq.store.log import CommitLogStore
 from qmq.store.record import (
     FRAME,
     FRAME_SIZE,

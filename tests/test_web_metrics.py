@@ -51,17 +51,14 @@ class MetricsTests(ApiSiteMixin, unittest.TestCase):
         self.assertEqual(got[("qmq_queue_messages_unacked", q)], 1)
         self.assertEqual(got[("qmq_queue_consumers", q)], 1)
         self.assertEqual(got[("qmq_vhost_messages_ready", (("vhost", "/"),))], 2)
-        self.assertEqual(got[("qmq_http_messages_published_total", ())], 3)
-        self.assertEqual(got[("qmq_http_messages_delivered_total", ())], 1)
-        self.assertEqual(got[("qmq_messages_published_total", ())], 3)
         self.assertGreaterEqual(got[("qmq_connections", (("protocol", "http"),))], 1)
         self.assertEqual(got[("qmq_memory_alarm", ())], 0)
         http = (("protocol", "http"),)
-        self.assertEqual(got[("qmq_protocol_messages_published_total", http)], 3)
-        self.assertEqual(got[("qmq_protocol_messages_delivered_total", http)], 1)
-        self.assertEqual(got[("qmq_protocol_messages_acked_total", http)], 0)
-        self.assertEqual(got[("qmq_queue_published_total", q)], 3)
-        self.assertEqual(got[("qmq_queue_delivered_total", q)], 1)
+        self.assertEqual(got[("qmq_messages_published_total", http)], 3)
+        self.assertEqual(got[("qmq_messages_delivered_total", http)], 1)
+        self.assertEqual(got[("qmq_messages_acked_total", http)], 0)
+        self.assertEqual(got[("qmq_queue_messages_published_total", q)], 3)
+        self.assertEqual(got[("qmq_queue_messages_delivered_total", q)], 1)
 
     @defer.inlineCallbacks
     def test_protocols_and_queue_rates(self) -> None:
@@ -92,15 +89,15 @@ class MetricsTests(ApiSiteMixin, unittest.TestCase):
         _, _, body = yield self.scrape()
         got = samples(body)
         stomp_label, http = (("protocol", "stomp"),), (("protocol", "http"),)
-        self.assertEqual(got[("qmq_protocol_messages_published_total", stomp_label)], 4)
-        self.assertEqual(got[("qmq_protocol_messages_delivered_total", stomp_label)], 1)
-        self.assertEqual(got[("qmq_protocol_messages_acked_total", stomp_label)], 1)
-        self.assertEqual(got[("qmq_protocol_messages_delivered_total", http)], 3)
-        self.assertEqual(got[("qmq_protocol_messages_acked_total", http)], 2)
+        self.assertEqual(got[("qmq_messages_published_total", stomp_label)], 4)
+        self.assertEqual(got[("qmq_messages_delivered_total", stomp_label)], 1)
+        self.assertEqual(got[("qmq_messages_acked_total", stomp_label)], 1)
+        self.assertEqual(got[("qmq_messages_delivered_total", http)], 3)
+        self.assertEqual(got[("qmq_messages_acked_total", http)], 2)
         # A closed channel's counts stay.
         stomp.close()
         _, _, body = yield self.scrape()
-        self.assertEqual(samples(body)[("qmq_protocol_messages_published_total", stomp_label)], 4)
+        self.assertEqual(samples(body)[("qmq_messages_published_total", stomp_label)], 4)
 
     def test_issued_ids_takes_none(self) -> None:
         broker = Broker(reactor)
@@ -159,32 +156,106 @@ class FsyncTests(unittest.TestCase):
 
 
 class MetricsAuthTests(ApiSiteMixin, unittest.TestCase):
+    """Who may read /metrics (L{qmq.core.access.may_monitor}): an admin, a
+    monitoring identity with no permission anywhere, not an ordinary user
+    nor a token whose subject is a monitor's name; a refusal is a 403 that
+    is not logged as a failed login."""
+
     def setUp(self) -> None:
         self.start_site()
 
     @defer.inlineCallbacks
-    def test_admins_only(self) -> None:
+    def test_who_may_read(self) -> None:
         import base64  # noqa: PLC0415
 
+        import jwt  # noqa: PLC0415
         import treq  # noqa: PLC0415
+        from twisted.logger import globalLogPublisher  # noqa: PLC0415
 
-        from qmq.auth import Authenticator, AuthSettings, PermissionSettings, UserSettings  # noqa: PLC0415
+        from qmq.auth import (  # noqa: PLC0415
+            Authenticator,
+            AuthSettings,
+            PermissionSettings,
+            TokenSettings,
+            UserSettings,
+        )
         from qmq.auth.passwords import hash_password  # noqa: PLC0415
         from qmq.web.api.settings import ApiSettings  # noqa: PLC0415
 
+        secret = b"s" * 32
         hashed = hash_password("pw", 4)
         self.broker.auth = Authenticator(
             AuthSettings(failure_delay=0.01, failure_max_delay=0.02), reactor,
-            users=[UserSettings("root", hashed), UserSettings("joe", hashed)],
+            users=[UserSettings("root", hashed), UserSettings("joe", hashed), UserSettings("prom", hashed)],
+            # prom has no permission in any virtual host: it only monitors.
             permissions={"/": [PermissionSettings("root", ".*", ".*", ".*"), PermissionSettings("joe", "", "", ".*")]},
+            tokens={"/": TokenSettings("HS256", secret, read=".*")},
             run=lambda f, *a: defer.maybeDeferred(f, *a),
         )
-        self.api.settings = ApiSettings(admins="root")
+        self.api.settings = ApiSettings(admins="root", monitors="prom")
+        logged: list[str] = []
 
-        def auth(user: str) -> dict:
-            return {"Authorization": "Basic " + base64.b64encode(f"{user}:pw".encode()).decode()}
+        def observer(event: dict) -> None:
+            if "login failed" in str(event.get("log_format", "")):
+                logged.append(event.get("reason", ""))
 
-        for headers, status in ((None, 401), (auth("joe"), 403), (auth("root"), 200)):
-            r = yield treq.get(self.base + "/metrics", headers=headers, pool=self.pool)
+        globalLogPublisher.addObserver(observer)
+        self.addCleanup(globalLogPublisher.removeObserver, observer)
+
+        def basic(user: str, password: str = "pw") -> dict:
+            return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+        def bearer(sub: str) -> dict:
+            t = jwt.encode({"sub": sub, "exp": reactor.seconds() + 600}, secret, algorithm="HS256")
+            return {"Authorization": f"Bearer {t}"}
+
+        cases = (
+            ("anonymous", None, 401, None),
+            ("admin", basic("root"), 200, None),
+            ("monitor", basic("prom"), 200, None),
+            ("ordinary user", basic("joe"), 403, "access-refused"),
+            ("token named as the monitor", bearer("prom"), 403, "access-refused"),
+            ("token named as the admin", bearer("root"), 403, "access-refused"),
+        )
+        for what, headers, status, code in cases:
+            for path in ("/metrics", "/api/v1/health/checks/alarms"):
+                r = yield treq.get(self.base + path, headers=headers, pool=self.pool)
+                body = yield r.content()
+                self.assertEqual(r.code, status, (what, path))
+                if code is not None:
+                    self.assertIn(code.encode(), body, (what, path))
+                    self.assertIn(b"monitors", body)
+            if headers is None:
+                del logged[:]  # no credentials: a failed login, logged
+        self.assertEqual(logged, [], "a refused monitoring read is not a failed login")
+        r = yield treq.get(self.base + "/metrics", headers=basic("prom", "wrong"), pool=self.pool)
+        yield r.content()
+        self.assertEqual(r.code, 401)
+        self.assertEqual(len(logged), 1, "bad credentials still are")
+        # Liveness and readiness stay open to anyone.
+        for path in ("/api/v1/health/live", "/api/v1/health/ready", "/api/v1/health"):
+            r = yield treq.get(self.base + path, pool=self.pool)
             yield r.content()
-            self.assertEqual(r.code, status, headers)
+            self.assertEqual(r.code, 200, path)
+
+
+class DocsTests(unittest.TestCase):
+    def test_every_family_documented(self) -> None:
+        """docs/monitoring.rst names every family, as it is exposed (a
+        counter with its C{_total}), and its RabbitMQ counterpart table
+        names no family that does not exist."""
+        import re  # noqa: PLC0415
+
+        from qmq.web.metrics import FAMILIES  # noqa: PLC0415
+
+        path = os.path.join(os.path.dirname(__file__), "..", "docs", "monitoring.rst")
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        for name, kind in FAMILIES.items():
+            exposed = name + "_total" if kind == "counter" else name
+            self.assertIn(f"``{exposed}", text, name)
+        for named in set(re.findall(r"``(qmq_[a-z_]*[a-z])(?:``|\{)", text)):
+            base = named[:-6] if named.endswith("_total") else named
+            self.assertIn(base, FAMILIES, named)
+            if named.endswith("_total"):
+                self.assertEqual(FAMILIES[base], "counter", named)

@@ -381,11 +381,17 @@ class Authenticator:
             return CertificateCredentials(identity, login or None)
         return Anonymous()
 
-    def authenticate(self, vhost: str, credentials: Any, address: str = "") -> defer.Deferred:
+    def authenticate(
+        self, vhost: str, credentials: Any, address: str = "", use_vhost: bool = True
+    ) -> defer.Deferred:
         """
         Log a client in to C{vhost}.
 
         @param vhost: the virtual host's name.
+        @param use_vhost: False: only identify the client (its tokens are
+            still C{vhost}'s), without asking whether it may use C{vhost}
+            (a monitoring identity may have no permission anywhere; what it
+            may read is decided by L{qmq.core.access.may_monitor}).
         @param credentials: from L{credentials}.
         @param address: the client's address (for the throttle and the log).
         @return: a Deferred that fires with the L{User}, or fails with an
@@ -403,7 +409,7 @@ class Authenticator:
             d = deferLater(self.clock, wait, self._login, credentials, address)
         else:
             d = self._login(credentials, address)
-        d.addCallback(self._logged_in, vhost, address, credentials)
+        d.addCallback(self._logged_in, vhost if use_vhost else None, address, credentials)
         d.addErrback(self._refused, vhost, address, credentials)
         return d
 
@@ -422,11 +428,11 @@ class Authenticator:
         turn.addCallback(lambda _: self.portal.login(credentials, None, IUser))
         return turn.addBoth(done)
 
-    def _logged_in(self, result: tuple, vhost: str, address: str, credentials: Any) -> User:
+    def _logged_in(self, result: tuple, vhost: str | None, address: str, credentials: Any) -> User:
         user: User = result[1]
         # Right credentials: this pair's failures are forgotten.
         self.throttle.succeeded(address, _claimed(credentials))
-        if not user.may_use(vhost):
+        if vhost is not None and not user.may_use(vhost):
             self._log_failure(address, credentials, vhost, "virtual host refused", user.name)
             raise VhostRefused(f"Virtual host {vhost!r} is not open to this user.")
         return user

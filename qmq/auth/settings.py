@@ -1,17 +1,44 @@
+# -*- test-case-name: tests.test_config,tests.test_auth -*-
 """Settings of authentication and authorization.
 
 L{AuthSettings} is the C{[auth]} section (registered in
 L{qmq.config.SECTIONS}); the users (C{[users.NAME]}), each virtual host's
 permissions (C{[vhosts."V".permissions.NAME]}) and its token key
-(C{[vhosts."V".tokens]}) are tables that L{qmq.config} checks and turns into
-the dataclasses below.
+(C{[vhosts."V".tokens]}) are tables that L{qmq.config} checks with
+L{check_users}, L{check_permissions} and L{check_tokens} (below, built from
+the checkers of L{qmq.settings_schema}: each error names the dotted key)
+and turns into the dataclasses below.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-__all__ = ["AuthSettings", "PermissionSettings", "TokenSettings", "UserSettings"]
+from qmq.auth.permissions import compile_pattern
+from qmq.settings_schema import (
+    _fail,
+    _Invalid,
+    _join,
+    _number,
+    _one_of,
+    _Schema,
+    _string,
+    _string_list,
+    _table,
+)
+
+__all__ = [
+    "AuthSettings",
+    "PermissionSettings",
+    "TokenSettings",
+    "UserSettings",
+    "check_permissions",
+    "check_tokens",
+    "check_users",
+]
 
 #: Algorithms a virtual host's tokens may be signed with (PyJWT names).
 TOKEN_ALGORITHMS = (
@@ -121,3 +148,116 @@ class TokenSettings:
     write: str = ""
     read: str = ""
     speak_for: tuple[str, ...] = ()
+
+
+# -- the tables' schemas (used by qmq.config) ---------------------------------
+
+
+def _pattern(value: object, key: str) -> str:
+    if not isinstance(value, str):
+        raise _fail(key, "a string (a regular expression)", value)
+    try:
+        compile_pattern(value, "user")
+    except re.error as e:
+        raise _Invalid(key, f"not a regular expression: {e}") from None
+    return value
+
+
+_PERMISSION_SCHEMA: _Schema = {"configure": _pattern, "write": _pattern, "read": _pattern}
+
+
+def check_permissions(value: object, key: str) -> dict[str, dict[str, str]]:
+    """Check a virtual host's C{permissions} table (user name -> patterns)."""
+    if not isinstance(value, dict):
+        raise _fail(key, "a table of users' permissions (e.g. [vhosts.\"/\".permissions.alice])", value)
+    return {
+        name: _table(item, _join(key, name), _PERMISSION_SCHEMA)
+        for name, item in value.items()
+    }
+
+
+def _key_file(value: object, key: str) -> dict[str, Any]:
+    if not isinstance(value, str) or not value:
+        raise _fail(key, "a file name (a non-empty string)", value)
+    try:
+        data = Path(value).read_bytes()
+    except OSError as e:
+        raise _Invalid(key, f"cannot read {value!r}: {e.strerror or e}") from None
+    return {"key_file": value, "key": data}
+
+
+_TOKEN_SCHEMA: _Schema = {
+    "algorithm": _one_of(TOKEN_ALGORITHMS),
+    "key_file": _key_file,
+    "audience": _string,
+    "issuer": _string,
+    "leeway": _number(minimum=0),
+    "max_lifetime": _number(minimum=0),
+    "speak_for": lambda value, key: _string_list(value, key),
+    **_PERMISSION_SCHEMA,
+}
+
+
+def check_tokens(value: object, key: str) -> dict[str, Any]:
+    """Check a virtual host's C{tokens} table; the key file is read (and an
+    HMAC secret's length or a public key's PEM checked) here, so a bad key
+    is a configuration error naming C{key_file}."""
+    table = _table(
+        value,
+        key,
+        _TOKEN_SCHEMA,
+        {"algorithm": "one of " + ", ".join(TOKEN_ALGORITHMS), "key_file": "a file name"},
+    )
+    table.update(table.pop("key_file"))
+    key_bytes = table["key"]
+    if table["algorithm"].startswith("HS"):
+        table["key"] = key_bytes.strip()
+        if len(table["key"]) < 32:
+            raise _Invalid(
+                _join(key, "key_file"),
+                f"an HMAC secret needs at least 32 bytes; {table['key_file']!r} has "
+                f"{len(table['key'])}",
+            )
+    else:
+        from cryptography.hazmat.primitives.serialization import (  # noqa: PLC0415
+            load_pem_public_key,
+        )
+
+        try:
+            load_pem_public_key(key_bytes)
+        except ValueError:
+            raise _Invalid(
+                _join(key, "key_file"),
+                f"{table['key_file']!r} holds no PEM public key (needed for "
+                f"{table['algorithm']})",
+            ) from None
+    return table
+
+
+
+def _password_hash(value: object, key: str) -> str:
+    from qmq.auth.passwords import HashError, parse_hash  # noqa: PLC0415
+
+    if not isinstance(value, str):
+        raise _fail(key, "a password hash printed by qmq-passwd", value)
+    try:
+        parse_hash(value)
+    except HashError as e:
+        raise _Invalid(key, str(e)) from None
+    return value
+
+
+_USER_SCHEMA: _Schema = {"password": _password_hash, "certificate_names": _string_list}
+
+
+def check_users(value: object, key: str) -> dict[str, dict[str, Any]]:
+    """Check the top-level C{users} table (user name -> password hash and
+    certificate names)."""
+    if not isinstance(value, dict):
+        raise _fail(key, "a table of users (e.g. [users.alice])", value)
+    result = {}
+    for name, item in value.items():
+        if not name:
+            raise _Invalid(_join(key, name), "a user needs a non-empty name")
+        result[name] = _table(item, _join(key, name), _USER_SCHEMA)
+    return result

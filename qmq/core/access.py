@@ -36,14 +36,14 @@ applies with authentication off too.
 
 from __future__ import annotations
 
-from collections.abc import Container
+from collections.abc import Collection, Container
 from dataclasses import dataclass
 from typing import Any
 
 from qmq.core.errors import AccessRefused
 from qmq.core.ownership import Owner, check_queue_access, durable_queue_owner
 
-__all__ = ["EXCHANGE", "OPERATIONS", "QUEUE", "Resource", "allowed", "authorize"]
+__all__ = ["EXCHANGE", "OPERATIONS", "QUEUE", "Resource", "allowed", "authorize", "authorize_monitoring", "may_monitor"]
 
 #: The operations a permission names (RabbitMQ's).
 OPERATIONS = ("configure", "write", "read")
@@ -153,6 +153,33 @@ def authorize(
         f"in virtual host {resource.vhost!r}{why}.",
         f"access refused ({operation})",
     )
+
+
+def may_monitor(user: Any, admins: Collection[str], monitors: Collection[str]) -> bool:
+    """Whether C{user} may read the broker's monitoring answers (the
+    C{/metrics} exposition, the details of the health checks): an admin
+    (C{[http_api] admins}) or a monitoring identity (C{[http_api]
+    monitors}, as RabbitMQ's C{monitoring} tag), both by the identity's
+    account (L{qmq.auth.User.is_admin}): a token's subject is one only if
+    its C{speak_for} maps it to a named account. The right needs no
+    permission in any virtual host: a monitoring user may have none.
+
+    @param user: a L{qmq.auth.User}, or None (authentication off: yes).
+    """
+    return user is None or user.is_admin(admins) or user.is_admin(monitors)
+
+
+def authorize_monitoring(user: Any, admins: Collection[str], monitors: Collection[str]) -> None:
+    """Refuse, unless L{may_monitor}.
+
+    @raise AccessRefused: naming the user and the settings that grant it.
+    """
+    if not may_monitor(user, admins, monitors):
+        raise AccessRefused(
+            f"User {user.name!r} may not read the metrics: only the users named in "
+            "http_api.admins or http_api.monitors may.",
+            "access refused (monitoring)",
+        )
 
 
 def resource_named(

@@ -183,6 +183,10 @@ class Broker:
         #: when users or tokens are configured; None: every client is
         #: anonymous with every right.
         self.auth: Any = None
+        #: The configured listeners (each with C{protocol}, C{spec} and
+        #: C{port}, None while not bound), set by the service; the
+        #: readiness check asks them (L{qmq.web.api.health}).
+        self.listeners: list[Any] = []
         #: Bytes of frames still being received, over all connections, and
         #: the most allowed (0: no limit); frontends keep the count.
         self.unfinished_bytes = 0

@@ -512,6 +512,7 @@ class Channel:
             return Published(0, None)
         self.published += 1
         if not targets:
+            vhost.unroutable += 1
             return Published(0, None)
         return Published(len(targets), vhost.publish_to(targets, message))
 

@@ -161,7 +161,7 @@ class Consumer:
     #: A consumer is never a durable queue: the store is never asked for it.
     store = None
     #: As a target of an exchange, a live consumer never refuses a publish
-    #: (a queue's L{qmq.core.queue.QueuePolicy} says whether it may).
+    #: (a queue's L{qmq.core.policy.QueuePolicy} says whether it may).
     policy = _NEVER_REFUSES
 
     def __init__(

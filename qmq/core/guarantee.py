@@ -1,7 +1,7 @@
 # -*- test-case-name: tests.test_core_guarantee -*-
 """Delivery guarantees per queue (Queuey): what a queue promises about each message.
 
-A queue's C{x-delivery-guarantee} argument (L{qmq.core.queue.GUARANTEES})
+A queue's C{x-delivery-guarantee} argument (L{qmq.core.policy.GUARANTEES})
 picks its class when the virtual host makes it (L{queue_class_for}); a queue
 with the default guarantee is a plain L{Queue}, so the others cost the
 common case nothing:
@@ -204,5 +204,5 @@ _CLASSES: dict[str, type[Queue]] = {
 
 
 def queue_class_for(guarantee: str) -> type[Queue]:
-    """The class of a queue with C{guarantee} (L{qmq.core.queue.GUARANTEES})."""
+    """The class of a queue with C{guarantee} (L{qmq.core.policy.GUARANTEES})."""
     return _CLASSES[guarantee]

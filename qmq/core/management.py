@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 from qmq.core.access import Resource, allowed, authorize
 from qmq.core.errors import AccessRefused, NotFound, PreconditionFailed
 from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX, Owner, check_queue_access
-from qmq.core.queue import QueuePolicy, argument_name
+from qmq.core.policy import QueuePolicy, argument_name
 
 if TYPE_CHECKING:
     from twisted.internet.defer import Deferred

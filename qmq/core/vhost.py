@@ -149,6 +149,14 @@ class VirtualHost:
         self.queues: dict[str, Queue] = {}
         self.queue_defaults: QueuePolicy = DEFAULT_POLICY
         self.fsync: str | None = None
+        #: Counts for C{/metrics}, kept where the rare event happens (never
+        #: per delivered message): messages given back to a queue
+        #: (L{Queue.requeue}), republished to a dead-letter exchange
+        #: (L{dead_letter}), and published to no queue and dropped
+        #: (L{publish_to} with no target; a mandatory one is returned).
+        self.redelivered = 0
+        self.dead_lettered = 0
+        self.unroutable = 0
         #: The interest and topology events' observers (L{qmq.core.events}),
         #: or None while nobody listens (each change then pays one test).
         self.events: Events | None = None
@@ -680,6 +688,7 @@ class VirtualHost:
         try:
             targets = self.route(exchange, key, headers)
             result = self.publish_to(targets, copy)
+            self.dead_lettered += 1
         except BrokerError as e:
             log.info(
                 "dead-letter of message {id} from queue {queue!r} dropped: {why}",
@@ -726,7 +735,12 @@ class VirtualHost:
             Deferred that fires when the store has made it durable.
         @raise ResourceLimit: a bounded queue refused it.
         """
-        if len(targets) > 1:
+        if len(targets) != 1:
+            # (One test for the common case, one target: no more than before
+            # the unroutable count.)
+            if not targets:
+                self.unroutable += 1
+                return None
             # Only a bounded reject-publish queue can refuse (live consumers
             # never do): ask those, without a call for the others.
             for t in targets:

@@ -27,28 +27,32 @@ Segments roll at C{segment_size}. A segment is deleted (after the batch
 that made it unneeded is synced) once nothing in it is live and nothing
 in it cancels a record still on disk (L{qmq.store.index}); an old segment
 whose live records are a small part of it is compacted: they are copied
-forward and it goes.
+forward and it goes (L{qmq.store.compaction}).
 
 At start L{recover} (or the first call that changes anything) reads every
-segment in order and replays it into the index; damage is logged and kept
-in L{CommitLogStore.problems} (see L{qmq.store.segment}).
+segment in order and replays it into the index (L{qmq.store.startup});
+damage is logged and kept in L{CommitLogStore.problems} (see
+L{qmq.store.segment}).
+
+A write that fails (a full disk) is refused to its publishers and kept, and
+the store writes it again once the disk takes data: L{qmq.store.failure}.
 """
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import os
 import struct
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 
 from qmq.core.message import Message, OnDisk
 from qmq.core.store import Recovery, collector_paused
+from qmq.store.compaction import Compaction
+from qmq.store.failure import StoreFailed, WriteFailure
 from qmq.store.index import (
     QUEUE_AUTO_DELETE,
     QUEUE_EXCLUSIVE,
@@ -62,21 +66,13 @@ from qmq.store.record import (
     FRAME_SIZE,
     RECORD_BIND,
     RECORD_DECLARE_EXCHANGE,
-    RECORD_DECLARE_QUEUE,
     RECORD_DELETE_EXCHANGE,
     RECORD_DELETE_QUEUE,
     RECORD_PUBLISH,
-    RECORD_REQUEUE,
     RECORD_UNBIND,
-    VERSION,
     RecordError,
-    arguments_key,
-    decode_publish,
     decode_publish_fields,
-    decode_requeue,
-    decode_topology,
     encode_declare_queue,
-    encode_publish,
     encode_requeue,
     encode_settle,
     encode_topology,
@@ -84,8 +80,8 @@ from qmq.store.record import (
     publish_static,
     record_crc,
 )
-from qmq.store.replay import Replay, on_disk
-from qmq.store.scan import PAGE_BYTES, read_page
+from qmq.store.replay import on_disk
+from qmq.store.scan import RangeScans
 from qmq.store.segment import (
     HEADER_SIZE,
     Problem,
@@ -96,8 +92,8 @@ from qmq.store.segment import (
     read_segment,
     segment_name,
     sync_directory,
-    truncate,
 )
+from qmq.store.startup import Startup
 
 if TYPE_CHECKING:
     from qmq.core.exchange import Exchange
@@ -106,84 +102,11 @@ if TYPE_CHECKING:
 
 FSYNC_POLICIES = ("always", "interval", "never")
 MiB = 1024 * 1024
-#: How far message ids jump after damage hid some records (see L{_open}).
-ID_JUMP = 1 << 32
-
-#: Seconds between two lines of progress while the log is replayed at start.
-PROGRESS_EVERY = 2.0
-
-#: The file a store holds locked while it is open (one broker per directory).
-LOCK_FILE = "LOCK"
 
 _log = Logger()
 
 # A publish payload starts with the message id.
 _ID = struct.Struct("<Q")
-
-
-class StoreFailed(Exception):
-    """The store could not write: what it was asked to keep may be lost."""
-
-
-class _Progress:
-    """Lines an operator can watch while the log is replayed at start: what
-    there is to read, then every L{PROGRESS_EVERY} seconds how far replay
-    got (segments, bytes, percent, live messages), then the total. A
-    million messages take seconds, and no listener is bound meanwhile."""
-
-    def __init__(self, directory: str, segments: list, replay: Replay, clock: Callable[[], float]) -> None:
-        self.directory = directory
-        self.replay = replay
-        self.clock = clock
-        self.sizes = []
-        for _, path in segments:
-            try:
-                self.sizes.append(os.path.getsize(path))
-            except OSError:
-                self.sizes.append(0)
-        self.total = sum(self.sizes)
-        self.read = 0
-        self.started = self.last = clock()
-        if segments:
-            _log.info(
-                "commit log: recovering {segments} segment(s), {mib:.1f} MiB, from {directory}; "
-                "listeners bind once it is done",
-                segments=len(segments),
-                mib=self.total / MiB,
-                bytes=self.total,
-                directory=directory,
-            )
-
-    def step(self, i: int) -> None:
-        """Segment C{i} is next: say how far replay got, if it is time."""
-        if i:
-            self.read += self.sizes[i - 1]
-            now = self.clock()
-            if now - self.last >= PROGRESS_EVERY:
-                self.last = now
-                _log.info(
-                    "commit log: recovery at {percent:.0f}%: {done} of {segments} segment(s), "
-                    "{mib:.1f} of {total_mib:.1f} MiB, {messages} live message(s) so far, "
-                    "{seconds:.1f} s",
-                    percent=100.0 * self.read / self.total if self.total else 100.0,
-                    done=i,
-                    segments=len(self.sizes),
-                    mib=self.read / MiB,
-                    total_mib=self.total / MiB,
-                    messages=len(self.replay.messages),
-                    seconds=now - self.started,
-                )
-
-    def done(self) -> None:
-        if self.sizes:
-            _log.info(
-                "commit log: recovered {segments} segment(s), {mib:.1f} MiB, {messages} live "
-                "message(s), in {seconds:.1f} s",
-                segments=len(self.sizes),
-                mib=self.total / MiB,
-                messages=len(self.replay.messages),
-                seconds=self.clock() - self.started,
-            )
 
 
 class _Batch:
@@ -233,11 +156,17 @@ class _Batch:
         return bool(self.parts or self.waiters or self.deletes or self.sync)
 
 
-class CommitLogStore:
+class CommitLogStore(Startup, WriteFailure, Compaction, RangeScans):
     """A L{qmq.core.store.MessageStore} on an append-only segmented log.
 
     @ivar directory: the data directory (made if missing).
     @ivar problems: damage found at start (L{qmq.store.segment.Problem}).
+
+    Its cold jobs live in the modules of its base classes: opening the log
+    at start (L{qmq.store.startup.Startup}); a failed write
+    and the retries (L{qmq.store.failure.WriteFailure}); compaction
+    (L{qmq.store.compaction.Compaction}); range scans
+    (L{qmq.store.scan.RangeScans}).
     """
 
     def __init__(
@@ -278,7 +207,7 @@ class CommitLogStore:
         @param retry_interval: seconds between two tries to write again
             after a write failed (a full disk, an I/O error).
         @param progress_clock: the time replay's progress lines are spaced
-            by (L{PROGRESS_EVERY}); tests give a fake one.
+            by (L{qmq.store.startup.PROGRESS_EVERY}); tests give a fake one.
         """
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, got {fsync!r}")
@@ -379,93 +308,6 @@ class CommitLogStore:
         self._opened = True
         with collector_paused():  # replay's objects all live on
             self._replay()
-
-    def _lock(self) -> None:
-        """Hold C{LOCK} in the directory for as long as the store is open:
-        a second broker pointed at the same data directory would append to
-        the same segments and damage them.
-
-        @raise OSError: another process holds it (the message says so).
-        """
-        fd = os.open(os.path.join(self.directory, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise OSError(
-                errno.EWOULDBLOCK,
-                f"another process (a broker, or qmq-store?) holds {self.directory!r}",
-            ) from None
-        self._lock_fd = fd
-
-    def _unlock(self) -> None:
-        fd = self._lock_fd
-        if fd is not None:
-            self._lock_fd = None
-            os.close(fd)  # releases the lock
-
-    def _replay(self) -> None:
-        os.makedirs(self.directory, exist_ok=True)
-        self._lock()
-        index = self._index
-        replay = Replay(index, backlog_memory=self.backlog_memory)
-        segments = list_segments(self.directory)
-        progress = _Progress(self.directory, segments, replay, self._progress_clock)
-        floor = 1
-        append_to = None
-        for i, (number, path) in enumerate(segments):
-            progress.step(i)
-            last = i == len(segments) - 1
-            data = read_segment(path)
-            reader = SegmentReader(path, data, last)
-            index.add_segment(number)
-            replay.segment(number, data, reader)
-            for problem in reader.problems:
-                _log.warn("commit log: {problem}", problem=str(problem))
-            self.problems.extend(reader.problems)
-            if reader.header is not None and reader.header.crc_ok:
-                floor = max(floor, reader.header.id_floor)
-            if reader.cut is not None:
-                if reader.cut == 0:
-                    os.unlink(path)
-                    sync_directory(self.directory)
-                    del index.segments[number]
-                    continue
-                truncate(path, reader.cut)
-                _log.warn("commit log: {path} cut at offset {offset}", path=path, offset=reader.cut)
-            self._sizes[number] = reader.end
-            if (
-                last
-                and reader.clean
-                and reader.end < self.segment_size
-                # Records of this format never go into an older one's segment.
-                and reader.header is not None
-                and reader.header.version == VERSION
-            ):
-                append_to = (number, reader.end, index.segments[number].records)
-        index.max_id = max(index.max_id, floor - 1)
-        if any(p.kind != "torn" for p in self.problems):
-            # Records that could not be read may hold higher message ids
-            # than any read: jump well past them, as ids never repeat.
-            index.max_id += ID_JUMP
-        index.dirty = True
-        if append_to is not None:
-            self._active, self._active_size, self._active_records = append_to
-            self._pending_header = None
-        else:
-            self._active = segments[-1][0] + 1 if segments else 0
-            index.add_segment(self._active)
-            self._active_size = HEADER_SIZE
-            self._pending_header = encode_header(self._active, index.max_id + 1)
-            # The new segment's header (its id floor) goes out with the first
-            # batch, even one that only deletes the old segments.
-            self._place()
-        self._sealed = self._active
-        progress.done()
-        self._recovery = replay.recovery()
-        self._recovery.next_message_id = self._next_id()
-        if self.compact_interval:
-            self._compact_call = self._reactor.callLater(self.compact_interval, self._compact_tick)
 
     # -- the batch ------------------------------------------------------------
 
@@ -1066,380 +908,6 @@ class CommitLogStore:
         self._sync_call = None
         self._batch.sync = True
         self.flush()
-
-    # -- a write that failed, and writing again ---------------------------------
-
-    def watch(self, callback: Callable[[bool, str], object]) -> None:
-        """Call C{callback(False, detail)} when a write fails and
-        C{callback(True, "")} once the store writes again
-        (L{qmq.core.store.MessageStore.watch})."""
-        self._watchers.append(callback)
-
-    @property
-    def failure(self) -> str | None:
-        """Why the store cannot write now, or None while it can."""
-        return str(self._failed) if self._failed is not None else None
-
-    def _tell(self, healthy: bool, detail: str) -> None:
-        for callback in list(self._watchers):
-            try:
-                callback(healthy, detail)
-            except Exception:
-                _log.failure("commit log: store watcher {callback!r} failed", callback=callback)
-
-    def _write_failed(self, failure: Any, batch: _Batch) -> None:
-        """A batch could not be written (or synced): refuse what waits for
-        it, keep its records, and try again every C{retry_interval}.
-
-        Nothing of it was confirmed: its publishes' Deferreds fail (their
-        RECEIPTs are errors, HTTP answers 503). Its records, and those
-        made until the store writes again, are kept and written by the
-        retry, after the segments are cut back to their last good write.
-        Until then every publish is refused whatever its fsync policy, and
-        the store's watchers (admission) hold persistent publishers back.
-        """
-        self._inflight = None
-        error = failure.value
-        if isinstance(error, OSError) and error.errno is not None:
-            why = f"{os.strerror(error.errno)} ({errno.errorcode.get(error.errno, error.errno)})"
-        else:
-            why = failure.getErrorMessage()
-        first = self._failed is None
-        # No path: the reason reaches clients (a STOMP ERROR, the health answer).
-        self._failed = StoreFailed(f"the commit log cannot write: {why}")
-        self._keep(batch)
-        now = self._reactor.seconds()
-        if first:
-            self.failures += 1
-            self._failed_at = self._retry_logged = now
-            _log.error(
-                "commit log: a write to {directory} failed ({why}); persistent publishes are "
-                "refused, and the store retries every {interval:g} s until it can write again",
-                why=why,
-                interval=self.retry_interval,
-                directory=self.directory,
-            )
-            self._tell(False, str(self._failed))
-        elif now - self._retry_logged >= 30:
-            self._retry_logged = now
-            _log.warn(
-                "commit log: still cannot write after {seconds:.0f} s ({why}); retrying every "
-                "{interval:g} s",
-                seconds=now - self._failed_at,
-                why=why,
-                interval=self.retry_interval,
-            )
-        if self._retry_call is None and not self._closing:
-            self._retry_call = self._reactor.callLater(self.retry_interval, self._retry)
-        if self._batch:
-            self._submit()
-
-    def _keep(self, batch: _Batch) -> None:
-        """While the store cannot write: fail C{batch}'s waiters and keep
-        its records, after those kept before, for the retry."""
-        self._fail_batch(batch, self._failed)  # type: ignore[arg-type]
-        batch.waiters = []
-        batch.done = None
-        kept = self._retry_batch
-        if kept is None:
-            self._retry_batch = batch
-            return
-        kept.parts.extend(batch.parts)
-        kept.deletes.extend(batch.deletes)
-        kept.ends.update(batch.ends)
-        kept.sync = kept.sync or batch.sync
-        kept.interval = kept.interval or batch.interval
-        kept.other = kept.other or batch.other
-        if batch.offloads:
-            if kept.offloads is None:
-                kept.offloads = {}
-            for queue, pairs in batch.offloads.items():
-                kept.offloads.setdefault(queue, []).extend(pairs)
-
-    def _retry(self) -> None:
-        """Try to write the kept records again (timer)."""
-        self._retry_call = None
-        if self._failed is None or self._inflight is not None:
-            return
-        self._submit()  # what gathered since joins the kept records
-        batch, self._retry_batch = self._retry_batch, None
-        if batch is None:  # pragma: no cover - a failure always keeps its batch
-            batch = _Batch()
-        batch.sync = True  # the retry proves the disk takes data again
-        # Each segment the batch writes is cut back to what was last
-        # written whole (or made anew): a failed write may leave part of a
-        # record, and a failed sync leaves pages the kernel may have dropped.
-        plan: list[tuple[int, int | None]] = []
-        seen: set[int] = set()
-        for number, header, _chunks in batch.parts:
-            if number not in seen:
-                seen.add(number)
-                plan.append((number, None if header is not None else self._sizes.get(number)))
-        self._inflight = batch
-        self._run(self._rewrite, batch, plan).addCallbacks(
-            self._rewritten, self._write_failed, callbackArgs=(batch,), errbackArgs=(batch,)
-        )
-
-    def _rewrite(self, batch: _Batch, plan: list[tuple[int, int | None]]) -> None:
-        """In the writer thread: cut the segments back, then write C{batch}."""
-        writer = self._writer
-        writer.abandon()
-        for number, size in plan:
-            path = os.path.join(self.directory, segment_name(number))
-            if size is None:
-                try:
-                    os.unlink(path)  # made by the failed write: made again
-                except FileNotFoundError:
-                    pass
-            else:
-                os.truncate(path, size)
-        self._write_batch(batch)
-
-    def _rewritten(self, _: None, batch: _Batch) -> None:
-        seconds = self._reactor.seconds() - self._failed_at
-        self._failed = None
-        self.recoveries += 1
-        _log.info(
-            "commit log: writing again after {seconds:.1f} s: the records kept since the failed "
-            "write are written and synced; persistent publishes are accepted again",
-            seconds=seconds,
-            directory=self.directory,
-        )
-        self._tell(True, "")
-        self._written(None, batch)
-
-    def _fail_batch(self, batch: _Batch, error: Exception) -> None:
-        for d in batch.waiters:
-            if d is batch.done:
-                # Shared: each caller's errback passes the failure on; it
-                # ends here (logged once, by _write_failed).
-                d.addErrback(lambda f: None)
-            d.errback(error)
-
-    # -- space ----------------------------------------------------------------
-
-    def _compact_tick(self) -> None:
-        self._compact_call = None
-        self.compact()
-        if not self._closing:
-            self._compact_call = self._reactor.callLater(self.compact_interval, self._compact_tick)
-
-    def compact(self) -> Deferred | None:
-        """Copy the live records of the first sparse segment forward, so it
-        can go; return a Deferred that fires when the copies are queued, or
-        None if no segment needs it. An active segment that is full of dead
-        records is rolled, so it can go too."""
-        if self._compacting is not None or self._closing or self._failed is not None:
-            return None
-        index = self._index
-        info = index.segments.get(self._active)
-        if info is not None and not info.live and self._active_size >= self.segment_size // 4:
-            self._roll()
-            self._place()
-            self._want_flush()
-        now = self._reactor.seconds()
-        if index.kept_last:
-            # Segments kept for retention go as time passes, not as records die.
-            index.dirty = True
-            if index.kept_last <= now:
-                index.kept_last = 0.0
-        number = index.compactable(self._sealed, self.compact_ratio, self._stuck, now)
-        if number is None:
-            if index.dirty:
-                self._want_flush()
-            return None
-        self._compacting = number
-        path = os.path.join(self.directory, segment_name(number))
-        d = self._run(read_segment, path)
-        d.addCallback(self._copy_forward, number, path)
-
-        def done(result: Any) -> Any:
-            self._compacting = None
-            return result
-
-        d.addBoth(done)
-        d.addErrback(
-            lambda f: _log.failure("commit log: compaction of {path} failed", f, path=path)
-        )
-        return d
-
-    def _copy_forward(self, data: bytes, number: int, path: str) -> None:
-        """Rewrite the live records of segment C{number} (read as C{data})
-        at the head of the log."""
-        index = self._index
-        reader = SegmentReader(path, data, last=False)
-        self.compactions += 1
-        copied = 0
-        for type_, start, end in reader.records():
-            try:
-                copied += self._copy_record(number, type_, data, start, end)
-            except (RecordError, KeyError, TypeError) as e:
-                _log.warn("commit log: compaction of {path}: {error}", path=path, error=e)
-        info = index.segments.get(number)
-        if info is not None and info.live:
-            # Not tried again (a bug, or damage the copy could not read).
-            self._stuck.add(number)
-            _log.warn(
-                "commit log: {path} still has {live} live records after compaction",
-                path=path,
-                live=info.live,
-            )
-        index.dirty = True
-        self._want_flush()
-
-    def _copy_record(self, number: int, type_: int, data: bytes, start: int, end: int) -> int:
-        index = self._index
-        if type_ == RECORD_PUBLISH:
-            p = decode_publish(data, start, end)
-            if index.where.get(p.id) != number:
-                return 0
-            holders = index.holders(p.id, p.vhost, p.queues)
-            if not holders:
-                return 0
-            chunks = self._place()
-            vname, vbytes = self._vhost(p.vhost)
-            names = [name for name, _ in holders]
-            head, tail = encode_publish(
-                p.id, p.timestamp, p.expiry, p.priority, p.persistent, vbytes,
-                p.exchange, p.routing_key, p.headers, p.body, [n.encode() for n in names],
-                p.properties, p.deliver_at, p.ack_timeout,
-            )  # fmt: skip
-            index.forget(self._active, p.id, vname, p.queues)
-            index.publish(self._active, p.id, vname, names, p.timestamp)
-            chunks.append(head)
-            if tail:
-                chunks.append(tail)
-            self._active_size += len(head) + len(tail)
-            self._active_records += 1
-            for name, count in holders:
-                if count:
-                    self._place()
-                    index.requeue(self._active, vname, name, p.id, count)
-                    self._append(encode_requeue(vbytes, name.encode(), p.id, count))
-            return 1
-        if type_ == RECORD_REQUEUE:
-            vhost, queue, mid, _ = decode_requeue(data, start, end)
-            qs = index.vhosts.get(vhost, {}).get(queue)
-            if qs is None or not qs.requeued or qs.requeued.get(mid) != number:
-                return 0
-            count = qs.count(mid) or 0
-            self._place()
-            index.requeue(self._active, vhost, queue, mid, count)
-            self._append(encode_requeue(vhost.encode(), queue.encode(), mid, count))
-            return 1
-        if type_ == RECORD_DECLARE_QUEUE:
-            f = decode_topology(data, start, end, type_)
-            qs = index.vhosts.get(f["vhost"], {}).get(f["queue"])
-            if qs is None or qs.declared != number:
-                return 0
-            self._declare_queue(
-                f["vhost"], f["queue"], qs.arguments, qs.flags, force=True, since=qs.since
-            )
-            return 1
-        if type_ == RECORD_DECLARE_EXCHANGE:
-            f = decode_topology(data, start, end, type_)
-            ex = index.exchanges.get((f["vhost"], f["exchange"]))
-            if ex is None or ex[2] != number:
-                return 0
-            self._declare_exchange(f["vhost"], f["exchange"], ex[0], ex[1], force=True)
-            return 1
-        if type_ == RECORD_BIND:
-            f = decode_topology(data, start, end, type_)
-            key = (
-                f["vhost"],
-                f["queue"],
-                f["exchange"],
-                f["key"],
-                arguments_key(f.get("arguments")),
-            )
-            b = index.bindings.get(key)
-            if b is None or b.segment != number:
-                return 0
-            self._bind(b.vhost, b.queue, b.exchange, b.key, b.arguments, force=True)
-            return 1
-        return 0
-
-    # -- range scans ----------------------------------------------------------
-
-    def scan(
-        self,
-        vhost: VirtualHost,
-        queue: Queue,
-        start: float,
-        end: float,
-        after: int,
-        limit: int,
-    ) -> Deferred:
-        """A page of a range scan (see L{qmq.store.scan}): once what was
-        published so far is written, read the segments in the reader
-        thread. The Deferred fires with C{(messages, next id or None)}."""
-        self._open()
-        if self._failed is not None:
-            return fail(self._failed)
-        qs = self._index.vhosts.get(vhost.name, {}).get(queue.name)
-        if qs is None:
-            return succeed(([], None))
-        after = max(after, qs.since - 1)
-        batch = self._batch
-        if batch.parts or self._inflight is not None:
-            # Written first, so the page sees every publish made before it.
-            written: Deferred = Deferred()
-            batch.waiters.append(written)
-            self.flush()
-        else:
-            written = succeed(None)
-        vname, qname = vhost.name, queue.name
-        written.addCallback(lambda _: self._read_page(vname, qname, start, end, after, limit))
-        return written
-
-    def _read_page(
-        self, vhost: str, queue: str, start: float, end: float, after: int, limit: int
-    ) -> Deferred:
-        sizes = self._sizes
-        plan = []
-        for number, info in self._index.segments.items():
-            size = sizes.get(number)
-            if (
-                size
-                and info.max_id > after
-                and info.min_ts < end
-                and info.max_ts >= start
-            ):
-                plan.append((info.min_id, number, size))
-        if not plan:
-            return succeed(([], None))
-        plan.sort()
-        self._reading += 1
-
-        def done(result: Any) -> Any:
-            self._reading -= 1
-            if self._index.dirty:
-                self._want_flush()
-            return result
-
-        d = self._read(read_page, self.directory, plan, vhost, queue, start, end, after, limit,
-                       PAGE_BYTES, self._scan_marks)
-        return d.addBoth(done)
-
-    def _read(self, f: Callable, *args: Any) -> Deferred:
-        """Run C{f} in the reader thread (range scans), so that reads never
-        hold up the writer's group commit. With an injected C{io}, there."""
-        if self._io is not None and self._pool is None:
-            return self._io(f, *args)
-        if self._read_pool is None:
-            from twisted.python.threadpool import ThreadPool  # noqa: PLC0415
-
-            self._read_pool = ThreadPool(1, 1, name="qmq-commit-log-read")
-            self._read_pool.start()
-            self._reactor.addSystemEventTrigger("after", "shutdown", self._stop_read_pool)
-        from twisted.internet.threads import deferToThreadPool  # noqa: PLC0415
-
-        return deferToThreadPool(self._reactor, self._read_pool, f, *args)
-
-    def _stop_read_pool(self) -> None:
-        if self._read_pool is not None:
-            self._read_pool.stop()
-            self._read_pool = None
 
     def observe_syncs(self, observer: Callable[[float], None]) -> bool:
         """Tell C{observer} the seconds each fdatasync of the segments took

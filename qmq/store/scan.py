@@ -15,6 +15,10 @@ compacted since. Compaction copies a record forward and then deletes the
 old segment, so the same id can be read twice in one page (kept once) but
 is never lost: the store deletes no segment while a scan reads.
 
+L{RangeScans} is the store's part (a base class of
+L{qmq.store.log.CommitLogStore}, with no state of its own: it reads the
+store's index, batch and sizes, which C{CommitLogStore.__init__} makes).
+
 A page reads at most L{PAGE_BYTES} (past the first segment) before it
 stops; it returns what it may prove complete (every id below the next
 unread segment's lowest), and a cursor past it.
@@ -26,11 +30,18 @@ import heapq
 import os
 import struct
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet.defer import Deferred, fail, succeed
 
 from qmq.core.message import Message
 from qmq.store.record import FLAG_PERSISTENT, RECORD_PUBLISH, RecordError, decode_publish_fields
 from qmq.store.segment import FRAME_SIZE, SegmentReader, segment_name
+
+if TYPE_CHECKING:
+    from qmq.core.queue import Queue
+    from qmq.core.vhost import VirtualHost
 
 MiB = 1024 * 1024
 
@@ -254,3 +265,89 @@ def _read(directory: str, number: int, size: int) -> bytes | None:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+class RangeScans:
+    """The commit log's range scans, on the reactor thread: wait for what
+    was published so far to be written, plan the page, run L{read_page} in
+    the reader thread; a base class of L{qmq.store.log.CommitLogStore}."""
+
+    def scan(
+        self,
+        vhost: VirtualHost,
+        queue: Queue,
+        start: float,
+        end: float,
+        after: int,
+        limit: int,
+    ) -> Deferred:
+        """A page of a range scan (see L{qmq.store.scan}): once what was
+        published so far is written, read the segments in the reader
+        thread. The Deferred fires with C{(messages, next id or None)}."""
+        self._open()
+        if self._failed is not None:
+            return fail(self._failed)
+        qs = self._index.vhosts.get(vhost.name, {}).get(queue.name)
+        if qs is None:
+            return succeed(([], None))
+        after = max(after, qs.since - 1)
+        batch = self._batch
+        if batch.parts or self._inflight is not None:
+            # Written first, so the page sees every publish made before it.
+            written: Deferred = Deferred()
+            batch.waiters.append(written)
+            self.flush()
+        else:
+            written = succeed(None)
+        vname, qname = vhost.name, queue.name
+        written.addCallback(lambda _: self._read_page(vname, qname, start, end, after, limit))
+        return written
+
+    def _read_page(
+        self, vhost: str, queue: str, start: float, end: float, after: int, limit: int
+    ) -> Deferred:
+        sizes = self._sizes
+        plan = []
+        for number, info in self._index.segments.items():
+            size = sizes.get(number)
+            if (
+                size
+                and info.max_id > after
+                and info.min_ts < end
+                and info.max_ts >= start
+            ):
+                plan.append((info.min_id, number, size))
+        if not plan:
+            return succeed(([], None))
+        plan.sort()
+        self._reading += 1
+
+        def done(result: Any) -> Any:
+            self._reading -= 1
+            if self._index.dirty:
+                self._want_flush()
+            return result
+
+        d = self._read(read_page, self.directory, plan, vhost, queue, start, end, after, limit,
+                       PAGE_BYTES, self._scan_marks)
+        return d.addBoth(done)
+
+    def _read(self, f: Callable, *args: Any) -> Deferred:
+        """Run C{f} in the reader thread (range scans), so that reads never
+        hold up the writer's group commit. With an injected C{io}, there."""
+        if self._io is not None and self._pool is None:
+            return self._io(f, *args)
+        if self._read_pool is None:
+            from twisted.python.threadpool import ThreadPool  # noqa: PLC0415
+
+            self._read_pool = ThreadPool(1, 1, name="qmq-commit-log-read")
+            self._read_pool.start()
+            self._reactor.addSystemEventTrigger("after", "shutdown", self._stop_read_pool)
+        from twisted.internet.threads import deferToThreadPool  # noqa: PLC0415
+
+        return deferToThreadPool(self._reactor, self._read_pool, f, *args)
+
+    def _stop_read_pool(self) -> None:
+        if self._read_pool is not None:
+            self._read_pool.stop()
+            self._read_pool = None

@@ -3,15 +3,16 @@
 
 No prometheus-client object is touched on the message path: a scrape reads
 what the broker keeps anyway (queue lengths, consumers and their unacked
-deliveries, the connection registry, the memory alarm, the message id
-generator's C{issued} count) and a few plain integer counts (each queue's C{published} and
-C{delivered}; each channel's publishes and acks, added up by protocol in
-L{qmq.core.traffic}) through a custom collector, in its own registry (not
-the process-global one, so two brokers in one process never mix). The HTTP
-API's own counters are kept per request (a batch adds its size once). The
-one timing it adds is the commit log's fsync latency, a histogram observed
-on the store's writer thread around each sync (one sync per group commit,
-not per message).
+deliveries, the connection registry and its per-listener opened and closed
+counts, the alarms) and a few plain integer counts (each queue's
+C{published} and C{delivered}; each channel's publishes and acks, added up
+by protocol in L{qmq.core.traffic}; each virtual host's redelivered,
+dead-lettered and unroutable messages, counted where those rare events
+happen) through a custom collector, in its own registry (not the
+process-global one, so two brokers in one process never mix). Each count
+appears once, under one name (L{FAMILIES}). The one timing it adds is the
+commit log's fsync latency, a histogram observed on the store's writer
+thread around each sync (one sync per group commit, not per message).
 
 Per-queue series are given for the first C{http_api.max_metric_queues}
 queues of each virtual host (a broker may hold millions); the per-vhost
@@ -20,13 +21,22 @@ totals count every queue.
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from twisted.web.resource import Resource
+
+from qmq import __version__
 
 #: fsync buckets, seconds (a sync on this kind of disk: 0.1 to 3 ms).
 FSYNC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
@@ -66,7 +76,11 @@ def instrument_fsync(store: Any, histogram: Histogram) -> bool:
 
 
 class BrokerCollector:
-    """Reads the broker's state at scrape time (see the module docstring)."""
+    """Reads the broker's state at scrape time (see the module docstring).
+
+    Every family is named once (L{FAMILIES} lists them, with their types,
+    for the docs and the tests): counters end in C{_total} in the
+    exposition, sizes are in bytes and times in seconds."""
 
     def __init__(self, ctx: Any, api: Any = None, max_queues: int = 1000) -> None:
         self.ctx = ctx
@@ -76,8 +90,13 @@ class BrokerCollector:
 
     def collect(self) -> Iterator[Any]:
         broker = self.broker
-        conns = GaugeMetricFamily("qmq_connections", "Open connections, by protocol.", labels=["protocol"])
+        info = GaugeMetricFamily("qmq_build_info", "The broker's version and Python's (always 1).",
+                                 labels=["version", "python"])
+        info.add_metric([__version__, platform.python_version()], 1)
+        yield info
+
         registry = getattr(self.ctx, "connections", None)
+        conns = GaugeMetricFamily("qmq_connections", "Open connections, by protocol.", labels=["protocol"])
         counts: dict[str, int] = {}
         if registry is not None:
             for conn in list(registry.connections()):
@@ -86,36 +105,38 @@ class BrokerCollector:
         for p, n in sorted(counts.items()):
             conns.add_metric([p], n)
         yield conns
-
-        ids = issued_ids(broker)
-        if ids is not None:
-            c = CounterMetricFamily("qmq_messages_published", "Messages published, every protocol together.")
-            c.add_metric([], ids)
+        opened = getattr(registry, "opened", None)
+        closed = getattr(registry, "closed", None)
+        if opened is not None and closed is not None:
+            o = CounterMetricFamily("qmq_connections_opened", "Connections admitted, by listener (its listen spec).",
+                                    labels=["listener"])
+            c = CounterMetricFamily("qmq_connections_closed", "Connections closed, by listener.", labels=["listener"])
+            for listener in sorted(opened):
+                o.add_metric([listener], opened[listener])
+                c.add_metric([listener], closed.get(listener, 0))
+            yield o
             yield c
 
         traffic = getattr(broker, "traffic", None)
         if traffic is not None:
             families = [
-                CounterMetricFamily(f"qmq_protocol_messages_{what}", f"Messages {what}, by client protocol "
-                                    "(stomp, websocket, sockjs, http).", labels=["protocol"])
+                CounterMetricFamily(f"qmq_messages_{what}", f"Messages {what}, by client protocol "
+                                    "(stomp, websocket, sockjs, http; internal: tools, dead-lettering).",
+                                    labels=["protocol"])
                 for what in ("published", "delivered", "acked")
             ]
-            for protocol, counts in traffic.totals().items():
-                for family, n in zip(families, counts, strict=True):
+            for protocol, row in traffic.totals().items():
+                for family, n in zip(families, row, strict=True):
                     family.add_metric([protocol or "internal"], n)
             yield from families
 
-        api = self.api
-        if api is not None:
-            for name, attr, what in (
-                ("qmq_http_messages_published", "published", "Messages published over the HTTP API."),
-                ("qmq_http_messages_delivered", "delivered", "Messages received over the HTTP API."),
-                ("qmq_http_messages_acked", "acked", "Messages acknowledged over the HTTP API."),
-            ):
-                c = CounterMetricFamily(name, what)
-                c.add_metric([], getattr(api, attr))
-                yield c
-
+        redelivered = CounterMetricFamily("qmq_messages_redelivered", "Messages given back to a queue "
+                                          "(nacked with requeue, or their consumer went away), by virtual host.",
+                                          labels=["vhost"])
+        dead = CounterMetricFamily("qmq_messages_dead_lettered", "Messages republished to a dead-letter "
+                                   "exchange, by the virtual host of the queue they left.", labels=["vhost"])
+        unroutable = CounterMetricFamily("qmq_messages_unroutable_dropped", "Messages published to no queue "
+                                         "and dropped, by virtual host.", labels=["vhost"])
         vq = GaugeMetricFamily("qmq_vhost_queues", "Queues, by virtual host.", labels=["vhost"])
         vready = GaugeMetricFamily("qmq_vhost_messages_ready", "Ready messages, by virtual host.", labels=["vhost"])
         vunacked = GaugeMetricFamily("qmq_vhost_messages_unacked", "Delivered, unacknowledged messages.",
@@ -124,10 +145,12 @@ class BrokerCollector:
         unacked = GaugeMetricFamily("qmq_queue_messages_unacked", "Delivered, unacknowledged messages.",
                                     labels=["vhost", "queue"])
         consumers = GaugeMetricFamily("qmq_queue_consumers", "Consumers.", labels=["vhost", "queue"])
-        dropped = CounterMetricFamily("qmq_queue_dropped", "Messages the queue discarded by its limits.",
+        dropped = CounterMetricFamily("qmq_queue_messages_dropped", "Messages the queue discarded by its limits.",
                                       labels=["vhost", "queue"])
-        qpub = CounterMetricFamily("qmq_queue_published", "Messages routed to the queue.", labels=["vhost", "queue"])
-        qdel = CounterMetricFamily("qmq_queue_delivered", "Messages the queue handed out.", labels=["vhost", "queue"])
+        qpub = CounterMetricFamily("qmq_queue_messages_published", "Messages routed to the queue.",
+                                   labels=["vhost", "queue"])
+        qdel = CounterMetricFamily("qmq_queue_messages_delivered", "Messages the queue handed out.",
+                                   labels=["vhost", "queue"])
         for vname, vhost in list(broker.vhosts.items()):
             total_ready = total_unacked = 0
             for i, q in enumerate(list(vhost.queues.values())):
@@ -146,7 +169,11 @@ class BrokerCollector:
             vq.add_metric([vname], len(vhost.queues))
             vready.add_metric([vname], total_ready)
             vunacked.add_metric([vname], total_unacked)
-        yield from (vq, vready, vunacked, ready, unacked, consumers, dropped, qpub, qdel)
+            redelivered.add_metric([vname], getattr(vhost, "redelivered", 0))
+            dead.add_metric([vname], getattr(vhost, "dead_lettered", 0))
+            unroutable.add_metric([vname], getattr(vhost, "unroutable", 0))
+        yield from (redelivered, dead, unroutable, vq, vready, vunacked, ready, unacked, consumers, dropped,
+                    qpub, qdel)
 
         alarm = getattr(broker, "memory_alarm", None)
         a = GaugeMetricFamily("qmq_memory_alarm", "1 while the memory alarm is raised (publishers blocked).")
@@ -173,15 +200,57 @@ class BrokerCollector:
             limit = GaugeMetricFamily("qmq_disk_free_limit_bytes", "The disk alarm's limit.")
             limit.add_metric([], max(disk.limit, 0))
             yield limit
+            raised = CounterMetricFamily("qmq_disk_alarm_raised", "Times the disk alarm was raised.")
+            raised.add_metric([], disk.raised_count)
+            yield raised
         failure = getattr(broker.store, "failure", None)
         st = GaugeMetricFamily("qmq_store_failed", "1 while the store cannot write (persistent publishes held).")
         st.add_metric([], 1 if failure else 0)
         yield st
 
 
+#: Every family of the exposition and its type, as the parser names them
+#: (a counter without its C{_total}); those of prometheus-client's process
+#: collector (C{process_*}, Linux only) and platform collector
+#: (C{python_info}) come too. The docs list each (docs/monitoring.rst).
+FAMILIES: dict[str, str] = {
+    "qmq_build_info": "gauge",
+    "qmq_connections": "gauge",
+    "qmq_connections_opened": "counter",
+    "qmq_connections_closed": "counter",
+    "qmq_messages_published": "counter",
+    "qmq_messages_delivered": "counter",
+    "qmq_messages_acked": "counter",
+    "qmq_messages_redelivered": "counter",
+    "qmq_messages_dead_lettered": "counter",
+    "qmq_messages_unroutable_dropped": "counter",
+    "qmq_vhost_queues": "gauge",
+    "qmq_vhost_messages_ready": "gauge",
+    "qmq_vhost_messages_unacked": "gauge",
+    "qmq_queue_messages_ready": "gauge",
+    "qmq_queue_messages_unacked": "gauge",
+    "qmq_queue_consumers": "gauge",
+    "qmq_queue_messages_dropped": "counter",
+    "qmq_queue_messages_published": "counter",
+    "qmq_queue_messages_delivered": "counter",
+    "qmq_memory_alarm": "gauge",
+    "qmq_memory_rss_bytes": "gauge",
+    "qmq_memory_high_watermark_bytes": "gauge",
+    "qmq_memory_alarm_raised": "counter",
+    "qmq_disk_alarm": "gauge",
+    "qmq_disk_free_bytes": "gauge",
+    "qmq_disk_free_limit_bytes": "gauge",
+    "qmq_disk_alarm_raised": "counter",
+    "qmq_store_failed": "gauge",
+    "qmq_fsync_seconds": "histogram",
+}
+
+
 class MetricsResource(Resource):
-    """C{GET /metrics}. With authentication on, only the API's admins may
-    read it (queue names are in it): the check is the API's own."""
+    """C{GET /metrics}. With authentication on, only the API's admins and
+    monitors may read it (queue names are in it): the decision is the
+    core's (L{qmq.core.access.may_monitor}), asked through the API's
+    C{monitor_check}."""
 
     isLeaf = True
 
@@ -189,6 +258,10 @@ class MetricsResource(Resource):
         super().__init__()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(BrokerCollector(ctx, api, max_queues))
+        # The process's CPU, memory, open files and start time (Linux's
+        # /proc; nothing elsewhere) and the Python build: prometheus-client's own.
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
         self.fsync = Histogram(
             "qmq_fsync_seconds", "Commit-log fsync latency (one per group commit).",
             buckets=FSYNC_BUCKETS, registry=self.registry,
@@ -200,7 +273,7 @@ class MetricsResource(Resource):
     def render_GET(self, request: Any) -> Any:
         api = self.api
         if api is not None and getattr(self.ctx.broker, "auth", None) is not None:
-            d = api.admin_check(request)
+            d = api.monitor_check(request)
             d.addCallback(lambda _: self._answer(request))
             return api.finish_later(request, d)
         return self._answer(request)
@@ -218,4 +291,4 @@ def metrics_resource(ctx: Any, api: Any = None) -> MetricsResource:
     return MetricsResource(ctx, api, max_queues)
 
 
-__all__ = ["BrokerCollector", "MetricsResource", "instrument_fsync", "issued_ids", "metrics_resource"]
+__all__ = ["FAMILIES", "BrokerCollector", "MetricsResource", "instrument_fsync", "issued_ids", "metrics_resource"]

@@ -28,7 +28,7 @@ from twisted.trial import unittest
 
 from qmq import config
 from qmq.service import make_service
-from qmq.store.log import StoreFailed
+from qmq.store.failure import StoreFailed
 from tests.integration.test_admission import TIMEOUT, BrokerTestCase
 
 MiB = 1 << 20
@@ -105,8 +105,10 @@ class DiskAlarmTests(FullDiskCase):
         response, _ = yield self.http("POST", "/vhosts/%2F/queues/d/messages", json={"body": "t"})
         self.assertEqual(response.code, 201, "a transient message is not held back")
         response, health = yield self.http("GET", "/health")
-        self.assertEqual([a["name"] for a in health["alarms"]], ["disk"])
-        self.assertLess(health["disk"]["free_bytes"], 4 * MiB)
+        self.assertEqual(health["checks"]["alarms"]["alarms"], ["disk"])
+        response, check = yield self.http("GET", "/health/checks/alarms")
+        self.assertEqual((response.code, check["ok"]), (503, False))
+        self.assertLess(check["disk"]["free_bytes"], 4 * MiB)
         metrics = yield self.metrics()
         figures = dict(line.split(" ", 1) for line in metrics.splitlines()
                        if line.startswith("qmq_disk") or line.startswith("qmq_store"))
@@ -178,8 +180,10 @@ class StoreRefusalTests(FullDiskCase):
         self.assertEqual((problem["code"], problem["alarm"]), ("publishers-held", "store"))
         self.assertNotIn("published", problem)
         response, health = yield self.http("GET", "/health")
-        self.assertFalse(health["store"]["healthy"])
-        self.assertIn("No space left on device", health["store"]["failure"])
+        self.assertEqual((response.code, health["checks"]["store"]), (503, {"ok": False}))
+        response, check = yield self.http("GET", "/health/checks/store")
+        self.assertEqual((response.code, check["ok"]), (503, False))
+        self.assertIn("No space left on device", check["failure"])
 
         self.empty()
         yield self.until(lambda: self.broker.store.failure is None, "the store writing again")

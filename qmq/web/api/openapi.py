@@ -119,19 +119,46 @@ def _ok(schema: dict, description: str = "OK", status: int = 200, avro: bool = F
 
 
 HEALTH = {
-    "type": "object", "required": ["status", "alarms", "store"],
+    "type": "object", "required": ["status", "checks"],
     "properties": {
-        "status": {"enum": ["ok", "degraded"]},
+        "status": {"enum": ["ok", "failing"]},
+        "checks": {"type": "object", "required": ["listeners", "store", "alarms"], "properties": {
+            "listeners": {"type": "object", "required": ["ok"], "properties": {"ok": {"type": "boolean"}}},
+            "store": {"type": "object", "required": ["ok"], "properties": {"ok": {"type": "boolean"}}},
+            "alarms": {"type": "object", "required": ["ok", "alarms"], "properties": {
+                "ok": {"type": "boolean"},
+                "alarms": {"type": "array", "items": {"enum": ["memory", "disk", "store"]}}}},
+        }},
+    },
+}
+
+LIVE = {"type": "object", "required": ["status"], "properties": {"status": {"const": "ok"}}}
+
+LISTENER = {
+    "type": "object", "required": ["protocol", "spec", "port", "listening"],
+    "properties": {"protocol": {"type": "string"}, "spec": {"type": "string"},
+                   "port": {"type": ["integer", "null"]}, "listening": {"type": "boolean"}},
+}
+
+HEALTH_CHECK = {
+    "type": "object", "required": ["check", "ok"],
+    "properties": {
+        "check": {"enum": ["listeners", "store", "alarms", "port-listener"]},
+        "ok": {"type": "boolean"},
+        "port": {"type": "integer"},
+        "listeners": {"type": "array", "items": LISTENER},
+        "failure": {"type": ["string", "null"]},
         "alarms": {"type": "array", "items": {
             "type": "object", "required": ["name", "detail", "persistent_only"],
             "properties": {"name": {"enum": ["memory", "disk", "store"]}, "detail": {"type": "string"},
                            "persistent_only": {"type": "boolean"}}}},
-        "store": {"type": "object", "properties": {
-            "healthy": {"type": "boolean"}, "failure": {"type": ["string", "null"]}}},
         "disk": {"type": "object", "properties": {
             "free_bytes": {"type": "integer"}, "limit_bytes": {"type": "integer"}}},
     },
 }
+
+MONITORS = ("For the users named in http_api.admins or http_api.monitors (anyone when authentication "
+            "is off); they need no permission in any virtual host.")
 
 PUBLISH_BODY = {
     "required": True,
@@ -472,12 +499,32 @@ def document(s: ApiSettings | None = None) -> dict:
         "/api/v1": {"get": _op("API index", _ok({"type": "object"}), tag="meta")},
         "/api/v1/openapi.json": {"get": _op("This document", _ok({"type": "object"}), tag="meta")},
         "/api/v1/health": {"get": _op(
-            "Readiness", {**_ok(HEALTH, "Publishers are admitted"),
-                          "503": {"description": "Publishers are held back (an alarm, the store)",
-                                  "content": _json(HEALTH)}},
-            description="The alarms holding publishers back (memory: every publish; disk, store: "
-                        "persistent ones) and the store's health. Consumers are never held back.",
+            "Readiness", {**_ok(HEALTH, "Every check passes"),
+                          "503": {"description": "A check fails", "content": _json(HEALTH)}},
+            description="Readiness, open to anyone: every configured listener bound, the store "
+                        "healthy, no alarm. Names each check and whether it passes, and the alarms "
+                        "that hold; the details are in /api/v1/health/checks/NAME.",
             tag="meta")},
+        "/api/v1/health/ready": {"get": _op(
+            "Readiness check", {**_ok(HEALTH, "Every check passes"),
+                          "503": {"description": "A check fails", "content": _json(HEALTH)}},
+            description="Readiness, open to anyone: every configured listener bound, the store "
+                        "healthy, no alarm. Names each check and whether it passes, and the alarms "
+                        "that hold; the details are in /api/v1/health/checks/NAME.",
+            tag="meta")},
+        "/api/v1/health/live": {"get": _op(
+            "Liveness", _ok(LIVE, "The process answers"),
+            description="Open to anyone: 200 whenever the broker answers.", tag="meta")},
+        "/api/v1/health/checks/{check}": {"get": _op(
+            "Run a health check", {**_ok(HEALTH_CHECK, "The check passes"),
+                                   "503": {"description": "The check fails", "content": _json(HEALTH_CHECK)}},
+            401, 404, params=[_path_param("check", "listeners, store or alarms")],
+            description="One readiness check with its details. " + MONITORS, tag="meta")},
+        "/api/v1/health/checks/port-listener/{port}": {"get": _op(
+            "Check a port listener", {**_ok(HEALTH_CHECK, "A configured listener is bound to the port"),
+                                      "503": {"description": "None is", "content": _json(HEALTH_CHECK)}},
+            401, params=[_path_param("port", "A TCP port, 1 to 65535")],
+            description="Whether a configured listener is bound to PORT. " + MONITORS, tag="meta")},
         "/api/v1/schemas": {"get": _op("List the Avro schemas", _ok({
             "type": "object", "required": ["schemas"],
             "properties": {"schemas": {"type": "array", "items": {"type": "string"}}}}), tag="meta")},

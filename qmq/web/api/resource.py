@@ -10,6 +10,14 @@ L{Problem}; core errors become problems too (L{from_broker_error}); an
 unexpected exception is logged and answered with a bare problem, never a
 traceback.
 
+This module keeps routing and dispatch, login, the documents and the
+message handlers (publish, receive, ack, scan, follow: the API's hot
+paths) whole; the rest is mixed in from beside it:
+L{qmq.web.api.topology.TopologyMixin} (queues, exchanges, bindings) and
+L{qmq.web.api.admin.AdminMixin} (connections, users, permissions). The
+request and response helpers every handler uses are in
+L{qmq.web.api.params}.
+
 CORS: a request whose C{Origin} is in C{http_api.cors_origins} (or any
 origin with C{"*"}) gets C{Access-Control-Allow-Origin}; a preflight
 (C{OPTIONS} with C{Access-Control-Request-Method}) is answered 204.
@@ -23,30 +31,41 @@ import hashlib
 import json
 import math
 import weakref
-from dataclasses import dataclass, field
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-import orjson
 from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
+from qmq.core.access import authorize_monitoring
 from qmq.core.admission import RETRY_AFTER
 from qmq.core.errors import BrokerError
-from qmq.core.exchange import EXCHANGE_TYPES
 from qmq.core.management import Management
 from qmq.core.names import check_exchange
-from qmq.core.queue import Queue
 from qmq.twisted_internals import no_delay_once
 from qmq.web.api import codec
+from qmq.web.api.admin import AdminMixin
 from qmq.web.api.codec import AVRO, AVRO_TYPES, JSON, SCHEMA_NAMES
 from qmq.web.api.follow import CursorFollower, SseFollower, _SseProducer
 from qmq.web.api.frontend import HttpFrontend, parse_handle
+from qmq.web.api.health import HealthHandlers
+from qmq.web.api.params import (
+    Response,
+    _arg,
+    _content_type,
+    _encoding_arg,
+    _float_arg,
+    _handles,
+    _int_arg,
+    _object_body,
+    json_response,
+)
 from qmq.web.api.problem import PROBLEM_TYPE, Problem, bad_request, from_broker_error
 from qmq.web.api.settings import ApiSettings
+from qmq.web.api.topology import TopologyMixin
 
 if TYPE_CHECKING:
     from twisted.web.server import Request
@@ -56,131 +75,6 @@ log = Logger()
 API_VERSION = "v1"
 
 
-@dataclass
-class Response:
-    """What a handler answers."""
-
-    status: int = 200
-    body: bytes = b""
-    content_type: str = JSON
-    headers: dict[str, str] = field(default_factory=dict)
-
-
-def json_response(obj: Any, status: int = 200) -> Response:
-    # orjson: 8 times as fast as json for a batch of deliveries.
-    return Response(status, orjson.dumps(obj), JSON)
-
-
-# -- parameters ---------------------------------------------------------------------
-
-
-def _arg(request: Request, name: str) -> str | None:
-    values = request.args.get(name.encode()) if request.args else None
-    if not values:
-        return None
-    if len(values) > 1:
-        raise bad_request(f"query parameter {name!r} is given {len(values)} times")
-    try:
-        return values[0].decode("utf-8")
-    except UnicodeDecodeError:
-        raise bad_request(f"query parameter {name!r} is not UTF-8") from None
-
-
-def _int_arg(request: Request, name: str, default: int, low: int, high: int) -> int:
-    text = _arg(request, name)
-    if text is None:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        raise bad_request(f"query parameter {name!r} must be an integer, got {text[:40]!r}") from None
-    if not low <= value <= high:
-        raise bad_request(f"query parameter {name!r} must be from {low} to {high}, got {value}")
-    return value
-
-
-def _float_arg(request: Request, name: str, default: float, low: float, high: float) -> float:
-    text = _arg(request, name)
-    if text is None:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        raise bad_request(f"query parameter {name!r} must be a number, got {text[:40]!r}") from None
-    if not (math.isfinite(value) and low <= value <= high):
-        raise bad_request(f"query parameter {name!r} must be from {low:g} to {high:g}, got {text[:40]}")
-    return value
-
-
-def _bool_arg(request: Request, name: str, default: bool) -> bool:
-    text = _arg(request, name)
-    if text is None:
-        return default
-    if text in ("true", "1"):
-        return True
-    if text in ("false", "0"):
-        return False
-    raise bad_request(f"query parameter {name!r} must be true or false, got {text[:40]!r}")
-
-
-def _encoding_arg(request: Request) -> bool:
-    """Whether bodies are to be base64 always (C{encoding=base64})."""
-    text = _arg(request, "encoding")
-    if text is None or text == "auto":
-        return False
-    if text == "base64":
-        return True
-    raise bad_request(f"query parameter 'encoding' must be auto or base64, got {text[:40]!r}")
-
-
-def _content_type(request: Request) -> str:
-    value = request.getHeader("content-type")
-    if not value:
-        return JSON
-    return value.split(";", 1)[0].strip().lower()
-
-
-def _json_body(request: Request) -> Any:
-    kind = _content_type(request)
-    if kind != JSON and not kind.endswith("+json"):
-        raise Problem(415, "unsupported-media-type", f"This endpoint takes {JSON}, not {kind!r}.")
-    data = request.content.read() if request.content is not None else b""
-    if not data:
-        raise bad_request("The request needs a JSON body", "bad-json")
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError as e:
-        raise bad_request(f"The body is not valid JSON: {e}", "bad-json") from None
-
-
-def _object_body(request: Request, fields: dict[str, tuple[type, ...]], required: tuple[str, ...]) -> dict:
-    doc = _json_body(request)
-    if doc.__class__ is not dict:
-        raise bad_request("The body must be a JSON object")
-    unknown = doc.keys() - fields.keys()
-    if unknown:
-        raise bad_request(
-            f"unknown field(s) {', '.join(sorted(map(repr, unknown)))}; expected {', '.join(sorted(fields))}"
-        )
-    for name in required:
-        if name not in doc:
-            raise bad_request(f"the field {name!r} is required")
-    for name, value in doc.items():
-        kinds = fields[name]
-        if value.__class__ not in kinds:
-            raise bad_request(f"the field {name!r} must be {' or '.join(k.__name__ for k in kinds)}")
-    return doc
-
-
-def _handles(doc: dict, max_batch: int) -> list[str]:
-    handles = doc["handles"]
-    if not handles:
-        raise bad_request("'handles' is empty")
-    if len(handles) > max_batch:
-        raise bad_request(f"{len(handles)} handles in one request; at most {max_batch} (http_api.max_batch)")
-    return handles
-
-
 # -- the resource -----------------------------------------------------------------------
 
 
@@ -188,26 +82,13 @@ Route = tuple[str, tuple[str, ...], str]
 
 
 #: Handlers anyone may call, also with authentication on (the documents).
-PUBLIC = frozenset(("h_index", "h_openapi", "h_schemas", "h_schema", "h_health"))
+PUBLIC = frozenset(("h_index", "h_openapi", "h_schemas", "h_schema", "h_health", "h_health_live",
+                    "h_health_ready", "h_health_check", "h_health_port"))  # the checks ask monitor_check
 #: Handlers of the broker as a whole (users, permissions): their caller
 #: logs in to the default virtual host whatever the path names.
 GLOBAL = frozenset(("h_get_permission", "h_put_permission", "h_delete_permission"))
-#: Most characters of a user name.
-MAX_USER_NAME = 128
-#: Seconds a queue's rates are averaged over at least (L{ApiResource._message_stats}).
-RATE_INTERVAL = 1.0
-_RATE_SAMPLES = 100_000
 DEFAULT_VHOST = "/"
 _USER_CACHE_SIZE = 10_000
-
-
-def _session(conn: Any) -> Any:
-    """The STOMP session of a registered connection (over TCP, or a
-    WebSocket inside an HTTP connection), or None."""
-    session = getattr(conn, "session", None)
-    if session is None:
-        session = getattr(getattr(conn, "wrappedProtocol", None), "session", None)
-    return session
 
 
 def is_publish(method: bytes, path: bytes) -> bool:
@@ -233,7 +114,7 @@ def _unauthorized(detail: str) -> Problem:
     return Problem(401, "unauthorized", detail, headers={"WWW-Authenticate": 'Basic realm="QMQ", Bearer'})
 
 
-class ApiResource(Resource):
+class ApiResource(HealthHandlers, TopologyMixin, AdminMixin, Resource):
     """C{/api}: version 1 of QMQ's HTTP API (see the module docstring)."""
 
     isLeaf = True
@@ -244,6 +125,10 @@ class ApiResource(Resource):
         ("GET", ("v1",), "index"),
         ("GET", ("v1", "openapi.json"), "openapi"),
         ("GET", ("v1", "health"), "health"),
+        ("GET", ("v1", "health", "live"), "health_live"),
+        ("GET", ("v1", "health", "ready"), "health_ready"),
+        ("GET", ("v1", "health", "checks", "{check}"), "health_check"),
+        ("GET", ("v1", "health", "checks", "port-listener", "{port}"), "health_port"),
         ("GET", ("v1", "schemas"), "schemas"),
         ("GET", ("v1", "schemas", "{schema}"), "schema"),
         ("GET", ("v1", "vhosts"), "list_vhosts"),
@@ -355,7 +240,7 @@ class ApiResource(Resource):
 
     # -- authentication ----------------------------------------------------------
 
-    def _login(self, request: Request, vhost: str) -> defer.Deferred:
+    def _login(self, request: Request, vhost: str, use_vhost: bool = True) -> defer.Deferred:
         """The user of C{request} (HTTP Basic, or a bearer token), logged in
         to C{vhost} through the broker's authenticator, as STOMP's CONNECT
         is; remembered for C{auth_cache} seconds per virtual host and
@@ -363,7 +248,7 @@ class ApiResource(Resource):
         auth = self.broker.auth
         header = request.getHeader("authorization")
         identity = getattr(getattr(request.channel, "transport", None), "identity", None)
-        key = (vhost, hashlib.sha256(header.encode()).digest() if header else None, identity)
+        key = (vhost, use_vhost, hashlib.sha256(header.encode()).digest() if header else None, identity)
         now = self.clock.seconds()
         cached = self._users.get(key)
         generation = auth.generation
@@ -389,7 +274,7 @@ class ApiResource(Resource):
                 raise _unauthorized("Send credentials as 'Authorization: Basic ...' or 'Authorization: Bearer TOKEN'.")
         credentials = auth.credentials(vhost, login, passcode, identity)
         address = getattr(request.getClientAddress(), "host", "") or ""
-        d = auth.authenticate(vhost, credentials, address)
+        d = auth.authenticate(vhost, credentials, address, use_vhost)
 
         def logged_in(user: Any) -> Any:
             if self.settings.auth_cache > 0:
@@ -425,6 +310,25 @@ class ApiResource(Resource):
             self._require_admin(request)
 
         return defer.maybeDeferred(self._login, request, DEFAULT_VHOST).addCallback(check)
+
+    def monitor_check(self, request: Request) -> defer.Deferred:
+        """Fires once C{request}'s user may read the monitoring answers
+        (L{qmq.core.access.may_monitor}: an admin or one of
+        C{http_api.monitors}); fails with a L{Problem} otherwise (401 for
+        bad credentials, 403 for an identity without the right, which is
+        not a failed login). The identity needs no virtual host."""
+        if getattr(self.broker, "auth", None) is None:
+            request.qmq_user = None
+            return defer.succeed(None)
+
+        def check(user: Any) -> None:
+            request.qmq_user = user
+            try:
+                authorize_monitoring(user, self.settings.admins.split(), self.settings.monitors.split())
+            except BrokerError as e:
+                raise from_broker_error(e) from None
+
+        return defer.maybeDeferred(self._login, request, DEFAULT_VHOST, False).addCallback(check)
 
     def finish_later(self, request: Request, d: defer.Deferred) -> Any:
         """Write what C{d} fires with (bytes), or the problem it fails with."""
@@ -573,29 +477,6 @@ class ApiResource(Resource):
                 "vhosts": "/api/v1/vhosts",
             }
         )
-
-    def h_health(self, request: Request) -> Response:
-        """Readiness: 200 while publishers are admitted, 503 while admission
-        holds any back (the alarms and the store's health, listed)."""
-        broker = self.broker
-        admission = broker.admission
-        failure = getattr(broker.store, "failure", None)
-        disk = broker.disk_alarm
-        body: dict[str, Any] = {
-            "status": "ok" if not admission.closed else "degraded",
-            "alarms": [
-                {"name": h.name, "detail": h.detail, "persistent_only": h.persistent_only}
-                for h in admission.holds
-            ],
-            "store": {"healthy": failure is None, "failure": failure},
-        }
-        if disk is not None:
-            body["disk"] = {"free_bytes": disk.free, "limit_bytes": disk.limit}
-        status = 200 if not admission.closed else 503
-        response = json_response(body, status)
-        if status == 503:
-            response.headers["Retry-After"] = str(RETRY_AFTER)
-        return response
 
     def h_openapi(self, request: Request) -> Response:
         if self._openapi is None:
@@ -956,49 +837,7 @@ class ApiResource(Resource):
             return answer(got)
         return follower.wait(want, wait).addCallback(answer)
 
-    # -- queues --------------------------------------------------------------------
-
-    def _queue_doc(self, fe_name: str, q: Queue) -> dict:
-        unacked = sum(len(c.unacked) for c in q.consumers)
-        return {
-            "name": q.name,
-            "vhost": fe_name,
-            "durable": q.durable,
-            "auto_delete": q.auto_delete,
-            "exclusive": q.exclusive_owner is not None,
-            "arguments": q.arguments or {},
-            "messages": len(q) + unacked,
-            "messages_ready": len(q),
-            "messages_unacknowledged": unacked,
-            "ready_bytes": q.ready_bytes,
-            "consumers": len(q.consumers),
-            "dropped": q.dropped,
-            "message_stats": self._message_stats(fe_name, q),
-        }
-
-    def _message_stats(self, vhost: str, q: Queue) -> dict:
-        """A queue's publish and deliver counts and rates. A rate is the
-        change of its count per second since the previous reading at least
-        L{RATE_INTERVAL} seconds before (0 at the first); nothing is
-        sampled in between, so the queues nobody asks about cost nothing."""
-        now = self.clock.seconds()
-        key = (vhost, q.name)
-        published, delivered = q.published, q.delivered
-        sample = self._rates.get(key)
-        if sample is None or published < sample[1] or delivered < sample[2]:
-            if len(self._rates) >= _RATE_SAMPLES:
-                self._rates.clear()
-            self._rates[key] = (now, published, delivered, 0.0, 0.0)
-            publish_rate = deliver_rate = 0.0
-        else:
-            then, p, d, publish_rate, deliver_rate = sample
-            elapsed = now - then
-            if elapsed >= RATE_INTERVAL:
-                publish_rate = round((published - p) / elapsed, 1)
-                deliver_rate = round((delivered - d) / elapsed, 1)
-                self._rates[key] = (now, published, delivered, publish_rate, deliver_rate)
-        return {"publish": published, "deliver": delivered, "publish_rate": publish_rate,
-                "deliver_rate": deliver_rate}
+    # -- lists ----------------------------------------------------------------------
 
     def _page(self, request: Request, items: Any, total: int) -> tuple[list, dict]:
         limit = _int_arg(request, "limit", min(1000, self.settings.max_list), 1, self.settings.max_list)
@@ -1006,357 +845,6 @@ class ApiResource(Resource):
         page = list(islice(items, offset, offset + limit))
         more = offset + len(page) < total
         return page, {"total": total, "offset": offset, "next_offset": offset + len(page) if more else None}
-
-    def h_list_queues(self, request: Request, vhost: str) -> Response:
-        mgmt = self._management(request, vhost)
-        v = mgmt.vhost
-        prefix = _arg(request, "prefix")
-        queues: Any = v.queues.values()
-        total = len(v.queues)
-        if prefix or request.qmq_user is not None:
-            queues = [q for q in queues if (not prefix or q.name.startswith(prefix))
-                      and self._listed(request, mgmt, q.name)]
-            total = len(queues)
-        page, meta = self._page(request, queues, total)
-        return json_response({"queues": [self._queue_doc(vhost, q) for q in page], **meta})
-
-    def h_get_queue(self, request: Request, vhost: str, queue: str) -> Response:
-        self._queue(vhost, queue)
-        q = self._management(request, vhost).queue(queue, see_all=self._is_admin(request))
-        return json_response(self._queue_doc(vhost, q))
-
-    def _queue(self, vhost: str, name: str) -> Queue:
-        q = self._vhost(vhost).queues.get(name)
-        if q is None:
-            raise Problem(404, "unknown-queue", f"No queue {name!r} in virtual host {vhost!r}.")
-        return q
-
-    def h_put_queue(self, request: Request, vhost: str, queue: str) -> Response:
-        mgmt = self._management(request, vhost)
-        doc: dict = {}
-        if request.content is not None and request.content.getvalue():
-            doc = _object_body(request, {"durable": (bool,), "auto_delete": (bool,), "arguments": (dict,)}, ())
-        q, made = mgmt.declare_queue(
-            queue,
-            durable=doc.get("durable", True),
-            auto_delete=doc.get("auto_delete", False),
-            arguments=doc.get("arguments") or None,
-        )
-        return json_response(self._queue_doc(vhost, q), 201 if made else 200)
-
-    def h_delete_queue(self, request: Request, vhost: str, queue: str) -> Response:
-        self._queue(vhost, queue)
-        dropped = self._management(request, vhost).delete_queue(queue)
-        return json_response({"deleted": queue, "messages": dropped})
-
-    def h_purge_queue(self, request: Request, vhost: str, queue: str) -> Response:
-        self._queue(vhost, queue)
-        return json_response({"purged": self._management(request, vhost).purge_queue(queue)})
-
-    # -- exchanges and bindings -----------------------------------------------------------
-
-    def _exchange_doc(self, vhost: str, ex: Any) -> dict:
-        return {
-            "name": ex.name,
-            "vhost": vhost,
-            "type": ex.type,
-            "durable": ex.durable,
-            "auto_delete": ex.auto_delete,
-            "bindings": ex.binding_count,
-        }
-
-    def h_list_exchanges(self, request: Request, vhost: str) -> Response:
-        mgmt = self._management(request, vhost)
-        exchanges: Any = mgmt.vhost.exchanges.values()
-        total = len(mgmt.vhost.exchanges)
-        if request.qmq_user is not None:
-            exchanges = [e for e in exchanges if mgmt.may_read_exchange(e.name)]
-            total = len(exchanges)
-        page, meta = self._page(request, exchanges, total)
-        return json_response({"exchanges": [self._exchange_doc(vhost, e) for e in page], **meta})
-
-    def _exchange(self, vhost: str, name: str) -> Any:
-        ex = self._vhost(vhost).exchanges.get(name)
-        if ex is None:
-            raise Problem(404, "unknown-exchange", f"No exchange {name!r} in virtual host {vhost!r}.")
-        return ex
-
-    def h_get_exchange(self, request: Request, vhost: str, exchange: str) -> Response:
-        self._exchange(vhost, exchange)
-        ex = self._management(request, vhost).exchange(exchange)
-        return json_response(self._exchange_doc(vhost, ex))
-
-    def h_put_exchange(self, request: Request, vhost: str, exchange: str) -> Response:
-        mgmt = self._management(request, vhost)
-        doc = _object_body(request, {"type": (str,), "durable": (bool,), "auto_delete": (bool,)}, ("type",))
-        if doc["type"] not in EXCHANGE_TYPES:
-            raise bad_request(f"'type' must be one of {', '.join(EXCHANGE_TYPES)}")
-        ex, made = mgmt.declare_exchange(exchange, doc["type"], doc.get("durable", True), doc.get("auto_delete", False))
-        return json_response(self._exchange_doc(vhost, ex), 201 if made else 200)
-
-    def h_delete_exchange(self, request: Request, vhost: str, exchange: str) -> Response:
-        self._exchange(vhost, exchange)
-        self._management(request, vhost).delete_exchange(exchange)
-        return json_response({"deleted": exchange})
-
-    def h_list_bindings(self, request: Request, vhost: str) -> Response:
-        mgmt = self._management(request, vhost)
-        rows = (
-            {"queue": q.name, "exchange": ex.name, "routing_key": key, "arguments": args or {}}
-            for q in mgmt.vhost.queues.values()
-            if q.bindings and self._listed(request, mgmt, q.name)
-            for ex, key, args in q.bindings
-        )
-        limit = _int_arg(request, "limit", min(1000, self.settings.max_list), 1, self.settings.max_list)
-        offset = _int_arg(request, "offset", 0, 0, 1 << 62)
-        page = list(islice(rows, offset, offset + limit + 1))
-        more = len(page) > limit
-        page = page[:limit]
-        return json_response(
-            {"bindings": page, "offset": offset, "next_offset": offset + limit if more else None}
-        )
-
-    def _binding_fields(self, doc: dict) -> tuple[str, str, str]:
-        return doc["queue"], doc["exchange"], doc.get("routing_key", "")
-
-    def h_add_binding(self, request: Request, vhost: str) -> Response:
-        mgmt = self._management(request, vhost)
-        doc = _object_body(
-            request, {"queue": (str,), "exchange": (str,), "routing_key": (str,)}, ("queue", "exchange")
-        )
-        queue, exchange, key = self._binding_fields(doc)
-        self._queue(vhost, queue)
-        self._exchange(vhost, exchange)
-        mgmt.bind(queue, exchange, key)
-        return json_response({"queue": queue, "exchange": exchange, "routing_key": key, "arguments": {}}, 201)
-
-    def h_delete_binding(self, request: Request, vhost: str) -> Response:
-        mgmt = self._management(request, vhost)
-        queue = _arg(request, "queue")
-        exchange = _arg(request, "exchange")
-        if queue is None or exchange is None:
-            raise bad_request("name the binding with the query parameters 'queue', 'exchange' and 'routing_key'")
-        key = _arg(request, "routing_key") or ""
-        self._queue(vhost, queue)
-        self._exchange(vhost, exchange)
-        mgmt.unbind(queue, exchange, key)
-        return json_response({"deleted": {"queue": queue, "exchange": exchange, "routing_key": key}})
-
-    # -- connections ------------------------------------------------------------------
-
-    def _registry(self) -> Any:
-        registry = getattr(self.ctx, "connections", None)
-        if registry is None:
-            raise Problem(404, "not-found", "This broker keeps no connection registry.")
-        return registry
-
-    def _conn_id(self, conn: Any) -> int:
-        cid = self._conn_ids.get(conn)
-        if cid is None:
-            cid = self._conn_ids[conn] = self._next_conn
-            self._conns[cid] = conn
-            self._next_conn += 1
-        return cid
-
-    def h_list_connections(self, request: Request) -> Response:
-        self._require_admin(request)
-        registry = self._registry()
-        conns = list(registry.connections())
-        page, meta = self._page(request, conns, len(conns))
-        rows = []
-        for conn in page:
-            session = _session(conn)
-            rows.append(
-                {
-                    "id": str(self._conn_id(conn)),
-                    "protocol": getattr(conn, "protocol_name", None) or type(conn).__name__,
-                    "peer": str(getattr(conn, "peer", "") or getattr(conn, "peer_host", "")),
-                    "user": str(getattr(session, "login", "") or "") if session is not None else "",
-                }
-            )
-        return json_response({"connections": rows, **meta})
-
-    def h_close_connection(self, request: Request, connection: str) -> Response:
-        self._require_admin(request)
-        registry = self._registry()
-        conn = self._conns.get(int(connection)) if connection.isdigit() and len(connection) < 19 else None
-        if conn is None or conn not in registry.connections():
-            raise Problem(404, "unknown-connection", f"No connection {connection[:40]!r}; list them first.")
-        conn.shutdown("closed by an administrator (HTTP API)")
-        return json_response({"closed": connection})
-
-    # -- users and permissions -----------------------------------------------------------
-
-    def _auth(self, request: Request, changing: bool = False) -> Any:
-        """The broker's authenticator, for an admin's request. Without one
-        (authentication off) a change is a 409: there is no user to change."""
-        self._require_admin(request)
-        auth = getattr(self.broker, "auth", None)
-        if auth is None and changing:
-            raise Problem(
-                409,
-                "authentication-off",
-                "Authentication is off (no [users] and no token key configured), so there are no users to "
-                "change; configure one user to turn it on (see docs/security.rst).",
-            )
-        return auth
-
-    def _user_doc(self, auth: Any, name: str) -> dict:
-        u = auth.users[name]
-        return {
-            "name": name,
-            "password": u.password is not None,
-            "certificate_names": list(u.certificate_names),
-            "source": auth.user_sources.get(name, "config"),
-            "admin": name in self.settings.admins.split(),
-        }
-
-    @staticmethod
-    def _user_name(name: str) -> str:
-        if not name or len(name) > MAX_USER_NAME or not name.isprintable():
-            raise bad_request(f"a user name is 1 to {MAX_USER_NAME} printable characters")
-        return name
-
-    def h_list_users(self, request: Request) -> Response:
-        auth = self._auth(request)
-        names = sorted(auth.users) if auth is not None else []
-        page, meta = self._page(request, names, len(names))
-        return json_response({"users": [self._user_doc(auth, n) for n in page], **meta})
-
-    def _known_user(self, auth: Any, name: str) -> None:
-        if auth is None or name not in auth.users:
-            raise Problem(404, "unknown-user", f"No user {name[:MAX_USER_NAME]!r}.")
-
-    def h_get_user(self, request: Request, user: str) -> Response:
-        auth = self._auth(request)
-        self._known_user(auth, user)
-        return json_response(self._user_doc(auth, user))
-
-    def h_put_user(self, request: Request, user: str) -> Any:
-        from qmq.auth.passwords import HashError, parse_hash  # noqa: PLC0415
-
-        auth = self._auth(request, changing=True)
-        name = self._user_name(user)
-        doc = _object_body(
-            request, {"password": (str,), "password_hash": (str,), "certificate_names": (list,)}, ()
-        )
-        if "password" in doc and "password_hash" in doc:
-            raise bad_request("give 'password' or 'password_hash', not both")
-        certs = doc.get("certificate_names", [])
-        if not all(c.__class__ is str and c for c in certs):
-            raise bad_request("'certificate_names' must be an array of non-empty strings")
-        if "password_hash" in doc:
-            try:
-                parse_hash(doc["password_hash"])
-            except HashError as e:
-                raise bad_request(f"'password_hash': {e}") from None
-        password = doc.get("password")
-        if password is not None and not password:
-            raise bad_request("'password' is empty")
-        if password is None and "password_hash" not in doc and not certs:
-            raise bad_request("a user needs a 'password', a 'password_hash' or 'certificate_names' to log in with")
-
-        def store(hashed: str | None) -> Response:
-            try:
-                new = auth.set_user(name, hashed, tuple(certs))
-            except ValueError as e:
-                raise Problem(409, "conflict", str(e)) from None
-            log.info("http api: user {user} {what} by {admin}", user=name, what="created" if new else "changed",
-                     admin=self._who(request))
-            return json_response(self._user_doc(auth, name), 201 if new else 200)
-
-        if password is None:
-            return store(doc.get("password_hash"))
-        # scrypt costs 0.1-0.3 s of CPU: in a thread, as a login's check is.
-        return auth.passwords.hash(password).addCallback(store)
-
-    def _refresh_sessions(self, auth: Any, name: str) -> int:
-        """Give the open sessions of user C{name} (every protocol's channel
-        into the core) its permissions as they are now: the next
-        destination they name is checked against them (send targets
-        resolved before are forgotten). @return: how many channels."""
-        traffic = getattr(self.broker, "traffic", None)
-        done = 0
-        for channel in list(traffic.live) if traffic is not None else ():
-            user = channel.user
-            if user is not None and user.account == name:
-                fresh = auth.refreshed(user)
-                if fresh is not None:
-                    channel.set_user(fresh)
-                    done += 1
-        return done
-
-    @staticmethod
-    def _who(request: Request) -> str:
-        user = getattr(request, "qmq_user", None)
-        return user.name if user is not None else "(no authentication)"
-
-    def h_delete_user(self, request: Request, user: str) -> Response:
-        auth = self._auth(request, changing=True)
-        self._known_user(auth, user)
-        auth.delete_user(user)
-        closed = 0
-        registry = getattr(self.ctx, "connections", None)
-        if registry is not None:
-            # As RabbitMQ does: the deleted user's connections close.
-            for conn in list(registry.connections()):
-                who = getattr(_session(conn), "user", None)
-                if who is not None and who.account == user:
-                    conn.shutdown(f"user {user!r} was deleted by an administrator")
-                    closed += 1
-        log.info("http api: user {user} deleted by {admin}", user=user, admin=self._who(request))
-        return json_response({"deleted": user, "connections_closed": closed})
-
-    @staticmethod
-    def _permission_doc(vhost: str, user: str, patterns: tuple[str, str, str]) -> dict:
-        return {"vhost": vhost, "user": user, "configure": patterns[0], "write": patterns[1], "read": patterns[2]}
-
-    def h_list_permissions(self, request: Request) -> Response:
-        auth = self._auth(request)
-        who = _arg(request, "user")
-        where = _arg(request, "vhost")
-        rows = [
-            self._permission_doc(vhost, p.user, (p.configure, p.write, p.read))
-            for vhost, p in (auth.permissions() if auth is not None else [])
-            if (who is None or p.user == who) and (where is None or vhost == where)
-        ]
-        page, meta = self._page(request, rows, len(rows))
-        return json_response({"permissions": page, **meta})
-
-    def h_get_permission(self, request: Request, vhost: str, user: str) -> Response:
-        auth = self._auth(request)
-        patterns = auth.permission(vhost, user) if auth is not None else None
-        if patterns is None:
-            raise Problem(404, "unknown-permission", f"User {user[:MAX_USER_NAME]!r} has no permissions in "
-                          f"virtual host {vhost!r}.")
-        return json_response(self._permission_doc(vhost, user, patterns))
-
-    def h_put_permission(self, request: Request, vhost: str, user: str) -> Response:
-        import re  # noqa: PLC0415
-
-        auth = self._auth(request, changing=True)
-        self._vhost(vhost)
-        self._known_user(auth, user)
-        doc = _object_body(request, {"configure": (str,), "write": (str,), "read": (str,)}, ())
-        patterns = (doc.get("configure", ""), doc.get("write", ""), doc.get("read", ""))
-        try:
-            new = auth.set_permission(vhost, user, *patterns)
-        except re.error as e:
-            raise bad_request(f"a pattern is not a regular expression: {e}") from None
-        self._refresh_sessions(auth, user)
-        log.info("http api: permissions of {user} in {vhost} set to {patterns} by {admin}", user=user,
-                 vhost=vhost, patterns=patterns, admin=self._who(request))
-        return json_response(self._permission_doc(vhost, user, patterns), 201 if new else 200)
-
-    def h_delete_permission(self, request: Request, vhost: str, user: str) -> Response:
-        auth = self._auth(request, changing=True)
-        if not auth.clear_permission(vhost, user):
-            raise Problem(404, "unknown-permission", f"User {user[:MAX_USER_NAME]!r} has no permissions in "
-                          f"virtual host {vhost!r}.")
-        self._refresh_sessions(auth, user)
-        log.info("http api: permissions of {user} in {vhost} removed by {admin}", user=user, vhost=vhost,
-                 admin=self._who(request))
-        return json_response({"deleted": {"vhost": vhost, "user": user}})
 
     # -- the end -----------------------------------------------------------------------
 

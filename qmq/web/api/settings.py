@@ -39,6 +39,10 @@ class ApiSettings:
         (space-separated; C{"*"} allows any); empty: no CORS headers.
     @ivar admins: with authentication on, the users (space-separated names)
         who may list and close connections and list every virtual host.
+    @ivar monitors: with authentication on, the users (space-separated
+        names) who may read C{/metrics} and the health checks' details
+        without being admins (RabbitMQ's C{monitoring} tag); they need no
+        permission in any virtual host.
     @ivar auth_cache: seconds a successful login over HTTP is remembered
         (per virtual host and C{Authorization} header), so that a client
         sending the same credentials on every request is not checked (a
@@ -59,6 +63,7 @@ class ApiSettings:
     sse_keepalive: float = field(default=15.0, metadata={"above": 0})
     cors_origins: str = ""
     admins: str = ""
+    monitors: str = ""
     auth_cache: float = field(default=30.0, metadata={"min": 0})
     max_list: int = field(default=10_000, metadata={"min": 1})
     max_metric_queues: int = field(default=1_000, metadata={"min": 0})

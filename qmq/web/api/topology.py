@@ -1,0 +1,226 @@
+# -*- test-case-name: tests.test_web_api -*-
+"""The HTTP API's topology handlers: queues, exchanges and bindings.
+
+L{TopologyMixin} is the part of L{qmq.web.api.resource.ApiResource} that
+shows and changes a virtual host's shape, under C{/api/v1/vhosts/{vhost}}:
+C{queues}, C{queues/{queue}} (GET, PUT, DELETE; DELETE of its
+C{messages} purges), C{exchanges}, C{exchanges/{exchange}} and
+C{bindings}. Every change goes through L{qmq.core.management.Management}
+(C{ApiResource._management}: the caller's permissions are checked there,
+once for every frontend); a handler only reads its parameters and body,
+checks the names exist (404 problems) and writes the documents. Lists
+are paged by C{ApiResource._page}; a queue's document carries its
+message counts and rates (L{TopologyMixin._message_stats}, sampled only
+when asked for).
+
+It is a mixin because the resource dispatches a route to its handler by
+name (C{h_<route name>}, the table that the OpenAPI document is checked
+against); the publish and receive handlers, the API's hot paths, stay in
+L{qmq.web.api.resource}. The mixin's state (C{_rates}) is set in
+C{ApiResource.__init__}.
+"""
+
+from __future__ import annotations
+
+from itertools import islice
+from typing import TYPE_CHECKING, Any
+
+from qmq.core.exchange import EXCHANGE_TYPES
+from qmq.core.queue import Queue
+from qmq.web.api.params import Response, _arg, _int_arg, _object_body, json_response
+from qmq.web.api.problem import Problem, bad_request
+
+if TYPE_CHECKING:
+    from twisted.web.server import Request
+
+#: Seconds a queue's rates are averaged over at least (L{TopologyMixin._message_stats}).
+RATE_INTERVAL = 1.0
+_RATE_SAMPLES = 100_000
+
+
+class TopologyMixin:
+    """Queues, exchanges and bindings (see the module docstring)."""
+
+    # Set by ApiResource; declared for type checkers.
+    clock: Any
+    settings: Any
+    _rates: dict[tuple[str, str], tuple[float, int, int, float, float]]
+
+    # -- queues --------------------------------------------------------------------
+
+    def _queue_doc(self, fe_name: str, q: Queue) -> dict:
+        unacked = sum(len(c.unacked) for c in q.consumers)
+        return {
+            "name": q.name,
+            "vhost": fe_name,
+            "durable": q.durable,
+            "auto_delete": q.auto_delete,
+            "exclusive": q.exclusive_owner is not None,
+            "arguments": q.arguments or {},
+            "messages": len(q) + unacked,
+            "messages_ready": len(q),
+            "messages_unacknowledged": unacked,
+            "ready_bytes": q.ready_bytes,
+            "consumers": len(q.consumers),
+            "dropped": q.dropped,
+            "message_stats": self._message_stats(fe_name, q),
+        }
+
+    def _message_stats(self, vhost: str, q: Queue) -> dict:
+        """A queue's publish and deliver counts and rates. A rate is the
+        change of its count per second since the previous reading at least
+        L{RATE_INTERVAL} seconds before (0 at the first); nothing is
+        sampled in between, so the queues nobody asks about cost nothing."""
+        now = self.clock.seconds()
+        key = (vhost, q.name)
+        published, delivered = q.published, q.delivered
+        sample = self._rates.get(key)
+        if sample is None or published < sample[1] or delivered < sample[2]:
+            if len(self._rates) >= _RATE_SAMPLES:
+                self._rates.clear()
+            self._rates[key] = (now, published, delivered, 0.0, 0.0)
+            publish_rate = deliver_rate = 0.0
+        else:
+            then, p, d, publish_rate, deliver_rate = sample
+            elapsed = now - then
+            if elapsed >= RATE_INTERVAL:
+                publish_rate = round((published - p) / elapsed, 1)
+                deliver_rate = round((delivered - d) / elapsed, 1)
+                self._rates[key] = (now, published, delivered, publish_rate, deliver_rate)
+        return {"publish": published, "deliver": delivered, "publish_rate": publish_rate,
+                "deliver_rate": deliver_rate}
+
+    def h_list_queues(self, request: Request, vhost: str) -> Response:
+        mgmt = self._management(request, vhost)
+        v = mgmt.vhost
+        prefix = _arg(request, "prefix")
+        queues: Any = v.queues.values()
+        total = len(v.queues)
+        if prefix or request.qmq_user is not None:
+            queues = [q for q in queues if (not prefix or q.name.startswith(prefix))
+                      and self._listed(request, mgmt, q.name)]
+            total = len(queues)
+        page, meta = self._page(request, queues, total)
+        return json_response({"queues": [self._queue_doc(vhost, q) for q in page], **meta})
+
+    def h_get_queue(self, request: Request, vhost: str, queue: str) -> Response:
+        self._queue(vhost, queue)
+        q = self._management(request, vhost).queue(queue, see_all=self._is_admin(request))
+        return json_response(self._queue_doc(vhost, q))
+
+    def _queue(self, vhost: str, name: str) -> Queue:
+        q = self._vhost(vhost).queues.get(name)
+        if q is None:
+            raise Problem(404, "unknown-queue", f"No queue {name!r} in virtual host {vhost!r}.")
+        return q
+
+    def h_put_queue(self, request: Request, vhost: str, queue: str) -> Response:
+        mgmt = self._management(request, vhost)
+        doc: dict = {}
+        if request.content is not None and request.content.getvalue():
+            doc = _object_body(request, {"durable": (bool,), "auto_delete": (bool,), "arguments": (dict,)}, ())
+        q, made = mgmt.declare_queue(
+            queue,
+            durable=doc.get("durable", True),
+            auto_delete=doc.get("auto_delete", False),
+            arguments=doc.get("arguments") or None,
+        )
+        return json_response(self._queue_doc(vhost, q), 201 if made else 200)
+
+    def h_delete_queue(self, request: Request, vhost: str, queue: str) -> Response:
+        self._queue(vhost, queue)
+        dropped = self._management(request, vhost).delete_queue(queue)
+        return json_response({"deleted": queue, "messages": dropped})
+
+    def h_purge_queue(self, request: Request, vhost: str, queue: str) -> Response:
+        self._queue(vhost, queue)
+        return json_response({"purged": self._management(request, vhost).purge_queue(queue)})
+
+    # -- exchanges and bindings -----------------------------------------------------------
+
+    def _exchange_doc(self, vhost: str, ex: Any) -> dict:
+        return {
+            "name": ex.name,
+            "vhost": vhost,
+            "type": ex.type,
+            "durable": ex.durable,
+            "auto_delete": ex.auto_delete,
+            "bindings": ex.binding_count,
+        }
+
+    def h_list_exchanges(self, request: Request, vhost: str) -> Response:
+        mgmt = self._management(request, vhost)
+        exchanges: Any = mgmt.vhost.exchanges.values()
+        total = len(mgmt.vhost.exchanges)
+        if request.qmq_user is not None:
+            exchanges = [e for e in exchanges if mgmt.may_read_exchange(e.name)]
+            total = len(exchanges)
+        page, meta = self._page(request, exchanges, total)
+        return json_response({"exchanges": [self._exchange_doc(vhost, e) for e in page], **meta})
+
+    def _exchange(self, vhost: str, name: str) -> Any:
+        ex = self._vhost(vhost).exchanges.get(name)
+        if ex is None:
+            raise Problem(404, "unknown-exchange", f"No exchange {name!r} in virtual host {vhost!r}.")
+        return ex
+
+    def h_get_exchange(self, request: Request, vhost: str, exchange: str) -> Response:
+        self._exchange(vhost, exchange)
+        ex = self._management(request, vhost).exchange(exchange)
+        return json_response(self._exchange_doc(vhost, ex))
+
+    def h_put_exchange(self, request: Request, vhost: str, exchange: str) -> Response:
+        mgmt = self._management(request, vhost)
+        doc = _object_body(request, {"type": (str,), "durable": (bool,), "auto_delete": (bool,)}, ("type",))
+        if doc["type"] not in EXCHANGE_TYPES:
+            raise bad_request(f"'type' must be one of {', '.join(EXCHANGE_TYPES)}")
+        ex, made = mgmt.declare_exchange(exchange, doc["type"], doc.get("durable", True), doc.get("auto_delete", False))
+        return json_response(self._exchange_doc(vhost, ex), 201 if made else 200)
+
+    def h_delete_exchange(self, request: Request, vhost: str, exchange: str) -> Response:
+        self._exchange(vhost, exchange)
+        self._management(request, vhost).delete_exchange(exchange)
+        return json_response({"deleted": exchange})
+
+    def h_list_bindings(self, request: Request, vhost: str) -> Response:
+        mgmt = self._management(request, vhost)
+        rows = (
+            {"queue": q.name, "exchange": ex.name, "routing_key": key, "arguments": args or {}}
+            for q in mgmt.vhost.queues.values()
+            if q.bindings and self._listed(request, mgmt, q.name)
+            for ex, key, args in q.bindings
+        )
+        limit = _int_arg(request, "limit", min(1000, self.settings.max_list), 1, self.settings.max_list)
+        offset = _int_arg(request, "offset", 0, 0, 1 << 62)
+        page = list(islice(rows, offset, offset + limit + 1))
+        more = len(page) > limit
+        page = page[:limit]
+        return json_response(
+            {"bindings": page, "offset": offset, "next_offset": offset + limit if more else None}
+        )
+
+    def _binding_fields(self, doc: dict) -> tuple[str, str, str]:
+        return doc["queue"], doc["exchange"], doc.get("routing_key", "")
+
+    def h_add_binding(self, request: Request, vhost: str) -> Response:
+        mgmt = self._management(request, vhost)
+        doc = _object_body(
+            request, {"queue": (str,), "exchange": (str,), "routing_key": (str,)}, ("queue", "exchange")
+        )
+        queue, exchange, key = self._binding_fields(doc)
+        self._queue(vhost, queue)
+        self._exchange(vhost, exchange)
+        mgmt.bind(queue, exchange, key)
+        return json_response({"queue": queue, "exchange": exchange, "routing_key": key, "arguments": {}}, 201)
+
+    def h_delete_binding(self, request: Request, vhost: str) -> Response:
+        mgmt = self._management(request, vhost)
+        queue = _arg(request, "queue")
+        exchange = _arg(request, "exchange")
+        if queue is None or exchange is None:
+            raise bad_request("name the binding with the query parameters 'queue', 'exchange' and 'routing_key'")
+        key = _arg(request, "routing_key") or ""
+        self._queue(vhost, queue)
+        self._exchange(vhost, exchange)
+        mgmt.unbind(queue, exchange, key)
+        return json_response({"deleted": {"queue": queue, "exchange": exchange, "routing_key": key}})
