@@ -198,6 +198,9 @@ const scenarios = {
     await login(other, userName, userPassword);
     const userTabs = await other.locator("#tabs a:visible").allInnerTexts();
     await other.locator("#cards .card").first().waitFor({ timeout: STEP });
+    // No /metrics for a user who is neither admin nor monitor: the page says so.
+    await other.locator("#charts-note").waitFor({ timeout: STEP });
+    const userCharts = await other.locator("#chart-published").count();
     await measure(other, "user");
     await other.evaluate(() => { location.hash = "#users"; });
     await other.locator("#overview").waitFor({ timeout: STEP });
@@ -207,8 +210,8 @@ const scenarios = {
     const errors = [...page.errors, ...other.errors].filter((e) => !e.startsWith("Failed to load resource"));
     const ok = depth[0] === browsed.length.toString() && depth[1] === "0" && adminSeesUsers
       && adminTabs.includes("Users") && !userTabs.includes("Users") && !userTabs.includes("Connections")
-      && !userSeesUsers && Object.keys(overflow).length === 0 && errors.length === 0;
-    return { ok, depth, browsed, admin_sees_users: adminSeesUsers, admin_tabs: adminTabs,
+      && !userSeesUsers && userCharts === 0 && Object.keys(overflow).length === 0 && errors.length === 0;
+    return { ok, depth, browsed, admin_sees_users: adminSeesUsers, admin_tabs: adminTabs, user_charts: userCharts,
       user_tabs: userTabs, user_sees_users: userSeesUsers, overflow, errors };
   },
 

@@ -18,6 +18,7 @@ const state = {
   vhost: "/",
   vhosts: [],
   admin: false,
+  metrics: null, // may read /metrics (admins and monitors): null until asked
   tab: "overview",
   timer: null,
   poll: 5000, // ms between readings (the refresh selector)
@@ -186,6 +187,7 @@ async function enter(auth, user, vhost) {
 function logout(message) {
   state.auth = null;
   state.admin = false;
+  state.metrics = null;
   state.samples = [];
   $("login-password").value = "";
   flash(message, Boolean(message));
@@ -264,7 +266,11 @@ async function loadOverview() {
   const [queues, health, metrics] = await Promise.all([
     call("GET", vpath(`/queues?limit=${LIST_LIMIT}`)),
     call("GET", "/api/v1/health").catch((e) => (e instanceof ApiError && e.status === 503 ? e.doc : null)),
-    state.admin ? call("GET", "/metrics", undefined, { text: true }).then(parseMetrics).catch(() => null) : null,
+    state.metrics === false ? null : call("GET", "/metrics", undefined, { text: true }).then(parseMetrics, (e) => {
+      // Only admins and monitors (http_api.admins, http_api.monitors) may read it: ask once.
+      if (e instanceof ApiError && (e.status === 401 || e.status === 403)) state.metrics = false;
+      return null;
+    }),
   ]);
   const qs = queues.queues;
   const sum = (key) => qs.reduce((n, q) => n + (q[key] || 0), 0);
@@ -279,6 +285,7 @@ async function loadOverview() {
   ];
   const sample = { t: Date.now(), counters: {}, memory: null, watermark: null, disk: null, diskLimit: null };
   if (metrics) {
+    state.metrics = true;
     const conns = metrics.filter((m) => m.name === "qmq_connections").reduce((n, m) => n + m.value, 0);
     cards.push(["connections", conns, 0]);
     for (const m of metrics) {
@@ -292,18 +299,21 @@ async function loadOverview() {
     sample.disk = first(metrics, "qmq_disk_free_bytes");
     sample.diskLimit = first(metrics, "qmq_disk_free_limit_bytes", "qmq_disk_limit_bytes");
   }
-  if (health && health.disk) {
-    sample.disk ??= health.disk.free_bytes;
-    sample.diskLimit ??= health.disk.limit_bytes;
-  }
   $("cards").replaceChildren(...cards.map(([label, value, digits]) =>
     el("div", { class: "card", "data-card": label }, el("b", {}, fmt(value, digits)), el("span", {}, label))));
   if (queues.total > qs.length) {
     $("cards").append(el("p", { class: "note" }, `Messages, consumers and rates: the first ${fmt(qs.length)} queues.`));
   }
-  const alarms = health ? health.alarms || [] : [];
-  $("alarms").replaceChildren(alarms.length
-    ? alarms.map((a) => el("p", { class: "alarm" }, `${a.name} alarm: ${a.detail}`))
+  // GET /api/v1/health: each readiness check, and the alarms holding publishers back.
+  const checks = (health && health.checks) || {};
+  const alarms = (checks.alarms && checks.alarms.alarms) || [];
+  const failing = Object.entries(checks).filter(([name, c]) => name !== "alarms" && c && c.ok === false);
+  const problems = [
+    ...alarms.map((name) => `${name} alarm: publishers are held back${name === "memory" ? "" : " (persistent messages)"}.`),
+    ...failing.map(([name]) => `The ${name} check fails.`),
+  ];
+  $("alarms").replaceChildren(problems.length
+    ? problems.map((text) => el("p", { class: "alarm" }, text))
     : el("p", { class: "alarm clear" }, health ? "No alarm: publishers are admitted." : "Health unknown."));
   state.samples.push(sample);
   if (state.samples.length > HISTORY + 1) state.samples.shift();
@@ -315,15 +325,11 @@ const COLORS = ["#2f6fd6", "#1e8e4f", "#c77c02", "#8e44ad", "#c0392b", "#16a0a0"
 function drawCharts() {
   const note = $("charts-note");
   const box = $("charts");
-  if (!state.admin) {
-    note.textContent = "Message rates by protocol and memory come from /metrics, which only admins may read.";
-    note.hidden = false;
-  } else {
-    note.hidden = true;
-  }
+  note.textContent = "Message rates by protocol and memory come from /metrics, which only admins and monitors may read.";
+  note.hidden = state.metrics !== false;
   const samples = state.samples;
   const charts = [];
-  if (state.admin) {
+  if (state.metrics) {
     for (const kind of ["published", "delivered", "acked"]) {
       const protocols = new Set();
       for (const s of samples) for (const p of Object.keys(s.counters[kind] || {})) protocols.add(p);
