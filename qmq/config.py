@@ -85,7 +85,7 @@ from qmq.connections import ConnectionSettings
 from qmq.core.errors import PreconditionFailed
 from qmq.core.limits import LimitSettings
 from qmq.core.names import problem as name_problem
-from qmq.core.queue import FSYNC_POLICIES, QUEUE_ARGUMENTS, QueueArgument, argument_name
+from qmq.core.policy import FSYNC_POLICIES, QUEUE_ARGUMENTS, QueueArgument, argument_name
 from qmq.settings_schema import (
     _arguments,
     _boolean,
@@ -439,7 +439,7 @@ def _queue_argument(spec: QueueArgument) -> Callable[[object, str], Any]:
 
 
 #: Queue arguments that C{queue_defaults} may set: the core's names
-#: (L{qmq.core.queue.QUEUE_ARGUMENTS}); each may also be written without its
+#: (L{qmq.core.policy.QUEUE_ARGUMENTS}); each may also be written without its
 #: C{x-} prefix, and is kept under the core's name.
 _QUEUE_DEFAULTS_SCHEMA: _Schema = {name: _queue_argument(spec) for name, spec in QUEUE_ARGUMENTS.items()}
 

@@ -24,7 +24,7 @@ from qmq.config import (
 )
 from qmq.connections import ConnectionSettings
 from qmq.core.limits import LimitSettings
-from qmq.core.queue import QUEUE_ARGUMENTS
+from qmq.core.policy import QUEUE_ARGUMENTS
 from qmq.stomp.settings import StompSettings
 from qmq.store.settings import CommitLogSettings
 from qmq.web.api.settings import ApiSettings

@@ -25,7 +25,8 @@ from qmq.core.errors import (
     ResourceLocked,
 )
 from qmq.core.message import Message
-from qmq.core.queue import CUT_CONSUMERS, Queue
+from qmq.core.policy import CUT_CONSUMERS
+from qmq.core.queue import Queue
 from qmq.core.store import NullStore, Recovery
 from qmq.stomp.destinations import DestinationChannel as Channel
 from qmq.stomp.destinations import DestinationError

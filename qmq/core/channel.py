@@ -61,7 +61,8 @@ from qmq.core.management import authorize_arguments, check_equivalent
 from qmq.core.message import Message
 from qmq.core.names import check_binding_key, check_exchange, check_headers, check_routing_key
 from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX, check_queue_access, durable_queue_name
-from qmq.core.queue import CUT_CONSUMERS, Queue, QueuePolicy
+from qmq.core.policy import CUT_CONSUMERS, QueuePolicy
+from qmq.core.queue import Queue
 
 if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
@@ -592,7 +593,7 @@ class Channel:
             the pattern (deleted with the consumer), named after C{label}
             and the channel's token.
 
-        C{arguments} are queue arguments (L{qmq.core.queue.QUEUE_ARGUMENTS})
+        C{arguments} are queue arguments (L{qmq.core.policy.QUEUE_ARGUMENTS})
         for a durable subscription's queue: they apply when it is made; a
         queue that exists must already have them, else L{PreconditionFailed}.
 

@@ -75,12 +75,8 @@ from qmq.core.message import Message, OnDisk
 from qmq.core.policy import (
     CUT_CONSUMERS,
     DEFAULT_POLICY,
-    FSYNC_POLICIES,
     OVERFLOW_POLICIES,
-    QUEUE_ARGUMENTS,
-    QueueArgument,
     QueuePolicy,
-    argument_name,
 )
 from qmq.core.timers import QueueTimers
 
@@ -94,17 +90,9 @@ if TYPE_CHECKING:
 # The policy names are re-exported for the modules that still import them
 # from here (their home is qmq.core.policy).
 __all__ = [
-    "CUT_CONSUMERS",
     "DEAD_LETTER_REASONS",
-    "DEFAULT_POLICY",
     "DISCARD_REASONS",
-    "FSYNC_POLICIES",
-    "OVERFLOW_POLICIES",
-    "QUEUE_ARGUMENTS",
     "Queue",
-    "QueueArgument",
-    "QueuePolicy",
-    "argument_name",
 ]
 
 _NO_CONSUMERS: tuple = ()

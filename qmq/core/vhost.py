@@ -41,7 +41,8 @@ from qmq.core.expiry import ExpiryWheel
 from qmq.core.guarantee import queue_class_for
 from qmq.core.names import MAX_NAME_BYTES, check_binding_key, check_exchange, check_queue
 from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX
-from qmq.core.queue import DEFAULT_POLICY, Queue, QueuePolicy
+from qmq.core.policy import DEFAULT_POLICY, QueuePolicy
+from qmq.core.queue import Queue
 from qmq.core.store import ScanPage
 
 if TYPE_CHECKING:

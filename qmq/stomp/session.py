@@ -60,7 +60,7 @@ from qmq.core.errors import BrokerError
 from qmq.core.message import check_user_id
 from qmq.core.options import OptionError
 from qmq.core.ownership import escape_name
-from qmq.core.queue import QUEUE_ARGUMENTS, argument_name
+from qmq.core.policy import QUEUE_ARGUMENTS, argument_name
 from qmq.core.vhost import VirtualHost
 from qmq.stomp.connect import ConnectMixin
 from qmq.stomp.destinations import DestinationChannel, parse_destination
