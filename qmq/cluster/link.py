@@ -205,6 +205,11 @@ class LinkProtocol(Protocol):
             return
         self.node = node
         if node == self.mesh.node:
+            if self.outbound:
+                log.info(
+                    "mesh: {peer} is this node itself: not dialed again",
+                    peer=self.peer.text if self.peer is not None else self.address,
+                )
             self.mesh.dialer_standby(self, forever=True)
             self.close("this is a link to this node itself", extra={"self": True})
             return

@@ -115,6 +115,9 @@ class LinkConsumer(Consumer):
 class LinkFactory(Factory):
     """Makes the links of a C{peer:} listener (inbound) or of a dialer."""
 
+    # A dialer's factory starts and stops with every attempt: no log line each.
+    noisy = False
+
     def __init__(
         self,
         mesh: Mesh,
