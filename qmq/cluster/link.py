@@ -99,8 +99,11 @@ class LinkProtocol(Protocol):
         self.up_at: float | None = None
         self.remote: dict[tuple[str, str, str], Any] = {}
         self.channels: dict[str, Any] = {}
+        #: (vhost, exchange, key) -> (channel, resolved target) of what it received.
+        self.targets: dict[tuple[str, str, str], Any] = {}
         self.last_sent: Any = None
         self._reader = wire.FrameReader(mesh.settings.max_frame)
+        self.decoder = wire.Decoder()
         self._out: list[bytes] = []
         self._out_bytes = 0
         self._paused = False
@@ -145,8 +148,9 @@ class LinkProtocol(Protocol):
         batcher = self.mesh.broker.batcher
         batcher.hold()
         try:
-            for type_, payload in self._reader.feed(data):
-                self._frame(type_, payload)
+            buffer, frames = self._reader.feed(data)
+            for type_, start, end in frames:
+                self._frame(type_, buffer, start, end)
                 if self.state == "closed":
                     return
         except wire.FrameError as e:
@@ -154,14 +158,16 @@ class LinkProtocol(Protocol):
         finally:
             batcher.release()
 
-    def _frame(self, type_: int, payload: bytes) -> None:
+    def _frame(self, type_: int, buffer: bytes, start: int, end: int) -> None:
         if type_ == wire.MESSAGE:
             if self.state != "up":
                 raise wire.FrameError("a message before the hello")
             self.messages_in += 1
-            self.bytes_in += len(payload) + 5
-            self.mesh.received(self, payload)
-        elif type_ == wire.PING:
+            self.bytes_in += end - start + wire.HEADER_SIZE
+            self.mesh.received(self, *self.decoder.decode(buffer, start, end))
+            return
+        payload = buffer[start:end]
+        if type_ == wire.PING:
             self.send(wire.encode_clock(wire.PONG, wire.decode_clock(payload)))
         elif type_ == wire.PONG:
             self.rtt = max(0.0, self.clock.seconds() - wire.decode_clock(payload))

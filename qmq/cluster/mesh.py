@@ -85,6 +85,10 @@ PROPAGATED_TYPES = ("direct", "fanout", "topic")
 
 Key = tuple[str, str, str]
 
+#: Most (vhost, exchange, key) a link keeps resolved for what it receives
+#: (then it forgets them all).
+TARGET_CACHE_SIZE = 1000
+
 
 class LinkConsumer(Consumer):
     """What a peer wants of one exchange + key, bound here: hands each
@@ -275,6 +279,7 @@ class Mesh(Service, Observer):
         for channel in link.channels.values():
             channel.close()
         link.channels.clear()
+        link.targets.clear()
         node = link.node
         if node and self.links.get(node) is link:
             del self.links[node]
@@ -413,24 +418,35 @@ class Mesh(Service, Observer):
             encoded = self._encoded = (message, vhost, chunks, sum(map(len, chunks)))
         link.send_message(encoded[2], encoded[3])
 
-    def received(self, link: LinkProtocol, payload: bytes) -> None:
+    def received(self, link: LinkProtocol, vhost_name: str, message: Any) -> None:
         """A message from C{link}'s peer: published here, for this node's
-        subscribers only."""
-        vhost_name, message = wire.decode_message(payload)
-        vhost = self.broker.vhosts.get(vhost_name)
-        if vhost is None:
-            link.refused += 1
-            return
-        channel = self._channel(link, vhost)
+        subscribers only (through the link's channel, each exchange + key
+        resolved once, as STOMP's SEND does)."""
+        targets = link.targets
+        k = (vhost_name, message.exchange, message.routing_key)
+        found = targets.get(k)
+        if found is None or found[1][4].deleted:
+            vhost = self.broker.vhosts.get(vhost_name)
+            if vhost is None:
+                link.refused += 1
+                return
+            channel = self._channel(link, vhost)
+            try:
+                found = (channel, channel.target(message.exchange, message.routing_key))
+            except BrokerError:
+                link.refused += 1
+                return
+            if len(targets) >= TARGET_CACHE_SIZE:
+                targets.clear()
+            targets[k] = found
         self.inbound = message
         try:
-            published = channel.publish(message.exchange, message.routing_key, message)
+            durable = found[0].publish_target(found[1], message)
         except BrokerError:
             link.refused += 1
             return
         finally:
             self.inbound = None
-        durable = published.durable
         if durable is not None:
             durable.addErrback(
                 lambda f: log.failure("mesh: a message from {link} was not stored", f, link=link.describe())
