@@ -76,13 +76,31 @@ class LinkProtocol(Protocol):
     @ivar refused: messages from the peer the core refused (an exchange
         gone, a full queue).
     @ivar rtt: the last round-trip time measured, seconds, or None.
+    @ivar protocol_name: what the connection registry's counts call it.
     @ivar remote: what the peer wants: (vhost, exchange, key) -> the
         consumer bound for it here, or None while it cannot be bound (no
         such exchange yet).
     """
 
-    def __init__(self, mesh: Mesh, outbound: bool, peer: Peer | None = None, dialer: Any = None) -> None:
+    protocol_name = "peer"
+
+    def __init__(
+        self,
+        mesh: Mesh,
+        outbound: bool,
+        peer: Peer | None = None,
+        dialer: Any = None,
+        registry: Any = None,
+        listener: str = "",
+    ) -> None:
+        """
+        @param outbound: this node dialed it (C{peer} and C{dialer} say how).
+        @param registry: the connection registry an accepted link is
+            counted in (caps, the broker's shutdown), with its listener's name.
+        """
         self.mesh = mesh
+        self.registry = registry
+        self.listener = listener
         self.clock = mesh.clock
         self.outbound = outbound
         self.peer = peer
@@ -121,6 +139,8 @@ class LinkProtocol(Protocol):
         self.address = f"{self.peer_host}:{getattr(peer, 'port', '')}"
         self.connected_at = self._heard = self.clock.seconds()
         self.transport.registerProducer(self, True)  # type: ignore[union-attr]
+        if self.registry is not None:
+            self.registry.add(self, self.listener)
         self.send(wire.encode_json(wire.HELLO, {"node": self.mesh.node, "version": wire.VERSION}))
         self._beat = self.clock.callLater(self.mesh.settings.heartbeat, self._tick)
 
@@ -337,6 +357,8 @@ class LinkProtocol(Protocol):
             transport.abortConnection()  # type: ignore[attr-defined]
 
     def connectionLost(self, reason: Any = None) -> None:
+        if self.registry is not None:
+            self.registry.remove(self)
         was = self.state
         self.state = "closed"
         if self._beat is not None and self._beat.active():

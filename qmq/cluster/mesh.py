@@ -142,23 +142,7 @@ class LinkFactory(Factory):
             refused = self.registry.admit(self.listener, getattr(addr, "host", "") or "")
             if refused is not None:
                 return None
-        link = LinkProtocol(self.mesh, False)
-        if self.registry is not None:
-            registry, listener = self.registry, self.listener
-            made = link.connectionMade
-            lost = link.connectionLost
-
-            def connectionMade() -> None:
-                made()
-                registry.add(link, listener)
-
-            def connectionLost(reason: Any = None) -> None:
-                registry.remove(link)
-                lost(reason)
-
-            link.connectionMade = connectionMade  # type: ignore[method-assign]
-            link.connectionLost = connectionLost  # type: ignore[method-assign]
-        return link
+        return LinkProtocol(self.mesh, False, registry=self.registry, listener=self.listener)
 
 
 class Mesh(Service, Observer):
