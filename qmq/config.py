@@ -313,7 +313,10 @@ class Settings:
     """
 
     listen: list[str] = field(
-        default_factory=lambda: ["stomp:tcp:61613:interface=127.0.0.1:backlog=1024"]
+        default_factory=lambda: [
+            "stomp:tcp:61613:interface=127.0.0.1:backlog=1024",
+            "http:tcp:15674:interface=127.0.0.1:backlog=1024",
+        ]
     )
     data_dir: Path = Path("qmq-data")
     store: str = "log"

@@ -41,20 +41,30 @@ class Options(usage.Options):
     synopsis = "[--config FILE] [--listen PROTOCOL:ENDPOINT ...] [--data-dir DIR]"
     longdesc = (
         "Run QMQ, the Quick Message Queue. Without options it uses its embedded "
-        "default configuration: STOMP on 127.0.0.1:61613 (loopback only), data in "
-        "./qmq-data. SIGTERM or SIGINT stops it gracefully: listeners close first, "
-        "then every client gets an ERROR frame."
+        "default configuration: STOMP on 127.0.0.1:61613 and HTTP on "
+        "127.0.0.1:15674 (STOMP over WebSocket at /ws and SockJS at /sockjs, the "
+        "HTTP API at /api/v1, the console at /console, metrics at /metrics), "
+        "loopback only; data in ./qmq-data. A listener on another interface "
+        "refuses to start until users are configured (--config, docs/security.rst). "
+        "SIGTERM or SIGINT stops it gracefully: listeners close first, then every "
+        "client gets an ERROR frame."
     )
 
     examples = """
 Examples:
   twistd -n qmq
   twistd -n qmq --config qmq.toml
-  twistd -n qmq --listen stomp:tcp:61613:interface=0.0.0.0:backlog=1024
-  twistd -n qmq --listen stomp:tcp:61613 \\
-                --listen stomp:ssl:61614:privateKey=key.pem:certKey=cert.pem
-  twistd -n qmq --listen \\
+  twistd -n qmq --config users.toml \\
+                --listen stomp:tcp:61613:interface=0.0.0.0:backlog=1024
+  twistd -n qmq --listen stomp:tcp:61613:interface=127.0.0.1 \\
+                --listen http:tcp:15674:interface=127.0.0.1
+  twistd -n qmq --listen stomp:tcp:61613:interface=127.0.0.1 \\
+                --listen stomp:ssl:61614:privateKey=key.pem:certKey=cert.pem:interface=127.0.0.1
+  twistd -n qmq --config users.toml --listen \\
       stomp:qmqtls:61615:privateKey=key.pem:certKey=cert.pem:caCerts=ca.pem:verify=require
+
+The third and the last listen on every interface: users.toml configures users
+(docs/security.rst); without them QMQ refuses to start.
 """
 
     optParameters = [
@@ -87,11 +97,13 @@ Examples:
 
     def opt_listen(self, spec: str) -> None:
         """
-        Listen for PROTOCOL on a Twisted endpoint: PROTOCOL:ENDPOINT, e.g.
-        stomp:tcp:61613:interface=127.0.0.1:backlog=1024. Repeat it for more
-        listeners; when given, it replaces the configuration's listen list.
-        ENDPOINT is tcp:, ssl:, unix: or qmqtls: (TLS that can require client
-        certificates).
+        Listen for PROTOCOL (stomp, or http: WebSocket, SockJS, the HTTP API,
+        the console, metrics) on a Twisted endpoint: PROTOCOL:ENDPOINT, e.g.
+        stomp:tcp:61613:interface=127.0.0.1:backlog=1024 or
+        http:tcp:15674:interface=127.0.0.1. Repeat it for more listeners; when
+        given, it replaces the configuration's listen list (both default
+        listeners). ENDPOINT is tcp:, ssl:, unix: or qmqtls: (TLS that can
+        require client certificates).
         """
         self["listen"].append(spec)
 

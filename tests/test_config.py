@@ -60,11 +60,18 @@ class DefaultTests(unittest.TestCase):
 
     def test_defaults(self) -> None:
         """
-        Without a file, QMQ listens for STOMP on 127.0.0.1:61613 with a backlog
-        of 1024 and keeps its data in ./qmq-data.
+        Without a file, QMQ listens for STOMP on 127.0.0.1:61613 and for HTTP
+        on 127.0.0.1:15674 with a backlog of 1024 and keeps its data in
+        ./qmq-data.
         """
         settings = config.load()
-        self.assertEqual(settings.listen, ["stomp:tcp:61613:interface=127.0.0.1:backlog=1024"])
+        self.assertEqual(
+            settings.listen,
+            [
+                "stomp:tcp:61613:interface=127.0.0.1:backlog=1024",
+                "http:tcp:15674:interface=127.0.0.1:backlog=1024",
+            ],
+        )
         self.assertEqual(settings.data_dir, Path("qmq-data"))
         self.assertEqual(settings.shutdown_timeout, 10.0)
         self.assertEqual(settings.vhosts, (VirtualHostSettings("/"),))
