@@ -19,15 +19,19 @@ command line, L{makeService} builds the service.  The flow:
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Any, NoReturn
 
 from twisted.application.service import IService, MultiService
+from twisted.logger import ILogObserver
 from twisted.python import usage
+from twisted.python.components import Componentized
 
 import qmq
 from qmq import config
 from qmq.config import ConfigError
+from qmq.logs import LEVELS, observer_for_twistd
 from qmq.service import StartupError, make_service
 
 __all__ = ["Options", "makeService"]
@@ -38,7 +42,9 @@ class Options(usage.Options):
     Options of C{twistd qmq}.
     """
 
-    synopsis = "[--config FILE] [--listen PROTOCOL:ENDPOINT ...] [--data-dir DIR]"
+    synopsis = (
+        "[--config FILE] [--listen PROTOCOL:ENDPOINT ...] [--data-dir DIR] [--log-level LEVEL]"
+    )
     longdesc = (
         "Run QMQ, the Quick Message Queue. Without options it uses its embedded "
         "default configuration: STOMP on 127.0.0.1:61613 and HTTP on "
@@ -81,12 +87,20 @@ The third and the last listen on every interface: users.toml configures users
             None,
             "Directory for persistent data (overrides data_dir; default ./qmq-data).",
         ],
+        [
+            "log-level",
+            None,
+            None,
+            "The lowest level logged: debug, info, warn, error or critical "
+            "(overrides [log] level; default info).",
+        ],
     ]
 
     compData = usage.Completions(
         optActions={
             "config": usage.CompleteFiles("*.toml"),
             "data-dir": usage.CompleteDirs(),
+            "log-level": usage.CompleteList(list(LEVELS)),
         },
         multiUse=["listen"],
     )
@@ -152,6 +166,12 @@ The third and the last listen on every interface: users.toml configures users
             )
         except ConfigError as e:
             raise usage.UsageError(str(e)) from None
+        level = self["log-level"]
+        if level is not None:
+            if level not in LEVELS:
+                raise usage.UsageError(f"--log-level: expected one of {', '.join(LEVELS)}, got {level!r}")
+            log = dataclasses.replace(settings.section("log"), level=level)
+            settings = dataclasses.replace(settings, other_sections={**settings.other_sections, "log": log})
         self["settings"] = settings
 
 
@@ -159,7 +179,25 @@ class _ExitOnStartupError(MultiService):
     """
     Turn a L{StartupError} into a clean exit with its message: at start-up
     twistd would print a traceback.
+
+    @ivar log_observer: the observer twistd is to log to (L{qmq.logs}), set
+        on the application as its L{ILogObserver} component when this
+        service joins it; L{None}: twistd's own.
     """
+
+    log_observer: ILogObserver | None = None
+
+    def setServiceParent(self, parent: Any) -> None:
+        # twistd hands the application (a Componentized) to the service
+        # that makeService returned; its ILogObserver component is how
+        # twistd is told which observer to log to.
+        if (
+            self.log_observer is not None
+            and isinstance(parent, Componentized)
+            and parent.getComponent(ILogObserver) is None
+        ):
+            parent.setComponent(ILogObserver, self.log_observer)
+        super().setServiceParent(parent)
 
     def privilegedStartService(self) -> None:
         try:
@@ -192,5 +230,8 @@ def makeService(options: Options | dict[str, Any]) -> IService:
     except ConfigError as e:
         _exit(str(e))
     top = _ExitOnStartupError()
+    top.log_observer = observer_for_twistd(
+        getattr(options, "parent", None), options["settings"].section("log")
+    )
     broker.setServiceParent(top)
     return top

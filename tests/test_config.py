@@ -25,6 +25,7 @@ from qmq.config import (
 from qmq.connections import ConnectionSettings
 from qmq.core.limits import LimitSettings
 from qmq.core.policy import QUEUE_ARGUMENTS
+from qmq.logs import LogSettings
 from qmq.stomp.settings import StompSettings
 from qmq.store.settings import CommitLogSettings
 from qmq.web.api.settings import ApiSettings
@@ -127,6 +128,7 @@ class DefaultTests(unittest.TestCase):
                 "http_api": ApiSettings,
                 "auth": AuthSettings,
                 "cluster": ClusterSettings,
+                "log": LogSettings,
             },
         )
         settings = config.load_string("[limits]\nmax_topic_words = 5\n")
@@ -142,6 +144,7 @@ class DefaultTests(unittest.TestCase):
                 "sockjs": SockJSSettings(),
                 "http_api": ApiSettings(),
                 "cluster": ClusterSettings(),
+                "log": LogSettings(),
             },
         )
         self.assertIs(settings.section("web"), settings.other_sections["web"])
@@ -477,7 +480,7 @@ class ErrorTests(unittest.TestCase):
         self.check(
             'lisen = ["stomp:tcp:1"]',
             "qmq.toml: lisen: unknown key (expected one of: auth, cluster, commit_log, connections, data_dir,"
-            " http_api, limits, listen, shutdown_timeout, sockjs, stomp, store, users, vhosts, web);"
+            " http_api, limits, listen, log, shutdown_timeout, sockjs, stomp, store, users, vhosts, web);"
             " did you"
             ' mean "listen"?',
         )
