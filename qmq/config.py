@@ -86,6 +86,7 @@ from qmq.core.errors import PreconditionFailed
 from qmq.core.limits import LimitSettings
 from qmq.core.names import problem as name_problem
 from qmq.core.policy import FSYNC_POLICIES, QUEUE_ARGUMENTS, QueueArgument, argument_name
+from qmq.logs import LogSettings
 from qmq.settings_schema import (
     _arguments,
     _boolean,
@@ -149,6 +150,7 @@ SECTIONS: dict[str, type] = {
     "http_api": ApiSettings,
     "auth": AuthSettings,
     "cluster": ClusterSettings,
+    "log": LogSettings,
 }
 
 #: The queue arguments of a queue created on demand (a client names a queue
@@ -313,7 +315,10 @@ class Settings:
     """
 
     listen: list[str] = field(
-        default_factory=lambda: ["stomp:tcp:61613:interface=127.0.0.1:backlog=1024"]
+        default_factory=lambda: [
+            "stomp:tcp:61613:interface=127.0.0.1:backlog=1024",
+            "http:tcp:15674:interface=127.0.0.1:backlog=1024",
+        ]
     )
     data_dir: Path = Path("qmq-data")
     store: str = "log"

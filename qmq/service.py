@@ -98,6 +98,7 @@ from qmq.core.broker import Broker
 from qmq.core.errors import BrokerError
 from qmq.core.limits import LimitSettings
 from qmq.core.store import MessageStore
+from qmq.logs import peer_address
 from qmq.store.memory import MemoryStore
 from qmq.store.segment import UnsupportedVersion
 from qmq.twisted_internals import endpoint_interface
@@ -358,17 +359,6 @@ class StartupError(Exception):
     """
 
 
-def _describe_address(address: Any) -> str:
-    host = getattr(address, "host", None)
-    port = getattr(address, "port", None)
-    if host is not None and port is not None:
-        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    name = getattr(address, "name", None)
-    if name is not None:
-        return name.decode() if isinstance(name, bytes) else str(name)
-    return str(address)
-
-
 class Listener(Service):
     """
     One listening endpoint serving one protocol's factory.
@@ -418,7 +408,7 @@ class Listener(Service):
         log.info(
             "{protocol} listening on {address} ({spec})",
             protocol=self.protocol.upper(),
-            address=_describe_address(port.getHost()),
+            address=peer_address(port.getHost()),
             spec=self.spec,
         )
         return port
