@@ -141,12 +141,36 @@ def _http_factory(
     return HttpFactory(WebContext(broker, clock, settings, registry, listener))
 
 
+def _peer_factory(
+    broker: Broker, settings: Settings, clock: Any, registry: ConnectionRegistry, listener: str
+) -> Factory:
+    from qmq.cluster.mesh import LinkFactory, mesh_of  # noqa: PLC0415
+
+    return LinkFactory(mesh_of(broker, settings, clock), registry, listener)
+
+
 #: The wire protocols a listen spec may name, by the C{PROTOCOL} part.
 #: C{http} is the web site (STOMP over WebSocket, the browser client, and
-#: whatever else L{qmq.web.site.MOUNTS} holds).
+#: whatever else L{qmq.web.site.MOUNTS} holds); C{peer} takes links from
+#: the other nodes of a mesh (L{qmq.cluster}).
 PROTOCOLS: dict[str, FactoryBuilder] = {
     "stomp": _stomp_factory,
     "http": _http_factory,
+    "peer": _peer_factory,
+}
+
+
+def _peer_endpoint(reactor: Any, description: str, settings: Settings) -> IStreamServerEndpoint:
+    from qmq.cluster.endpoints import server_endpoint  # noqa: PLC0415
+
+    return server_endpoint(reactor, description, settings.section("cluster"))
+
+
+#: Protocols whose listeners build their endpoint themselves from what
+#: follows C{PROTOCOL:} (and the settings), instead of C{serverFromString}:
+#: C{peer:ssl:PORT} takes its certificates from C{[cluster]}.
+ENDPOINTS: dict[str, Callable[[Any, str, Settings], IStreamServerEndpoint]] = {
+    "peer": _peer_endpoint,
 }
 
 #: A message store's builder: (settings, reactor) -> the store the broker
@@ -330,6 +354,8 @@ def _check_exposure(
     authentication, unless C{auth.allow_unauthenticated_remote}."""
     if settings.auth.allow_unauthenticated_remote:
         return
+    if spec.startswith("peer:ssl:"):
+        return  # mutual TLS: the peer's certificate is its authentication
     if auth is not None and not settings.auth.anonymous and protocol in AUTHENTICATING_PROTOCOLS:
         return
     interface = endpoint_interface(endpoint)
@@ -728,7 +754,12 @@ def make_service(settings: Settings, reactor: Any = None) -> BrokerService:
                 source, key, f"unknown protocol {protocol!r} in {spec!r} (expected one of: {known})"
             )
         try:
-            endpoints.append(serverFromString(reactor, description))
+            build = ENDPOINTS.get(protocol)
+            endpoints.append(
+                build(reactor, description, settings)
+                if build is not None
+                else serverFromString(reactor, description)
+            )
         except Exception as e:
             raise ConfigError(source, key, f"cannot use endpoint {description!r}: {e}") from None
     store = build_store(settings, reactor)
@@ -764,4 +795,7 @@ def make_service(settings: Settings, reactor: Any = None) -> BrokerService:
         service.add_listener(Listener(protocol, spec, endpoint, factory))
     for protocol, endpoint, spec, key in exposure:
         _check_exposure(settings, broker.auth, protocol, endpoint, spec, source, key)
+    from qmq.cluster.service import attach_mesh  # noqa: PLC0415
+
+    attach_mesh(service, broker, settings, reactor)
     return service

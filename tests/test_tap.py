@@ -170,7 +170,7 @@ class OptionsTests(unittest.TestCase):
         self.assertEqual(
             stderr.getvalue(),
             "twistd qmq: --listen: unknown protocol 'amqp' in 'amqp:tcp:5672'"
-            " (expected one of: http, stomp)\n",
+            " (expected one of: http, peer, stomp)\n",
         )
 
     def test_makeService(self) -> None:
@@ -408,7 +408,7 @@ class ServiceTests(unittest.TestCase):
         self.assertEqual(
             str(e),
             "qmq.toml: listen[1]: unknown protocol 'amqp' in 'amqp:tcp:5672'"
-            " (expected one of: http, stomp)",
+            " (expected one of: http, peer, stomp)",
         )
 
     def test_badEndpoint(self) -> None:
