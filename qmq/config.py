@@ -71,6 +71,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from qmq.amqp.settings import AmqpSettings
 from qmq.auth.settings import (
     AuthSettings,
     PermissionSettings,
@@ -149,6 +150,7 @@ SECTIONS: dict[str, type] = {
     "http_api": ApiSettings,
     "auth": AuthSettings,
     "cluster": ClusterSettings,
+    "amqp": AmqpSettings,
 }
 
 #: The queue arguments of a queue created on demand (a client names a queue
@@ -313,7 +315,10 @@ class Settings:
     """
 
     listen: list[str] = field(
-        default_factory=lambda: ["stomp:tcp:61613:interface=127.0.0.1:backlog=1024"]
+        default_factory=lambda: [
+            "stomp:tcp:61613:interface=127.0.0.1:backlog=1024",
+            "amqp:tcp:5672:interface=127.0.0.1:backlog=1024",
+        ]
     )
     data_dir: Path = Path("qmq-data")
     store: str = "log"

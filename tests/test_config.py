@@ -12,6 +12,7 @@ from pathlib import Path
 from twisted.trial import unittest
 
 from qmq import config, settings_schema
+from qmq.amqp.settings import AmqpSettings
 from qmq.auth.settings import AuthSettings
 from qmq.cluster.settings import ClusterSettings
 from qmq.config import (
@@ -64,7 +65,13 @@ class DefaultTests(unittest.TestCase):
         of 1024 and keeps its data in ./qmq-data.
         """
         settings = config.load()
-        self.assertEqual(settings.listen, ["stomp:tcp:61613:interface=127.0.0.1:backlog=1024"])
+        self.assertEqual(
+            settings.listen,
+            [
+                "stomp:tcp:61613:interface=127.0.0.1:backlog=1024",
+                "amqp:tcp:5672:interface=127.0.0.1:backlog=1024",
+            ],
+        )
         self.assertEqual(settings.data_dir, Path("qmq-data"))
         self.assertEqual(settings.shutdown_timeout, 10.0)
         self.assertEqual(settings.vhosts, (VirtualHostSettings("/"),))
@@ -120,6 +127,7 @@ class DefaultTests(unittest.TestCase):
                 "http_api": ApiSettings,
                 "auth": AuthSettings,
                 "cluster": ClusterSettings,
+                "amqp": AmqpSettings,
             },
         )
         settings = config.load_string("[limits]\nmax_topic_words = 5\n")
@@ -135,10 +143,11 @@ class DefaultTests(unittest.TestCase):
                 "sockjs": SockJSSettings(),
                 "http_api": ApiSettings(),
                 "cluster": ClusterSettings(),
+                "amqp": AmqpSettings(),
             },
         )
         self.assertIs(settings.section("web"), settings.other_sections["web"])
-        self.assertRaises(KeyError, settings.section, "amqp")
+        self.assertRaises(KeyError, settings.section, "no-such-section")
 
     def test_everySectionFieldMapped(self) -> None:
         """
@@ -469,7 +478,7 @@ class ErrorTests(unittest.TestCase):
         """
         self.check(
             'lisen = ["stomp:tcp:1"]',
-            "qmq.toml: lisen: unknown key (expected one of: auth, cluster, commit_log, connections, data_dir,"
+            "qmq.toml: lisen: unknown key (expected one of: amqp, auth, cluster, commit_log, connections, data_dir,"
             " http_api, limits, listen, shutdown_timeout, sockjs, stomp, store, users, vhosts, web);"
             " did you"
             ' mean "listen"?',

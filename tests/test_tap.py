@@ -163,14 +163,14 @@ class OptionsTests(unittest.TestCase):
         An error found while building the service ends the process with the
         message alone.
         """
-        options = self.parse("--listen", "amqp:tcp:5672")
+        options = self.parse("--listen", "mqtt:tcp:1883")
         stderr = self.captureStderr()
         e = self.assertRaises(SystemExit, tap.makeService, options)
         self.assertEqual(e.code, 1)
         self.assertEqual(
             stderr.getvalue(),
-            "twistd qmq: --listen: unknown protocol 'amqp' in 'amqp:tcp:5672'"
-            " (expected one of: http, stomp)\n",
+            "twistd qmq: --listen: unknown protocol 'mqtt' in 'mqtt:tcp:1883'"
+            " (expected one of: amqp, http, stomp)\n",
         )
 
     def test_makeService(self) -> None:
@@ -340,13 +340,15 @@ class ServiceTests(unittest.TestCase):
 
     def test_defaultListener(self) -> None:
         """
-        The embedded default listens on 127.0.0.1:61613 with a backlog of 1024.
+        The embedded default listens on 127.0.0.1:61613 (STOMP) and
+        127.0.0.1:5672 (AMQP) with a backlog of 1024.
         """
         svc = make_service(self.settings(), self.reactor)
         svc.privilegedStartService()
         svc.startService()
-        [(port, _, backlog, interface)] = self.reactor.tcpServers
+        [(port, _, backlog, interface), (amqp, _, amqp_backlog, amqp_interface)] = self.reactor.tcpServers
         self.assertEqual((port, backlog, interface), (61613, 1024, "127.0.0.1"))
+        self.assertEqual((amqp, amqp_backlog, amqp_interface), (5672, 1024, "127.0.0.1"))
 
     def test_qmqtls(self) -> None:
         """
@@ -363,12 +365,12 @@ class ServiceTests(unittest.TestCase):
         A listen spec naming an unknown protocol is a L{ConfigError} naming the
         file and the key.
         """
-        settings = self.settings('listen = ["stomp:tcp:1", "amqp:tcp:5672"]')
+        settings = self.settings('listen = ["stomp:tcp:1", "mqtt:tcp:1883"]')
         e = self.assertRaises(ConfigError, make_service, settings, self.reactor)
         self.assertEqual(
             str(e),
-            "qmq.toml: listen[1]: unknown protocol 'amqp' in 'amqp:tcp:5672'"
-            " (expected one of: http, stomp)",
+            "qmq.toml: listen[1]: unknown protocol 'mqtt' in 'mqtt:tcp:1883'"
+            " (expected one of: amqp, http, stomp)",
         )
 
     def test_badEndpoint(self) -> None:
