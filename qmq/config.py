@@ -71,6 +71,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from qmq.amqp.settings import AmqpSettings
 from qmq.auth.settings import (
     AuthSettings,
     PermissionSettings,
@@ -151,6 +152,7 @@ SECTIONS: dict[str, type] = {
     "auth": AuthSettings,
     "cluster": ClusterSettings,
     "log": LogSettings,
+    "amqp": AmqpSettings,
 }
 
 #: The queue arguments of a queue created on demand (a client names a queue
@@ -318,6 +320,7 @@ class Settings:
         default_factory=lambda: [
             "stomp:tcp:61613:interface=127.0.0.1:backlog=1024",
             "http:tcp:15674:interface=127.0.0.1:backlog=1024",
+            "amqp:tcp:5672:interface=127.0.0.1:backlog=1024",
         ]
     )
     data_dir: Path = Path("qmq-data")

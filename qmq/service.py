@@ -149,14 +149,24 @@ def _peer_factory(
     return LinkFactory(mesh_of(broker, settings, clock), registry, listener)
 
 
+def _amqp_factory(
+    broker: Broker, settings: Settings, clock: Any, registry: ConnectionRegistry, listener: str
+) -> Factory:
+    from qmq.amqp.protocol import AmqpFactory  # noqa: PLC0415
+
+    return AmqpFactory(broker, settings.section("amqp"), clock=clock, registry=registry, listener=listener)
+
+
 #: The wire protocols a listen spec may name, by the C{PROTOCOL} part.
 #: C{http} is the web site (STOMP over WebSocket, the browser client, and
 #: whatever else L{qmq.web.site.MOUNTS} holds); C{peer} takes links from
-#: the other nodes of a mesh (L{qmq.cluster}).
+#: the other nodes of a mesh (L{qmq.cluster}); C{amqp} is AMQP 0-9-1
+#: (L{qmq.amqp}).
 PROTOCOLS: dict[str, FactoryBuilder] = {
     "stomp": _stomp_factory,
     "http": _http_factory,
     "peer": _peer_factory,
+    "amqp": _amqp_factory,
 }
 
 
@@ -336,9 +346,10 @@ def is_loopback(interface: str | None) -> bool:
 
 #: The protocols whose every client is authenticated when authentication is
 #: on (C{broker.auth}): STOMP at CONNECT; C{http}: STOMP over WebSocket and
-#: SockJS at CONNECT, the HTTP API on every request (Basic or bearer).  A
+#: SockJS at CONNECT, the HTTP API on every request (Basic or bearer);
+#: C{amqp} at connection.open (PLAIN, AMQPLAIN, EXTERNAL).  A
 #: listener of another protocol counts as unauthenticated.
-AUTHENTICATING_PROTOCOLS = frozenset({"stomp", "http"})
+AUTHENTICATING_PROTOCOLS = frozenset({"stomp", "http", "amqp"})
 
 
 def _check_exposure(

@@ -12,6 +12,7 @@ from pathlib import Path
 from twisted.trial import unittest
 
 from qmq import config, settings_schema
+from qmq.amqp.settings import AmqpSettings
 from qmq.auth.settings import AuthSettings
 from qmq.cluster.settings import ClusterSettings
 from qmq.config import (
@@ -61,9 +62,9 @@ class DefaultTests(unittest.TestCase):
 
     def test_defaults(self) -> None:
         """
-        Without a file, QMQ listens for STOMP on 127.0.0.1:61613 and for HTTP
-        on 127.0.0.1:15674 with a backlog of 1024 and keeps its data in
-        ./qmq-data.
+        Without a file, QMQ listens for STOMP on 127.0.0.1:61613, for HTTP
+        on 127.0.0.1:15674 and for AMQP on 127.0.0.1:5672 with a backlog of
+        1024 and keeps its data in ./qmq-data.
         """
         settings = config.load()
         self.assertEqual(
@@ -71,6 +72,7 @@ class DefaultTests(unittest.TestCase):
             [
                 "stomp:tcp:61613:interface=127.0.0.1:backlog=1024",
                 "http:tcp:15674:interface=127.0.0.1:backlog=1024",
+                "amqp:tcp:5672:interface=127.0.0.1:backlog=1024",
             ],
         )
         self.assertEqual(settings.data_dir, Path("qmq-data"))
@@ -129,6 +131,7 @@ class DefaultTests(unittest.TestCase):
                 "auth": AuthSettings,
                 "cluster": ClusterSettings,
                 "log": LogSettings,
+                "amqp": AmqpSettings,
             },
         )
         settings = config.load_string("[limits]\nmax_topic_words = 5\n")
@@ -145,10 +148,11 @@ class DefaultTests(unittest.TestCase):
                 "http_api": ApiSettings(),
                 "cluster": ClusterSettings(),
                 "log": LogSettings(),
+                "amqp": AmqpSettings(),
             },
         )
         self.assertIs(settings.section("web"), settings.other_sections["web"])
-        self.assertRaises(KeyError, settings.section, "amqp")
+        self.assertRaises(KeyError, settings.section, "no-such-section")
 
     def test_everySectionFieldMapped(self) -> None:
         """
@@ -482,7 +486,7 @@ class ErrorTests(unittest.TestCase):
         """
         self.check(
             'lisen = ["stomp:tcp:1"]',
-            "qmq.toml: lisen: unknown key (expected one of: auth, cluster, commit_log, connections, data_dir,"
+            "qmq.toml: lisen: unknown key (expected one of: amqp, auth, cluster, commit_log, connections, data_dir,"
             " http_api, limits, listen, log, shutdown_timeout, sockjs, stomp, store, users, vhosts, web);"
             " did you"
             ' mean "listen"?',

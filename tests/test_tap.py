@@ -163,14 +163,14 @@ class OptionsTests(unittest.TestCase):
         An error found while building the service ends the process with the
         message alone.
         """
-        options = self.parse("--listen", "amqp:tcp:5672")
+        options = self.parse("--listen", "mqtt:tcp:1883")
         stderr = self.captureStderr()
         e = self.assertRaises(SystemExit, tap.makeService, options)
         self.assertEqual(e.code, 1)
         self.assertEqual(
             stderr.getvalue(),
-            "twistd qmq: --listen: unknown protocol 'amqp' in 'amqp:tcp:5672'"
-            " (expected one of: http, peer, stomp)\n",
+            "twistd qmq: --listen: unknown protocol 'mqtt' in 'mqtt:tcp:1883'"
+            " (expected one of: amqp, http, peer, stomp)\n",
         )
 
     def test_makeService(self) -> None:
@@ -376,17 +376,18 @@ class ServiceTests(unittest.TestCase):
 
     def test_defaultListener(self) -> None:
         """
-        The embedded default listens on 127.0.0.1:61613 (STOMP) and
-        127.0.0.1:15674 (HTTP) with a backlog of 1024.
+        The embedded default listens on 127.0.0.1:61613 (STOMP),
+        127.0.0.1:15674 (HTTP) and 127.0.0.1:5672 (AMQP) with a backlog of
+        1024.
         """
         svc = make_service(self.settings(), self.reactor)
         svc.privilegedStartService()
         svc.startService()
         self.assertEqual(
             [(port, backlog, interface) for (port, _, backlog, interface) in self.reactor.tcpServers],
-            [(61613, 1024, "127.0.0.1"), (15674, 1024, "127.0.0.1")],
+            [(61613, 1024, "127.0.0.1"), (15674, 1024, "127.0.0.1"), (5672, 1024, "127.0.0.1")],
         )
-        self.assertEqual([listener.protocol for listener in svc.listeners], ["stomp", "http"])
+        self.assertEqual([listener.protocol for listener in svc.listeners], ["stomp", "http", "amqp"])
 
     def test_qmqtls(self) -> None:
         """
@@ -403,12 +404,12 @@ class ServiceTests(unittest.TestCase):
         A listen spec naming an unknown protocol is a L{ConfigError} naming the
         file and the key.
         """
-        settings = self.settings('listen = ["stomp:tcp:1", "amqp:tcp:5672"]')
+        settings = self.settings('listen = ["stomp:tcp:1", "mqtt:tcp:1883"]')
         e = self.assertRaises(ConfigError, make_service, settings, self.reactor)
         self.assertEqual(
             str(e),
-            "qmq.toml: listen[1]: unknown protocol 'amqp' in 'amqp:tcp:5672'"
-            " (expected one of: http, peer, stomp)",
+            "qmq.toml: listen[1]: unknown protocol 'mqtt' in 'mqtt:tcp:1883'"
+            " (expected one of: amqp, http, peer, stomp)",
         )
 
     def test_badEndpoint(self) -> None:
