@@ -98,6 +98,7 @@ from qmq.core.broker import Broker
 from qmq.core.errors import BrokerError
 from qmq.core.limits import LimitSettings
 from qmq.core.store import MessageStore
+from qmq.logs import peer_address
 from qmq.store.memory import MemoryStore
 from qmq.store.segment import UnsupportedVersion
 from qmq.twisted_internals import endpoint_interface
@@ -148,14 +149,24 @@ def _peer_factory(
     return LinkFactory(mesh_of(broker, settings, clock), registry, listener)
 
 
+def _amqp_factory(
+    broker: Broker, settings: Settings, clock: Any, registry: ConnectionRegistry, listener: str
+) -> Factory:
+    from qmq.amqp.protocol import AmqpFactory  # noqa: PLC0415
+
+    return AmqpFactory(broker, settings.section("amqp"), clock=clock, registry=registry, listener=listener)
+
+
 #: The wire protocols a listen spec may name, by the C{PROTOCOL} part.
 #: C{http} is the web site (STOMP over WebSocket, the browser client, and
 #: whatever else L{qmq.web.site.MOUNTS} holds); C{peer} takes links from
-#: the other nodes of a mesh (L{qmq.cluster}).
+#: the other nodes of a mesh (L{qmq.cluster}); C{amqp} is AMQP 0-9-1
+#: (L{qmq.amqp}).
 PROTOCOLS: dict[str, FactoryBuilder] = {
     "stomp": _stomp_factory,
     "http": _http_factory,
     "peer": _peer_factory,
+    "amqp": _amqp_factory,
 }
 
 
@@ -335,9 +346,10 @@ def is_loopback(interface: str | None) -> bool:
 
 #: The protocols whose every client is authenticated when authentication is
 #: on (C{broker.auth}): STOMP at CONNECT; C{http}: STOMP over WebSocket and
-#: SockJS at CONNECT, the HTTP API on every request (Basic or bearer).  A
+#: SockJS at CONNECT, the HTTP API on every request (Basic or bearer);
+#: C{amqp} at connection.open (PLAIN, AMQPLAIN, EXTERNAL).  A
 #: listener of another protocol counts as unauthenticated.
-AUTHENTICATING_PROTOCOLS = frozenset({"stomp", "http"})
+AUTHENTICATING_PROTOCOLS = frozenset({"stomp", "http", "amqp"})
 
 
 def _check_exposure(
@@ -382,17 +394,6 @@ class StartupError(Exception):
     The broker cannot start: a port cannot be bound, the data directory
     cannot be made.  The message says which and why.
     """
-
-
-def _describe_address(address: Any) -> str:
-    host = getattr(address, "host", None)
-    port = getattr(address, "port", None)
-    if host is not None and port is not None:
-        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    name = getattr(address, "name", None)
-    if name is not None:
-        return name.decode() if isinstance(name, bytes) else str(name)
-    return str(address)
 
 
 class Listener(Service):
@@ -444,7 +445,7 @@ class Listener(Service):
         log.info(
             "{protocol} listening on {address} ({spec})",
             protocol=self.protocol.upper(),
-            address=_describe_address(port.getHost()),
+            address=peer_address(port.getHost()),
             spec=self.spec,
         )
         return port
