@@ -175,6 +175,11 @@ class LinkProtocol(Protocol):
                     return
         except wire.FrameError as e:
             self.close(f"protocol error: {e}")
+        except Exception:
+            # A bug here must not leave a link half-handled: say so, and
+            # start again (the dialer reconnects, interest is re-sent).
+            log.failure("link {link}: a frame could not be handled", link=self.describe())
+            self.close("internal error")
         finally:
             batcher.release()
 

@@ -207,9 +207,9 @@ class BrokerCollector:
         st = GaugeMetricFamily("qmq_store_failed", "1 while the store cannot write (persistent publishes held).")
         st.add_metric([], 1 if failure else 0)
         yield st
+        # Without a mesh the link families are there, with no series.
         mesh = getattr(broker, "mesh", None)
-        if mesh is not None:
-            yield from _link_families(mesh.snapshot())
+        yield from _link_families(mesh.snapshot() if mesh is not None else [])
 
 
 def _link_families(links: list[dict[str, Any]]) -> Iterator[Any]:

@@ -8,7 +8,11 @@ STOMP clients on raw sockets and watched through C{/api/v1/links}.
   - refusals: a node whose certificate another CA signed, and a node the
     peers list does not name, are refused, each with a logged reason;
   - failure: SIGKILL of a node; the others go on; the node restarted is
-    linked again (reconnect with backoff) and gets messages again.
+    linked again (reconnect with backoff) and gets messages again;
+  - distance: a link through a TCP proxy that delays every chunk by
+    L{DELAY} seconds each way (this kernel has no netem): the round trip
+    shows in the link's counters, and messages flow exactly once, not one
+    round trip each (nothing waits for an ack across a link).
 
 Interest reaches a peer a round trip after a SUBSCRIBE: the tests publish
 probes until a subscriber sees one (bounded by a deadline) before they
@@ -18,10 +22,12 @@ stream, so what was sent before it has arrived when it does.
 
 from __future__ import annotations
 
+import heapq
 import json
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -36,6 +42,80 @@ START_TIMEOUT = 30.0
 #: How long interest or a reconnect may take to show.
 FLOW_TIMEOUT = 20.0
 MESSAGES = 200
+#: The delaying proxy's delay, each way (seconds).
+DELAY = 0.1
+
+
+class DelayingProxy:
+    """A TCP proxy on 127.0.0.1 that forwards each chunk C{delay} seconds
+    after it came, in order, both ways (one upstream per connection)."""
+
+    def __init__(self, upstream: int, delay: float) -> None:
+        self.upstream = upstream
+        self.delay = delay
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.closed = threading.Event()
+        self.sockets: list[socket.socket] = [self.listener]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closed.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(("127.0.0.1", self.upstream), timeout=10)
+            except OSError:
+                client.close()  # not listening yet: the dialer tries again
+                continue
+            server.settimeout(None)
+            self.sockets += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+        due: list[tuple[float, int, bytes]] = []
+        ready = threading.Condition()
+        serial = [0]
+
+        def send() -> None:
+            while True:
+                with ready:
+                    while not due:
+                        ready.wait()
+                    at, _, data = due[0]
+                    wait = at - time.monotonic()
+                    if wait > 0:
+                        ready.wait(wait)
+                        continue
+                    heapq.heappop(due)
+                if not data:
+                    sink.close()
+                    return
+                try:
+                    sink.sendall(data)
+                except OSError:
+                    return
+
+        threading.Thread(target=send, daemon=True).start()
+        while True:
+            try:
+                data = source.recv(65536)
+            except OSError:
+                data = b""
+            with ready:
+                serial[0] += 1
+                heapq.heappush(due, (time.monotonic() + self.delay, serial[0], data))
+                ready.notify()
+            if not data:
+                return
+
+    def close(self) -> None:
+        self.closed.set()
+        for sock in self.sockets:
+            sock.close()
 
 
 class Stomp:
@@ -330,3 +410,37 @@ class KillTests(MeshTestCase):
         publisher.request("SEND", {"destination": "/topic/k"}, b"after")
         self.assertEqual(counted(on_b.until(b"after", time.monotonic() + FLOW_TIMEOUT))[b"after"], 1)
         self.wait_for("b linked to a and c again", lambda: set(b.links()) == {"a", "c"})
+
+
+class DistanceTests(MeshTestCase):
+    def test_delayed_link(self) -> None:
+        a = Node(self, "a", self.ca)
+        b = Node(self, "b", self.ca)
+        proxy = DelayingProxy(a.peer_port, DELAY)
+        self.addCleanup(proxy.close)
+        # Only b dials, through the proxy: every byte between them is late.
+        a.configure([])
+        b.configure([f"ssl:host=127.0.0.1:port={proxy.port}:node=a"])
+        for node in (a, b):
+            node.start()
+        for node in (a, b):
+            node.wait_listening()
+        on_a = a.client()
+        on_a.request("SUBSCRIBE", {"id": "1", "destination": "/topic/far", "ack": "auto"})
+        publisher = b.client()
+        self.flowing(publisher, "/topic/far", [on_a])
+        started = time.monotonic()
+        for i in range(1000):
+            publisher.send("/topic/far", b"f%d" % i)
+        publisher.request("SEND", {"destination": "/topic/far"}, b"last")
+        got = counted(on_a.until(b"last", time.monotonic() + FLOW_TIMEOUT))
+        took = time.monotonic() - started
+        self.assertEqual(got, {**{b"f%d" % i: 1 for i in range(1000)}, b"last": 1})
+        rtt = self.wait_for("a round trip measured", lambda: b.links().get("a", {}).get("rtt_ms"))
+        self.assertGreaterEqual(rtt, 2 * DELAY * 1000)
+        self.assertEqual(a.links()["b"]["direction"], "in")
+        # Far less than one round trip per message (1,000 would be 200 s).
+        self.assertLess(took, 100 * 2 * DELAY)
+        from twisted.python import log  # noqa: PLC0415
+
+        log.msg(f"mesh test: 1,001 messages over a link with a {rtt:.0f} ms round trip in {took:.2f} s")
