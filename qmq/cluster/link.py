@@ -257,7 +257,7 @@ class LinkProtocol(Protocol):
                 self.refuse(f"it says it is node {node!r}, and its certificate names {names}")
                 return
         problem = self.mesh.link_up(self)
-        if problem is not None:
+        if problem:
             self.refuse(problem)
 
     # -- output ---------------------------------------------------------------

@@ -222,7 +222,8 @@ class Mesh(Service, Observer):
 
     def link_up(self, link: LinkProtocol) -> str | None:
         """C{link}'s peer said hello and passed the link's checks: keep it
-        (telling it all of this node's interest), or say why not."""
+        (telling it all of this node's interest), or say why not (C{""}: it
+        was a second link to a linked node, closed already)."""
         node = link.node
         if not link.outbound and self.listed is not None and node not in self.listed:
             return f"node {node!r} is not one of cluster.peers (every entry names its node)"
@@ -232,12 +233,25 @@ class Mesh(Service, Observer):
             mine = (self.node if link.outbound else node) == keep_dialer
             theirs = (self.node if other.outbound else node) == keep_dialer
             if theirs and not mine:
+                log.info(
+                    "mesh: link {link} is a second link to {node}: closed, the one dialed by "
+                    "{dialer} is kept",
+                    link=link.describe(),
+                    node=node,
+                    dialer=keep_dialer,
+                )
                 link.close(
                     f"duplicate link: the link dialed by {keep_dialer!r} is kept",
                     extra={"duplicate": True},
                 )
                 self.dialer_standby(link)
                 return ""
+            log.info(
+                "mesh: link {link} replaces {other} (the one dialed by {dialer} is kept)",
+                link=link.describe(),
+                other=other.describe(),
+                dialer=keep_dialer,
+            )
             other.close(
                 f"duplicate link: the link dialed by {keep_dialer!r} is kept"
                 if mine and not theirs

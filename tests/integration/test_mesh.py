@@ -215,7 +215,7 @@ class Node:
             f'data_dir = "{self.dir / "data"}"\nstore = "memory"\nlisten = {json.dumps(listen)}\n\n'
             f'[cluster]\nnode = "{self.name}"\npeers = {json.dumps(peers)}\n'
             f'ca = "{self.test.ca_pem}"\ncertificate = "{self.dir / "cert.pem"}"\n'
-            f'private_key = "{self.dir / "key.pem"}"\nheartbeat = 0.5\n'
+            f'private_key = "{self.dir / "key.pem"}"\nheartbeat = 1.0\n'
         )
 
     def start(self) -> None:
