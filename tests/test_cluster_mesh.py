@@ -240,6 +240,24 @@ class LinkTests(SynchronousTestCase):
         net["a"].publish("t", b"one")
         net.settle()
         self.assertEqual(bodies(on_b), [b"one"])
+        # The closed link bound nothing: one binding for b's one interest.
+        self.assertEqual(net["a"].mesh.own, {("/", "amq.topic", "t"): 1})
+        self.assertEqual(net["a"].mesh.all_links, {a_dialed})
+
+    def test_closing_link_takes_nothing(self) -> None:
+        """A link being closed is let go at once: its peer's bindings go
+        before its transport does, and nothing more is queued on it."""
+        net = Net("a", "b")
+        out, _ = net.connect("a", "b")
+        net["b"].subscribe("/topic/t")
+        net.settle()
+        self.assertEqual(net["a"].mesh.own, {("/", "amq.topic", "t"): 1})
+        out.close("test")
+        self.assertEqual(net["a"].mesh.own, {})
+        self.assertEqual(net["a"].mesh.links, {})
+        net["a"].publish("t", b"late")
+        self.assertEqual(out.messages_out, 0)
+        net.settle()
 
     def test_self(self) -> None:
         """A peer entry that reaches this node itself is closed."""

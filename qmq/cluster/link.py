@@ -120,6 +120,8 @@ class LinkProtocol(Protocol):
         #: (vhost, exchange, key) -> (channel, resolved target) of what it received.
         self.targets: dict[tuple[str, str, str], Any] = {}
         self.last_sent: Any = None
+        #: Set once the mesh let it go (L{qmq.cluster.mesh.Mesh.link_down}).
+        self.down = False
         self._reader = wire.FrameReader(mesh.settings.max_frame)
         self.decoder = wire.Decoder()
         self._out: list[bytes] = []
@@ -273,6 +275,8 @@ class LinkProtocol(Protocol):
     def send_message(self, chunks: list[bytes], size: int) -> None:
         """Queue a message frame (its chunks, C{size} bytes in all), or drop
         it when the link's buffer is full."""
+        if self.state == "closed":
+            return
         if self._out_bytes + size > self.mesh.settings.link_buffer and self._out:
             self.dropped += 1
             now = self.clock.seconds()
@@ -343,6 +347,7 @@ class LinkProtocol(Protocol):
         if self._beat is not None and self._beat.active():
             self._beat.cancel()
         self._beat = None
+        self.mesh.link_down(self)
         transport = self.transport
         if transport is None:
             return

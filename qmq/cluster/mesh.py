@@ -252,6 +252,8 @@ class Mesh(Service, Observer):
                 other=other.describe(),
                 dialer=keep_dialer,
             )
+            # Registered first, so that the old link going is no link down.
+            self.links[node] = link
             other.close(
                 f"duplicate link: the link dialed by {keep_dialer!r} is kept"
                 if mine and not theirs
@@ -269,8 +271,12 @@ class Mesh(Service, Observer):
         return None
 
     def link_down(self, link: LinkProtocol) -> None:
-        """C{link} is gone: what its peer wanted goes; a waiting dialer to
-        that node starts again."""
+        """C{link} is closing or gone (called once): what its peer wanted
+        goes at once (nothing more is routed to it); a waiting dialer to that
+        node starts again."""
+        if link.down:
+            return
+        link.down = True
         self.all_links.discard(link)
         for key in list(link.remote):
             self._unbind(link, key)
