@@ -214,12 +214,23 @@ class LinkProtocol(Protocol):
             if not isinstance(items, list):
                 raise wire.FrameError("bad sync: no interest list")
             self.mesh.remote_sync(self, {_interest_key(i) for i in items})
+        elif type_ == wire.PEERS:
+            if self.state != "up":
+                raise wire.FrameError("peers before the hello")
+            items = wire.decode_json(payload).get("peers")
+            if not isinstance(items, list) or not all(
+                isinstance(i, list) and len(i) == 2 and all(isinstance(v, str) for v in i) for i in items
+            ):
+                raise wire.FrameError("bad peers: expected [[node, endpoint], ...]")
+            self.mesh.learned(self, items)
         elif type_ == wire.CLOSE:
             value = wire.decode_json(payload)
             reason = str(value.get("reason", ""))[:500]
             self.reason = f"the peer closed: {reason}"
             if value.get("duplicate") or value.get("self"):
                 self.mesh.dialer_standby(self, forever=bool(value.get("self")))
+            elif value.get("refused"):
+                self.mesh.dialer_refused(self)
             log.info("link {link} closed by the peer: {reason}", link=self.describe(), reason=reason)
             self.close(None)
         else:
@@ -331,7 +342,7 @@ class LinkProtocol(Protocol):
             link=self.describe(),
             reason=reason,
         )
-        self.close(f"refused: {reason}")
+        self.close(f"refused: {reason}", extra={"refused": True})
 
     def close(self, reason: str | None, extra: dict[str, Any] | None = None) -> None:
         """Close for real (see the module docstring); C{reason} goes to the
