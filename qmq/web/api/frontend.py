@@ -349,7 +349,7 @@ class VHostFrontend:
 
     def publish(
         self, messages: list[Parsed], destination: str | Callable[[Parsed], str]
-    ) -> tuple[list[int], list[defer.Deferred]]:
+    ) -> tuple[list[str], list[defer.Deferred]]:
         """Publish C{messages} in order.
 
         Every message's destination is resolved before any is published, so
@@ -359,8 +359,8 @@ class VHostFrontend:
 
         @param destination: the destination of every message, or a
             function giving each message's.
-        @return: the ids and the Deferreds of the store's writes the answer
-            waits for.
+        @return: the messages' names (L{qmq.core.ids.message_name}) and
+            the Deferreds of the store's writes the answer waits for.
         @raise Problem: a bad destination or header, a refusal.
         """
         admission = self.broker.admission
@@ -392,8 +392,9 @@ class VHostFrontend:
                     targets.append((text, channel.send_target(text)))
         except BrokerError as e:
             raise from_broker_error(e) from None
-        ids: list[int] = []
+        ids: list[str] = []
         append = ids.append
+        named = self.broker.message_ids.node + "."  # message_name, inlined
         waits = []
         publish = channel.publish_target
         # Channel.new_message, inlined: one clock reading for the batch.
@@ -419,7 +420,7 @@ class VHostFrontend:
                 w = publish(target, message)
             except BrokerError as e:
                 raise from_broker_error(e, {"published": len(ids), "ids": ids}) from None
-            append(message.id)
+            append(named + str(message.id))
             if w is not None:
                 waits.append(w)
         return ids, waits

@@ -239,7 +239,7 @@ def _schemas(s: ApiSettings) -> dict:
                 "detail": {"type": "string"},
                 "code": {"type": "string", "description": "A short stable name of the error."},
                 "published": {"type": "integer"},
-                "ids": {"type": "array", "items": {"type": ["integer", "null"]}},
+                "ids": {"type": "array", "items": {"type": ["string", "null"]}},
             },
         },
         "PublishMessage": {
@@ -283,19 +283,23 @@ def _schemas(s: ApiSettings) -> dict:
             "required": ["published", "ids", "stored"],
             "properties": {
                 "published": {"type": "integer"},
-                "ids": {"type": "array", "items": {"type": "integer"},
-                        "description": "Message ids in order."},
+                "ids": {"type": "array", "items": {"type": "string"},
+                        "description": "The messages' ids (NODE.NUMBER, as a Delivery's id) in order."},
                 "stored": {"type": "integer", "description": "Messages whose store write the answer waited for."},
             },
         },
         "Delivery": {
             "type": "object",
-            "required": ["id", "destination", "exchange", "routing_key", "headers", "properties", "body", "encoding",
-                         "timestamp", "redelivered", "delivery_count", "priority", "persistent", "expires"],
+            "required": ["id", "number", "destination", "exchange", "routing_key", "headers", "properties", "body",
+                         "encoding", "timestamp", "redelivered", "delivery_count", "priority", "persistent", "expires"],
             "properties": {
                 "handle": {"type": "string", "description": "Receipt handle (received messages)."},
                 "seq": {"type": "integer", "description": "Position in a topic follower's stream (topic polls)."},
-                "id": {"type": "integer"},
+                "id": {"type": "string", "description": "The message's id, NODE.NUMBER: it never names "
+                       "another message, on any node, before or after a restart (a message given back "
+                       "after a restart keeps it)."},
+                "number": {"type": "integer", "description": "The message's number on its node: increases "
+                           "in publish order; range scans go by it."},
                 "destination": {"type": "string"},
                 "exchange": {"type": "string"},
                 "routing_key": {"type": "string"},
