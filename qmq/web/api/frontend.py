@@ -50,7 +50,7 @@ from qmq.core.message import Message, check_user_id
 from qmq.core.names import check_headers
 from qmq.stomp.destinations import DestinationChannel
 from qmq.web.api.codec import Parsed
-from qmq.web.api.problem import Problem, bad_request, from_broker_error
+from qmq.web.api.problem import Problem, from_broker_error
 
 if TYPE_CHECKING:
     from qmq.core.broker import Broker
@@ -307,15 +307,6 @@ def refuse_held(admission: Any, persistent: bool) -> None:
         )
 
 
-def _check_destination(text: str, where: str) -> None:
-    if not text.startswith("/queue/") and text.startswith(("/control/", "/temp-queue/")):
-        raise bad_request(
-            f"{where}{text.split('/')[1]!r} destinations are for STOMP sessions; "
-            "the HTTP API publishes to /queue/, /topic/ and /exchange/ destinations",
-            "bad-destination",
-        )
-
-
 def parse_handle(handle: Any) -> tuple[str, int] | None:
     """C{(token, tag)} of a receipt handle, or None if it is not one."""
     if handle.__class__ is not str or len(handle) > 128:
@@ -340,8 +331,11 @@ class VHostFrontend:
         # With authentication, one channel per user: the core checks the
         # user's permissions on every destination, and receipt handles of
         # one user's receivers mean nothing to another's.
+        # No session: /temp-queue/ and /control/ are refused by the channel
+        # (qmq.stomp.destinations decides what a destination is).
         self.channel = DestinationChannel(
-            broker, vhost, owner_name=user.owner if user is not None else "http", user=user, protocol="http"
+            broker, vhost, owner_name=user.owner if user is not None else "http", user=user, protocol="http",
+            session=False,
         )
         self.pollers: dict[str, PollConsumer] = {}
 
@@ -371,15 +365,13 @@ class VHostFrontend:
         targets: list | None = None
         try:
             if same is not None:
-                _check_destination(same, "")
                 target = channel.send_target(same)
             else:
                 targets = []
-            for i, m in enumerate(messages):
+            for m in messages:
                 if m.__class__ is bytes:
                     if targets is not None:
                         text = destination(m)  # type: ignore[operator]
-                        _check_destination(text, f"message {i}: ")
                         targets.append((text, channel.send_target(text)))
                     continue
                 if m.headers:
@@ -388,10 +380,13 @@ class VHostFrontend:
                 check_user_id(m.properties, channel.user)
                 if targets is not None:
                     text = destination(m)  # type: ignore[operator]
-                    _check_destination(text, f"message {i}: ")
                     targets.append((text, channel.send_target(text)))
         except BrokerError as e:
-            raise from_broker_error(e) from None
+            problem = from_broker_error(e)
+            if targets is not None and len(messages) > 1:
+                # Each message's target is added once it resolved.
+                problem.detail = f"message {len(targets)}: {problem.detail}"
+            raise problem from None
         ids: list[str] = []
         append = ids.append
         named = self.broker.message_ids.node + "."  # message_name, inlined
