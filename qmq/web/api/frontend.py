@@ -168,15 +168,22 @@ class PollConsumer(Consumer):
         while waiters and waiters[0].got:
             self._answer_head()
 
-    def _give_up(self, waiter: Waiter) -> None:
-        """The waiter's time is up with nothing for it: answer it empty."""
-        waiter.timer = None
+    def _remove(self, waiter: Waiter) -> bool:
+        """Take C{waiter} out of the waiting requests (with none left, the
+        receiver takes no more); False if it was not there."""
         try:
             self.waiters.remove(waiter)
         except ValueError:
-            return
+            return False
         if not self.waiters:
             self.paused = True
+        return True
+
+    def _give_up(self, waiter: Waiter) -> None:
+        """The waiter's time is up with nothing for it: answer it empty."""
+        waiter.timer = None
+        if not self._remove(waiter):
+            return
         self._answer(waiter)
         self._maybe_detach()
 
@@ -185,12 +192,8 @@ class PollConsumer(Consumer):
         if waiter.timer is not None and waiter.timer.active():
             waiter.timer.cancel()
         waiter.timer = None
-        try:
-            self.waiters.remove(waiter)
-        except ValueError:
+        if not self._remove(waiter):
             return
-        if not self.waiters:
-            self.paused = True
         for tag, _ in waiter.got:
             self.channel.settle_delivery(self, tag, False, True)
         waiter.got = []
