@@ -17,9 +17,11 @@ The curl examples of docs/http-api.rst run in L{tests.test_web_api_docs}.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -57,10 +59,11 @@ def console_examples(text: str) -> list[tuple[str, list[str]]]:
     or the block's end."""
     out: list[tuple[str, list[str]]] = []
     in_block = False
-    indent = ""
+    directive = indent = ""
     for line in text.splitlines():
-        if line.startswith(".. code-block:: console"):
+        if line.strip().startswith(".. code-block:: console"):
             in_block, indent = True, ""
+            directive = line[: len(line) - len(line.lstrip())]
             continue
         if not in_block:
             continue
@@ -68,7 +71,7 @@ def console_examples(text: str) -> list[tuple[str, list[str]]]:
             continue
         if not indent:
             indent = line[: len(line) - len(line.lstrip())]
-            if not indent:
+            if len(indent) <= len(directive):
                 in_block = False
                 continue
         if not line.startswith(indent):
@@ -148,6 +151,46 @@ class CtlExamplesTests(unittest.TestCase):
                     self.assertTrue(got.startswith(want[:-3]), (command, got))
                 else:
                     self.assertEqual(got.rstrip(), want.rstrip(), command)
+
+
+class CurlElsewhereTests(unittest.TestCase):
+    """The curl examples outside docs/http-api.rst (whose own test runs
+    those): every C{$ curl} line of the other pages, and README's, against
+    a real C{twistd -n qmq} with the default configuration's listeners
+    moved to free ports (the address the page names, 127.0.0.1:8080 or
+    the default 127.0.0.1:15674, put in for the broker's)."""
+
+    start = test_twistd.TwistdTests.start
+    output = test_twistd.TwistdTests.output
+    connect = test_twistd.TwistdTests.connect
+
+    def test_curl(self) -> None:
+        if shutil.which("curl") is None:
+            raise unittest.SkipTest("curl is not installed")
+        cases: list[tuple[str, str, list[str]]] = []
+        for page in sorted(DOCS.glob("*.rst")):
+            if page.name == "http-api.rst":
+                continue
+            cases += [(page.name, c, e) for c, e in console_examples(page.read_text("utf-8")) if c.startswith("curl ")]
+        readme = (ROOT / "README.rst").read_text("utf-8")
+        block = re.search(r"^ +(curl .*?)(?:\n\n)", readme, re.M | re.S)
+        self.assertIsNotNone(block, "README shows a curl command")
+        cases.append(("README.rst", " ".join(block.group(1).replace("\\\n", " ").split()), []))
+        self.assertGreaterEqual(len(cases), 2)
+        stomp, http = free_port(), free_port()
+        process = self.start(
+            "--listen", f"stomp:tcp:{stomp}:interface=127.0.0.1", "--listen", f"http:tcp:{http}:interface=127.0.0.1"
+        )
+        self.connect(process, http).close()
+        for page, command, expected in cases:
+            run = command.replace("127.0.0.1:8080", f"127.0.0.1:{http}").replace("127.0.0.1:15674", f"127.0.0.1:{http}")
+            result = subprocess.run(["bash", "-c", run], capture_output=True, text=True, timeout=60)
+            self.assertEqual(result.returncode, 0, (page, command, result.stderr))
+            answer = json.loads(result.stdout)
+            if expected:
+                self.assertEqual(answer, json.loads("\n".join(expected)), (page, command))
+            else:  # README's publish, which shows no answer
+                self.assertEqual(answer["published"], 1, (page, command, answer))
 
 
 class TwistdExamplesTests(unittest.TestCase):
