@@ -754,8 +754,9 @@ def _definitions() -> tuple[dict, dict]:
                         description=ADMIN_ONLY + " Makes what the document has and the broker has not; what "
                         "exists and agrees is left as it is, so importing twice changes nothing. 409 "
                         "(code definitions-conflict, the item in 'item'): an item disagrees with the broker "
-                        "(a queue with other arguments, an exchange of another type, a user with another "
-                        "password, a virtual host it does not have), and nothing was changed. 400 (code "
+                        "(a queue with other arguments, an exchange of another type, other permissions, a "
+                        "virtual host it does not have), and nothing was changed. A user the broker has is "
+                        "left as it is. 400 (code "
                         "bad-definitions): the document is malformed. Users and permissions are kept in memory "
                         "only, as with PUT /api/v1/users."),
         },
