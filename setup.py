@@ -32,6 +32,7 @@ setup(
         "orjson>=3.9",
         "prometheus-client>=0.20",
         "pyjwt[crypto]>=2.8",
+        "pamqp>=3.3",
     ],
     entry_points={
         "console_scripts": [
@@ -49,6 +50,11 @@ setup(
             "sphinx>=7.2",
             "treq>=23.1",
             "schemathesis>=4.0",
+            # AMQP 0-9-1 clients the integration tests drive (qmq.amqp).
+            "pika>=1.3",
+            "kombu>=5.3",
+            "celery>=5.3",
+            "aio-pika>=9.4",
         ],
         "bench": ["matplotlib>=3.8"],
         # The Spark data source and jobs (qmq.spark); the broker never imports them.
