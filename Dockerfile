@@ -3,7 +3,7 @@
 #
 #   docker build -t qmq .
 #   printf '%s\n' 's3cret' | docker run --rm -i --entrypoint qmq-passwd qmq   # a hash
-#   docker run -d --name qmq -p 61613:61613 -p 15674:15674 \
+#   docker run -d --name qmq -p 61613:61613 -p 15674:15674 -p 5672:5672 \
 #       -v qmq-data:/var/lib/qmq -e QMQ_ADMIN_PASSWORD_HASH='$scrypt$...' qmq
 FROM python:3.12-slim
 
@@ -31,8 +31,8 @@ COPY docker/qmq.toml /etc/qmq/qmq.toml
 USER qmq
 WORKDIR /var/lib/qmq
 VOLUME ["/var/lib/qmq"]
-# STOMP, HTTP (WebSocket, SockJS, API, console, metrics).
-EXPOSE 61613 15674
+# STOMP, HTTP (WebSocket, SockJS, API, console, metrics), AMQP 0-9-1.
+EXPOSE 61613 15674 5672
 
 HEALTHCHECK --interval=30s --timeout=5s --start-period=20s \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:15674/api/v1/health/live', timeout=4)"]

@@ -129,15 +129,18 @@ class DockerfileTests(unittest.TestCase):
         """EXPOSE names the shipped configuration's ports, and its listeners
         are on every interface (the container's)."""
         exposed = sorted(int(p.split("/")[0]) for a in self.args("EXPOSE") for p in a.split())
-        ports = []
+        ports = {}
         for spec in self.shipped.listen:
             fields = spec.split(":")
             self.assertEqual(fields[1], "tcp", spec)
             self.assertFalse(any(f.startswith("interface=") for f in fields), spec)
-            ports.append(int(fields[2]))
-        self.assertEqual(exposed, sorted(ports))
+            ports[fields[0]] = int(fields[2])
+        self.assertEqual(exposed, sorted(ports.values()))
+        # Every protocol of the embedded default, on the same ports.
+        default = {s.split(":")[0]: int(s.split(":")[2]) for s in config.load().listen}
+        self.assertEqual(ports, default)
         health = " ".join(self.args("HEALTHCHECK"))
-        self.assertIn(f"127.0.0.1:{ports[1]}/api/v1/health/live", health)
+        self.assertIn(f"127.0.0.1:{ports['http']}/api/v1/health/live", health)
 
     def test_runs_the_entry_point(self) -> None:
         """The entry point (exec form, so it gets the signals) is
@@ -178,7 +181,7 @@ class EntryPointTests(unittest.TestCase):
             [p] = [v for v in s.vhosts if v.name == name][0].permissions
             self.assertEqual((p.user, p.configure, p.write, p.read), ("root-ops", ".*", ".*", ".*"))
         svc = self.service(out)
-        self.assertEqual(len(svc.listeners), 2)
+        self.assertEqual(len(svc.listeners), 3)
 
     def test_admin_from_file(self) -> None:
         """QMQ_ADMIN_PASSWORD_FILE: the first line, hashed."""
