@@ -63,7 +63,7 @@ from qmq.web.api.params import (
     _object_body,
     json_response,
 )
-from qmq.web.api.problem import PROBLEM_TYPE, Problem, bad_request, from_broker_error
+from qmq.web.api.problem import Problem, bad_request, from_broker_error
 from qmq.web.api.settings import ApiSettings
 from qmq.web.api.topology import TopologyMixin
 
@@ -412,11 +412,7 @@ class ApiResource(HealthHandlers, TopologyMixin, AdminMixin, Resource):
 
     def _write(self, request: Request, result: Response | Problem) -> bytes:
         if isinstance(result, Problem):
-            request.setResponseCode(result.status)
-            request.setHeader(b"content-type", PROBLEM_TYPE.encode())
-            for k, v in result.headers.items():
-                request.setHeader(k.encode(), v.encode())
-            return result.body()
+            return result.render(request)
         request.setResponseCode(result.status)
         request.setHeader(b"content-type", result.content_type.encode())
         for k, v in result.headers.items():
