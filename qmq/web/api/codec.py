@@ -307,6 +307,14 @@ def _json_seconds(obj: dict, name: str, where: str, ms: bool) -> Any:
     return round(value * 1000)
 
 
+def _whole(value: Any) -> Any:
+    """A JSON number that is whole (C{7.0}: JSON Schema's integers include
+    it, and some encoders write every number so) as an int."""
+    if value.__class__ is float and value.is_integer():
+        return int(value)
+    return value
+
+
 def _json_message(obj: Any, index: int | None) -> Outgoing:
     where = _where(index)
     if obj.__class__ is not dict:
@@ -315,6 +323,11 @@ def _json_message(obj: Any, index: int | None) -> Outgoing:
         unknown = sorted(obj.keys() - _MESSAGE_FIELDS)
         raise bad_request(f"{where}: unknown field(s) {', '.join(map(repr, unknown))}; a message has "
                           f"{', '.join(sorted(_MESSAGE_FIELDS))}")
+    # JSON spells "not given" by leaving a field out (the OpenAPI document
+    # allows no null): a null destination must not pass for an absent one.
+    for name, value in obj.items():
+        if value is None:
+            raise bad_request(f"{where}: {name!r} is null; leave the field out or give a value")
     text = obj.get("body")
     if text.__class__ is not str:
         raise bad_request(f"{where}: 'body' must be a string (UTF-8 text, or base64 with \"encoding\": \"base64\")")
@@ -336,9 +349,9 @@ def _json_message(obj: Any, index: int | None) -> Outgoing:
         obj.get("headers"),
         obj.get("destination"),
         obj.get("routing_key"),
-        obj.get("priority", 0),
-        obj.get("ttl"),
-        obj.get("delay"),
+        _whole(obj.get("priority", 0)),
+        _whole(obj.get("ttl")),
+        _whole(obj.get("delay")),
         obj.get("persistent", False),
         where,
         obj.get("properties"),

@@ -64,7 +64,7 @@ from qmq.web.api.params import (
     _object_body,
     json_response,
 )
-from qmq.web.api.problem import PROBLEM_TYPE, Problem, bad_request, from_broker_error
+from qmq.web.api.problem import Problem, bad_request, from_broker_error
 from qmq.web.api.settings import ApiSettings
 from qmq.web.api.topology import TopologyMixin
 
@@ -419,11 +419,7 @@ class ApiResource(HealthHandlers, TopologyMixin, AdminMixin, DefinitionsMixin, R
 
     def _write(self, request: Request, result: Response | Problem) -> bytes:
         if isinstance(result, Problem):
-            request.setResponseCode(result.status)
-            request.setHeader(b"content-type", PROBLEM_TYPE.encode())
-            for k, v in result.headers.items():
-                request.setHeader(k.encode(), v.encode())
-            return result.body()
+            return result.render(request)
         request.setResponseCode(result.status)
         request.setHeader(b"content-type", result.content_type.encode())
         for k, v in result.headers.items():
@@ -681,8 +677,9 @@ class ApiResource(HealthHandlers, TopologyMixin, AdminMixin, DefinitionsMixin, R
     def h_extend(self, request: Request, vhost: str, queue: str) -> Response:
         doc, handles = self._settle_body(request, {"visibility": (int, float)})
         visibility = doc.get("visibility", self.settings.default_visibility)
-        if not (math.isfinite(visibility) and 0 < visibility <= self.settings.max_visibility):
-            raise bad_request(f"'visibility' must be above 0 and at most {self.settings.max_visibility:g}")
+        # The bounds of receive's visibility parameter.
+        if not (math.isfinite(visibility) and 0.001 <= visibility <= self.settings.max_visibility):
+            raise bad_request(f"'visibility' must be from 0.001 to {self.settings.max_visibility:g}")
         self._own(request, vhost, queue)
         poller = self._fe(request, vhost).find_poller(queue)
         tags, unknown = self._tags(poller, handles)
@@ -700,8 +697,8 @@ class ApiResource(HealthHandlers, TopologyMixin, AdminMixin, DefinitionsMixin, R
         self._queue(vhost, queue)
         start = _float_arg(request, "start", 0.0, 0.0, 1e11)
         end = _float_arg(request, "end", 1e11, 0.0, 1e11)
-        if start > end:
-            raise bad_request("'start' must not be after 'end'")
+        # [start, end) with end before start is an empty range, as when they are equal.
+        end = max(start, end)
         limit = _int_arg(request, "limit", 100, 1, MAX_SCAN_LIMIT)
         cursor = _arg(request, "cursor")
         force64 = _encoding_arg(request)
