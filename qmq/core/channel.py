@@ -77,6 +77,8 @@ SendTarget = tuple[Any, Any, Any, str, Any]
 
 #: Most names L{Channel.publish} remembers as writable (then it forgets all).
 _WRITABLE_CACHE_SIZE = 1000
+# Queue names the broker keeps to itself: never made on demand (named_queue).
+_RESERVED_PREFIXES = ("amq.", DURABLE_SUBSCRIPTION_PREFIX)
 
 
 class Published(NamedTuple):
@@ -323,13 +325,14 @@ class Channel:
             a new queue's name is not checked again.
         """
         vhost = self.vhost
-        if name.startswith(DURABLE_SUBSCRIPTION_PREFIX):
+        reserved = name.startswith(_RESERVED_PREFIXES)
+        if reserved and name.startswith(DURABLE_SUBSCRIPTION_PREFIX):
             check_queue_access(self.owner_name, name, operation)
         if arguments:
             # Arguments that make the broker write somewhere (dead letters)
             # need the declarer's write permission there.
             authorize_arguments(self.user, self.owner_name, vhost.name, arguments, vhost.queue_defaults)
-        if name.startswith(("amq.", DURABLE_SUBSCRIPTION_PREFIX)):
+        if reserved:
             queue = vhost.queues.get(name)
             if queue is None:
                 raise NotFound(
