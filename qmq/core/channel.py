@@ -539,21 +539,23 @@ class Channel:
             writable.clear()
         writable.add(resource)
 
-    def publish_target(self, target: SendTarget, message: Message) -> Any:
+    def publish_target(self, target: SendTarget, message: Message, checked: bool = False) -> Any:
         """Route C{message} to a resolved C{target}'s queues, atomically (the
         hot path of frontends that resolve a destination once).
 
         @return: None when the message is as safe as it will be, else a
             Deferred that fires once the store has made it durable.
         Its headers are checked (L{qmq.core.names.check_headers}) unless
-        they are the dict the previous publish checked.
+        they are the dict the previous publish checked, or C{checked}: the
+        frontend passed them to L{qmq.core.names.check_headers} itself (the
+        HTTP API checks a whole batch before publishing any of it).
 
         @raise ResourceLimit: a bounded queue refused it (then no queue has it).
         @raise PreconditionFailed: the routing key breaks a limit.
         @raise InvalidName: a header name or value breaks a rule.
         """
         headers = message.headers
-        if headers is not None and headers is not self._checked_headers:
+        if headers is not None and headers is not self._checked_headers and not checked:
             check_headers(headers)
             self._checked_headers = headers
         self.published += 1
