@@ -69,6 +69,31 @@ class PublishTests(ApiTestCase):
         self.assertFalse(m["redelivered"])
 
     @defer.inlineCallbacks
+    def test_headers_checked_once(self) -> None:
+        """A batch's headers are checked once each, before any message is
+        published, not again by the channel (publish_target(checked=True))."""
+        from qmq.core import channel as core_channel
+        from qmq.core import names
+        from qmq.web.api import frontend
+
+        checked = []
+
+        def counting(headers: dict) -> None:
+            checked.append(headers)
+            names.check_headers(headers)
+
+        self.patch(frontend, "check_headers", counting)
+        self.patch(core_channel, "check_headers", counting)
+        yield self.publish("q", "a", "b", "c", headers={"k": "v"})
+        self.assertEqual(len(checked), 3)
+        code, _, _, parsed = yield self.call(
+            "POST", f"{Q}/q/messages", {"messages": [{"body": "d"}, {"body": "e", "headers": {"k\x01": "v"}}]}
+        )
+        self.assertEqual(code, 400, parsed)
+        code, _, _, got = yield self.receive("q", "?max=10")
+        self.assertEqual([m["body"] for m in got["messages"]], ["a", "b", "c"])
+
+    @defer.inlineCallbacks
     def test_batch_in_order_and_base64(self) -> None:
         raw = bytes(range(256))
         doc = {"messages": [{"body": "a"}, {"body": base64.b64encode(raw).decode(), "encoding": "base64"}, {"body": "c"}]}

@@ -79,7 +79,23 @@ def message_name(node: str, message_id: int) -> str:
     return f"{node}.{message_id}"
 
 
-class MessageIds(itertools.count):  # type: ignore[misc]
+class Counter(itertools.count):  # type: ignore[misc]
+    """An C{itertools.count} whose next value can be read without taking
+    it: C{next(counter)} stays a C call for the hot paths (message ids,
+    delivery tags), L{next_value} serves the rare reader (metrics)."""
+
+    __slots__ = ()
+
+    @property
+    def next_value(self) -> int:
+        """The value C{next} will return (none is taken)."""
+        # itertools.count keeps its value private; its repr ("Name(N)") is
+        # the one read of it that does not take a value. Read here only.
+        text = itertools.count.__repr__(self)
+        return int(text[text.index("(") + 1 : -1])
+
+
+class MessageIds(Counter):
     """The broker's message id generator: C{next(ids)} is a fresh id.
 
     @ivar node: the node id.
@@ -114,10 +130,7 @@ class MessageIds(itertools.count):  # type: ignore[misc]
     @property
     def next_id(self) -> int:
         """The id the next message will get (none is taken)."""
-        # itertools.count keeps its value private; its repr ("Name(N)") is
-        # the one read of it that does not take an id. Read here only.
-        text = itertools.count.__repr__(self)
-        return int(text[text.index("(") + 1 : -1])
+        return self.next_value
 
     @property
     def issued(self) -> int:
@@ -142,6 +155,7 @@ __all__ = [
     "DEFAULT_NODE",
     "NODE_ID",
     "TIME_SHIFT",
+    "Counter",
     "MessageIds",
     "base36",
     "message_name",

@@ -378,7 +378,8 @@ class VHostFrontend:
                         targets.append((text, channel.send_target(text)))
                     continue
                 if m.headers:
-                    # Before any is published (the channel checks again).
+                    # Before any is published (so publish_target is told
+                    # they are checked).
                     check_headers(m.headers)
                 check_user_id(m.properties, channel.user)
                 if targets is not None:
@@ -415,7 +416,7 @@ class VHostFrontend:
                         now, m.priority, expires, m.ttl, m.delay, deliver_at, ack_timeout
                     )
             try:
-                w = publish(target, message)
+                w = publish(target, message, True)
             except BrokerError as e:
                 raise from_broker_error(e, {"published": len(ids), "ids": ids}) from None
             append(named + str(message.id))
