@@ -628,13 +628,13 @@ class MessageTests(AmqpTestCase):
         c.read()
         waiter: Deferred = Deferred()
         channel = c.session.channels[1]
-        original = channel.core.publish
+        original = channel.core.publish_target
 
-        def publish(*args: Any, **kw: Any) -> Any:
-            published = original(*args, **kw)
-            return published._replace(durable=waiter)
+        def publish_target(*args: Any, **kw: Any) -> Any:
+            original(*args, **kw)
+            return waiter
 
-        channel.core.publish = publish
+        channel.core.publish_target = publish_target
         c.publish("", "q", b"x", delivery_mode=2)
         self.clock.advance(0)
         self.assertEqual(c.read(), [])
