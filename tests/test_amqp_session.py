@@ -25,6 +25,7 @@ from qmq.amqp.protocol import AmqpFactory
 from qmq.amqp.settings import AmqpSettings
 from qmq.connections import ConnectionRegistry, ConnectionSettings
 from qmq.core.broker import Broker
+from qmq.core.channel import Channel
 
 _ports = itertools.count(41000)
 
@@ -710,3 +711,59 @@ class MessageTests(AmqpTestCase):
         c.channel()
         c.publish("", "q", b"x", user_id="someone")
         self.assertEqual(len(self.vhost.queues["q"]), 1)
+
+
+class TransportTests(AmqpTestCase):
+    def test_slow_reader(self) -> None:
+        """A client whose socket buffer is full (the transport pauses its
+        producer) gets no deliveries until it drains; nothing is lost."""
+        self.vhost.declare_queue("q")
+        c = self.client()
+        c.channel()
+        c.send(commands.Basic.Consume(queue="q", no_ack=True), 1)
+        c.read()
+        c.proto.pauseProducing()
+        p = self.client()
+        p.channel()
+        for i in range(3):
+            p.publish("", "q", b"m%d" % i)
+        self.clock.advance(0)
+        self.assertEqual(c.read(), [])
+        self.assertEqual(len(self.vhost.queues["q"]), 3)
+        c.proto.resumeProducing()
+        self.clock.advance(0)
+        bodies = [v.value for _, v in c.read() if isinstance(v, ContentBody)]
+        self.assertEqual(bodies, [b"m0", b"m1", b"m2"])
+
+    def test_over_the_caps(self) -> None:
+        """A connection over the registry's caps: after its protocol
+        header, connection.close 530 and the socket closes; not counted."""
+        registry = ConnectionRegistry(ConnectionSettings(max_per_address=1), clock=self.clock)
+        factory = AmqpFactory(self.broker, self.settings, clock=self.clock, registry=registry)
+        first = Client(factory)
+        second = Client(factory)
+        second.raw(PROTOCOL_HEADER)
+        close = second.close_error(commands.Connection.Close)
+        self.assertEqual(close.reply_code, 530)
+        self.assertIn("too many connections", close.reply_text)
+        self.assertFalse(second.open)
+        self.assertTrue(first.open)
+        self.assertEqual(len(registry.connections(factory.listener)), 1)
+
+    def test_lost_connection_gives_back(self) -> None:
+        """A socket lost mid-message: its unacked deliveries go back, its
+        exclusive queues go, its unfinished bytes leave the budget."""
+        self.vhost.declare_queue("q")
+        self.vhost.queues["q"].publish(Channel(self.broker, self.vhost).make_message("", "q", None, b"x"))
+        c = self.client()
+        c.channel()
+        c.send(commands.Queue.Declare(queue="mine", exclusive=True), 1)
+        c.send(commands.Basic.Consume(queue="q"), 1)
+        c.raw(frame.marshal(commands.Basic.Publish(routing_key="q"), 1)
+              + frame.marshal(header.ContentHeader(0, 100, commands.Basic.Properties()), 1)
+              + frame.marshal(ContentBody(b"x" * 10), 1))
+        self.assertEqual(len(self.vhost.queues["q"]), 0)
+        c.transport.loseConnection()
+        self.assertEqual(len(self.vhost.queues["q"]), 1)
+        self.assertNotIn("mine", self.vhost.queues)
+        self.assertEqual(self.broker.unfinished_bytes, 0)

@@ -56,6 +56,8 @@ class AmqpProtocol(Protocol):
     """
 
     session: AmqpSession
+    #: The protocol's name in the metrics (qmq_connections{protocol}).
+    protocol_name = "amqp"
 
     def __init__(self, factory: AmqpFactory, peer_host: str = "") -> None:
         self.factory = factory
