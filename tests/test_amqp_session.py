@@ -767,3 +767,41 @@ class TransportTests(AmqpTestCase):
         self.assertEqual(len(self.vhost.queues["q"]), 1)
         self.assertNotIn("mine", self.vhost.queues)
         self.assertEqual(self.broker.unfinished_bytes, 0)
+
+    def test_publish_after_connection_error(self) -> None:
+        """Frames read after a connection exception, in the same read, are
+        not acted on (not even the publish fast path), and the connection's
+        unfinished bytes leave the broker's budget."""
+        self.vhost.declare_queue("q")
+        c = self.client()
+        c.channel()
+        c.publish("", "q", b"first")  # the channel learns its properties
+        self.vhost.queues["q"].purge()
+        one = (frame.marshal(commands.Basic.Publish(routing_key="q"), 1)
+               + frame.marshal(header.ContentHeader(0, 1, commands.Basic.Properties()), 1)
+               + frame.marshal(ContentBody(b"x"), 1))
+        c.send(commands.Basic.Consume(queue="q", consumer_tag="t"), 1)
+        c.read()
+        # A consumer tag in use is a connection exception (530), answered
+        # without ending the read: what follows it must be dropped.
+        c.raw(frame.marshal(commands.Basic.Consume(queue="q", consumer_tag="t"), 1) + one + one[:10])
+        self.assertEqual(c.close_error(commands.Connection.Close).reply_code, 530)
+        self.assertEqual(len(self.vhost.queues["q"]), 0)
+        self.assertEqual(self.broker.unfinished_bytes, 0)
+
+    def test_long_routing_key(self) -> None:
+        """A routing key longer than a short string (STOMP counts a key's
+        characters, AMQP its bytes) is delivered cut, not refused."""
+        self.vhost.declare_queue("q")
+        self.vhost.bind("q", "amq.topic", "#")
+        c = self.client()
+        c.channel()
+        c.send(commands.Basic.Consume(queue="q", no_ack=True), 1)
+        c.read()
+        channel = Channel(self.broker, self.vhost)
+        self.addCleanup(channel.close)
+        key = "\u00e9" * 200
+        channel.publish("amq.topic", key, channel.make_message("amq.topic", key, None, b"x"))
+        self.clock.advance(0)
+        [deliver] = [v for _, v in c.read() if isinstance(v, commands.Basic.Deliver)]
+        self.assertEqual(deliver.routing_key, "\u00e9" * 127)

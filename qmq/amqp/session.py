@@ -66,6 +66,7 @@ from qmq.amqp.codec import (
     content_frames,
     decode_properties,
     deliver_frames,
+    fit_short,
     from_table,
     short,
 )
@@ -491,7 +492,7 @@ class AmqpChannel:
             return None
         if not routed:
             self.send_content(
-                commands.Basic.Return(NO_ROUTE, "NO_ROUTE", exchange, key), message
+                commands.Basic.Return(NO_ROUTE, "NO_ROUTE", exchange, fit_short(key)), message
             )
         if seq:
             if waiter is None:
@@ -853,7 +854,7 @@ class AmqpChannel:
         message = got.message
         self.send_content(
             commands.Basic.GetOk(got.tag, bool(message.delivery_count), message.exchange,
-                                 message.routing_key, got.remaining),
+                                 fit_short(message.routing_key), got.remaining),
             message,
         )
 
@@ -1110,7 +1111,7 @@ class AmqpSession:
                 # channel's last property bytes) and one body frame in
                 # this read: published here, without the frame by frame
                 # dispatch (the careful path below does the rest).
-                channel = channels.get(number)
+                channel = channels.get(number) if self.state == _OPEN_DONE else None
                 if (
                     channel is not None
                     and channel.publishing is None
@@ -1222,6 +1223,8 @@ class AmqpSession:
         """Count the bytes of unfinished frames and contents in the broker's
         budget for unfinished input (as STOMP's reader does); the connection
         that crosses it is closed."""
+        if self._released:
+            return  # what it held was given back with the rest
         pending = len(self._buffer)
         for channel in self._contents:
             pending += channel.received
