@@ -87,6 +87,7 @@ from qmq.core.errors import PreconditionFailed
 from qmq.core.limits import LimitSettings
 from qmq.core.names import problem as name_problem
 from qmq.core.policy import FSYNC_POLICIES, QUEUE_ARGUMENTS, QueueArgument, argument_name
+from qmq.logs import LogSettings
 from qmq.settings_schema import (
     _arguments,
     _boolean,
@@ -150,6 +151,7 @@ SECTIONS: dict[str, type] = {
     "http_api": ApiSettings,
     "auth": AuthSettings,
     "cluster": ClusterSettings,
+    "log": LogSettings,
     "amqp": AmqpSettings,
 }
 
@@ -317,6 +319,7 @@ class Settings:
     listen: list[str] = field(
         default_factory=lambda: [
             "stomp:tcp:61613:interface=127.0.0.1:backlog=1024",
+            "http:tcp:15674:interface=127.0.0.1:backlog=1024",
             "amqp:tcp:5672:interface=127.0.0.1:backlog=1024",
         ]
     )

@@ -26,6 +26,7 @@ from qmq.config import (
 from qmq.connections import ConnectionSettings
 from qmq.core.limits import LimitSettings
 from qmq.core.policy import QUEUE_ARGUMENTS
+from qmq.logs import LogSettings
 from qmq.stomp.settings import StompSettings
 from qmq.store.settings import CommitLogSettings
 from qmq.web.api.settings import ApiSettings
@@ -61,14 +62,16 @@ class DefaultTests(unittest.TestCase):
 
     def test_defaults(self) -> None:
         """
-        Without a file, QMQ listens for STOMP on 127.0.0.1:61613 with a backlog
-        of 1024 and keeps its data in ./qmq-data.
+        Without a file, QMQ listens for STOMP on 127.0.0.1:61613, for HTTP
+        on 127.0.0.1:15674 and for AMQP on 127.0.0.1:5672 with a backlog of
+        1024 and keeps its data in ./qmq-data.
         """
         settings = config.load()
         self.assertEqual(
             settings.listen,
             [
                 "stomp:tcp:61613:interface=127.0.0.1:backlog=1024",
+                "http:tcp:15674:interface=127.0.0.1:backlog=1024",
                 "amqp:tcp:5672:interface=127.0.0.1:backlog=1024",
             ],
         )
@@ -127,6 +130,7 @@ class DefaultTests(unittest.TestCase):
                 "http_api": ApiSettings,
                 "auth": AuthSettings,
                 "cluster": ClusterSettings,
+                "log": LogSettings,
                 "amqp": AmqpSettings,
             },
         )
@@ -143,6 +147,7 @@ class DefaultTests(unittest.TestCase):
                 "sockjs": SockJSSettings(),
                 "http_api": ApiSettings(),
                 "cluster": ClusterSettings(),
+                "log": LogSettings(),
                 "amqp": AmqpSettings(),
             },
         )
@@ -170,7 +175,10 @@ class DefaultTests(unittest.TestCase):
                 self.assertEqual(schema[key](default[name][key], dotted), value, dotted)
                 self.assertIn(dotted, rows, f"{dotted} has no row in configuration.rst")
                 type_column, default_column = rows[dotted]
-                self.assertEqual(toml_value(default_column), value, f"{dotted} documented")
+                documented_value = toml_value(default_column)
+                if isinstance(value, tuple):  # an array (tuple[str, ...] fields)
+                    documented_value = tuple(documented_value)  # type: ignore[arg-type]
+                self.assertEqual(documented_value, value, f"{dotted} documented")
                 if "expected" not in f.metadata:
                     documented = re.sub(r"^an? ", "", schema[key].expected)
                     documented = documented.replace("true or false", "boolean")
@@ -479,7 +487,7 @@ class ErrorTests(unittest.TestCase):
         self.check(
             'lisen = ["stomp:tcp:1"]',
             "qmq.toml: lisen: unknown key (expected one of: amqp, auth, cluster, commit_log, connections, data_dir,"
-            " http_api, limits, listen, shutdown_timeout, sockjs, stomp, store, users, vhosts, web);"
+            " http_api, limits, listen, log, shutdown_timeout, sockjs, stomp, store, users, vhosts, web);"
             " did you"
             ' mean "listen"?',
         )

@@ -36,7 +36,8 @@ from qmq.amqp.codec import PROTOCOL_HEADER
 from qmq.amqp.session import AmqpSession
 from qmq.amqp.settings import AmqpSettings
 from qmq.connections import ConnectionRegistry
-from qmq.stomp.protocol import _abort, _peer_name
+from qmq.logs import transport_peer
+from qmq.stomp.protocol import _abort
 from qmq.tls import PeerIdentity, peer_identity
 from qmq.transport import IConnection
 from qmq.twisted_internals import direct_writer, hold_batches_per_read
@@ -75,7 +76,7 @@ class AmqpProtocol(Protocol):
     def connectionMade(self) -> None:
         factory = self.factory
         transport = self.transport
-        self.peer = _peer_name(transport)
+        self.peer = transport_peer(transport)
         self._write = direct_writer(transport)
         self.session = AmqpSession(factory.broker, factory.settings, self, clock=factory.clock)
         self.dataReceived = self.session.data_received  # type: ignore[method-assign]

@@ -43,6 +43,7 @@ from zope.interface import implementer
 
 from qmq.connections import ConnectionRegistry
 from qmq.core.broker import Broker
+from qmq.logs import transport_peer
 from qmq.stomp.frame import encode_frame
 from qmq.stomp.reader import StompReader
 from qmq.stomp.session import StompSession
@@ -54,18 +55,6 @@ from qmq.twisted_internals import direct_writer, hold_batches_per_read
 __all__ = ["RefusedStompProtocol", "StompFactory", "StompProtocol"]
 
 log = Logger()
-
-
-def _peer_name(transport: Any) -> str:
-    try:
-        peer = transport.getPeer()
-    except Exception:
-        return "?"
-    host = getattr(peer, "host", None)
-    port = getattr(peer, "port", None)
-    if host is None:
-        return str(peer)
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _abort(transport: Any) -> None:
@@ -104,7 +93,7 @@ class StompProtocol(Protocol):
     def connectionMade(self) -> None:
         factory = self.factory
         transport = self.transport
-        self.peer = _peer_name(transport)
+        self.peer = transport_peer(transport)
         self._write = direct_writer(transport)
         self.session = StompSession(factory.broker, factory.settings, self, clock=factory.clock)
         self.reader = StompReader(self.session)
@@ -117,7 +106,7 @@ class StompProtocol(Protocol):
         transport.registerProducer(self, True)  # type: ignore[union-attr]
         self._producing = True
         factory.registry.add(self, factory.listener)
-        log.info("connection open protocol=stomp peer={peer} session={session}",
+        log.debug("connection open protocol=stomp peer={peer} session={session}",
                  peer=self.peer, session=self.session.id)
 
     def dataReceived(self, data: bytes) -> None:  # replaced per instance in connectionMade
@@ -149,7 +138,7 @@ class StompProtocol(Protocol):
         session.connection_lost()
         factory = self.factory
         factory.registry.remove(self)
-        log.info("connection closed protocol=stomp peer={peer} session={session} reason={reason}",
+        log.debug("connection closed protocol=stomp peer={peer} session={session} reason={reason}",
                  peer=self.peer, session=session.id,
                  reason=reason.getErrorMessage() if reason is not None else "")
         factory.connection_lost(self)

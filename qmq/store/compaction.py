@@ -15,7 +15,7 @@ reactor thread except the read:
   2. The writer thread reads the segment whole (C{read_segment}).
   3. L{Compaction._copy_forward} walks its records: each still live one
      (a publish some queue holds, a requeue count, a queue or exchange
-     declaration, a binding) is encoded again at the head of the log
+     declaration, a binding of a queue or an exchange) is encoded again at the head of the log
      (L{Compaction._copy_record}) and the index moves it there. The copies
      go out with the next batch; once that batch is synced, the index finds
      the old segment empty and the writer deletes it.
@@ -39,6 +39,7 @@ from twisted.logger import Logger
 
 from qmq.store.record import (
     RECORD_BIND,
+    RECORD_BIND_EXCHANGE,
     RECORD_DECLARE_EXCHANGE,
     RECORD_DECLARE_QUEUE,
     RECORD_PUBLISH,
@@ -198,5 +199,21 @@ class Compaction:
             if b is None or b.segment != number:
                 return 0
             self._bind(b.vhost, b.queue, b.exchange, b.key, b.arguments, force=True)
+            return 1
+        if type_ == RECORD_BIND_EXCHANGE:
+            f = decode_topology(data, start, end, type_)
+            key = (
+                f["vhost"],
+                f["destination"],
+                f["source"],
+                f["key"],
+                arguments_key(f.get("arguments")),
+            )
+            e = index.exchange_bindings.get(key)
+            if e is None or e.segment != number:
+                return 0
+            self._bind_exchange(
+                e.vhost, e.destination, e.source, e.key, e.arguments, force=True
+            )
             return 1
         return 0

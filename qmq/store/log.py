@@ -65,11 +65,13 @@ from qmq.store.record import (
     FRAME,
     FRAME_SIZE,
     RECORD_BIND,
+    RECORD_BIND_EXCHANGE,
     RECORD_DECLARE_EXCHANGE,
     RECORD_DELETE_EXCHANGE,
     RECORD_DELETE_QUEUE,
     RECORD_PUBLISH,
     RECORD_UNBIND,
+    RECORD_UNBIND_EXCHANGE,
     RecordError,
     decode_publish_fields,
     encode_declare_queue,
@@ -800,6 +802,69 @@ class CommitLogStore(Startup, WriteFailure, Compaction, RangeScans):
                         "vhost": vhost.name,
                         "queue": queue.name,
                         "exchange": exchange.name,
+                        "key": key,
+                        "arguments": arguments,
+                    },
+                )
+            )
+
+    def bind_exchange(
+        self,
+        vhost: VirtualHost,
+        destination: Exchange,
+        source: Exchange,
+        key: str,
+        arguments: dict | None,
+    ) -> None:
+        self._bind_exchange(vhost.name, destination.name, source.name, key, arguments)
+
+    def _bind_exchange(
+        self,
+        vhost: str,
+        destination: str,
+        source: str,
+        key: str,
+        arguments: dict | None,
+        force: bool = False,
+    ) -> None:
+        self._open()
+        self._place()
+        if self._index.bind_exchange(
+            self._active, vhost, destination, source, key, arguments, force
+        ):
+            self._append(
+                encode_topology(
+                    RECORD_BIND_EXCHANGE,
+                    {
+                        "vhost": vhost,
+                        "destination": destination,
+                        "source": source,
+                        "key": key,
+                        "arguments": arguments,
+                    },
+                )
+            )
+
+    def unbind_exchange(
+        self,
+        vhost: VirtualHost,
+        destination: Exchange,
+        source: Exchange,
+        key: str,
+        arguments: dict | None,
+    ) -> None:
+        self._open()
+        self._place()
+        if self._index.unbind_exchange(
+            self._active, vhost.name, destination.name, source.name, key, arguments
+        ):
+            self._append(
+                encode_topology(
+                    RECORD_UNBIND_EXCHANGE,
+                    {
+                        "vhost": vhost.name,
+                        "destination": destination.name,
+                        "source": source.name,
                         "key": key,
                         "arguments": arguments,
                     },

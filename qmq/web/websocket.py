@@ -57,6 +57,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from qmq.logs import transport_peer
 from qmq.stomp.reader import StompReader
 from qmq.stomp.session import StompSession
 from qmq.tls import PeerIdentity, peer_identity
@@ -212,7 +213,7 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
         origins = ctx.guard.origins if ctx.guard is not None else web.origins
         if not origin_allowed(request.origin, host, secure, origins):
             log.info("websocket refused protocol=stomp peer={peer} origin={origin!r}",
-                     peer=self.peer, origin=request.origin)
+                     peer=self._peer_address(), origin=request.origin)
             raise ConnectionDeny(
                 403,
                 f"Origin {request.origin[:200]} may not open a WebSocket here "
@@ -230,6 +231,12 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
             + ", ".join(SUBPROTOCOLS) + " or none.",
         )
 
+    def _peer_address(self) -> str:
+        connection = self.connection
+        if connection is not None:
+            return connection.peer
+        return transport_peer(self.transport)
+
     def onOpen(self) -> None:
         ctx = self.factory.ctx
         transport = self.transport
@@ -241,6 +248,9 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
         else:
             self.peer_host = _host(transport)
             self.identity = peer_identity(transport)
+        # One format for peers in logs and listings (qmq.logs), not
+        # autobahn's "tcp:HOST:PORT"; the session reads it from here.
+        self.peer = self._peer_address()
         self._write = direct_writer(transport)
         if ISSLTransport.providedBy(transport):
             hold_batches_per_read(transport, ctx.broker.batcher)
@@ -253,7 +263,7 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
         self.session = session = StompSession(ctx.broker, ctx.settings.stomp, self, clock=ctx.clock)
         self.reader = StompReader(session)
         self.onMessageFrameData = self.reader.data_received  # type: ignore[method-assign]
-        log.info("connection open protocol=stomp+websocket peer={peer} session={session}",
+        log.debug("connection open protocol=stomp+websocket peer={peer} session={session}",
                  peer=self.peer, session=session.id)
 
     # -- in ---------------------------------------------------------------------
@@ -394,7 +404,7 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
         self._release()
         session = self.session
         if session is not None:
-            log.info("connection closed protocol=stomp+websocket peer={peer} session={session}",
+            log.debug("connection closed protocol=stomp+websocket peer={peer} session={session}",
                      peer=self.peer, session=session.id)
 
     def _release(self) -> None:

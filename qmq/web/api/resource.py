@@ -49,6 +49,7 @@ from qmq.twisted_internals import no_delay_once
 from qmq.web.api import codec
 from qmq.web.api.admin import AdminMixin
 from qmq.web.api.codec import AVRO, AVRO_TYPES, JSON, SCHEMA_NAMES
+from qmq.web.api.definitions import DefinitionsMixin
 from qmq.web.api.follow import CursorFollower, SseFollower, _SseProducer
 from qmq.web.api.frontend import HttpFrontend, parse_handle
 from qmq.web.api.health import HealthHandlers
@@ -114,7 +115,7 @@ def _unauthorized(detail: str) -> Problem:
     return Problem(401, "unauthorized", detail, headers={"WWW-Authenticate": 'Basic realm="QMQ", Bearer'})
 
 
-class ApiResource(HealthHandlers, TopologyMixin, AdminMixin, Resource):
+class ApiResource(HealthHandlers, TopologyMixin, AdminMixin, DefinitionsMixin, Resource):
     """C{/api}: version 1 of QMQ's HTTP API (see the module docstring)."""
 
     isLeaf = True
@@ -166,6 +167,8 @@ class ApiResource(HealthHandlers, TopologyMixin, AdminMixin, Resource):
         ("GET", ("v1", "permissions", "{vhost}", "{user}"), "get_permission"),
         ("PUT", ("v1", "permissions", "{vhost}", "{user}"), "put_permission"),
         ("DELETE", ("v1", "permissions", "{vhost}", "{user}"), "delete_permission"),
+        ("GET", ("v1", "definitions"), "get_definitions"),
+        ("POST", ("v1", "definitions"), "post_definitions"),
     )
 
     def __init__(self, ctx: Any, settings: ApiSettings | None = None) -> None:
