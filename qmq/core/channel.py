@@ -54,7 +54,7 @@ import secrets
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from qmq.core.access import authorize, resource_named
+from qmq.core.access import Resource, authorize, resource_named
 from qmq.core.consumer import UNLIMITED, BacklogBudget, Consumer
 from qmq.core.errors import AccessRefused, NotAllowed, NotFound, PreconditionFailed, ResourceLocked
 from qmq.core.ids import Counter
@@ -266,8 +266,9 @@ class Channel:
         self._gated = False
         self._transport_paused = False
         self._getters: dict[Queue, _Getter] = {}
-        # Names L{publish} found writable under the current user.
-        self._writable: set[str] = set()
+        # What L{publish} found writable under the current user: queue
+        # names (the default exchange), (exchange, routing key) pairs.
+        self._writable: set[Any] = set()
         # The last headers dict whose names were checked (qmq.core.names):
         # a producer's messages share one, so it is checked once.
         self._checked_headers: Any = None
@@ -474,13 +475,12 @@ class Channel:
         """
         if not exchange:
             queue = self.vhost.queue(routing_key)
-            if self.user is not None:
-                self._authorize("write", routing_key, routing_key)
+            self._may_write("", routing_key)
             return (queue, None, "", routing_key, queue)
         ex = self.vhost.exchange(exchange)
         check_routing_key(routing_key, ex)
         if self.user is not None:
-            self._authorize("write", exchange, exchange)
+            self._may_write(exchange, routing_key)
         return (None, ex, exchange, routing_key, ex)
 
     def publish(
@@ -512,14 +512,14 @@ class Channel:
             if routing_key is not self._checked_key:
                 check_routing_key(routing_key, ex)
                 self._checked_key = routing_key
-            if self.user is not None and exchange not in self._writable:
-                self._may_write(exchange)
+            if self.user is not None and (exchange, routing_key) not in self._writable:
+                self._may_write(exchange, routing_key)
             targets = ex.route(routing_key, message.headers)
             if ex.e2e:
                 targets = vhost.expand(ex, targets, routing_key, message.headers)
         else:
-            if self.user is not None and routing_key not in self._writable:
-                self._may_write(routing_key)
+            if routing_key not in self._writable:
+                self._may_write("", routing_key)
             queue = vhost.queues.get(routing_key)
             targets = (queue,) if queue is not None else ()
         if not targets and mandatory:
@@ -530,14 +530,24 @@ class Channel:
             return Published(0, None)
         return Published(len(targets), vhost.publish_to(targets, message))
 
-    def _may_write(self, resource: str) -> None:
-        """Check the write permission on C{resource} once per channel (and
-        permissions): L{publish} is per message, the check is not."""
-        self._authorize("write", resource, resource)
+    def _may_write(self, exchange: str, routing_key: str) -> None:
+        """Check once per channel (and permissions) that this client may
+        publish to C{exchange} with C{routing_key}: L{publish} is per
+        message, the check is not. The verdict is the core's on the
+        structural resource (the exchange with the key, so a token's
+        C{destinations} see C{/topic/KEY}; for the default exchange the
+        queue the key names, which must not be another owner's durable
+        subscription, authentication on or off)."""
+        if not exchange:
+            authorize(self.user, "write", Resource.queue(self.vhost.name, routing_key), self.owner_name)
+            key: Any = routing_key
+        else:
+            authorize(self.user, "write", Resource.exchange(self.vhost.name, exchange, routing_key))
+            key = (exchange, routing_key)
         writable = self._writable
         if len(writable) >= _WRITABLE_CACHE_SIZE:
             writable.clear()
-        writable.add(resource)
+        writable.add(key)
 
     def publish_target(self, target: SendTarget, message: Message, checked: bool = False) -> Any:
         """Route C{message} to a resolved C{target}'s queues, atomically (the
