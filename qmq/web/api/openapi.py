@@ -475,6 +475,22 @@ def _schemas(s: ApiSettings) -> dict:
             "properties": {"id": {"type": "string"}, "protocol": {"type": "string"}, "peer": {"type": "string"},
                            "user": {"type": "string"}},
         },
+        "Link": {
+            "type": "object",
+            "description": "A link to another node of the mesh, with its counters.",
+            "required": ["node", "direction", "address", "state", "messages_out", "bytes_out",
+                         "messages_in", "bytes_in", "dropped", "refused", "buffered_bytes", "peer_interest"],
+            "properties": {
+                "node": {"type": "string"}, "direction": {"type": "string", "enum": ["in", "out"]},
+                "address": {"type": "string"}, "state": {"type": "string"},
+                "up_seconds": {"type": ["number", "null"]}, "rtt_ms": {"type": ["number", "null"]},
+                "messages_out": {"type": "integer"}, "bytes_out": {"type": "integer"},
+                "messages_in": {"type": "integer"}, "bytes_in": {"type": "integer"},
+                "dropped": {"type": "integer"}, "refused": {"type": "integer"},
+                "buffered_bytes": {"type": "integer"},
+                "peer_interest": {"type": "array", "items": {"type": "string"}},
+            },
+        },
         "User": {
             "type": "object",
             "description": "A user of the broker. Its password hash is never shown.",
@@ -755,6 +771,11 @@ def document(s: ApiSettings | None = None) -> dict:
             "Close a connection", _ok({"type": "object", "required": ["closed"],
                                        "properties": {"closed": {"type": "string"}}}), 404,
             params=[_path_param("connection", "The id from the listing.")], tag="management")},
+        "/api/v1/links": {"get": _op(
+            "List the mesh's links", _ok({"type": "object", "required": ["node", "links"], "properties": {
+                "node": {"type": "string"}, "links": {"type": "array", "items": _ref("Link")}}}),
+            tag="management", description="This node's links to the other nodes of its mesh "
+            "(docs/cluster.rst); an empty list without one. " + ADMIN_ONLY)},
         "/api/v1/users": {"get": _op("List users", _ok(_list("users", "User")), 400, params=_paging(s),
                                      tag="users", description=ADMIN_ONLY)},
         "/api/v1/users/{user}": {
