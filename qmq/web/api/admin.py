@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.logger import Logger
 
+from qmq.core import names
 from qmq.web.api.params import Response, _arg, _object_body, json_response
 from qmq.web.api.problem import Problem, bad_request
 
@@ -141,8 +142,13 @@ class AdminMixin:
 
     @staticmethod
     def _user_name(name: str) -> str:
-        if not name or len(name) > MAX_USER_NAME or not name.isprintable():
-            raise bad_request(f"a user name is 1 to {MAX_USER_NAME} printable characters")
+        # The core's rule for every name (no control character, valid
+        # Unicode), within the API's length: one the OpenAPI document can state.
+        if not name or len(name) > MAX_USER_NAME:
+            raise bad_request(f"a user name is 1 to {MAX_USER_NAME} characters")
+        reason = names.problem("user name", name, limit=0)
+        if reason is not None:
+            raise bad_request(reason, "invalid-name")
         return name
 
     def h_list_users(self, request: Request) -> Response:
