@@ -28,8 +28,9 @@ Messages:
     A publish on this node reaches a link's consumers like any subscriber;
     a link sends one message once however many of its keys match (it
     remembers the last message it sent). A message that comes in from a
-    link is published on the core through the link's channel, with its id,
-    while L{Mesh.inbound} names it: every L{LinkConsumer} skips it, so a
+    link is published on the core through the link's channel, with an id
+    of this node's (ids are unique per node only, and the store needs its
+    own increasing), while L{Mesh.inbound} names it: every L{LinkConsumer} skips it, so a
     message received from a link is never sent on to another link. In a
     full mesh that is loop-free and duplicate-free: the publishing node
     sends to each interested peer directly, exactly once.
@@ -203,6 +204,7 @@ class Mesh(Service, Observer):
         self._stop_observing: Any = None
         self._encoded: tuple[Any, str, list[bytes], int] | None = None
         self._vhost_bytes: dict[str, bytes] = {}
+        self._next_id = broker.message_ids.__next__
 
     # -- the service ----------------------------------------------------------
 
@@ -569,6 +571,9 @@ class Mesh(Service, Observer):
             if len(targets) >= TARGET_CACHE_SIZE:
                 targets.clear()
             targets[k] = found
+        # An id of this node's (docs/cluster.rst): the sender's may meet
+        # this node's own, and the store needs them increasing.
+        message.id = self._next_id()
         self.inbound = message
         try:
             durable = found[0].publish_target(found[1], message)

@@ -7,12 +7,14 @@ A link carries frames back to back, each::
     u8  type     one of the constants below
     ... payload
 
-Control frames (hello, interest, sync, peers, close) are small JSON objects; a ping and
-its pong carry the sender's clock as a big-endian double; a message frame
+Control frames (hello, interest, sync, peers, close) are small JSON
+objects; a ping and its pong carry the sender's clock as a big-endian double; a message frame
 carries a publish record of the commit log (L{qmq.store.record}, with no
 queue names), so a message crosses a link with everything the core's model
-holds: its id, exchange and routing key, properties, typed headers, body,
-priority, expiry, delivery time, ack timeout and persistence. The record's
+holds: exchange and routing key, properties, typed headers, body,
+timestamp, priority, expiry, delivery time, ack timeout and persistence
+(and the sender's id, which the receiving node replaces with one of its
+own: L{qmq.cluster.mesh}). The record's
 own frame (length, type, CRC) is kept: a damaged record is refused.
 
 Why not STOMP frames: STOMP's headers are text, and the core's typed
