@@ -157,6 +157,7 @@ _session_ids = itertools.count(1)
 _PUBLISH = commands.Basic.Publish.index
 _PUBLISH_IDS = struct.pack(">I", _PUBLISH)
 _ACK = commands.Basic.Ack.index
+_ACK_IDS = struct.pack(">I", _ACK)
 _ACK_ARGS = struct.Struct(">QB")
 _TAG = struct.Struct(">QB")
 #: A content header frame's header and the start of its payload.
@@ -1106,6 +1107,15 @@ class AmqpSession:
                 raise ConnectionError_(FRAME_ERROR, "frame does not end with 0xCE")
             payload = data[pos + 7 : end]
             pos = end + 1
+            if ftype == FRAME_METHOD and size == 13 and payload[:4] == _ACK_IDS and self.state == _OPEN_DONE:
+                # basic.ack, the other per-message frame: settled here.
+                channel = channels.get(number)
+                if channel is not None and channel.publishing is None and not channel.closing:
+                    tag, bits = _ACK_ARGS.unpack_from(payload, 4)
+                    channel._settle(tag, bool(bits & 1), True, False)
+                    if self.closed:
+                        return
+                    continue
             if ftype == FRAME_METHOD and payload[:4] == _PUBLISH_IDS and self._held is None:
                 # The common publish: its content header (with the
                 # channel's last property bytes) and one body frame in
