@@ -805,3 +805,26 @@ class TransportTests(AmqpTestCase):
         self.clock.advance(0)
         [deliver] = [v for _, v in c.read() if isinstance(v, commands.Basic.Deliver)]
         self.assertEqual(deliver.routing_key, "\u00e9" * 127)
+
+    def test_deeply_nested_table(self) -> None:
+        """A field table nested deeper than the decoder can follow is a
+        syntax error (502), in a method's arguments and in a content
+        header's headers, not an internal error."""
+        nested = b"F\x00\x00\x00\x00"
+        for _ in range(3000):
+            nested = b"F" + len(b"\x01k" + nested).to_bytes(4, "big") + b"\x01k" + nested
+        table = len(b"\x01k" + nested).to_bytes(4, "big") + b"\x01k" + nested
+        c = self.client()
+        c.channel()
+        # queue.declare: ticket, queue "q", bits, arguments.
+        payload = b"\x00\x32\x00\x0a" + b"\x00\x00" + b"\x01q" + b"\x00" + table
+        c.raw(b"\x01\x00\x01" + len(payload).to_bytes(4, "big") + payload + b"\xce")
+        close = c.close_error(commands.Connection.Close)
+        self.assertEqual(close.reply_code, 502)
+        c = self.client()
+        c.channel()
+        c.raw(frame.marshal(commands.Basic.Publish(routing_key="q"), 1))
+        props = b"\x20\x00" + table  # the headers flag, then the table
+        payload = b"\x00\x3c\x00\x00" + (1).to_bytes(8, "big") + props
+        c.raw(b"\x02\x00\x01" + len(payload).to_bytes(4, "big") + payload + b"\xce")
+        self.assertEqual(c.close_error(commands.Connection.Close).reply_code, 502)

@@ -233,8 +233,8 @@ def decode_properties(payload: bytes) -> Decoded:
             break
     try:
         header.unmarshal(flags, payload[pos:])
-    except (struct.error, TypeError, KeyError, IndexError) as e:
-        raise ValueError(f"malformed property list: {e}") from None
+    except (struct.error, TypeError, KeyError, IndexError, RecursionError) as e:
+        raise ValueError(f"malformed property list: {str(e)[:100]}") from None
     properties = None
     for attribute, name in _TEXT_PROPERTIES:
         value = getattr(header, attribute)

@@ -359,8 +359,8 @@ class AmqpChannel:
         if decoded is None:
             try:
                 decoded = decode_properties(raw)
-            except (ValueError, pamqp_exceptions.UnmarshalingException) as e:
-                raise ConnectionError_(SYNTAX_ERROR, f"malformed content header: {e}") from None
+            except (ValueError, RecursionError, pamqp_exceptions.UnmarshalingException) as e:
+                raise ConnectionError_(SYNTAX_ERROR, f"malformed content header: {str(e)[:100]}") from None
             try:
                 check_user_id(decoded.properties, self.core.user)
             except AccessRefused as e:
@@ -917,8 +917,9 @@ def _decode_method(index: int, payload: bytes) -> Any:
     method = commands.INDEX_MAPPING[index]()
     try:
         method.unmarshal(payload)
-    except (struct.error, ValueError, TypeError, KeyError, IndexError) as e:
-        raise ConnectionError_(SYNTAX_ERROR, f"malformed {method.name}: {e}", index) from None
+    except (struct.error, ValueError, TypeError, KeyError, IndexError, RecursionError) as e:
+        # A field table nested past the interpreter's depth is malformed too.
+        raise ConnectionError_(SYNTAX_ERROR, f"malformed {method.name}: {str(e)[:100]}", index) from None
     return method
 
 
