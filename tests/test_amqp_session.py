@@ -518,6 +518,9 @@ class MessageTests(AmqpTestCase):
         self.assertTrue(m.persistent)
         self.assertEqual(m.priority, 4)
         self.assertEqual(m.expires, m.timestamp + 60)
+        # Typed headers from another frontend keep their values: a float
+        # goes out as a double, a big integer as a long long.
+        m.headers = {**m.headers, "d": 0.1, "big": 1 << 40}
         self.vhost.queues["q"].requeue([m])
         c.send(commands.Basic.Get(queue="q", no_ack=True), 1)
         [(method, props, body)] = self.deliveries(c)
@@ -529,6 +532,8 @@ class MessageTests(AmqpTestCase):
         self.assertEqual((props.delivery_mode, props.priority, props.expiration), (2, 4, "60000"))
         self.assertEqual(props.headers["bin"], bytearray(b"\x00\xff"))
         self.assertEqual(props.headers["nested"], {"k": [1, "two"]})
+        self.assertEqual((props.headers["d"], props.headers["big"], props.headers["f"]), (0.1, 1 << 40, 1.5))
+        self.assertEqual((props.headers["b"], props.headers["n"], props.headers["i"]), (True, None, 7))
         self.assertEqual(int(props.timestamp.timestamp()), int(m.timestamp))
 
     def test_consume_ack_nack(self) -> None:
