@@ -833,3 +833,50 @@ class TransportTests(AmqpTestCase):
         payload = b"\x00\x3c\x00\x00" + (1).to_bytes(8, "big") + props
         c.raw(b"\x02\x00\x01" + len(payload).to_bytes(4, "big") + payload + b"\xce")
         self.assertEqual(c.close_error(commands.Connection.Close).reply_code, 502)
+
+    def test_interleaved_channels(self) -> None:
+        """Content frames of two channels may interleave (AMQP 0-9-1 4.2.6):
+        each channel assembles its own message."""
+        self.vhost.declare_queue("q")
+        c = self.client(frame_max=4096)
+        c.channel(1)
+        c.channel(2)
+
+        def parts(channel: int, body: bytes) -> list[bytes]:
+            return [frame.marshal(commands.Basic.Publish(routing_key="q"), channel),
+                    frame.marshal(header.ContentHeader(0, len(body), commands.Basic.Properties(app_id=str(channel))),
+                                  channel),
+                    frame.marshal(ContentBody(body[:3000]), channel),
+                    frame.marshal(ContentBody(body[3000:]), channel)]
+
+        one, two = parts(1, b"1" * 5000), parts(2, b"2" * 6000)
+        c.raw(b"".join(a + b for a, b in zip(one, two, strict=True)))
+        got = sorted((m.properties["app_id"], m.body) for m in self.vhost.queues["q"].messages())
+        self.assertEqual(got, [("1", b"1" * 5000), ("2", b"2" * 6000)])
+
+    def test_permissions_changed(self) -> None:
+        """A user's permissions changed while connected (the HTTP API's
+        refresh: Channel.set_user) apply to the next publish, even to a
+        target the channel had resolved."""
+
+        class User:
+            name = owner = account = "u"
+            destinations = None
+            expires = None
+
+            def __init__(self, writable: bool) -> None:
+                self.writable = writable
+
+            def can(self, operation: str, vhost: str, name: str, path: str) -> bool:
+                return self.writable or operation != "write"
+
+        self.vhost.declare_queue("q")
+        c = self.client()
+        c.session.user = User(True)
+        c.channel()
+        c.publish("", "q", b"allowed")
+        self.assertEqual(len(self.vhost.queues["q"]), 1)
+        c.session.channels[1].core.set_user(User(False))
+        c.publish("", "q", b"refused")
+        self.assertEqual(c.close_error().reply_code, 403)
+        self.assertEqual(len(self.vhost.queues["q"]), 1)

@@ -247,6 +247,21 @@ class AmqpConsumer(Consumer):
         self.amqp.consumer_cancelled(self)
 
 
+class _CoreChannel(Channel):
+    """The core channel of an AMQP channel: when the user's permissions
+    change (L{Channel.set_user}, an administrator's change through the
+    HTTP API), what the AMQP channel resolved under the old ones goes too."""
+
+    amqp: AmqpChannel | None = None
+
+    def forget_targets(self) -> None:
+        amqp = self.amqp
+        if amqp is not None:
+            amqp._targets.clear()
+            amqp.management.user = self.user
+            amqp.session.user = self.user
+
+
 class AmqpChannel:
     """One AMQP channel of a session: its core channel and its state.
 
@@ -258,10 +273,11 @@ class AmqpChannel:
     def __init__(self, session: AmqpSession, number: int) -> None:
         self.session = session
         self.number = number
-        self.core = Channel(
+        self.core = _CoreChannel(
             session.broker, session.vhost, session.owner, user=session.user, protocol="amqp",
             connection=session.connection,
         )
+        self.core.amqp = self
         self.management = Management(session.vhost, session.user, session.owner)
         self.closing = False
         self.flow = True
