@@ -160,7 +160,7 @@ class HandshakeTests(AmqpTestCase):
         capabilities = start.server_properties["capabilities"]
         for name in ("publisher_confirms", "exchange_exchange_bindings", "basic.nack",
                      "consumer_cancel_notify", "connection.blocked", "authentication_failure_close",
-                     "per_consumer_qos"):
+                     "per_consumer_qos", "direct_reply_to"):
             self.assertIs(capabilities[name], True, name)
         self.assertEqual(start.server_properties["product"], "QMQ")
         self.assertEqual(start.mechanisms.split(), ["PLAIN", "AMQPLAIN"])
@@ -880,3 +880,42 @@ class TransportTests(AmqpTestCase):
         c.publish("", "q", b"refused")
         self.assertEqual(c.close_error().reply_code, 403)
         self.assertEqual(len(self.vhost.queues["q"]), 1)
+
+
+class DirectReplyTests(AmqpTestCase):
+    def test_rpc(self) -> None:
+        """RabbitMQ's direct reply-to: the requester consumes the
+        pseudo-queue with no-ack, its request's reply-to names its reply
+        queue, the responder publishes there by that name."""
+        self.vhost.declare_queue("rpc")
+        requester = self.client()
+        requester.channel()
+        requester.send(commands.Basic.Consume(queue="amq.rabbitmq.reply-to", no_ack=True), 1)
+        tag = requester.expect(commands.Basic.ConsumeOk).consumer_tag
+        requester.publish("", "rpc", b"ping", reply_to="amq.rabbitmq.reply-to", correlation_id="1")
+        request = self.vhost.queues["rpc"].get()
+        reply_to = request.properties["reply_to"]
+        self.assertTrue(reply_to.startswith("amq.rabbitmq.reply-to."), reply_to)
+        responder = self.client()
+        responder.channel()
+        responder.publish("", reply_to, b"pong", correlation_id="1")
+        self.clock.advance(0)
+        frames = [v for _, v in requester.read()]
+        [deliver] = [v for v in frames if isinstance(v, commands.Basic.Deliver)]
+        self.assertEqual((deliver.consumer_tag, deliver.routing_key), (tag, reply_to))
+        self.assertIn(ContentBody(b"pong").value, [v.value for v in frames if isinstance(v, ContentBody)])
+        # The reply queue is the requester's connection's: it goes with it.
+        requester.send(commands.Connection.Close(200, "", 0, 0))
+        self.assertNotIn(reply_to, self.vhost.queues)
+
+    def test_refusals(self) -> None:
+        c = self.client()
+        c.channel()
+        c.publish("", "anywhere", b"x", reply_to="amq.rabbitmq.reply-to")
+        close = c.close_error()
+        self.assertEqual(close.reply_code, 406)
+        self.assertIn("fast reply consumer does not exist", close.reply_text)
+        c.send(commands.Channel.CloseOk(), 1)
+        c.channel()
+        c.send(commands.Basic.Consume(queue="amq.rabbitmq.reply-to"), 1)
+        self.assertEqual(c.close_error().reply_code, 406)

@@ -199,9 +199,10 @@ class Decoded:
     @ivar persistent: delivery-mode 2.
     @ivar priority: 0 to 9 (AMQP's 10 to 255 count as 9).
     @ivar ttl: the expiration, text as sent, or None.
+    @ivar direct_reply: C{reply-to} is C{amq.rabbitmq.reply-to}.
     """
 
-    __slots__ = ("properties", "headers", "persistent", "priority", "ttl")
+    __slots__ = ("properties", "headers", "persistent", "priority", "ttl", "direct_reply")
 
     def __init__(self, properties: dict | None, headers: dict | None, persistent: bool,
                  priority: int, ttl: str | None) -> None:
@@ -210,6 +211,8 @@ class Decoded:
         self.persistent = persistent
         self.priority = priority
         self.ttl = ttl
+        #: reply-to names RabbitMQ's direct reply-to pseudo-queue.
+        self.direct_reply = properties is not None and properties.get("reply_to") == "amq.rabbitmq.reply-to"
 
     def expires(self, now: float) -> float:
         """When a message published now expires (0.0: never).

@@ -143,8 +143,11 @@ CAPABILITIES = {
     "authentication_failure_close": True,
     "per_consumer_qos": True,
     "consumer_priorities": False,
-    "direct_reply_to": False,
+    "direct_reply_to": True,
 }
+
+#: RabbitMQ's direct reply-to pseudo-queue (an RPC client's replies).
+DIRECT_REPLY_TO = "amq.rabbitmq.reply-to"
 
 #: Output buffered past this many bytes is written at once.
 FLUSH_THRESHOLD = 256 * 1024
@@ -305,6 +308,10 @@ class AmqpChannel:
         self.tx: list[tuple] | None = None
         self.tx_bytes = 0
         self.consumers: dict[str, AmqpConsumer] = {}
+        # RabbitMQ's direct reply-to: this channel's reply queue once it
+        # consumes the pseudo-queue, and the last properties rewritten for it.
+        self.reply_queue: str | None = None
+        self._reply_props: tuple = (None, None)
         # (exchange, routing key) -> the core's resolved publish target.
         self._targets: dict[tuple[str, str], Any] = {}
         # basic.publish payloads -> their (exchange, routing key, mandatory).
@@ -474,6 +481,12 @@ class AmqpChannel:
         core = self.core
         message = core.make_message(exchange, key, decoded.headers, body, decoded.persistent)  # type: ignore[union-attr]
         message.properties = decoded.properties  # type: ignore[union-attr]
+        if decoded.direct_reply:  # type: ignore[union-attr]
+            try:
+                message.properties = self._direct_reply(decoded)  # type: ignore[arg-type]
+            except BrokerError as e:
+                self.session.core_error(self, e, _PUBLISH)
+                return
         if decoded.priority:  # type: ignore[union-attr]
             message.priority = decoded.priority  # type: ignore[union-attr]
         try:
@@ -485,6 +498,35 @@ class AmqpChannel:
             self._route(exchange, key, mandatory, message)
         except BrokerError as e:
             self.session.core_error(self, e, _PUBLISH)
+
+    def _direct_reply(self, decoded: Decoded) -> dict | None:
+        """The properties of a publish whose C{reply-to} is RabbitMQ's
+        direct reply-to pseudo-queue: named after this channel's reply
+        queue (remembered per decoding: a requester's messages share it).
+        @raise PreconditionFailed: the channel has no reply consumer."""
+        properties = decoded.properties
+        if self.reply_queue is None or self.reply_queue not in self.core.vhost.queues:
+            raise PreconditionFailed(
+                f"fast reply consumer does not exist: consume from {DIRECT_REPLY_TO!r} with no-ack "
+                "on this channel before publishing with that reply-to")
+        last = self._reply_props
+        if last[0] is not properties:
+            last = self._reply_props = (properties, {**properties, "reply_to": self.reply_queue})  # type: ignore[dict-item]
+        return last[1]
+
+    def _consume_direct_reply(self, args: Any) -> str:
+        """basic.consume of the direct reply-to pseudo-queue: this channel's
+        reply queue, exclusive to the connection and made now (the
+        configure permission on its name, as STOMP's temporary queues)."""
+        if not args.no_ack:
+            raise PreconditionFailed("reply consumer cannot acknowledge: consume "
+                                     f"{DIRECT_REPLY_TO!r} with no-ack")
+        if self.reply_queue is not None and self.reply_queue in self.core.vhost.queues:
+            raise PreconditionFailed(f"this channel already consumes {DIRECT_REPLY_TO!r}")
+        name = f"{DIRECT_REPLY_TO}.{self.core.token}"
+        self.core.declare_queue(name, durable=False, exclusive=True, auto_delete=True)
+        self.reply_queue = name
+        return name
 
     def _route(self, exchange: str, key: str, mandatory: bool, message: Message) -> Any:
         """Publish C{message}; return the durability waiter (or None)."""
@@ -835,7 +877,10 @@ class AmqpChannel:
             raise NotAllowed(f"attempt to reuse consumer tag {tag!r}")
         consumer = AmqpConsumer(self, bool(args.no_ack))
         consumer.paused = True  # nothing before consume-ok
-        queue = self._queue_name(args.queue)
+        if args.queue == DIRECT_REPLY_TO:
+            queue = self._consume_direct_reply(args)
+        else:
+            queue = self._queue_name(args.queue)
         tag = self.core.consume(consumer, queue, tag=tag or "", exclusive=bool(args.exclusive))
         consumer.set_tag(tag)
         self.consumers[tag] = consumer
