@@ -223,10 +223,15 @@ class HandshakeTests(AmqpTestCase):
         self.assertFalse(c.open)
 
     def test_close_without_close_ok(self) -> None:
-        """A client that does not answer connection.close is closed after the grace."""
+        """A client that does not answer connection.close is closed after
+        the listener's close grace."""
+        self.registry = ConnectionRegistry(ConnectionSettings(close_grace=7.0), clock=self.clock)
+        self.factory = AmqpFactory(self.broker, self.settings, clock=self.clock, registry=self.registry)
         c = self.client()
         c.session.shutdown()
-        self.clock.advance(ConnectionSettings().close_grace + 0.1)
+        self.clock.advance(6.9)
+        self.assertTrue(c.open)
+        self.clock.advance(0.2)
         self.assertFalse(c.open)
 
     def test_handshake_deadline(self) -> None:
