@@ -260,9 +260,7 @@ class _CoreChannel(Channel):
     def forget_targets(self) -> None:
         amqp = self.amqp
         if amqp is not None:
-            amqp._targets.clear()
-            amqp.management.user = self.user
-            amqp.session.user = self.user
+            amqp.forget_resolved(self.user)
 
 
 class AmqpChannel:
@@ -294,8 +292,8 @@ class AmqpChannel:
         self.received = 0
         self.content_started = 0.0
         # The last content header's property bytes and their decoding.
-        self._last_raw: bytes | None = None
-        self._last_decoded: Decoded | None = None
+        self.last_raw: bytes | None = None
+        self.last_decoded: Decoded | None = None
         # Publisher confirms: the next sequence number (0: not in confirm mode).
         self.confirm = False
         self.next_seq = 1
@@ -316,6 +314,14 @@ class AmqpChannel:
         self._targets: dict[tuple[str, str], Any] = {}
         # basic.publish payloads -> their (exchange, routing key, mandatory).
         self._publish_args: dict[bytes, tuple[str, str, bool]] = {}
+
+    def forget_resolved(self, user: Any) -> None:
+        """The user's permissions changed (now C{user}): the publish
+        targets resolved under the old ones go, and topology is asked
+        about the new ones."""
+        self._targets.clear()
+        self.management.user = user
+        self.session.user = user
 
     # -- output ----------------------------------------------------------------------
 
@@ -352,7 +358,7 @@ class AmqpChannel:
             if len(payload) != 9:
                 raise ConnectionError_(SYNTAX_ERROR, "malformed basic.ack", index)
             tag, bits = _ACK_ARGS.unpack(payload)
-            self._settle(tag, bool(bits & 1), True, False)
+            self.settle(tag, bool(bits & 1), True, False)
             return
         handler = _HANDLERS.get(index)
         if handler is None:
@@ -378,7 +384,7 @@ class AmqpChannel:
         if class_id != 60:
             raise ConnectionError_(FRAME_ERROR, f"content header of class {class_id}, expected 60")
         raw = payload[12:]
-        decoded = self._last_decoded if raw == self._last_raw else None
+        decoded = self.last_decoded if raw == self.last_raw else None
         if decoded is None:
             try:
                 decoded = decode_properties(raw)
@@ -390,8 +396,8 @@ class AmqpChannel:
                 self.publishing = None
                 self.session.core_error(self, e, _PUBLISH)
                 return
-            self._last_raw = raw
-            self._last_decoded = decoded
+            self.last_raw = raw
+            self.last_decoded = decoded
         limit = self.session.settings.max_message_size
         if size > limit:
             self.publishing = None
@@ -403,7 +409,7 @@ class AmqpChannel:
         self.decoded = decoded
         self.body_size = size
         if size == 0:
-            self._publish(b"")
+            self.publish_content(b"")
             return
         self.session.content_started(self)
 
@@ -427,7 +433,7 @@ class AmqpChannel:
                 body = payload
             self.received = 0
             self.session.content_done(self)
-            self._publish(body)
+            self.publish_content(body)
             return
         self.parts.append(payload)
         self.received = received
@@ -473,7 +479,8 @@ class AmqpChannel:
         cache[bytes(payload)] = publishing
         return publishing
 
-    def _publish(self, body: bytes) -> None:
+    def publish_content(self, body: bytes) -> None:
+        """The content of the basic.publish being assembled is complete: publish it."""
         exchange, key, mandatory = self.publishing  # type: ignore[misc]
         decoded = self.decoded
         self.publishing = None
@@ -666,7 +673,7 @@ class AmqpChannel:
                 if waiter is not None:
                     waiters.append(waiter)
             else:
-                self._settle(op[1], op[2], op[3], op[4], held=True)
+                self.settle(op[1], op[2], op[3], op[4], held=True)
             if self.closing:
                 return
         if not waiters:
@@ -920,7 +927,8 @@ class AmqpChannel:
             message,
         )
 
-    def _settle(self, tag: int, multiple: bool, ack: bool, requeue: bool, held: bool = False) -> None:
+    def settle(self, tag: int, multiple: bool, ack: bool, requeue: bool, held: bool = False) -> None:
+        """basic.ack, nack or reject of C{tag} (held in a transaction, else the core's settle)."""
         if self.tx is not None and not held:
             try:
                 self._check_tag(tag, multiple)
@@ -946,13 +954,13 @@ class AmqpChannel:
             raise PreconditionFailed(f"unknown delivery tag {tag}", "unknown delivery tag")
 
     def basic_nack(self, args: Any) -> None:
-        self._settle(args.delivery_tag, bool(args.multiple), False, bool(args.requeue))
+        self.settle(args.delivery_tag, bool(args.multiple), False, bool(args.requeue))
 
     def basic_reject(self, args: Any) -> None:
-        self._settle(args.delivery_tag, False, False, bool(args.requeue))
+        self.settle(args.delivery_tag, False, False, bool(args.requeue))
 
     def basic_ack(self, args: Any) -> None:  # a client without the fast path's layout
-        self._settle(args.delivery_tag, bool(args.multiple), True, False)
+        self.settle(args.delivery_tag, bool(args.multiple), True, False)
 
     def basic_recover(self, args: Any) -> None:
         if not args.requeue:
@@ -1174,7 +1182,7 @@ class AmqpSession:
                 channel = channels.get(number)
                 if channel is not None and channel.publishing is None and not channel.closing:
                     tag, bits = _ACK_ARGS.unpack_from(payload, 4)
-                    channel._settle(tag, bool(bits & 1), True, False)
+                    channel.settle(tag, bool(bits & 1), True, False)
                     if self.closed:
                         return
                     continue
@@ -1188,7 +1196,7 @@ class AmqpSession:
                     channel is not None
                     and channel.publishing is None
                     and not channel.closing
-                    and channel._last_raw is not None
+                    and channel.last_raw is not None
                     and n - pos >= 7
                 ):
                     t2, c2, s2 = unpack(data, pos)
@@ -1208,12 +1216,12 @@ class AmqpSession:
                             and s2 + 8 <= self._read_max
                             and be < n
                             and data[be] == 0xCE
-                            and data[pos + 19 : he] == channel._last_raw
+                            and data[pos + 19 : he] == channel.last_raw
                         ):
                             pos = be + 1
                             channel.basic_publish(payload[4:])
-                            channel.decoded = channel._last_decoded
-                            channel._publish(data[bp + 7 : be])
+                            channel.decoded = channel.last_decoded
+                            channel.publish_content(data[bp + 7 : be])
                             if self.closed:
                                 return
                             continue
