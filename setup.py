@@ -39,6 +39,7 @@ setup(
             "qmq-store = qmq.store.tool:main_exit",
             "qmq-passwd = qmq.auth.passwords:main_exit",
             "qmq-spark = qmq.spark.jobs:main_exit",
+            "qmq-ctl = qmq.ctl:main_exit",
         ]
     },
     extras_require={

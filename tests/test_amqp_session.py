@@ -25,6 +25,7 @@ from qmq.amqp.protocol import AmqpFactory
 from qmq.amqp.settings import AmqpSettings
 from qmq.connections import ConnectionRegistry, ConnectionSettings
 from qmq.core.broker import Broker
+from qmq.core.channel import Channel
 
 _ports = itertools.count(41000)
 
@@ -628,13 +629,13 @@ class MessageTests(AmqpTestCase):
         c.read()
         waiter: Deferred = Deferred()
         channel = c.session.channels[1]
-        original = channel.core.publish
+        original = channel.core.publish_target
 
-        def publish(*args: Any, **kw: Any) -> Any:
-            published = original(*args, **kw)
-            return published._replace(durable=waiter)
+        def publish_target(*args: Any, **kw: Any) -> Any:
+            original(*args, **kw)
+            return waiter
 
-        channel.core.publish = publish
+        channel.core.publish_target = publish_target
         c.publish("", "q", b"x", delivery_mode=2)
         self.clock.advance(0)
         self.assertEqual(c.read(), [])
@@ -710,3 +711,97 @@ class MessageTests(AmqpTestCase):
         c.channel()
         c.publish("", "q", b"x", user_id="someone")
         self.assertEqual(len(self.vhost.queues["q"]), 1)
+
+
+class TransportTests(AmqpTestCase):
+    def test_slow_reader(self) -> None:
+        """A client whose socket buffer is full (the transport pauses its
+        producer) gets no deliveries until it drains; nothing is lost."""
+        self.vhost.declare_queue("q")
+        c = self.client()
+        c.channel()
+        c.send(commands.Basic.Consume(queue="q", no_ack=True), 1)
+        c.read()
+        c.proto.pauseProducing()
+        p = self.client()
+        p.channel()
+        for i in range(3):
+            p.publish("", "q", b"m%d" % i)
+        self.clock.advance(0)
+        self.assertEqual(c.read(), [])
+        self.assertEqual(len(self.vhost.queues["q"]), 3)
+        c.proto.resumeProducing()
+        self.clock.advance(0)
+        bodies = [v.value for _, v in c.read() if isinstance(v, ContentBody)]
+        self.assertEqual(bodies, [b"m0", b"m1", b"m2"])
+
+    def test_over_the_caps(self) -> None:
+        """A connection over the registry's caps: after its protocol
+        header, connection.close 530 and the socket closes; not counted."""
+        registry = ConnectionRegistry(ConnectionSettings(max_per_address=1), clock=self.clock)
+        factory = AmqpFactory(self.broker, self.settings, clock=self.clock, registry=registry)
+        first = Client(factory)
+        second = Client(factory)
+        second.raw(PROTOCOL_HEADER)
+        close = second.close_error(commands.Connection.Close)
+        self.assertEqual(close.reply_code, 530)
+        self.assertIn("too many connections", close.reply_text)
+        self.assertFalse(second.open)
+        self.assertTrue(first.open)
+        self.assertEqual(len(registry.connections(factory.listener)), 1)
+
+    def test_lost_connection_gives_back(self) -> None:
+        """A socket lost mid-message: its unacked deliveries go back, its
+        exclusive queues go, its unfinished bytes leave the budget."""
+        self.vhost.declare_queue("q")
+        self.vhost.queues["q"].publish(Channel(self.broker, self.vhost).make_message("", "q", None, b"x"))
+        c = self.client()
+        c.channel()
+        c.send(commands.Queue.Declare(queue="mine", exclusive=True), 1)
+        c.send(commands.Basic.Consume(queue="q"), 1)
+        c.raw(frame.marshal(commands.Basic.Publish(routing_key="q"), 1)
+              + frame.marshal(header.ContentHeader(0, 100, commands.Basic.Properties()), 1)
+              + frame.marshal(ContentBody(b"x" * 10), 1))
+        self.assertEqual(len(self.vhost.queues["q"]), 0)
+        c.transport.loseConnection()
+        self.assertEqual(len(self.vhost.queues["q"]), 1)
+        self.assertNotIn("mine", self.vhost.queues)
+        self.assertEqual(self.broker.unfinished_bytes, 0)
+
+    def test_publish_after_connection_error(self) -> None:
+        """Frames read after a connection exception, in the same read, are
+        not acted on (not even the publish fast path), and the connection's
+        unfinished bytes leave the broker's budget."""
+        self.vhost.declare_queue("q")
+        c = self.client()
+        c.channel()
+        c.publish("", "q", b"first")  # the channel learns its properties
+        self.vhost.queues["q"].purge()
+        one = (frame.marshal(commands.Basic.Publish(routing_key="q"), 1)
+               + frame.marshal(header.ContentHeader(0, 1, commands.Basic.Properties()), 1)
+               + frame.marshal(ContentBody(b"x"), 1))
+        c.send(commands.Basic.Consume(queue="q", consumer_tag="t"), 1)
+        c.read()
+        # A consumer tag in use is a connection exception (530), answered
+        # without ending the read: what follows it must be dropped.
+        c.raw(frame.marshal(commands.Basic.Consume(queue="q", consumer_tag="t"), 1) + one + one[:10])
+        self.assertEqual(c.close_error(commands.Connection.Close).reply_code, 530)
+        self.assertEqual(len(self.vhost.queues["q"]), 0)
+        self.assertEqual(self.broker.unfinished_bytes, 0)
+
+    def test_long_routing_key(self) -> None:
+        """A routing key longer than a short string (STOMP counts a key's
+        characters, AMQP its bytes) is delivered cut, not refused."""
+        self.vhost.declare_queue("q")
+        self.vhost.bind("q", "amq.topic", "#")
+        c = self.client()
+        c.channel()
+        c.send(commands.Basic.Consume(queue="q", no_ack=True), 1)
+        c.read()
+        channel = Channel(self.broker, self.vhost)
+        self.addCleanup(channel.close)
+        key = "\u00e9" * 200
+        channel.publish("amq.topic", key, channel.make_message("amq.topic", key, None, b"x"))
+        self.clock.advance(0)
+        [deliver] = [v for _, v in c.read() if isinstance(v, commands.Basic.Deliver)]
+        self.assertEqual(deliver.routing_key, "\u00e9" * 127)

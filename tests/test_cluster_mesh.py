@@ -327,6 +327,43 @@ class LinkTests(SynchronousTestCase):
         net.settle()
         self.assertEqual(net["b"].link_to(net["a"]).messages_in, out.messages_out)
 
+    def test_registered_and_shut_down(self) -> None:
+        """An accepted link is counted in the connection registry (its
+        caps, the broker's shutdown): the shutdown closes it, saying why."""
+        from qmq.cluster.mesh import LinkFactory  # noqa: PLC0415
+        from qmq.connections import ConnectionRegistry, ConnectionSettings  # noqa: PLC0415
+
+        net = Net("a")
+        registry = ConnectionRegistry(ConnectionSettings(), net.clock)
+        link = LinkFactory(net["a"].mesh, registry, "peer:tcp:0").buildProtocol(None)
+        assert link is not None
+        link.makeConnection(iosim.FakeTransport(link, isServer=True))
+        self.assertEqual(list(registry.connections("peer:tcp:0")), [link])
+        registry.shutdown("broker shutting down", 1.0)
+        self.assertEqual(link.reason, "broker shutting down")
+        self.assertIn(b"broker shutting down", link.transport.getOutBuffer())  # type: ignore[union-attr]
+        link.connectionLost(None)
+        self.assertEqual(list(registry.connections()), [])
+
+    def test_metrics(self) -> None:
+        """/metrics shows each link up, by peer."""
+        from types import SimpleNamespace  # noqa: PLC0415
+
+        from qmq.web.metrics import BrokerCollector  # noqa: PLC0415
+
+        net = Net("a", "b")
+        net.full_mesh()
+        net["b"].subscribe("/topic/x")
+        net.settle()
+        net["a"].broker.mesh = net["a"].mesh  # as mesh_of sets it
+        net["a"].publish("x", b"abc")
+        net.settle()
+        families = {f.name: f for f in BrokerCollector(SimpleNamespace(broker=net["a"].broker)).collect()}
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in families["qmq_link_messages"].samples}
+        self.assertEqual(samples[("qmq_link_messages_total", (("direction", "out"), ("peer", "b")))], 1)
+        self.assertEqual(samples[("qmq_link_messages_total", (("direction", "in"), ("peer", "b")))], 0)
+        self.assertEqual([s.value for s in families["qmq_link_up"].samples], [1])
+
     def test_snapshot(self) -> None:
         net = Net("a", "b")
         net.full_mesh()

@@ -525,3 +525,41 @@ class PermissionTests(StructuralTestCase):
         self.assertRaises(AccessRefused, channel.consume, self.consumer(channel), "q")
         self.assertRaises(AccessRefused, channel.get, "q")
         self.assertRaises(AccessRefused, channel.consume, self.consumer(channel), exchange="amq.topic")
+
+
+class _User:
+    """A user whose token narrows writes to the destinations in C{allowed}."""
+
+    name = "tok"
+    owner = "tok"
+    destinations = True
+
+    def __init__(self, *allowed: str) -> None:
+        self.allowed = allowed
+
+    def can(self, operation: str, vhost: str, name: str, path: str) -> bool:
+        return path in self.allowed
+
+
+class PublishVerdictTests(StructuralTestCase):
+    """A structural publish gets the verdict STOMP's and HTTP's get for the
+    same resource (found over AMQP by tests/integration/test_verdicts.py)."""
+
+    def test_exchange_with_key(self) -> None:
+        """Publishing to amq.topic with a key is checked as /topic/KEY."""
+        channel = Channel(self.broker, self.vhost, "tok", user=_User("/topic/chat.a"))
+        self.addCleanup(channel.close)
+        self.assertEqual(self.pub("amq.topic", "chat.a", channel=channel).routed, 0)
+        self.assertRaises(AccessRefused, self.pub, "amq.topic", "news", channel=channel)
+        self.assertRaises(AccessRefused, channel.target, "amq.topic", "news")
+
+    def test_durable_subscription_queue(self) -> None:
+        """Another owner's durable subscription queue is refused to a
+        publish by name, authentication on or off."""
+        self.vhost.declare_queue("durable.bob.feed", subscription=True)
+        self.assertRaises(AccessRefused, self.pub, "", "durable.bob.feed")
+        self.assertRaises(AccessRefused, self.channel.target, "", "durable.bob.feed")
+        self.assertEqual(len(self.vhost.queues["durable.bob.feed"]), 0)
+        bob = Channel(self.broker, self.vhost, "bob")
+        self.addCleanup(bob.close)
+        self.assertEqual(self.pub("", "durable.bob.feed", channel=bob).routed, 1)

@@ -163,8 +163,6 @@ class ConflictTests(DefinitionsTestCase):
                             "vhosts[0]", "no virtual host 'nowhere'")
         self.assertConflict(target, {"queues": [{"vhost": "nowhere", "name": "q"}]},
                             "queues[0]", "no virtual host")
-        self.assertConflict(target, {"queues": [new_queue], "users": [{"name": "admin", "password_hash": None}]},
-                            "users[0]", "another password")
         self.assertConflict(target, {"permissions": [{"vhost": "/", "user": "admin", "read": ".*"}]},
                             "permissions[0]", "other permissions")
         self.assertConflict(target, {"permissions": [{"vhost": "/", "user": "zed"}]},
@@ -172,6 +170,19 @@ class ConflictTests(DefinitionsTestCase):
         self.assertConflict(target, {"bindings": [{"vhost": "/", "source": "events", "destination": "nope"}]},
                             "bindings[0]", "no queue 'nope'")
         self.assertNotIn("fresh", target.default_vhost.queues)
+
+    def test_existingUserKept(self) -> None:
+        """
+        An import never changes a user the broker has (its own admin above
+        all): it counts as unchanged.
+        """
+        target = self.broker()
+        other = hash_password("other", 4)
+        result = import_definitions(target, parse({"users": [{"name": "admin", "password_hash": other},
+                                                             {"name": "eve", "password_hash": other}]}))
+        self.assertEqual((result["created"]["users"], result["unchanged"]["users"]), (1, 1))
+        self.assertEqual(target.auth.users["admin"].password, HASH)
+        self.assertEqual(target.auth.users["eve"].password, other)
 
     def test_usersWithoutAuthentication(self) -> None:
         target = self.broker(users=False)

@@ -47,7 +47,7 @@ class SockJSMountTests(SynchronousTestCase):
         site = self.factory()
         r = Exchange(site, "GET", "/sockjs/info", headers={"Origin": "http://evil.example"})
         self.assertEqual(r.status, 403)
-        self.assertEqual(json.loads(r.body)["error"], "origin not allowed")
+        self.assertEqual(json.loads(r.body)["code"], "origin-not-allowed")
         r = Exchange(site, "GET", "/sockjs/info", headers={"Origin": "http://127.0.0.1"})
         self.assertEqual(r.status, 200)
         site = self.factory('[web]\nallowed_origins = "http://app.example"\n')

@@ -237,7 +237,7 @@ class StompOverSockJSTests(SynchronousTestCase):
         sub = json.dumps([frame("SUBSCRIBE", destination="/queue/secret", id="x", ack="client")])
         r = Exchange(self.site, "POST", victim.url + "/xhr_send", sub, peer_host=attacker)
         self.assertEqual(r.status, 404)
-        self.assertEqual(json.loads(r.body)["error"], "no such session")
+        self.assertEqual(json.loads(r.body)["code"], "no-such-session")
         # The answer is the one for an id nobody uses.
         unused = Exchange(self.site, "POST", f"/sockjs/000/{uuid.uuid4()}/xhr_send", sub,
                           peer_host=attacker)

@@ -22,6 +22,7 @@ from qmq.connections import ConnectionSettings
 from qmq.core.broker import Broker
 from qmq.stomp.frame import Frame, StompParser, encode_frame
 from qmq.stomp.protocol import StompFactory
+from qmq.stomp.session import RECEIPT_BATCH
 from qmq.stomp.settings import StompSettings
 
 _ports = itertools.count(40000)
@@ -286,19 +287,39 @@ class CountingTransport(StringTransportWithDisconnection):
 
 class BatchingTests(SessionTestCase):
     def test_one_write_per_read(self) -> None:
-        """One read of many SENDs becomes one write per receiving connection."""
+        """One read of many SENDs becomes one write per receiving connection
+        (and one for the sender's receipts, up to RECEIPT_BATCH of them)."""
         a, b, p = (self.client(transport=CountingTransport()) for _ in range(3))
         a.subscribe("/topic/t")
         b.subscribe("/topic/t")
         for c in (a, b, p):
             del c.transport.writes[:]
+        n = RECEIPT_BATCH - 1
         p.raw(b"".join(
             encode_frame("SEND", {"destination": "/topic/t", "receipt": str(i)}, b"%d" % i)
-            for i in range(50)
+            for i in range(n)
         ))
         self.assertEqual([len(c.transport.writes) for c in (a, b, p)], [1, 1, 1])
-        self.assertEqual(len(a.messages()), 50)
-        self.assertEqual(len(p.read()), 50)
+        self.assertEqual(len(a.messages()), n)
+        self.assertEqual(len(p.read()), n)
+
+    def test_receipts_of_a_long_read_go_in_batches(self) -> None:
+        """A read of many receipted SENDs sends its receipts RECEIPT_BATCH at
+        a time, in order, while the rest of the read is processed: a
+        windowed producer can send its next frames meanwhile (one write at
+        the end of the read would make it wait for the whole read)."""
+        p = self.client(transport=CountingTransport())
+        del p.transport.writes[:]
+        n = RECEIPT_BATCH * 3 + 5
+        p.raw(b"".join(
+            encode_frame("SEND", {"destination": f"/queue/q{i % 3}", "receipt": str(i)}, b"x")
+            for i in range(n)
+        ))
+        self.assertEqual(
+            [w.count(b"RECEIPT\n") for w in p.transport.writes],
+            [RECEIPT_BATCH, RECEIPT_BATCH, RECEIPT_BATCH, 5],
+        )
+        self.assertEqual([f.headers["receipt-id"] for f in p.read()], [str(i) for i in range(n)])
 
     def test_timer_writes_wait_for_the_turn(self) -> None:
         """Outside dataReceived, output is flushed on the next reactor turn."""

@@ -141,15 +141,15 @@ class SiteTests(unittest.TestCase):
     def test_notFound(self) -> None:
         status, headers, body = split(Client(self.factory).request("GET", "/nothing/here"))
         self.assertEqual(status, 404)
-        self.assertEqual(headers["content-type"], "application/json")
-        self.assertEqual(json.loads(body)["error"], "not found")
+        self.assertEqual(headers["content-type"], "application/problem+json")
+        self.assertEqual(json.loads(body)["code"], "not-found")
         self.assertIn("/nothing/here", json.loads(body)["detail"])
 
     def test_methodNotAllowed(self) -> None:
         status, headers, body = split(Client(self.factory).request(
             "POST", "/", b"{}", "Content-Type: application/json\r\n"))
         self.assertEqual(status, 405)
-        self.assertEqual(json.loads(body)["error"], "method not allowed")
+        self.assertEqual(json.loads(body)["code"], "method-not-allowed")
 
     def test_client(self) -> None:
         """C{/qmq.js} is the client, as a JavaScript module, revalidated."""
@@ -172,7 +172,7 @@ class SiteTests(unittest.TestCase):
         self.assertEqual(headers["content-type"], "text/html; charset=utf-8")
         status, _, body = split(client.request("GET", "/examples/missing.html"))
         self.assertEqual(status, 404)
-        self.assertEqual(json.loads(body)["error"], "not found")
+        self.assertEqual(json.loads(body)["code"], "not-found")
         status, _, body = split(client.request("GET", "/examples/../site.py"))
         self.assertIn(status, (403, 404))
         self.assertNotIn(b"import", body)
@@ -213,7 +213,7 @@ class SiteTests(unittest.TestCase):
         self.patch(site_module, "MOUNTS", {**MOUNTS, "broken": lambda ctx: Broken()})
         status, headers, body = split(Client(HttpFactory(self.ctx)).request("GET", "/broken"))
         self.assertEqual(status, 500)
-        self.assertEqual(json.loads(body)["error"], "internal error")
+        self.assertEqual(json.loads(body)["code"], "internal-error")
         self.assertNotIn(b"secret", body)
         self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
 
@@ -270,7 +270,7 @@ class SiteTests(unittest.TestCase):
         client.send(b"POST / HTTP/1.1\r\nHost: localhost\r\nContent-Length: 11\r\n\r\n")
         status, headers, body = split(client.response())
         self.assertEqual(status, 413)
-        self.assertEqual(json.loads(body)["error"], "request body too large")
+        self.assertEqual(json.loads(body)["code"], "body-too-large")
         self.assertIn("max_request_body", json.loads(body)["detail"])
         self.assertFalse(client.transport.connected)
 
@@ -391,7 +391,7 @@ class ConnectionTests(unittest.TestCase):
         self.assertIsInstance(refused.protocol, RefusedHttpProtocol)
         status, headers, body = split(refused.response())
         self.assertEqual(status, 503)
-        self.assertEqual(json.loads(body)["error"], "too many connections")
+        self.assertEqual(json.loads(body)["code"], "too-many-connections")
         self.assertIn("max_per_listener", json.loads(body)["detail"])
         self.assertFalse(refused.transport.connected)
         self.assertEqual(len(self.registry), 2)

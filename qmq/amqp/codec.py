@@ -104,11 +104,21 @@ def method_frame(channel: int, method: Any) -> bytes:
 
 
 def short(text: str) -> bytes:
-    """An AMQP short string. @raise ValueError: over 255 bytes."""
+    """An AMQP short string; text over 255 bytes of UTF-8 (a routing key
+    STOMP or HTTP allowed: the core bounds keys in characters) is cut at
+    a character boundary, as a client could not read more."""
     data = text.encode()
     if len(data) > 255:
-        raise ValueError(f"{text[:40]!r}... is longer than a short string (255 bytes)")
+        data = fit_short(text).encode()
     return bytes((len(data),)) + data
+
+
+def fit_short(text: str) -> str:
+    """C{text} cut to at most 255 bytes of UTF-8 (for pamqp's encoder)."""
+    data = text.encode()
+    if len(data) <= 255:
+        return text
+    return data[:255].decode("utf-8", "ignore")
 
 
 # -- field tables ---------------------------------------------------------------

@@ -66,6 +66,7 @@ from qmq.amqp.codec import (
     content_frames,
     decode_properties,
     deliver_frames,
+    fit_short,
     from_table,
     short,
 )
@@ -154,8 +155,12 @@ HANDSHAKE_FRAME_MAX = 4096 * 16
 _session_ids = itertools.count(1)
 
 _PUBLISH = commands.Basic.Publish.index
+_PUBLISH_IDS = struct.pack(">I", _PUBLISH)
 _ACK = commands.Basic.Ack.index
 _ACK_ARGS = struct.Struct(">QB")
+_TAG = struct.Struct(">QB")
+#: A content header frame's header and the start of its payload.
+_CONTENT_HEAD = struct.Struct(">BHIHHQ")
 _U16 = struct.Struct(">H")
 
 
@@ -189,7 +194,7 @@ class AmqpConsumer(Consumer):
     @ivar amqp: the L{AmqpChannel} it was made on.
     """
 
-    __slots__ = ("amqp", "tag", "prefix", "number")
+    __slots__ = ("amqp", "tag", "prefix", "number", "_route", "_head", "_tail")
 
     def __init__(self, amqp: AmqpChannel, no_ack: bool) -> None:
         super().__init__(not no_ack, None, amqp.session)
@@ -197,6 +202,11 @@ class AmqpConsumer(Consumer):
         self.number = amqp.number
         self.tag = ""
         self.prefix = b""
+        # The last (exchange, routing key) delivered and the method frame's
+        # bytes around the delivery tag for it.
+        self._route: tuple = (None, None)
+        self._head = b""
+        self._tail = b""
 
     def set_tag(self, tag: str) -> None:
         self.tag = tag
@@ -205,10 +215,30 @@ class AmqpConsumer(Consumer):
     def deliver(self, message: Message, queue: Any) -> None:
         tag = self.channel.track(self, message)  # type: ignore[union-attr]
         session = self.amqp.session
+        body = message.body
+        size = len(body)
+        route = self._route
+        if (
+            route[0] is not message.exchange
+            or route[1] is not message.routing_key
+            or not 0 < size <= session.frame_max - 8
+        ):
+            if not 0 < size <= session.frame_max - 8:
+                session.write(
+                    deliver_frames(self.number, self.prefix, tag, message, session.encoder.encode(message),
+                                   session.frame_max, session.shorts)
+                )
+                return
+            self._route = (message.exchange, message.routing_key)
+            tail = short(message.exchange) + short(message.routing_key)
+            self._head = HEAD.pack(FRAME_METHOD, self.number, len(self.prefix) + 9 + len(tail)) + self.prefix
+            self._tail = tail + b"\xce"
+        properties = session.encoder.encode(message)
         session.write(
-            deliver_frames(
-                self.number, self.prefix, tag, message, session.encoder.encode(message),
-                session.frame_max, session.shorts,
+            b"%s%s%s%s%s\xce%s%s\xce" % (
+                self._head, _TAG.pack(tag, 1 if message.delivery_count else 0), self._tail,
+                _CONTENT_HEAD.pack(FRAME_HEADER, self.number, 12 + len(properties), 60, 0, size),
+                properties, HEAD.pack(FRAME_BODY, self.number, size), body,
             )
         )
 
@@ -258,6 +288,10 @@ class AmqpChannel:
         self.tx: list[tuple] | None = None
         self.tx_bytes = 0
         self.consumers: dict[str, AmqpConsumer] = {}
+        # (exchange, routing key) -> the core's resolved publish target.
+        self._targets: dict[tuple[str, str], Any] = {}
+        # basic.publish payloads -> their (exchange, routing key, mandatory).
+        self._publish_args: dict[bytes, tuple[str, str, bool]] = {}
 
     # -- output ----------------------------------------------------------------------
 
@@ -383,6 +417,19 @@ class AmqpChannel:
     # -- publishing ------------------------------------------------------------------
 
     def basic_publish(self, payload: bytes) -> None:
+        """basic.publish's arguments (its payload after the method ids):
+        a producer repeats them, so their decoding is looked up (and the
+        strings shared, which the delivery side's caches compare by
+        identity)."""
+        publishing = self._publish_args.get(payload)
+        if publishing is None:
+            publishing = self._decode_publish(payload)
+        self.publishing = publishing
+        session = self.session
+        if session.admission.closed and not session.blocked:
+            session.hold_back()
+
+    def _decode_publish(self, payload: bytes) -> tuple[str, str, bool]:
         # ticket (short), exchange, routing key (short strings), bits.
         try:
             n = payload[2]
@@ -395,10 +442,12 @@ class AmqpChannel:
             raise ConnectionError_(SYNTAX_ERROR, "malformed basic.publish", _PUBLISH) from None
         if bits & 2:
             raise ConnectionError_(NOT_IMPLEMENTED, "immediate=true is not supported", _PUBLISH)
-        self.publishing = (exchange, key, bool(bits & 1))
-        session = self.session
-        if session.admission.closed and not session.blocked:
-            session.hold_back()
+        publishing = (exchange, key, bool(bits & 1))
+        cache = self._publish_args
+        if len(cache) >= 1000:
+            cache.clear()
+        cache[bytes(payload)] = publishing
+        return publishing
 
     def _publish(self, body: bytes) -> None:
         exchange, key, mandatory = self.publishing  # type: ignore[misc]
@@ -427,7 +476,13 @@ class AmqpChannel:
             seq = self.next_seq
             self.next_seq = seq + 1
         try:
-            published = self.core.publish(exchange, key, message, mandatory)
+            if mandatory:
+                published = self.core.publish(exchange, key, message, True)
+                routed = published.routed
+                waiter = published.durable
+            else:
+                routed = 1
+                waiter = self._publish_resolved(exchange, key, message)
         except ResourceLimit:
             # RabbitMQ's reject-publish: the publisher hears it through a
             # nack when it asked for confirms.
@@ -435,11 +490,10 @@ class AmqpChannel:
                 self._nacks.append(seq)
                 self.session.want_confirms(self)
             return None
-        if not published.routed and mandatory:
+        if not routed:
             self.send_content(
-                commands.Basic.Return(NO_ROUTE, "NO_ROUTE", exchange, key), message
+                commands.Basic.Return(NO_ROUTE, "NO_ROUTE", exchange, fit_short(key)), message
             )
-        waiter = published.durable
         if seq:
             if waiter is None:
                 self._acks.append(seq)
@@ -454,6 +508,23 @@ class AmqpChannel:
                     waiter.addCallbacks(self._durable, self._not_durable, callbackArgs=(group,),
                                         errbackArgs=(group,))
         return waiter
+
+    def _publish_resolved(self, exchange: str, key: str, message: Message) -> Any:
+        """Publish through a target resolved once per (exchange, key) and
+        kept until its queue or exchange is deleted (the core's hot path,
+        as STOMP's send_target); the core checked the permission when it
+        resolved it."""
+        targets = self._targets
+        target = targets.get((exchange, key))
+        if target is None or target[4].deleted:
+            if not exchange and key not in self.core.vhost.queues:
+                # The default exchange to no queue: dropped (unroutable).
+                return self.core.publish(exchange, key, message).durable
+            target = self.core.target(exchange, key)
+            if len(targets) >= 1000:
+                targets.clear()
+            targets[(exchange, key)] = target
+        return self.core.publish_target(target, message)
 
     def _durable(self, result: Any, group: list[int]) -> Any:
         # Returns its result unchanged: the waiter may be shared.
@@ -783,7 +854,7 @@ class AmqpChannel:
         message = got.message
         self.send_content(
             commands.Basic.GetOk(got.tag, bool(message.delivery_count), message.exchange,
-                                 message.routing_key, got.remaining),
+                                 fit_short(message.routing_key), got.remaining),
             message,
         )
 
@@ -795,8 +866,15 @@ class AmqpChannel:
             except BrokerError as e:
                 self.session.core_error(self, e, _ACK)
             return
+        core = self.core
+        if ack and not multiple:
+            # One delivery acked (the common case): the core's O(1) settle.
+            consumer = core.owners.get(tag)
+            if consumer is not None:
+                core.settle_delivery(consumer, tag, True)
+                return
         try:
-            self.core.settle(tag, multiple, ack, requeue)
+            core.settle(tag, multiple, ack, requeue)
         except BrokerError as e:
             # RabbitMQ's wording for a tag not waiting here.
             self.session.core_error(self, e, _ACK if ack else commands.Basic.Nack.index)
@@ -1028,6 +1106,45 @@ class AmqpSession:
                 raise ConnectionError_(FRAME_ERROR, "frame does not end with 0xCE")
             payload = data[pos + 7 : end]
             pos = end + 1
+            if ftype == FRAME_METHOD and payload[:4] == _PUBLISH_IDS and self._held is None:
+                # The common publish: its content header (with the
+                # channel's last property bytes) and one body frame in
+                # this read: published here, without the frame by frame
+                # dispatch (the careful path below does the rest).
+                channel = channels.get(number) if self.state == _OPEN_DONE else None
+                if (
+                    channel is not None
+                    and channel.publishing is None
+                    and not channel.closing
+                    and channel._last_raw is not None
+                    and n - pos >= 7
+                ):
+                    t2, c2, s2 = unpack(data, pos)
+                    he = pos + 7 + s2
+                    if t2 == FRAME_HEADER and c2 == number and s2 >= 14 and he + 8 < n and data[he] == 0xCE:
+                        class_id, _w, size = CONTENT.unpack_from(data, pos + 7)
+                        bp = he + 1
+                        t3, c3, s3 = unpack(data, bp)
+                        be = bp + 7 + s3
+                        if (
+                            class_id == 60
+                            and t3 == FRAME_BODY
+                            and c3 == number
+                            and s3 == size
+                            and 0 < size <= self.settings.max_message_size
+                            and size + 8 <= self._read_max
+                            and s2 + 8 <= self._read_max
+                            and be < n
+                            and data[be] == 0xCE
+                            and data[pos + 19 : he] == channel._last_raw
+                        ):
+                            pos = be + 1
+                            channel.basic_publish(payload[4:])
+                            channel.decoded = channel._last_decoded
+                            channel._publish(data[bp + 7 : be])
+                            if self.closed:
+                                return
+                            continue
             if self._held is not None:
                 # Logging in: what follows connection.open waits, unread
                 # (reading is paused), bounded by what one read brought.
@@ -1106,6 +1223,8 @@ class AmqpSession:
         """Count the bytes of unfinished frames and contents in the broker's
         budget for unfinished input (as STOMP's reader does); the connection
         that crosses it is closed."""
+        if self._released:
+            return  # what it held was given back with the rest
         pending = len(self._buffer)
         for channel in self._contents:
             pending += channel.received

@@ -76,13 +76,31 @@ class LinkProtocol(Protocol):
     @ivar refused: messages from the peer the core refused (an exchange
         gone, a full queue).
     @ivar rtt: the last round-trip time measured, seconds, or None.
+    @ivar protocol_name: what the connection registry's counts call it.
     @ivar remote: what the peer wants: (vhost, exchange, key) -> the
         consumer bound for it here, or None while it cannot be bound (no
         such exchange yet).
     """
 
-    def __init__(self, mesh: Mesh, outbound: bool, peer: Peer | None = None, dialer: Any = None) -> None:
+    protocol_name = "peer"
+
+    def __init__(
+        self,
+        mesh: Mesh,
+        outbound: bool,
+        peer: Peer | None = None,
+        dialer: Any = None,
+        registry: Any = None,
+        listener: str = "",
+    ) -> None:
+        """
+        @param outbound: this node dialed it (C{peer} and C{dialer} say how).
+        @param registry: the connection registry an accepted link is
+            counted in (caps, the broker's shutdown), with its listener's name.
+        """
         self.mesh = mesh
+        self.registry = registry
+        self.listener = listener
         self.clock = mesh.clock
         self.outbound = outbound
         self.peer = peer
@@ -99,8 +117,11 @@ class LinkProtocol(Protocol):
         self.up_at: float | None = None
         self.remote: dict[tuple[str, str, str], Any] = {}
         self.channels: dict[str, Any] = {}
+        #: (vhost, exchange, key) -> (channel, resolved target) of what it received.
+        self.targets: dict[tuple[str, str, str], Any] = {}
         self.last_sent: Any = None
         self._reader = wire.FrameReader(mesh.settings.max_frame)
+        self.decoder = wire.Decoder()
         self._out: list[bytes] = []
         self._out_bytes = 0
         self._paused = False
@@ -118,6 +139,8 @@ class LinkProtocol(Protocol):
         self.address = f"{self.peer_host}:{getattr(peer, 'port', '')}"
         self.connected_at = self._heard = self.clock.seconds()
         self.transport.registerProducer(self, True)  # type: ignore[union-attr]
+        if self.registry is not None:
+            self.registry.add(self, self.listener)
         self.send(wire.encode_json(wire.HELLO, {"node": self.mesh.node, "version": wire.VERSION}))
         self._beat = self.clock.callLater(self.mesh.settings.heartbeat, self._tick)
 
@@ -145,23 +168,31 @@ class LinkProtocol(Protocol):
         batcher = self.mesh.broker.batcher
         batcher.hold()
         try:
-            for type_, payload in self._reader.feed(data):
-                self._frame(type_, payload)
+            buffer, frames = self._reader.feed(data)
+            for type_, start, end in frames:
+                self._frame(type_, buffer, start, end)
                 if self.state == "closed":
                     return
         except wire.FrameError as e:
             self.close(f"protocol error: {e}")
+        except Exception:
+            # A bug here must not leave a link half-handled: say so, and
+            # start again (the dialer reconnects, interest is re-sent).
+            log.failure("link {link}: a frame could not be handled", link=self.describe())
+            self.close("internal error")
         finally:
             batcher.release()
 
-    def _frame(self, type_: int, payload: bytes) -> None:
+    def _frame(self, type_: int, buffer: bytes, start: int, end: int) -> None:
         if type_ == wire.MESSAGE:
             if self.state != "up":
                 raise wire.FrameError("a message before the hello")
             self.messages_in += 1
-            self.bytes_in += len(payload) + 5
-            self.mesh.received(self, payload)
-        elif type_ == wire.PING:
+            self.bytes_in += end - start + wire.HEADER_SIZE
+            self.mesh.received(self, *self.decoder.decode(buffer, start, end))
+            return
+        payload = buffer[start:end]
+        if type_ == wire.PING:
             self.send(wire.encode_clock(wire.PONG, wire.decode_clock(payload)))
         elif type_ == wire.PONG:
             self.rtt = max(0.0, self.clock.seconds() - wire.decode_clock(payload))
@@ -205,6 +236,11 @@ class LinkProtocol(Protocol):
             return
         self.node = node
         if node == self.mesh.node:
+            if self.outbound:
+                log.info(
+                    "mesh: {peer} is this node itself: not dialed again",
+                    peer=self.peer.text if self.peer is not None else self.address,
+                )
             self.mesh.dialer_standby(self, forever=True)
             self.close("this is a link to this node itself", extra={"self": True})
             return
@@ -326,6 +362,8 @@ class LinkProtocol(Protocol):
             transport.abortConnection()  # type: ignore[attr-defined]
 
     def connectionLost(self, reason: Any = None) -> None:
+        if self.registry is not None:
+            self.registry.remove(self)
         was = self.state
         self.state = "closed"
         if self._beat is not None and self._beat.active():

@@ -85,6 +85,10 @@ PROPAGATED_TYPES = ("direct", "fanout", "topic")
 
 Key = tuple[str, str, str]
 
+#: Most (vhost, exchange, key) a link keeps resolved for what it receives
+#: (then it forgets them all).
+TARGET_CACHE_SIZE = 1000
+
 
 class LinkConsumer(Consumer):
     """What a peer wants of one exchange + key, bound here: hands each
@@ -115,6 +119,9 @@ class LinkConsumer(Consumer):
 class LinkFactory(Factory):
     """Makes the links of a C{peer:} listener (inbound) or of a dialer."""
 
+    # A dialer's factory starts and stops with every attempt: no log line each.
+    noisy = False
+
     def __init__(
         self,
         mesh: Mesh,
@@ -135,23 +142,7 @@ class LinkFactory(Factory):
             refused = self.registry.admit(self.listener, getattr(addr, "host", "") or "")
             if refused is not None:
                 return None
-        link = LinkProtocol(self.mesh, False)
-        if self.registry is not None:
-            registry, listener = self.registry, self.listener
-            made = link.connectionMade
-            lost = link.connectionLost
-
-            def connectionMade() -> None:
-                made()
-                registry.add(link, listener)
-
-            def connectionLost(reason: Any = None) -> None:
-                registry.remove(link)
-                lost(reason)
-
-            link.connectionMade = connectionMade  # type: ignore[method-assign]
-            link.connectionLost = connectionLost  # type: ignore[method-assign]
-        return link
+        return LinkProtocol(self.mesh, False, registry=self.registry, listener=self.listener)
 
 
 class Mesh(Service, Observer):
@@ -272,6 +263,7 @@ class Mesh(Service, Observer):
         for channel in link.channels.values():
             channel.close()
         link.channels.clear()
+        link.targets.clear()
         node = link.node
         if node and self.links.get(node) is link:
             del self.links[node]
@@ -410,24 +402,35 @@ class Mesh(Service, Observer):
             encoded = self._encoded = (message, vhost, chunks, sum(map(len, chunks)))
         link.send_message(encoded[2], encoded[3])
 
-    def received(self, link: LinkProtocol, payload: bytes) -> None:
+    def received(self, link: LinkProtocol, vhost_name: str, message: Any) -> None:
         """A message from C{link}'s peer: published here, for this node's
-        subscribers only."""
-        vhost_name, message = wire.decode_message(payload)
-        vhost = self.broker.vhosts.get(vhost_name)
-        if vhost is None:
-            link.refused += 1
-            return
-        channel = self._channel(link, vhost)
+        subscribers only (through the link's channel, each exchange + key
+        resolved once, as STOMP's SEND does)."""
+        targets = link.targets
+        k = (vhost_name, message.exchange, message.routing_key)
+        found = targets.get(k)
+        if found is None or found[1][4].deleted:
+            vhost = self.broker.vhosts.get(vhost_name)
+            if vhost is None:
+                link.refused += 1
+                return
+            channel = self._channel(link, vhost)
+            try:
+                found = (channel, channel.target(message.exchange, message.routing_key))
+            except BrokerError:
+                link.refused += 1
+                return
+            if len(targets) >= TARGET_CACHE_SIZE:
+                targets.clear()
+            targets[k] = found
         self.inbound = message
         try:
-            published = channel.publish(message.exchange, message.routing_key, message)
+            durable = found[0].publish_target(found[1], message)
         except BrokerError:
             link.refused += 1
             return
         finally:
             self.inbound = None
-        durable = published.durable
         if durable is not None:
             durable.addErrback(
                 lambda f: log.failure("mesh: a message from {link} was not stored", f, link=link.describe())

@@ -51,12 +51,13 @@ delivery tag is L{PreconditionFailed} (406).
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from qmq.core.access import authorize, resource_named
+from qmq.core.access import Resource, authorize, resource_named
 from qmq.core.consumer import UNLIMITED, BacklogBudget, Consumer
 from qmq.core.errors import AccessRefused, NotAllowed, NotFound, PreconditionFailed, ResourceLocked
+from qmq.core.ids import Counter
 from qmq.core.management import authorize_arguments, check_equivalent
 from qmq.core.message import Message
 from qmq.core.names import check_binding_key, check_exchange, check_headers, check_routing_key
@@ -77,6 +78,8 @@ SendTarget = tuple[Any, Any, Any, str, Any]
 
 #: Most names L{Channel.publish} remembers as writable (then it forgets all).
 _WRITABLE_CACHE_SIZE = 1000
+# Queue names the broker keeps to itself: never made on demand (named_queue).
+_RESERVED_PREFIXES = ("amq.", DURABLE_SUBSCRIPTION_PREFIX)
 
 
 class Published(NamedTuple):
@@ -193,7 +196,8 @@ class Channel:
         the login it gave or its TLS identity), owning its durable
         subscriptions (L{qmq.core.ownership}).
     @ivar owners: delivery tag -> the consumer it was delivered on.
-    @ivar next_tag: the next delivery tag (read it; L{track} takes one).
+    @ivar next_tag: the next delivery tag (read it; L{track} takes one, as
+        does the callable L{tag_source} returns).
     @ivar consumer_tags: consumer tag -> consumer, for the consumers
         L{consume} tagged.
     @ivar backlog_budget: the budget the backlogs of its live consumers
@@ -244,7 +248,8 @@ class Channel:
         # published to by name (RPC replies), so they must not be guessable.
         self.token = secrets.token_urlsafe(12)
         self.owners: dict[int, Consumer] = {}
-        self.next_tag = 1
+        # The delivery tags: next() on it takes one (a C call).
+        self._tags = Counter(1)
         self.consumers: set[Consumer] = set()
         self.consumer_tags: dict[str, Consumer] = {}
         self._tag_of: dict[Consumer, str] = {}
@@ -261,8 +266,9 @@ class Channel:
         self._gated = False
         self._transport_paused = False
         self._getters: dict[Queue, _Getter] = {}
-        # Names L{publish} found writable under the current user.
-        self._writable: set[str] = set()
+        # What L{publish} found writable under the current user: queue
+        # names (the default exchange), (exchange, routing key) pairs.
+        self._writable: set[Any] = set()
         # The last headers dict whose names were checked (qmq.core.names):
         # a producer's messages share one, so it is checked once.
         self._checked_headers: Any = None
@@ -323,13 +329,14 @@ class Channel:
             a new queue's name is not checked again.
         """
         vhost = self.vhost
-        if name.startswith(DURABLE_SUBSCRIPTION_PREFIX):
+        reserved = name.startswith(_RESERVED_PREFIXES)
+        if reserved and name.startswith(DURABLE_SUBSCRIPTION_PREFIX):
             check_queue_access(self.owner_name, name, operation)
         if arguments:
             # Arguments that make the broker write somewhere (dead letters)
             # need the declarer's write permission there.
             authorize_arguments(self.user, self.owner_name, vhost.name, arguments, vhost.queue_defaults)
-        if name.startswith(("amq.", DURABLE_SUBSCRIPTION_PREFIX)):
+        if reserved:
             queue = vhost.queues.get(name)
             if queue is None:
                 raise NotFound(
@@ -468,13 +475,12 @@ class Channel:
         """
         if not exchange:
             queue = self.vhost.queue(routing_key)
-            if self.user is not None:
-                self._authorize("write", routing_key, routing_key)
+            self._may_write("", routing_key)
             return (queue, None, "", routing_key, queue)
         ex = self.vhost.exchange(exchange)
         check_routing_key(routing_key, ex)
         if self.user is not None:
-            self._authorize("write", exchange, exchange)
+            self._may_write(exchange, routing_key)
         return (None, ex, exchange, routing_key, ex)
 
     def publish(
@@ -506,14 +512,14 @@ class Channel:
             if routing_key is not self._checked_key:
                 check_routing_key(routing_key, ex)
                 self._checked_key = routing_key
-            if self.user is not None and exchange not in self._writable:
-                self._may_write(exchange)
+            if self.user is not None and (exchange, routing_key) not in self._writable:
+                self._may_write(exchange, routing_key)
             targets = ex.route(routing_key, message.headers)
             if ex.e2e:
                 targets = vhost.expand(ex, targets, routing_key, message.headers)
         else:
-            if self.user is not None and routing_key not in self._writable:
-                self._may_write(routing_key)
+            if routing_key not in self._writable:
+                self._may_write("", routing_key)
             queue = vhost.queues.get(routing_key)
             targets = (queue,) if queue is not None else ()
         if not targets and mandatory:
@@ -524,30 +530,42 @@ class Channel:
             return Published(0, None)
         return Published(len(targets), vhost.publish_to(targets, message))
 
-    def _may_write(self, resource: str) -> None:
-        """Check the write permission on C{resource} once per channel (and
-        permissions): L{publish} is per message, the check is not."""
-        self._authorize("write", resource, resource)
+    def _may_write(self, exchange: str, routing_key: str) -> None:
+        """Check once per channel (and permissions) that this client may
+        publish to C{exchange} with C{routing_key}: L{publish} is per
+        message, the check is not. The verdict is the core's on the
+        structural resource (the exchange with the key, so a token's
+        C{destinations} see C{/topic/KEY}; for the default exchange the
+        queue the key names, which must not be another owner's durable
+        subscription, authentication on or off)."""
+        if not exchange:
+            authorize(self.user, "write", Resource.queue(self.vhost.name, routing_key), self.owner_name)
+            key: Any = routing_key
+        else:
+            authorize(self.user, "write", Resource.exchange(self.vhost.name, exchange, routing_key))
+            key = (exchange, routing_key)
         writable = self._writable
         if len(writable) >= _WRITABLE_CACHE_SIZE:
             writable.clear()
-        writable.add(resource)
+        writable.add(key)
 
-    def publish_target(self, target: SendTarget, message: Message) -> Any:
+    def publish_target(self, target: SendTarget, message: Message, checked: bool = False) -> Any:
         """Route C{message} to a resolved C{target}'s queues, atomically (the
         hot path of frontends that resolve a destination once).
 
         @return: None when the message is as safe as it will be, else a
             Deferred that fires once the store has made it durable.
         Its headers are checked (L{qmq.core.names.check_headers}) unless
-        they are the dict the previous publish checked.
+        they are the dict the previous publish checked, or C{checked}: the
+        frontend passed them to L{qmq.core.names.check_headers} itself (the
+        HTTP API checks a whole batch before publishing any of it).
 
         @raise ResourceLimit: a bounded queue refused it (then no queue has it).
         @raise PreconditionFailed: the routing key breaks a limit.
         @raise InvalidName: a header name or value breaks a rule.
         """
         headers = message.headers
-        if headers is not None and headers is not self._checked_headers:
+        if headers is not None and headers is not self._checked_headers and not checked:
             check_headers(headers)
             self._checked_headers = headers
         self.published += 1
@@ -915,14 +933,26 @@ class Channel:
 
         @return: the delivery tag to name to the client.
         """
-        tag = self.next_tag
-        self.next_tag = tag + 1
+        tag = next(self._tags)
         if consumer.ack_required:
             consumer.unacked[tag] = message
             self.owners[tag] = consumer
             if self._gated:
                 self._took(consumer, message)
         return tag
+
+    @property
+    def next_tag(self) -> int:
+        """The next delivery tag (none is taken)."""
+        return self._tags.next_value
+
+    def tag_source(self) -> Callable[[], int]:
+        """The call that takes a delivery tag and records nothing: all that
+        L{track} does for a consumer that does not ack (its deliveries are
+        settled as they go out). Such a consumer's frontend may bind it once
+        and call it per delivery instead of L{track} (a C call: fan-out
+        makes one per subscriber and message)."""
+        return self._tags.__next__
 
     def owner_of(self, tag: int) -> Consumer | None:
         """The consumer delivery C{tag} waits on, or None.
@@ -1075,8 +1105,7 @@ class Channel:
         if ack:
             tag = self.track(getter, message)
         else:
-            tag = self.next_tag
-            self.next_tag = tag + 1
+            tag = next(self._tags)
             q.ack(getter, message)
         return Got(tag, message, len(q))
 

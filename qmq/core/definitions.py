@@ -23,7 +23,9 @@ queues (C{amq.*} temporary queues, exclusive queues, durable
 subscriptions' C{durable.*} queues, made by subscribing), and bindings to
 those.  Virtual hosts come from the configuration: an import names them
 and they must exist.  Users carry their password hash (the scrypt hash
-the configuration or C{PUT /api/v1/users} gave), never a password.
+the configuration or C{PUT /api/v1/users} gave), never a password; an
+import adds the users the broker has not and leaves those it has as they
+are (it never changes a password).
 
 Who may export and import (an administrator, C{http_api.admins}) is the
 frontend's rule; the permissions on each exchange and queue are the
@@ -69,8 +71,8 @@ class InvalidDefinitions(BrokerError):
 
 class DefinitionConflict(PreconditionFailed):
     """An item of the document disagrees with the broker (a queue with
-    other arguments, an exchange of another type, a user with another
-    password, a virtual host the broker does not have).  Nothing was
+    other arguments, an exchange of another type, other permissions, a
+    virtual host the broker does not have).  Nothing was
     changed.
 
     @ivar item: the item, as C{queues[0]} (its vhost and name follow in
@@ -438,14 +440,14 @@ def _plan(broker: Any, defs: Definitions) -> _Plan:
             raise DefinitionConflict(
                 item, "authentication is off on this broker (no [users] configured), so it has no users to add"
             )
-        have = auth.users.get(u.name)
         imported_users.add(u.name)
-        if have is None:
-            plan.todo["users"].append((item, u))
-        elif (have.password, tuple(have.certificate_names)) == (u.password_hash, u.certificate_names):
+        # An import adds users and never changes one: a user the broker
+        # has keeps its password and certificate names (each broker's own
+        # configured users, an admin above all, stay as configured).
+        if u.name in auth.users:
             plan.unchanged["users"] += 1
         else:
-            raise DefinitionConflict(item, "the user exists with another password hash or certificate names")
+            plan.todo["users"].append((item, u))
     for i, p in enumerate(defs.permissions):
         item = f"permissions[{i}] ({p.vhost!r}, {p.user!r})"
         vhost_of(item, p.vhost)

@@ -149,6 +149,8 @@ class VirtualHost:
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, Queue] = {}
         self.queue_defaults: QueuePolicy = DEFAULT_POLICY
+        # (queue_defaults, the class of a queue made on demand with them).
+        self._on_demand_class: tuple[QueuePolicy | None, type[Queue]] = (None, Queue)
         self.fsync: str | None = None
         #: Counts for C{/metrics}, kept where the rare event happens (never
         #: per delivered message): messages given back to a queue
@@ -323,31 +325,43 @@ class VirtualHost:
             raise PreconditionFailed("a queue needs a name")
         if validate:
             check_queue(name)
-        base = (
-            policy
-            if policy is not None
-            # A private subscription's backlog: bounded like x-max-length
-            # + drop-head, one shared policy, no arguments dict per queue.
-            else QueuePolicy.shared(max_length=backlog, overflow="drop-head")
-            if backlog
-            else self._on_demand_policy(subscription) if on_demand else None
-        )
-        # The delivery guarantee picks the class (a plain Queue for the
-        # default): known only once the arguments are read over the base.
-        guarantee = (base or DEFAULT_POLICY).guarantee
-        if arguments:
-            guarantee = QueuePolicy.from_arguments(arguments, base).guarantee
-        cls = queue_class_for(guarantee)
-        queue = cls(
-            self,
-            name,
-            durable,
-            exclusive_owner,
-            auto_delete,
-            arguments,
-            base,
-            subscription=subscription,
-        )
+        if on_demand and policy is None and not (backlog or subscription or arguments):
+            # The common case, a client naming a new queue (a million of
+            # them in a row, at worst): the virtual host's defaults, whose
+            # queue class is looked up once per defaults.
+            base = self.queue_defaults
+            made = self._on_demand_class
+            if made[0] is not base:
+                made = self._on_demand_class = (base, queue_class_for(base.guarantee))
+            cls = made[1]
+            guarantee = base.guarantee
+            queue = cls(self, name, durable, exclusive_owner, auto_delete, None, base)
+        else:
+            base = (
+                policy
+                if policy is not None
+                # A private subscription's backlog: bounded like x-max-length
+                # + drop-head, one shared policy, no arguments dict per queue.
+                else QueuePolicy.shared(max_length=backlog, overflow="drop-head")
+                if backlog
+                else self._on_demand_policy(subscription) if on_demand else None
+            )
+            # The delivery guarantee picks the class (a plain Queue for the
+            # default): known only once the arguments are read over the base.
+            guarantee = (base or DEFAULT_POLICY).guarantee
+            if arguments:
+                guarantee = QueuePolicy.from_arguments(arguments, base).guarantee
+            cls = queue_class_for(guarantee)
+            queue = cls(
+                self,
+                name,
+                durable,
+                exclusive_owner,
+                auto_delete,
+                arguments,
+                base,
+                subscription=subscription,
+            )
         self.queues[name] = queue
         if durable and self.broker is not None:
             store = self.broker.store

@@ -92,6 +92,11 @@ DURABLE_FLAG_HEADERS = ("durable", "persistent")
 # Flush a connection's buffer early once it holds this much, so one turn
 # never piles up more than about this per connection before back-pressure.
 FLUSH_THRESHOLD = 128 * 1024
+# A read of many receipted SENDs sends its receipts this many at a time, not
+# all at the end of the read: the client can send its next frames while the
+# rest of the read is processed (a windowed producer otherwise waits for the
+# whole read, and the broker then waits for it: lock-step).
+RECEIPT_BATCH = 32
 _session_ids = itertools.count(1)
 # Frames a client may send after CONNECT before it is answered.
 _MAX_HELD_FRAMES = 1000
@@ -549,7 +554,14 @@ class StompSession(ConnectMixin, TransactionsMixin):
             # receipt joining its group commit's list.
             if waiter is None:
                 if not self._waiting:
-                    self.write_frame(data)
+                    out = self._out
+                    out.append(data)
+                    self._out_size += len(data)
+                    n = len(out)
+                    if n == 1:
+                        self._batcher.want_flush(self)
+                    elif n >= RECEIPT_BATCH or self._out_size > FLUSH_THRESHOLD:
+                        self.flush()
                     return
             elif waiter is self._group_waiter:
                 entry = self._group[-1]  # type: ignore[index]

@@ -37,7 +37,7 @@ class Subscription(Consumer):
     @ivar mode: C{auto}, C{client} or C{client-individual}.
     """
 
-    __slots__ = ("session", "id", "destination", "mode", "prefix", "ack_line")
+    __slots__ = ("session", "id", "destination", "mode", "prefix", "ack_line", "take_tag")
 
     def __init__(
         self,
@@ -62,9 +62,15 @@ class Subscription(Consumer):
         # STOMP 1.2 acks by the `ack` header; earlier versions by message-id.
         self.ack_line = (f"\nack:{sid}-").encode() if (version == "1.2" and mode != "auto") else b""
         self.paused = session.paused
+        # An auto-ack delivery is tracked by taking a tag alone (a C call
+        # bound once, not a Python call of Channel.track per delivery).
+        self.take_tag = session.channel.tag_source()
 
     def deliver(self, message: Message, queue: Queue | None) -> None:
-        tag = self.channel.track(self, message)
+        if self.ack_required:
+            tag = self.channel.track(self, message)
+        else:
+            tag = self.take_tag()
         block = message.cache
         if block is None:
             block = encode_message_headers(message)

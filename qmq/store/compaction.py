@@ -186,34 +186,16 @@ class Compaction:
                 return 0
             self._declare_exchange(f["vhost"], f["exchange"], ex[0], ex[1], force=True)
             return 1
-        if type_ == RECORD_BIND:
+        if type_ == RECORD_BIND or type_ == RECORD_BIND_EXCHANGE:
             f = decode_topology(data, start, end, type_)
-            key = (
-                f["vhost"],
-                f["queue"],
-                f["exchange"],
-                f["key"],
-                arguments_key(f.get("arguments")),
-            )
-            b = index.bindings.get(key)
+            if type_ == RECORD_BIND:
+                table, target, source = index.bindings, f["queue"], f["exchange"]
+            else:
+                table, target, source = index.exchange_bindings, f["destination"], f["source"]
+            key = (f["vhost"], target, source, f["key"], arguments_key(f.get("arguments")))
+            b = table.get(key)
             if b is None or b.segment != number:
                 return 0
-            self._bind(b.vhost, b.queue, b.exchange, b.key, b.arguments, force=True)
-            return 1
-        if type_ == RECORD_BIND_EXCHANGE:
-            f = decode_topology(data, start, end, type_)
-            key = (
-                f["vhost"],
-                f["destination"],
-                f["source"],
-                f["key"],
-                arguments_key(f.get("arguments")),
-            )
-            e = index.exchange_bindings.get(key)
-            if e is None or e.segment != number:
-                return 0
-            self._bind_exchange(
-                e.vhost, e.destination, e.source, e.key, e.arguments, force=True
-            )
+            self._binding(type_, f["vhost"], target, source, f["key"], b.arguments, True)
             return 1
         return 0

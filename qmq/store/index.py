@@ -679,20 +679,13 @@ class Index:
         force: bool = False,
     ) -> bool:
         key = (vhost, queue, exchange, routing_key, arguments_key(arguments))
-        old = self.bindings.get(key)
-        if old is not None and not force:
+        if not self._renew(self.bindings, key, segment, force):
             return False
-        if old is not None:
-            self._dead(old.segment)
-            self._cancels(segment, old.segment)
         self.bindings[key] = Binding(vhost, queue, exchange, routing_key, arguments, segment)
         qs = self._queue(vhost, queue)
         if qs.bindings is None:
             qs.bindings = set()
         qs.bindings.add(key)
-        info = self.segments[segment]
-        info.live += 1
-        info.records += 1
         return True
 
     def unbind(
@@ -705,9 +698,8 @@ class Index:
         arguments: dict | None,
     ) -> bool:
         key = (vhost, queue, exchange, routing_key, arguments_key(arguments))
-        if key not in self.bindings:
+        if not self._removal(self.bindings, key, segment):
             return False
-        self.segments[segment].records += 1
         self._drop_binding(segment, key)
         return True
 
@@ -732,18 +724,11 @@ class Index:
         """An exchange-to-exchange binding; False if it is known already
         (nothing to write) unless C{force} (compaction moves it forward)."""
         key = (vhost, destination, source, routing_key, arguments_key(arguments))
-        old = self.exchange_bindings.get(key)
-        if old is not None and not force:
+        if not self._renew(self.exchange_bindings, key, segment, force):
             return False
-        if old is not None:
-            self._dead(old.segment)
-            self._cancels(segment, old.segment)
         self.exchange_bindings[key] = ExchangeBinding(
             vhost, destination, source, routing_key, arguments, segment
         )
-        info = self.segments[segment]
-        info.live += 1
-        info.records += 1
         return True
 
     def unbind_exchange(
@@ -757,9 +742,8 @@ class Index:
     ) -> bool:
         """Its removal; False if it was not known (nothing to write)."""
         key = (vhost, destination, source, routing_key, arguments_key(arguments))
-        if key not in self.exchange_bindings:
+        if not self._removal(self.exchange_bindings, key, segment):
             return False
-        self.segments[segment].records += 1
         self._drop_exchange_binding(segment, key)
         return True
 
@@ -767,6 +751,30 @@ class Index:
         b = self.exchange_bindings.pop(key)
         self._dead(b.segment)
         self._cancels(segment, b.segment)
+
+    def _renew(self, table: dict, key: tuple, segment: int, force: bool) -> bool:
+        """A binding record of C{key} in C{segment} (the caller puts it in
+        C{table}): False if C{table} has it already and not C{force}
+        (nothing to write); else the one it replaces dies, and C{segment}
+        counts a live record more."""
+        old = table.get(key)
+        if old is not None:
+            if not force:
+                return False
+            self._dead(old.segment)
+            self._cancels(segment, old.segment)
+        info = self.segments[segment]
+        info.live += 1
+        info.records += 1
+        return True
+
+    def _removal(self, table: dict, key: tuple, segment: int) -> bool:
+        """An unbind record of C{key} in C{segment}: False if C{table} has
+        no such binding (nothing to write); else C{segment} counts it."""
+        if key not in table:
+            return False
+        self.segments[segment].records += 1
+        return True
 
     # -- counts ---------------------------------------------------------------
 

@@ -47,15 +47,15 @@ from __future__ import annotations
 
 import fnmatch
 import ipaddress
-import json
 import re
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
-from http import HTTPStatus
 from typing import Any
 
 from twisted.web.resource import Resource
+
+from qmq.web.api.problem import Problem
 
 __all__ = [
     "BODY_TYPES",
@@ -105,13 +105,6 @@ _LABEL = r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?"
 _NAME = re.compile(rf"(?:\*\.)?{_LABEL}(?:\.{_LABEL})*\.?")
 
 
-def _phrase(status: int) -> str:
-    try:
-        return HTTPStatus(status).phrase
-    except ValueError:  # pragma: no cover - every status used here is known
-        return "Error"
-
-
 @dataclass(frozen=True)
 class Refusal:
     """Why the gate refuses a request: a status and a problem document.
@@ -125,15 +118,16 @@ class Refusal:
     code: str
     detail: str
 
+    def problem(self) -> Problem:
+        """The refusal as the API's problem (one format for every error)."""
+        return Problem(self.status, self.code, self.detail)
+
     def document(self) -> dict[str, Any]:
-        """The RFC 9457 problem document (with C{error}, as the site's other
-        errors carry: the code in words)."""
-        title = _phrase(self.status)
-        return {"type": "about:blank", "title": title, "status": self.status, "detail": self.detail,
-                "code": self.code, "error": self.code.replace("-", " ")}
+        """The RFC 9457 problem document."""
+        return self.problem().document()
 
     def body(self) -> bytes:
-        return json.dumps(self.document()).encode() + b"\n"
+        return self.problem().body()
 
     def resource(self) -> Resource:
         """A leaf resource that answers every request with this refusal."""
@@ -148,11 +142,7 @@ class _RefusalResource(Resource):
         self.refusal = refusal
 
     def render(self, request: Any) -> bytes:
-        refusal = self.refusal
-        request.setResponseCode(refusal.status)
-        request.setHeader(b"content-type", b"application/problem+json")
-        request.setHeader(b"cache-control", b"no-store")
-        return refusal.body()
+        return self.refusal.problem().render(request)
 
 
 # -- Host -------------------------------------------------------------------------

@@ -19,8 +19,9 @@ L{None}: not mounted, a 404). Everything a resource needs of the broker is
 in the context: the broker, the clock, the settings (its own section through
 C{ctx.settings.section(NAME)}), the connection registry, and the cred portal
 (L{None} until authentication exists). Errors are answered with
-L{json_error}: a 4xx or 5xx status and a JSON body
-C{{"error": ..., "detail": ...}}, never an HTML page or a traceback.
+L{json_error}: a 4xx or 5xx status and an RFC 9457 problem document, the
+HTTP API's own (L{qmq.web.api.problem.Problem}), never an HTML page or a
+traceback; a method a resource does not answer is one too (L{QMQRequest}).
 
 A connection's life, as this module sees it:
 
@@ -72,6 +73,7 @@ from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.python.failure import Failure
 from twisted.web import http, server
 from twisted.web.resource import Resource
+from twisted.web.server import UnsupportedMethod
 from zope.interface import implementer
 
 from qmq import __version__
@@ -82,6 +84,7 @@ from qmq.logs import peer_address
 from qmq.tls import PeerIdentity, peer_identity
 from qmq.transport import IConnection
 from qmq.twisted_internals import request_line
+from qmq.web.api.problem import Problem
 from qmq.web.guard import Guard, HostRule
 from qmq.web.settings import WebSettings
 
@@ -210,18 +213,40 @@ MOUNTS: dict[str, MountBuilder] = {
 
 
 def json_error(request: Any, code: int, error: str, detail: str = "") -> bytes:
-    """Answer C{request} with status C{code} and a JSON problem body.
+    """Answer C{request} with status C{code} and a problem document (the
+    HTTP API's L{Problem}: one format for every error of the listener).
 
     @param request: the request.
     @param code: the HTTP status (4xx, 5xx).
-    @param error: a short reason (C{"not found"}).
+    @param error: a short reason (C{"not found"}); the document's C{code}
+        is it in kebab case (C{not-found}).
     @param detail: what the client can do about it.
     @return: the body, for a C{render_*} method to return.
     """
-    request.setResponseCode(code)
-    request.setHeader(b"content-type", b"application/json")
-    request.setHeader(b"cache-control", b"no-store")
-    return json.dumps({"error": error, "detail": detail or error}).encode() + b"\n"
+    return Problem(code, error.replace(" ", "-"), detail or error).render(request)
+
+
+class _ProblemMethods:
+    """A resource's stand-in for L{QMQRequest.render}: a method the
+    resource has no C{render_*} for is a 405 problem document, where
+    twisted.web would answer an HTML page (a HEAD of a resource that
+    answers GET is still twisted's: the GET's headers without the body)."""
+
+    def __init__(self, resource: Any) -> None:
+        self.resource = resource
+
+    def render(self, request: Any) -> Any:
+        try:
+            return self.resource.render(request)
+        except UnsupportedMethod as e:
+            allowed = [m.decode("ascii", "replace") for m in e.allowedMethods or ()]
+            if request.method == b"HEAD" and "GET" in allowed:
+                raise
+            if allowed:
+                request.setHeader(b"allow", ", ".join(allowed).encode())
+            path = request.path.decode("utf-8", "replace")[:200]
+            return json_error(request, 405, "method not allowed",
+                              f"{path} answers {', '.join(allowed) or 'no method'} only.")
 
 
 class JsonError(Resource):
@@ -360,7 +385,7 @@ class QMQRequest(server.Request):
     C{upload_timeout} (C{[http_api] upload_timeout}) seconds of its first
     line is answered 408 and closed: a slow upload cannot hold a connection
     and its buffer for ever. The 413 and 408 bodies are RFC 9457 problem
-    documents (which also carry C{error}, as L{json_error} bodies do).
+    documents, as every error of the site is (L{json_error}).
     """
 
     _refused = False
@@ -497,10 +522,7 @@ class QMQRequest(server.Request):
         self._stop_deadline()
         self._release_input()
         self.content = io.BytesIO()
-        body = json.dumps(
-            {"type": "about:blank", "title": title, "status": status, "detail": detail, "code": code,
-             "error": error, **(extra or {})}
-        ).encode()
+        body = Problem(status, code, detail, extra).body()
         more = b"retry-after: %d\r\n" % retry_after if retry_after is not None else b""
         channel = self.channel
         transport = channel.transport if channel is not None else None
@@ -520,6 +542,10 @@ class QMQRequest(server.Request):
             close()  # the listener's connection: really closed, also over TLS
         else:
             transport.loseConnection()
+
+    def render(self, resrc: Any) -> None:
+        """Render C{resrc}, a method it does not answer as a problem document."""
+        super().render(_ProblemMethods(resrc))
 
     def processingFailed(self, reason: Failure) -> None:
         log.failure("while answering {method} {uri}", reason,
@@ -700,11 +726,10 @@ class HttpConnection(ProtocolWrapper):
         if self._lost or self.wrappedProtocol is not self._channel:
             return
         log.info("request head timeout protocol=http peer={peer}", peer=self.peer)
-        body = json.dumps({
-            "type": "about:blank", "title": "Request Timeout", "status": 408, "code": "head-timeout",
-            "error": "request timeout",
-            "detail": f"The request's head was not received within {timeout:g} seconds ([web] head_timeout).",
-        }).encode()
+        body = Problem(
+            408, "head-timeout",
+            f"The request's head was not received within {timeout:g} seconds ([web] head_timeout).",
+        ).body()
         self.transport.write(  # type: ignore[union-attr]
             b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/problem+json\r\n"
             b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
@@ -788,10 +813,10 @@ class RefusedHttpProtocol(Protocol):
         self._lost = False
 
     def connectionMade(self) -> None:
-        body = json.dumps({"error": "too many connections", "detail": self.detail}).encode()
+        body = Problem(503, "too-many-connections", self.detail).body()
         transport = self.transport
         transport.write(  # type: ignore[union-attr]
-            b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+            b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/problem+json\r\n"
             b"connection: close\r\nretry-after: 1\r\ncontent-length: %d\r\n\r\n%s"
             % (len(body), body)
         )

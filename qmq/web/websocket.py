@@ -50,7 +50,6 @@ from typing import Any
 
 from autobahn.twisted.resource import WebSocketResource
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
-from autobahn.websocket.protocol import WebSocketProtocol
 from autobahn.websocket.types import ConnectionDeny, ConnectionRequest
 from twisted.internet.interfaces import IPushProducer, ISSLTransport
 from twisted.logger import Logger
@@ -62,7 +61,15 @@ from qmq.stomp.reader import StompReader
 from qmq.stomp.session import StompSession
 from qmq.tls import PeerIdentity, peer_identity
 from qmq.transport import IConnection, ITransport
-from qmq.twisted_internals import direct_writer, hold_batches_per_read, websocket_feed
+from qmq.twisted_internals import (
+    WebSocketState,
+    cancel_close_timer,
+    direct_writer,
+    hold_batches_per_read,
+    websocket_clock,
+    websocket_feed,
+    websocket_state,
+)
 from qmq.web.guard import origin_allowed
 from qmq.web.site import HttpConnection, WebContext
 
@@ -81,7 +88,6 @@ log = Logger()
 #: The subprotocols QMQ speaks, in order of preference.
 SUBPROTOCOLS = ("v12.stomp", "v11.stomp", "v10.stomp")
 
-_OPEN = WebSocketProtocol.STATE_OPEN
 #: The largest message the fast path takes (and the most it keeps of one
 #: cut by the end of a read); larger ones are autobahn's, streamed.
 FAST_MAX = 65535
@@ -142,22 +148,6 @@ def encode_messages(frames: list[bytes], frame_type: str = "auto") -> bytes:
     return b"".join(out)
 
 
-class _ClockTimer:
-    """autobahn's timer interface (txaio's C{IBatchedTimer}) on our clock.
-
-    autobahn takes its timers (handshake and ping timeouts) from txaio's
-    global event loop; the broker's clock is injected instead, so that
-    tests drive them with a L{twisted.internet.task.Clock} and the service
-    with the reactor it was given.
-    """
-
-    def __init__(self, clock: Any) -> None:
-        self._clock = clock
-
-    def call_later(self, delay: float, fun: Any, *args: Any, **kwargs: Any) -> Any:
-        return self._clock.callLater(delay, fun, *args, **kwargs)
-
-
 @implementer(ITransport, IConnection, IPushProducer)
 class StompWebSocketProtocol(WebSocketServerProtocol):
     """One STOMP-over-WebSocket connection: the session's L{ITransport}."""
@@ -181,6 +171,8 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
     _lost = False
     _grace: Any = None
     _frame_type = "auto"
+    #: autobahn's state, read through the internals module (set on open).
+    _ws: WebSocketState | None = None
 
     #: The listener's connection (L{qmq.web.site.HttpConnection}) that
     #: carried the upgrade, or None (a test's bare transport).
@@ -252,6 +244,7 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
         # autobahn's "tcp:HOST:PORT"; the session reads it from here.
         self.peer = self._peer_address()
         self._write = direct_writer(transport)
+        self._ws = websocket_state(self)
         if ISSLTransport.providedBy(transport):
             hold_batches_per_read(transport, ctx.broker.batcher)
         self._batcher = ctx.broker.batcher
@@ -286,12 +279,7 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
                     return
                 data = bytes(cut)
                 self._cut = bytearray()
-            if (
-                self.state == _OPEN
-                and not self.data
-                and self.current_frame is None
-                and not self.inside_message
-            ):
+            if self._ws.between_messages():  # type: ignore[union-attr]
                 done = self._whole_messages(data)
                 if done < len(data) and not self._cut:
                     self._feed(data[done:] if done else data)
@@ -397,9 +385,7 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
         self._grace = None
         # autobahn leaves its close-handshake timer running when the
         # connection goes first.
-        timer, self.closeHandshakeTimeoutCall = self.closeHandshakeTimeoutCall, None
-        if timer is not None:
-            timer.cancel()
+        cancel_close_timer(self)
         super().connectionLost(reason)
         self._release()
         session = self.session
@@ -416,7 +402,8 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
     # -- ITransport ----------------------------------------------------------------
 
     def write_frames(self, frames: list[bytes]) -> None:
-        if self.state != WebSocketProtocol.STATE_OPEN:
+        ws = self._ws
+        if ws is None or not ws.is_open():
             return  # closing: nothing may follow the close frame
         self._write(encode_messages(frames, self._frame_type))
 
@@ -430,7 +417,9 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
             self.reader.discard()
         transport = self.transport
         self.unregisterProducer()
-        if self.state == WebSocketProtocol.STATE_OPEN:
+        ws = self._ws
+        if ws is not None and ws.is_open():
+            ws.closing = True
             self.sendClose(1000, reason[:100])
         else:
             transport.loseConnection()  # type: ignore[union-attr]
@@ -504,7 +493,8 @@ class StompWebSocketFactory(WebSocketServerFactory):
     def __init__(self, ctx: WebContext) -> None:
         super().__init__(server="QMQ", reactor=ctx.clock)
         self.ctx = ctx
-        self._batched_timer = _ClockTimer(ctx.clock)
+        # autobahn's timers (handshake, ping, close) on the broker's clock.
+        websocket_clock(self, ctx.clock)
         web = ctx.web
         grace = ctx.connections.settings.close_grace
         self.setProtocolOptions(

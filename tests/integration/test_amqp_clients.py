@@ -31,7 +31,7 @@ from qmq.auth import hash_password
 from qmq.service import make_service
 from tests.integration.certs import TestPKI
 
-TIMEOUT = 10.0
+TIMEOUT = 30.0
 
 
 class AmqpBrokerCase(unittest.TestCase):

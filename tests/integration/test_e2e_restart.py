@@ -1,72 +1,102 @@
-"""An exchange-to-exchange binding kept by the commit log routes in the real
-broker (C{twistd -n qmq}, C{store = "log"}), and still does after the
-broker stopped and started again.
+"""An exchange-to-exchange binding made by a client survives a restart of
+the real broker (C{twistd -n qmq}, C{store = "log"}).
 
-No frontend on this tree binds exchanges to exchanges (AMQP's
-C{exchange.bind} will), so the topology is written into the broker's log
-directory by the core in-process, as a client's C{exchange.bind} would
-make it, before the first start: source C{src} (topic) -> C{dst} (fanout)
--> durable queue C{q}. Each run a STOMP client SENDs to
-C{/exchange/src/KEY} and reads C{/queue/q}: a matching key arrives, another
-does not. Every wait has a deadline.
+Run 1: pika declares C{src} (topic), C{dst} (fanout) and the queue C{q},
+binds C{q} to C{dst} and C{dst} to C{src} with C{a.*} (AMQP's
+C{exchange.bind}); the broker is stopped (SIGTERM). Runs 2 and 3: a STOMP
+client SENDs to C{/exchange/src/KEY} and reads C{/queue/q}: a matching key
+arrives, another does not. Run 3 follows a second restart; before it, pika
+unbinds in run 2, so in run 4 nothing arrives. Every wait has a deadline.
 """
 
 from __future__ import annotations
 
 import signal
+import socket
+import subprocess
 import time
 from pathlib import Path
 
-from twisted.internet.defer import maybeDeferred
-from twisted.internet.task import Clock
+import pika
 from twisted.trial import unittest
 
-from qmq.core.broker import Broker
-from qmq.store.log import CommitLogStore
-from tests.integration import test_kill
 from tests.integration.test_kill import Client
+from tests.integration.test_twistd import environment, free_port, twistd_command
 
 DEADLINE = 10.0
 
 
 class ExchangeBindingRestartTests(unittest.TestCase):
-    timeout = 60
-
-    # The broker's start, stop and output, as the kill test runs it.
-    start = test_kill.KillTests.start
-    output = test_kill.KillTests.output
+    timeout = 90
 
     def setUp(self) -> None:
         self.workdir = Path(self.mktemp()).resolve()
         self.workdir.mkdir()
-        self.data_dir = self.workdir / "data"
         self.config = self.workdir / "qmq.toml"
-        self.config.write_text(f'data_dir = "{self.data_dir}"\nstore = "log"\n')
+        self.config.write_text(f'data_dir = "{self.workdir / "data"}"\nstore = "log"\n')
         self.runs = 0
-        self.process = None
+        self.process: subprocess.Popen[bytes] | None = None
 
-    def write_topology(self) -> None:
-        """What a client's declares and binds leave in the log."""
-        log = self.data_dir / "log"
-        log.mkdir(parents=True)
-        clock = Clock()
-        store = CommitLogStore(str(log), reactor=clock, io=maybeDeferred, fsync="always")
-        broker = Broker(clock, store=store)
-        broker.recover()
-        vhost = broker.default_vhost
-        vhost.declare_exchange("src", "topic")
-        vhost.declare_exchange("dst", "fanout")
-        vhost.declare_queue("q")
-        vhost.bind("q", "dst")
-        vhost.bind_exchange("dst", "src", "a.*")
-        store.flush()
-        clock.advance(0)
-        self.successResultOf(store.close())
+    def start(self) -> tuple[int, int]:
+        """Start the broker; its STOMP and AMQP ports once both listen."""
+        stomp, amqp = free_port(), free_port()
+        self.runs += 1
+        output = (self.workdir / f"broker-{self.runs}.log").open("wb")
+        self.addCleanup(output.close)
+        process = self.process = subprocess.Popen(
+            twistd_command()
+            + ["-n", "--pidfile=", "qmq", "--config", str(self.config)]
+            + ["--listen", f"stomp:tcp:{stomp}:interface=127.0.0.1"]
+            + ["--listen", f"amqp:tcp:{amqp}:interface=127.0.0.1"],
+            cwd=self.workdir,
+            env=environment(),
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
 
-    def routed(self, port: int, run: int) -> None:
-        """A SEND to C{src} with a matching key reaches C{q}; one with
-        another key does not (the next message read is the matching one
-        sent after it)."""
+        def cleanup() -> None:
+            if process.poll() is None:
+                process.kill()
+                process.wait(10)
+
+        self.addCleanup(cleanup)
+        deadline = time.monotonic() + 30
+        for port in (stomp, amqp):
+            while True:
+                if process.poll() is not None:
+                    self.fail(f"twistd exited with {process.returncode}:\n{self.output()}")
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=5).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        self.fail(f"the broker did not listen on {port}:\n{self.output()}")
+                    time.sleep(0.05)
+        return stomp, amqp
+
+    def stop(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(20)
+
+    def output(self) -> str:
+        return "".join(
+            (self.workdir / f"broker-{r}.log").read_text(errors="replace")
+            for r in range(1, self.runs + 1)
+        )
+
+    def amqp(self, port: int) -> pika.BlockingConnection:
+        return pika.BlockingConnection(
+            pika.ConnectionParameters(
+                "127.0.0.1", port, blocked_connection_timeout=DEADLINE, socket_timeout=DEADLINE
+            )
+        )
+
+    def routed(self, port: int, run: int, bound: bool = True) -> None:
+        """SENDs to C{src} with a matching key reach C{q} (if C{bound});
+        one with another key never does. The client acks what it reads, so
+        a later run reads only its own."""
         client = Client(port)
         try:
             for key in ("b.x", "a.x", "b.y", "a.y"):
@@ -75,29 +105,49 @@ class ExchangeBindingRestartTests(unittest.TestCase):
                     {"destination": f"/exchange/src/{key}", "persistent": "true"},
                     f"{run}:{key}".encode(),
                 )
+            # A marker straight to the queue: what arrives before it is
+            # everything the exchanges routed.
+            client.request("SEND", {"destination": "/queue/q"}, f"{run}:end".encode())
             client.request(
                 "SUBSCRIBE", {"destination": "/queue/q", "id": "s", "ack": "client-individual"}
             )
             deadline = time.monotonic() + DEADLINE
             got = []
-            for _ in range(2):
+            while not got or got[-1] != f"{run}:end".encode():
                 _, headers, body = client.wait(lambda f: f[0] == "MESSAGE", deadline, "a message")
                 got.append(body)
                 client.request("ACK", {"id": headers["ack"]})
-            self.assertEqual(got, [f"{run}:a.x".encode(), f"{run}:a.y".encode()])
+            routed = [f"{run}:a.x".encode(), f"{run}:a.y".encode()] if bound else []
+            self.assertEqual(got, [*routed, f"{run}:end".encode()])
         finally:
             client.close()
 
-    def stop(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGTERM)
-        self.process.wait(20)
-
     def test_binding_survives_restarts(self) -> None:
-        self.write_topology()
-        self.routed(self.start(), 1)
+        stomp, amqp = self.start()
+        conn = self.amqp(amqp)
+        ch = conn.channel()
+        ch.exchange_declare("src", "topic", durable=True)
+        ch.exchange_declare("dst", "fanout", durable=True)
+        ch.queue_declare("q", durable=True)
+        ch.queue_bind("q", "dst")
+        ch.exchange_bind("dst", "src", "a.*")
+        conn.close()
+        self.routed(stomp, 1)
         self.stop()
-        self.routed(self.start(), 2)
+
+        stomp, amqp = self.start()
+        self.routed(stomp, 2)
         self.stop()
-        self.assertIn("QMQ stopped", self.output(2))
+
+        stomp, amqp = self.start()
+        self.routed(stomp, 3)
+        conn = self.amqp(amqp)
+        conn.channel().exchange_unbind("dst", "src", "a.*")
+        conn.close()
+        self.stop()
+
+        stomp, _ = self.start()
+        self.routed(stomp, 4, bound=False)
+        self.stop()
+        self.assertIn("QMQ stopped", self.output())
         self.assertNotIn("Traceback", self.output())

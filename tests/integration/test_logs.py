@@ -60,7 +60,8 @@ class TwistdLogTests(unittest.TestCase):
         self.assertIn("STOMP listening on 127.0.0.1:", log)
         self.assertIn("HTTP listening on 127.0.0.1:", log)
         self.assertIn("QMQ stopped", log)
-        for noise in ("Starting factory", "Stopping factory", "starting on", "Port", "connection open"):
+        for noise in ("Starting factory", "Stopping factory", "starting on", "Port", "connection open",
+                      "stomp connect", "connection closed"):
             self.assertNotIn(noise, log)
         self.assertNotIn("Traceback", log)
 
@@ -72,6 +73,8 @@ class TwistdLogTests(unittest.TestCase):
         log, client_port = self.run_broker("--log-level", "debug")
         self.assertIn(f"connection open protocol=stomp peer=127.0.0.1:{client_port} session=", log)
         self.assertIn(f"connection closed protocol=stomp peer=127.0.0.1:{client_port} session=", log)
+        self.assertIn("stomp connect session=", log)
+        self.assertIn(f"peer=127.0.0.1:{client_port} version=1.2 vhost=/", log)
         self.assertIn("Starting factory", log)
 
     def test_json(self) -> None:

@@ -18,6 +18,11 @@ or bind of a named queue: those rows are HTTP's alone):
     follow        SUBSCRIBE /topic/KEY              | GET .../topics/KEY/poll
     purge, delete, bind                             | DELETE .../messages, DELETE, POST bindings
 
+AMQP 0-9-1 (pika, in threads) says every operation: queue.declare,
+basic.publish (with confirms), basic.consume, a queue of its own bound to
+amq.topic (follow), queue.purge, queue.bind, queue.delete; a refusal is a
+channel.close 403.
+
 Identities: ``bob`` (a password; his own ``bob.*`` queues and
 ``amq.topic``), ``carol`` (a password; every permission, but not other
 owners' durable subscriptions) and ``web`` (a token of the virtual host,
@@ -36,6 +41,8 @@ from pathlib import Path
 from typing import Any
 
 import jwt
+import pika
+import pika.exceptions
 import treq
 from autobahn.twisted.websocket import WebSocketClientFactory
 from twisted.internet import defer, reactor
@@ -45,16 +52,15 @@ from twisted.trial import unittest
 from twisted.web.client import HTTPConnectionPool
 
 from qmq import config
-from qmq.auth import hash_password
 from qmq.core.ownership import durable_queue_name
 from qmq.service import make_service
 from qmq.stomp.frame import StompParser, encode_frame
+from tests import auth_toml
 from tests.integration.test_sockjs import WebSocketClient
 from tests.integration.test_stomppy_auth import AuthClient
 from tests.integration.test_websocket import TIMEOUT, StompClient
 
 SECRET = "the verdict tests' token secret, 32+ bytes"
-COST = 4
 FEED = durable_queue_name("alice", "feed")
 
 ALLOWED, REFUSED = "allowed", "refused"
@@ -113,46 +119,29 @@ STOMP_OPERATIONS = ("declare", "publish", "receive", "follow")
 def settings_for(directory: Path) -> config.Settings:
     key = directory / "token.key"
     key.write_text(SECRET + "\n")
+    listen = [
+        "stomp:tcp:0:interface=127.0.0.1",
+        "http:tcp:0:interface=127.0.0.1",
+        "amqp:tcp:0:interface=127.0.0.1",
+    ]
     return config.load_string(
-        f"""
-listen = ["stomp:tcp:0:interface=127.0.0.1", "http:tcp:0:interface=127.0.0.1"]
-data_dir = {json.dumps(str(directory / "data"))}
-
-[auth]
-failure_delay = 0.05
-
-[users.bob]
-password = "{hash_password('builder', COST)}"
-
-[users.carol]
-password = "{hash_password('carol', COST)}"
-
-[vhosts.app.permissions.bob]
-configure = "^bob\\\\."
-write = "^(bob\\\\.|amq\\\\.topic$)"
-read = "^(bob\\\\.|amq\\\\.topic$)"
-
-[vhosts.app.permissions.carol]
-configure = ".*"
-write = ".*"
-read = ".*"
-
-[vhosts.app.tokens]
-algorithm = "HS256"
-key_file = "{key}"
-configure = ".*"
-write = ".*"
-read = ".*"
-
-[[vhosts.app.queues]]
-name = "alice.inbox"
-
-[[vhosts.app.queues]]
-name = "bob.box"
-
-[[vhosts.app.queues]]
-name = "web.box"
-""",
+        "\n".join(
+            [
+                f"listen = {json.dumps(listen)}\ndata_dir = {json.dumps(str(directory / 'data'))}\n",
+                "[auth]\nfailure_delay = 0.05\n",
+                auth_toml.users(bob="builder", carol="carol"),
+                auth_toml.permissions(
+                    "app",
+                    "bob",
+                    configure=r"^bob\.",
+                    write=r"^(bob\.|amq\.topic$)",
+                    read=r"^(bob\.|amq\.topic$)",
+                ),
+                auth_toml.everything("app", "carol"),
+                auth_toml.tokens("app", str(key), configure=".*", write=".*", read=".*"),
+                auth_toml.queues("app", "alice.inbox", "bob.box", "web.box"),
+            ]
+        ),
         "qmq.toml",
     )
 
@@ -166,7 +155,8 @@ class VerdictTests(unittest.TestCase):
         self.service = make_service(settings_for(directory), reactor)
         self.service.startService()
         self.addCleanup(self.service.stopService)
-        stomp_listener, http_listener = self.service.listeners
+        stomp_listener, http_listener, amqp_listener = self.service.listeners
+        self.amqp_port = amqp_listener.port.getHost().port
         self.stomp_port = stomp_listener.port.getHost().port
         self.http_port = http_listener.port.getHost().port
         self.vhost = self.service.broker.vhosts["app"]
@@ -339,6 +329,48 @@ class VerdictTests(unittest.TestCase):
         self.assertEqual(response.code, 403, (method, path, content))
         return REFUSED
 
+    def over_amqp(self, who: str, operation: str, resource: str, arguments: dict[str, str] | None) -> Any:
+        creds = self.credentials(who)
+        login = creds.get("login", "")
+        passcode = creds["passcode"]
+        arguments = {k: int(v) if v.isdigit() else v for k, v in (arguments or {}).items()} or None
+        follow_queue = f"{who}.f{next(self.names)}"
+
+        def run() -> str:
+            params = pika.ConnectionParameters("127.0.0.1", self.amqp_port, virtual_host="app",
+                                               credentials=pika.PlainCredentials(login, passcode),
+                                               socket_timeout=TIMEOUT, blocked_connection_timeout=TIMEOUT)
+            conn = pika.BlockingConnection(params)
+            try:
+                ch = conn.channel()
+                if operation == "declare":
+                    ch.queue_declare(resource, arguments=arguments)
+                elif operation == "publish":
+                    kind, _, name = resource[1:].partition("/")
+                    ch.confirm_delivery()
+                    ch.basic_publish("" if kind == "queue" else "amq.topic", name, b"x")
+                elif operation == "receive":
+                    ch.basic_consume(resource, lambda *a: None)
+                elif operation == "follow":
+                    ch.queue_declare(follow_queue, exclusive=True)
+                    ch.queue_bind(follow_queue, "amq.topic", resource)
+                elif operation == "purge":
+                    ch.queue_purge(resource)
+                elif operation == "delete":
+                    ch.queue_delete(resource)
+                else:
+                    ch.queue_bind(resource, "amq.topic", "chat.b")
+                return ALLOWED
+            except pika.exceptions.ChannelClosedByBroker as e:
+                if e.reply_code != 403:
+                    return f"{e.reply_code} {e.reply_text}"
+                return REFUSED
+            finally:
+                if conn.is_open:
+                    conn.close()
+
+        return deferToThread(run)
+
     # -- the table --------------------------------------------------------------------------
 
     @defer.inlineCallbacks
@@ -346,12 +378,15 @@ class VerdictTests(unittest.TestCase):
         wrong = []
         for who, operation, resource, arguments, verdict in TABLE:
             got = {}
-            for frontend in ("stomp.py", "WebSocket", "SockJS", "HTTP"):
+            for frontend in ("stomp.py", "WebSocket", "SockJS", "HTTP", "AMQP"):
                 name = resource.format(n=next(self.names))
                 if operation == "delete" and "{n}" in resource:
                     self.vhost.declare_queue(name)
                 if frontend == "HTTP":
                     got[frontend] = yield self.over_http(who, operation, name, arguments)
+                    continue
+                if frontend == "AMQP":
+                    got[frontend] = yield self.over_amqp(who, operation, name, arguments)
                     continue
                 if operation not in STOMP_OPERATIONS:
                     continue

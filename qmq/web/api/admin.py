@@ -6,6 +6,7 @@ only an administrator calls (C{http_api.admins}; each handler starts with
 C{_require_admin} or C{_auth}, which checks it):
 
     /api/v1/connections -> the broker's connection registry: list, close
+    /api/v1/links -> the mesh's links to other nodes (L{qmq.cluster.mesh})
     /api/v1/users -> the authenticator's users (L{qmq.auth}): list, show,
       create or change (a password is hashed in a thread), delete (the
       user's open connections close, as RabbitMQ does)
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.logger import Logger
 
+from qmq.core import names
 from qmq.web.api.params import Response, _arg, _object_body, json_response
 from qmq.web.api.problem import Problem, bad_request
 
@@ -95,6 +97,14 @@ class AdminMixin:
             )
         return json_response({"connections": rows, **meta})
 
+    def h_list_links(self, request: Request) -> Response:
+        """This node's links to the other nodes of its mesh, with their
+        counters (an empty list without a mesh)."""
+        self._require_admin(request)
+        mesh = getattr(self.broker, "mesh", None)
+        links = mesh.snapshot() if mesh is not None else []
+        return json_response({"node": self.broker.node, "links": links})
+
     def h_close_connection(self, request: Request, connection: str) -> Response:
         self._require_admin(request)
         registry = self._registry()
@@ -132,8 +142,13 @@ class AdminMixin:
 
     @staticmethod
     def _user_name(name: str) -> str:
-        if not name or len(name) > MAX_USER_NAME or not name.isprintable():
-            raise bad_request(f"a user name is 1 to {MAX_USER_NAME} printable characters")
+        # The core's rule for every name (no control character, valid
+        # Unicode), within the API's length: one the OpenAPI document can state.
+        if not name or len(name) > MAX_USER_NAME:
+            raise bad_request(f"a user name is 1 to {MAX_USER_NAME} characters")
+        reason = names.problem("user name", name, limit=0)
+        if reason is not None:
+            raise bad_request(reason, "invalid-name")
         return name
 
     def h_list_users(self, request: Request) -> Response:

@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from qmq.core.message import PROPERTY_NAMES
-from qmq.core.options import MAX_PRIORITY, MAX_SPAN_MS
+from qmq.core.options import MAX_ACK_TIMEOUT, MAX_EPOCH_MS, MAX_PRIORITY, MAX_SPAN_MS
+from qmq.web.api.codec import MAX_HEADER_TEXT
 from qmq.web.api.settings import ApiSettings
 
 PROBLEM = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
@@ -59,14 +60,58 @@ def _path_param(name: str, description: str, example: str | None = None) -> dict
     return p
 
 
+#: A name or key as qmq.core.names accepts it: no control character, at most
+#: 255 bytes in UTF-8 (a length in characters is what JSON Schema can say).
+NAME = {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[^\\x00-\\x1f\\x7f]+$"}
+#: An exchange's name also holds no '/' (STOMP's /exchange/NAME/KEY).
+EXCHANGE_NAME = {**NAME, "pattern": "^[^\\x00-\\x1f\\x7f/]+$"}
+KEY = {**NAME, "minLength": 0, "pattern": "^[^\\x00-\\x1f\\x7f]*$"}
+NAME_RULE = " No control character, at most 255 bytes in UTF-8."
+#: A header's or property's text: no control character but TAB, LF and CR.
+VALUE_PATTERN = "^[^\\x00-\\x08\\x0b\\x0c\\x0e-\\x1f\\x7f]*$"
+
+
+def _named(param: dict, schema: dict) -> dict:
+    return {**param, "description": param["description"] + NAME_RULE, "schema": schema}
+
+
 VHOST = _path_param("vhost", "The virtual host's name, URL-encoded (the default one is %2F).", "/")
-QUEUE = _path_param("queue", "The queue's name.", "orders")
-TOPIC = _path_param("topic", "The routing key (publish) or binding pattern (follow) on amq.topic.", "weather.paris")
-EXCHANGE = _path_param("exchange", "The exchange's name.", "amq.topic")
+QUEUE = _named(_path_param("queue", "The queue's name.", "orders"), NAME)
+TOPIC = _named(_path_param("topic", "The routing key (publish) or binding pattern (follow) on amq.topic.",
+                           "weather.paris"), NAME)
+EXCHANGE = _named(_path_param("exchange", "The exchange's name (no '/').", "amq.topic"), EXCHANGE_NAME)
+#: A destination of POST .../messages (the HTTP API publishes to no /temp-queue/ nor /control/).
+DESTINATION = {
+    "type": "string", "maxLength": 1024,
+    "pattern": "^/(queue/[^\\x00-\\x1f\\x7f]+|topic/[^\\x00-\\x1f\\x7f]+|exchange/[^\\x00-\\x1f\\x7f/]+"
+               "(/[^\\x00-\\x1f\\x7f]*)?)$",
+    "description": "/queue/NAME, /topic/KEY or /exchange/NAME/KEY." + NAME_RULE,
+}
+BASE64 = "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+#: With "encoding": "base64" the body is base64 (RFC 4648, padded).
+BASE64_BODY = {
+    "if": {"required": ["encoding"], "properties": {"encoding": {"const": "base64"}}},
+    "then": {"properties": {"body": {"pattern": BASE64}}},
+}
+_B = "[A-Za-z0-9+/]"
+#: A hash qmq.auth.passwords.parse_hash reads: costs in its bounds, a salt of
+#: at least 8 bytes and a key of at least 16, in base64.
+SCRYPT_HASH = (
+    "^\\$scrypt\\$ln=(?:0?[1-9]|1[0-9]|20),r=(?:0?[1-9]|[12][0-9]|3[0-2]),p=(?:0?[1-9]|1[0-6])"
+    f"\\$(?:(?:{_B}{{4}}){{3,}}(?:{_B}{{2}}==|{_B}{{3}}=)?|{_B}{{11}}=)"
+    f"\\$(?:(?:{_B}{{4}}){{6,}}(?:{_B}{{2}}==|{_B}{{3}}=)?|{_B}{{20}}(?:{_B}{{2}}==|{_B}{{3}}=))$"
+)
+#: A receipt handle, TOKEN.TAG (qmq.web.api.frontend.parse_handle).
+HANDLE = {"type": "string", "maxLength": 128, "pattern": "^.+\\.[0-9]{1,18}$",
+          "description": "A receipt handle from a receive (TOKEN.TAG)."}
+#: A topic poll's cursor, FOLLOWER.SEQ.
+POLL_CURSOR = {"type": "string", "pattern": "^.+\\.[0-9]{1,19}$"}
+#: A scan's cursor (qmq.core.vhost.make_cursor).
+SCAN_CURSOR = {"type": "string", "pattern": "^i[0-9a-f]{1,16}$"}
 
 
-USER = {**_path_param("user", "The user's name (1 to 128 printable characters).", "alice"),
-        "schema": {"type": "string", "minLength": 1, "maxLength": 128}}
+USER = {**_path_param("user", "The user's name (1 to 128 characters, no control character).", "alice"),
+        "schema": {**NAME, "maxLength": 128}}
 ADMIN_ONLY = "For the users named in http_api.admins (anyone when authentication is off)."
 RUNTIME_CHANGE = (
     "The change applies at once to new logins, to the next request over HTTP (cached logins are dropped) and "
@@ -79,10 +124,12 @@ def _query(name: str, schema: dict, description: str) -> dict:
     return {"name": name, "in": "query", "required": False, "description": description, "schema": schema}
 
 
-PAGING = [
-    _query("limit", {"type": "integer", "minimum": 1}, "Most items in the answer (at most http_api.max_list)."),
-    _query("offset", {"type": "integer", "minimum": 0}, "Items to skip (next_offset of the previous page)."),
-]
+def _paging(s: ApiSettings) -> list[dict]:
+    return [
+        _query("limit", {"type": "integer", "minimum": 1, "maximum": s.max_list},
+               "Most items in the answer (at most http_api.max_list)."),
+        _query("offset", {"type": "integer", "minimum": 0, "maximum": 1 << 62}, "Items to skip (next_offset of the previous page)."),
+    ]
 
 
 def _op(summary: str, responses: dict, *errors: int, params: list | None = None, body: dict | None = None,
@@ -160,15 +207,19 @@ HEALTH_CHECK = {
 MONITORS = ("For the users named in http_api.admins or http_api.monitors (anyone when authentication "
             "is off); they need no permission in any virtual host.")
 
-PUBLISH_BODY = {
-    "required": True,
-    "description": "One message, or a batch {\"messages\": [...]}; in Avro one PublishMessage datum, or an object "
-    "container file of them.",
-    "content": {
-        "application/json": {"schema": {"oneOf": [_ref("PublishMessage"), _ref("PublishBatch")]}},
-        "avro/binary": {"schema": {"type": "string", "contentMediaType": "avro/binary"}},
-    },
-}
+def _publish_body(named: bool) -> dict:
+    """The body of a publish: messages that name their destination
+    (C{named}: POST .../messages) or not (the path names it)."""
+    one, batch = ("PublishToDestination", "PublishToDestinationBatch") if named else ("PublishMessage", "PublishBatch")
+    return {
+        "required": True,
+        "description": "One message, or a batch {\"messages\": [...]}; in Avro one PublishMessage datum, or an "
+        "object container file of them.",
+        "content": {
+            "application/json": {"schema": {"oneOf": [_ref(one), _ref(batch)]}},
+            "avro/binary": {"schema": {"type": "string", "contentMediaType": "avro/binary"}},
+        },
+    }
 
 PUBLISH_DESCRIPTION = (
     "Publishes in order. The answer (201) comes once every message is as durable as a STOMP RECEIPT "
@@ -179,32 +230,20 @@ PUBLISH_DESCRIPTION = (
 )
 
 
-def _publish_op(summary: str, params: list) -> dict:
+def _publish_op(summary: str, params: list, named: bool = False) -> dict:
     return _op(
         summary, _ok(_ref("Published"), "Published", 201), 400, 404, 408, 409, 413, 415, 429, 503,
-        params=params, body=PUBLISH_BODY, description=PUBLISH_DESCRIPTION, tag="messages",
+        params=params, body=_publish_body(named), description=PUBLISH_DESCRIPTION, tag="messages",
     )
 
 
-HANDLES_BODY = {
-    "required": True,
-    "content": _json(
-        {
-            "type": "object",
-            "required": ["handles"],
-            "additionalProperties": False,
-            "properties": {"handles": {"type": "array", "minItems": 1, "items": {"type": "string"}}},
-        }
-    ),
-}
-
-
-def _handles_body(extra: dict) -> dict:
+def _handles_body(s: ApiSettings, extra: dict) -> dict:
     body = {"required": True, "content": _json({
         "type": "object",
         "required": ["handles"],
         "additionalProperties": False,
-        "properties": {"handles": {"type": "array", "minItems": 1, "items": {"type": "string"}}, **extra},
+        "properties": {"handles": {"type": "array", "minItems": 1, "maxItems": s.max_batch, "items": HANDLE},
+                       **extra},
     })}
     return body
 
@@ -213,11 +252,13 @@ def _schemas(s: ApiSettings) -> dict:
     headers = {
         "type": "object",
         "description": "Application headers: strings, numbers, booleans, null, or bytes as {\"base64\": TEXT}.",
+        "propertyNames": {"minLength": 1, "maxLength": 255, "pattern": NAME["pattern"]},
         "additionalProperties": {
             "oneOf": [
-                {"type": ["string", "number", "boolean", "null"]},
+                {"type": ["string"], "maxLength": MAX_HEADER_TEXT, "pattern": VALUE_PATTERN},
+                {"type": ["number", "boolean", "null"]},
                 {"type": "object", "required": ["base64"], "additionalProperties": False,
-                 "properties": {"base64": {"type": "string"}}},
+                 "properties": {"base64": {"type": "string", "pattern": BASE64}}},
             ]
         },
     }
@@ -225,7 +266,30 @@ def _schemas(s: ApiSettings) -> dict:
         "type": "object",
         "description": "The message's properties that are set.",
         "additionalProperties": False,
-        "properties": {name: {"type": "string"} for name in PROPERTY_NAMES},
+        "properties": {name: {"type": "string", "maxLength": MAX_HEADER_TEXT, "pattern": VALUE_PATTERN}
+                       for name in PROPERTY_NAMES},
+    }
+    message = {
+        "body": {"type": "string", "description": "The payload: UTF-8 text, or base64 (see encoding)."},
+        "encoding": {"enum": ["utf-8", "base64"], "default": "utf-8"},
+        "headers": headers,
+        "properties": properties,
+        "routing_key": {**KEY, "description": "For the exchange endpoint."},
+        "priority": {"type": "integer", "minimum": 0, "maximum": MAX_PRIORITY, "default": 0},
+        "ttl": {"type": "integer", "minimum": 0, "maximum": MAX_SPAN_MS,
+                "description": "Milliseconds from the publish until it expires."},
+        "delay": {"type": "integer", "minimum": 0, "maximum": MAX_SPAN_MS,
+                  "description": "Milliseconds from the publish before its first delivery (the "
+                  "broker keeps it, on disk when persistent, meanwhile)."},
+        "persistent": {"type": "boolean", "default": False},
+        "expires": {"type": "number", "minimum": 0, "maximum": MAX_EPOCH_MS / 1000,
+                    "description": "When it expires, seconds since the epoch (with ttl, the earlier)."},
+        "deliver_at": {"type": "number", "minimum": 0, "maximum": MAX_EPOCH_MS / 1000,
+                       "description": "Not delivered before this time, seconds since the epoch (with "
+                       "delay, the later)."},
+        "ack_timeout": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_ACK_TIMEOUT,
+                        "description": "Seconds a receiver may hold it unacknowledged before it is "
+                        "delivered again."},
     }
     return {
         "Problem": {
@@ -239,37 +303,24 @@ def _schemas(s: ApiSettings) -> dict:
                 "detail": {"type": "string"},
                 "code": {"type": "string", "description": "A short stable name of the error."},
                 "published": {"type": "integer"},
-                "ids": {"type": "array", "items": {"type": ["integer", "null"]}},
+                "ids": {"type": "array", "items": {"type": ["string", "null"]}},
             },
         },
         "PublishMessage": {
             "type": "object",
+            "description": "A message to publish where the path names the destination.",
             "required": ["body"],
             "additionalProperties": False,
-            "properties": {
-                "body": {"type": "string", "description": "The payload: UTF-8 text, or base64 (see encoding)."},
-                "encoding": {"enum": ["utf-8", "base64"], "default": "utf-8"},
-                "headers": headers,
-                "properties": properties,
-                "destination": {"type": "string", "description": "For POST .../messages: /queue/NAME, /topic/KEY or "
-                                "/exchange/NAME/KEY. Not allowed where the path names the destination."},
-                "routing_key": {"type": "string", "description": "For the exchange endpoint."},
-                "priority": {"type": "integer", "minimum": 0, "maximum": MAX_PRIORITY, "default": 0},
-                "ttl": {"type": "integer", "minimum": 0, "maximum": MAX_SPAN_MS,
-                        "description": "Milliseconds from the publish until it expires."},
-                "delay": {"type": "integer", "minimum": 0, "maximum": MAX_SPAN_MS,
-                          "description": "Milliseconds from the publish before its first delivery (the "
-                          "broker keeps it, on disk when persistent, meanwhile)."},
-                "persistent": {"type": "boolean", "default": False},
-                "expires": {"type": "number", "minimum": 0,
-                            "description": "When it expires, seconds since the epoch (with ttl, the earlier)."},
-                "deliver_at": {"type": "number", "minimum": 0,
-                               "description": "Not delivered before this time, seconds since the epoch (with "
-                               "delay, the later)."},
-                "ack_timeout": {"type": "number", "exclusiveMinimum": 0,
-                                "description": "Seconds a receiver may hold it unacknowledged before it is "
-                                "delivered again."},
-            },
+            "properties": message,
+            **BASE64_BODY,
+        },
+        "PublishToDestination": {
+            "type": "object",
+            "description": "A message to publish that names its destination (POST .../messages).",
+            "required": ["body", "destination"],
+            "additionalProperties": False,
+            "properties": {**message, "destination": DESTINATION},
+            **BASE64_BODY,
         },
         "PublishBatch": {
             "type": "object",
@@ -278,24 +329,35 @@ def _schemas(s: ApiSettings) -> dict:
             "properties": {"messages": {"type": "array", "minItems": 1, "maxItems": s.max_batch,
                                         "items": _ref("PublishMessage")}},
         },
+        "PublishToDestinationBatch": {
+            "type": "object",
+            "required": ["messages"],
+            "additionalProperties": False,
+            "properties": {"messages": {"type": "array", "minItems": 1, "maxItems": s.max_batch,
+                                        "items": _ref("PublishToDestination")}},
+        },
         "Published": {
             "type": "object",
             "required": ["published", "ids", "stored"],
             "properties": {
                 "published": {"type": "integer"},
-                "ids": {"type": "array", "items": {"type": "integer"},
-                        "description": "Message ids in order."},
+                "ids": {"type": "array", "items": {"type": "string"},
+                        "description": "The messages' ids (NODE.NUMBER, as a Delivery's id) in order."},
                 "stored": {"type": "integer", "description": "Messages whose store write the answer waited for."},
             },
         },
         "Delivery": {
             "type": "object",
-            "required": ["id", "destination", "exchange", "routing_key", "headers", "properties", "body", "encoding",
-                         "timestamp", "redelivered", "delivery_count", "priority", "persistent", "expires"],
+            "required": ["id", "number", "destination", "exchange", "routing_key", "headers", "properties", "body",
+                         "encoding", "timestamp", "redelivered", "delivery_count", "priority", "persistent", "expires"],
             "properties": {
                 "handle": {"type": "string", "description": "Receipt handle (received messages)."},
                 "seq": {"type": "integer", "description": "Position in a topic follower's stream (topic polls)."},
-                "id": {"type": "integer"},
+                "id": {"type": "string", "description": "The message's id, NODE.NUMBER: it never names "
+                       "another message, on any node, before or after a restart (a message given back "
+                       "after a restart keeps it)."},
+                "number": {"type": "integer", "description": "The message's number on its node: increases "
+                           "in publish order; range scans go by it."},
                 "destination": {"type": "string"},
                 "exchange": {"type": "string"},
                 "routing_key": {"type": "string"},
@@ -413,6 +475,22 @@ def _schemas(s: ApiSettings) -> dict:
             "properties": {"id": {"type": "string"}, "protocol": {"type": "string"}, "peer": {"type": "string"},
                            "user": {"type": "string"}},
         },
+        "Link": {
+            "type": "object",
+            "description": "A link to another node of the mesh, with its counters.",
+            "required": ["node", "direction", "address", "state", "messages_out", "bytes_out",
+                         "messages_in", "bytes_in", "dropped", "refused", "buffered_bytes", "peer_interest"],
+            "properties": {
+                "node": {"type": "string"}, "direction": {"type": "string", "enum": ["in", "out"]},
+                "address": {"type": "string"}, "state": {"type": "string"},
+                "up_seconds": {"type": ["number", "null"]}, "rtt_ms": {"type": ["number", "null"]},
+                "messages_out": {"type": "integer"}, "bytes_out": {"type": "integer"},
+                "messages_in": {"type": "integer"}, "bytes_in": {"type": "integer"},
+                "dropped": {"type": "integer"}, "refused": {"type": "integer"},
+                "buffered_bytes": {"type": "integer"},
+                "peer_interest": {"type": "array", "items": {"type": "string"}},
+            },
+        },
         "User": {
             "type": "object",
             "description": "A user of the broker. Its password hash is never shown.",
@@ -431,11 +509,12 @@ def _schemas(s: ApiSettings) -> dict:
             "additionalProperties": False,
             "description": "At least one of password, password_hash, certificate_names (not both password and "
             "password_hash).",
-            "minProperties": 1,
+            "anyOf": [{"required": ["password"]}, {"required": ["password_hash"]},
+                      {"required": ["certificate_names"], "properties": {"certificate_names": {"minItems": 1}}}],
+            "not": {"required": ["password", "password_hash"]},
             "properties": {
                 "password": {"type": "string", "minLength": 1, "description": "Hashed by the broker (scrypt)."},
-                "password_hash": {"type": "string", "pattern": "^\\$scrypt\\$ln=[0-9]{1,2},r=[0-9]{1,2},p=[0-9]{1,2}"
-                                  "\\$[A-Za-z0-9+/=]+\\$[A-Za-z0-9+/=]+$",
+                "password_hash": {"type": "string", "pattern": SCRYPT_HASH,
                                   "description": "A hash printed by qmq-passwd."},
                 "certificate_names": {"type": "array", "items": {"type": "string", "minLength": 1}},
             },
@@ -474,6 +553,57 @@ def _list(key: str, item: str, total: bool = True) -> dict:
     return schema
 
 
+_Q = "/api/v1/vhosts/{vhost}/queues/{queue}"
+_X = "/api/v1/vhosts/{vhost}/exchanges/{exchange}"
+_IN_QUEUE = {"path.vhost": "$request.path.vhost", "path.queue": "$request.path.queue"}
+_IN_EXCHANGE = {"path.vhost": "$request.path.vhost", "path.exchange": "$request.path.exchange"}
+_HANDLE = {"handles": ["$response.body#/messages/0/handle"]}
+_PERMISSION = {"path.vhost": "$request.path.vhost", "path.user": "$request.path.user"}
+
+#: OpenAPI links: (source path, method, statuses, link name, target path,
+#: method, parameters, request body). What one operation makes (a queue, a
+#: message's receipt handle, a cursor, a binding, a user) feeds the
+#: operations that use it, for clients and for schemathesis' stateful runs.
+LINKS: tuple[tuple[str, str, tuple[str, ...], str, str, str, dict, Any], ...] = (
+    *((_Q, "put", ("200", "201"), name, path, method, _IN_QUEUE, None) for name, path, method in (
+        ("GetQueue", _Q, "get"), ("DeleteQueue", _Q, "delete"), ("PublishToQueue", _Q + "/messages", "post"),
+        ("PurgeQueue", _Q + "/messages", "delete"), ("ReceiveFromQueue", _Q + "/receive", "post"),
+        ("ScanQueue", _Q + "/scan", "get"))),
+    (_Q, "put", ("200", "201"), "BindQueue", "/api/v1/vhosts/{vhost}/bindings", "post",
+     {"path.vhost": "$request.path.vhost"},
+     {"queue": "$request.path.queue", "exchange": "amq.topic", "routing_key": "#"}),
+    (_Q + "/messages", "post", ("201",), "ReceiveFromQueue", _Q + "/receive", "post", _IN_QUEUE, None),
+    *((_Q + "/receive", "post", ("200",), name, _Q + "/" + action, "post", _IN_QUEUE, _HANDLE)
+      for name, action in (("Ack", "ack"), ("Nack", "nack"), ("Extend", "extend"))),
+    ("/api/v1/vhosts/{vhost}/topics/{topic}/poll", "get", ("200",), "PollAgain",
+     "/api/v1/vhosts/{vhost}/topics/{topic}/poll", "get",
+     {"path.vhost": "$request.path.vhost", "path.topic": "$request.path.topic",
+      "query.cursor": "$response.body#/cursor"}, None),
+    *((_X, "put", ("200", "201"), name, path, method, _IN_EXCHANGE, None) for name, path, method in (
+        ("GetExchange", _X, "get"), ("DeleteExchange", _X, "delete"),
+        ("PublishToExchange", _X + "/messages", "post"))),
+    ("/api/v1/vhosts/{vhost}/bindings", "post", ("201",), "Unbind", "/api/v1/vhosts/{vhost}/bindings", "delete",
+     {"path.vhost": "$request.path.vhost", "query.queue": "$response.body#/queue",
+      "query.exchange": "$response.body#/exchange", "query.routing_key": "$response.body#/routing_key"}, None),
+    ("/api/v1/connections", "get", ("200",), "CloseConnection", "/api/v1/connections/{connection}", "delete",
+     {"path.connection": "$response.body#/connections/0/id"}, None),
+    *(("/api/v1/users/{user}", "put", ("200", "201"), name, "/api/v1/users/{user}", method,
+       {"path.user": "$request.path.user"}, None) for name, method in (("GetUser", "get"), ("DeleteUser", "delete"))),
+    *(("/api/v1/permissions/{vhost}/{user}", "put", ("200", "201"), name, "/api/v1/permissions/{vhost}/{user}",
+       method, _PERMISSION, None) for name, method in (("GetPermission", "get"), ("DeletePermission", "delete"))),
+)
+
+
+def _link(paths: dict) -> None:
+    """Add L{LINKS} to the responses of C{paths}."""
+    for source, method, statuses, name, target, target_method, parameters, body in LINKS:
+        link: dict[str, Any] = {"operationId": paths[target][target_method]["operationId"], "parameters": parameters}
+        if body is not None:
+            link["requestBody"] = body
+        for status in statuses:
+            paths[source][method]["responses"][status].setdefault("links", {})[name] = link
+
+
 def document(s: ApiSettings | None = None) -> dict:
     """The OpenAPI 3.1 document (a JSON object)."""
     s = s or ApiSettings()
@@ -482,7 +612,7 @@ def document(s: ApiSettings | None = None) -> dict:
         _query("max", {"type": "integer", "minimum": 1, "maximum": s.max_batch, "default": 1}, "Most messages."),
         _query("wait", {"type": "number", "minimum": 0, "maximum": s.max_wait, "default": 0},
                "Seconds to wait for a message when none is ready (long poll)."),
-        _query("visibility", {"type": "number", "exclusiveMinimum": 0, "maximum": s.max_visibility,
+        _query("visibility", {"type": "number", "minimum": 0.001, "maximum": s.max_visibility,
                               "default": s.default_visibility},
                "Seconds the messages stay invisible; unsettled by then they go back to the queue."),
         _query("encoding", {"enum": ["auto", "base64"], "default": "auto"},
@@ -490,7 +620,7 @@ def document(s: ApiSettings | None = None) -> dict:
     ]
     poll_params = [
         VHOST, TOPIC,
-        _query("cursor", {"type": "string"}, "The cursor of the previous answer; without it a new follower starts."),
+        _query("cursor", POLL_CURSOR, "The cursor of the previous answer; without it a new follower starts."),
         _query("max", {"type": "integer", "minimum": 1, "maximum": s.max_batch, "default": 100}, "Most messages."),
         _query("wait", {"type": "number", "minimum": 0, "maximum": s.max_wait, "default": 0}, "Seconds to wait."),
         _query("encoding", {"enum": ["auto", "base64"], "default": "auto"}, "Body encoding (see receive)."),
@@ -518,12 +648,14 @@ def document(s: ApiSettings | None = None) -> dict:
         "/api/v1/health/checks/{check}": {"get": _op(
             "Run a health check", {**_ok(HEALTH_CHECK, "The check passes"),
                                    "503": {"description": "The check fails", "content": _json(HEALTH_CHECK)}},
-            401, 404, params=[_path_param("check", "listeners, store or alarms")],
+            401, 404, params=[{**_path_param("check", "listeners, store or alarms"),
+                              "schema": {"enum": ["listeners", "store", "alarms"]}}],
             description="One readiness check with its details. " + MONITORS, tag="meta")},
         "/api/v1/health/checks/port-listener/{port}": {"get": _op(
             "Check a port listener", {**_ok(HEALTH_CHECK, "A configured listener is bound to the port"),
                                       "503": {"description": "None is", "content": _json(HEALTH_CHECK)}},
-            401, params=[_path_param("port", "A TCP port, 1 to 65535")],
+            401, params=[{**_path_param("port", "A TCP port, 1 to 65535"),
+                          "schema": {"type": "integer", "minimum": 1, "maximum": 65535}}],
             description="Whether a configured listener is bound to PORT. " + MONITORS, tag="meta")},
         "/api/v1/schemas": {"get": _op("List the Avro schemas", _ok({
             "type": "object", "required": ["schemas"],
@@ -536,10 +668,10 @@ def document(s: ApiSettings | None = None) -> dict:
             "properties": {"vhosts": {"type": "array", "items": _ref("VHost")}}}), tag="management")},
         "/api/v1/vhosts/{vhost}": {"get": _op("Get a virtual host", _ok(_ref("VHost")), 404, params=[VHOST],
                                               tag="management")},
-        "/api/v1/vhosts/{vhost}/messages": {"post": _publish_op("Publish to named destinations", [VHOST])},
+        "/api/v1/vhosts/{vhost}/messages": {"post": _publish_op("Publish to named destinations", [VHOST], named=True)},
         "/api/v1/vhosts/{vhost}/queues": {"get": _op(
             "List queues", _ok(_list("queues", "Queue")), 400, 404,
-            params=[VHOST, *PAGING, _query("prefix", {"type": "string"}, "Only queues whose name starts so.")],
+            params=[VHOST, *_paging(s), _query("prefix", {"type": "string"}, "Only queues whose name starts so.")],
             tag="management")},
         "/api/v1/vhosts/{vhost}/queues/{queue}": {
             "get": _op("Get a queue", _ok(_ref("Queue")), 404, params=[VHOST, QUEUE], tag="management"),
@@ -565,16 +697,16 @@ def document(s: ApiSettings | None = None) -> dict:
             "(redelivered). Send Accept: avro/binary for Avro.")},
         "/api/v1/vhosts/{vhost}/queues/{queue}/ack": {"post": _op(
             "Acknowledge received messages", _ok(_ref("Settled")), 400, 404, 408, 413, 415,
-            params=[VHOST, QUEUE], body=_handles_body({}), tag="messages")},
+            params=[VHOST, QUEUE], body=_handles_body(s, {}), tag="messages")},
         "/api/v1/vhosts/{vhost}/queues/{queue}/nack": {"post": _op(
             "Give back received messages", _ok(_ref("Settled")), 400, 404, 408, 413, 415,
             params=[VHOST, QUEUE], tag="messages",
-            body=_handles_body({"requeue": {"type": "boolean", "default": True, "description":
+            body=_handles_body(s, {"requeue": {"type": "boolean", "default": True, "description":
                                 "true: back to the queue; false: they leave it (dead-lettered where configured)."}}))},
         "/api/v1/vhosts/{vhost}/queues/{queue}/extend": {"post": _op(
             "Extend the visibility of received messages", _ok(_ref("Settled")), 400, 404, 408, 413, 415,
             params=[VHOST, QUEUE], tag="messages",
-            body=_handles_body({"visibility": {"type": "number", "exclusiveMinimum": 0,
+            body=_handles_body(s, {"visibility": {"type": "number", "minimum": 0.001,
                                                "maximum": s.max_visibility}}))},
         "/api/v1/vhosts/{vhost}/queues/{queue}/scan": {"get": _op(
             "Scan a queue by time",
@@ -583,10 +715,10 @@ def document(s: ApiSettings | None = None) -> dict:
                 headers={"QMQ-Next-Cursor": {"schema": {"type": "string"}, "description": "Avro answers only."}}),
             404, params=[
                 VHOST, QUEUE,
-                _query("start", {"type": "number", "minimum": 0, "default": 0}, "From (seconds since the epoch)."),
-                _query("end", {"type": "number", "minimum": 0}, "Until, excluded (seconds since the epoch)."),
+                _query("start", {"type": "number", "minimum": 0, "maximum": 1e11, "default": 0}, "From (seconds since the epoch)."),
+                _query("end", {"type": "number", "minimum": 0, "maximum": 1e11}, "Until, excluded (seconds since the epoch)."),
                 _query("limit", {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100}, "Most messages."),
-                _query("cursor", {"type": "string"}, "next_cursor of the previous page."),
+                _query("cursor", SCAN_CURSOR, "next_cursor of the previous page."),
                 _query("encoding", {"enum": ["auto", "base64"], "default": "auto"}, "Body encoding (see receive)."),
             ], tag="messages",
             description="Reads a durable queue's persistent messages published in [start, end) from the commit log "
@@ -606,7 +738,7 @@ def document(s: ApiSettings | None = None) -> dict:
                          "QMQ-Dropped": {"schema": {"type": "string"}, "description": "Avro answers only."}}),
             400, 404, 410, 429, params=poll_params, tag="topics")},
         "/api/v1/vhosts/{vhost}/exchanges": {"get": _op(
-            "List exchanges", _ok(_list("exchanges", "Exchange")), 400, 404, params=[VHOST, *PAGING],
+            "List exchanges", _ok(_list("exchanges", "Exchange")), 400, 404, params=[VHOST, *_paging(s)],
             tag="management")},
         "/api/v1/vhosts/{vhost}/exchanges/{exchange}": {
             "get": _op("Get an exchange", _ok(_ref("Exchange")), 404, params=[VHOST, EXCHANGE], tag="management"),
@@ -622,24 +754,29 @@ def document(s: ApiSettings | None = None) -> dict:
             "post": _publish_op("Publish to an exchange", [VHOST, EXCHANGE])},
         "/api/v1/vhosts/{vhost}/bindings": {
             "get": _op("List bindings", _ok(_list("bindings", "Binding", total=False)), 400, 404,
-                       params=[VHOST, *PAGING], tag="management"),
+                       params=[VHOST, *_paging(s)], tag="management"),
             "post": _op("Bind a queue", _ok(_ref("Binding"), "Bound", 201), 400, 403, 404, 408, 409, 413, 415,
                         params=[VHOST], body={"required": True, "content": _json(_ref("BindingDeclaration"))},
                         tag="management"),
             "delete": _op("Unbind a queue", _ok({"type": "object", "required": ["deleted"], "properties": {
                 "deleted": {"type": "object"}}}), 400, 403, 404, params=[
-                VHOST, _query("queue", {"type": "string"}, "The queue."),
-                _query("exchange", {"type": "string"}, "The exchange."),
-                _query("routing_key", {"type": "string"}, "The routing key (empty if not given).")],
+                VHOST, {**_query("queue", NAME, "The queue."), "required": True},
+                {**_query("exchange", EXCHANGE_NAME, "The exchange."), "required": True},
+                _query("routing_key", KEY, "The routing key (empty if not given).")],
                 tag="management"),
         },
         "/api/v1/connections": {"get": _op("List connections", _ok(_list("connections", "Connection")), 400, 404,
-                                           params=PAGING, tag="management")},
+                                           params=_paging(s), tag="management")},
         "/api/v1/connections/{connection}": {"delete": _op(
             "Close a connection", _ok({"type": "object", "required": ["closed"],
                                        "properties": {"closed": {"type": "string"}}}), 404,
             params=[_path_param("connection", "The id from the listing.")], tag="management")},
-        "/api/v1/users": {"get": _op("List users", _ok(_list("users", "User")), 400, params=PAGING,
+        "/api/v1/links": {"get": _op(
+            "List the mesh's links", _ok({"type": "object", "required": ["node", "links"], "properties": {
+                "node": {"type": "string"}, "links": {"type": "array", "items": _ref("Link")}}}),
+            tag="management", description="This node's links to the other nodes of its mesh "
+            "(docs/cluster.rst); an empty list without one. " + ADMIN_ONLY)},
+        "/api/v1/users": {"get": _op("List users", _ok(_list("users", "User")), 400, params=_paging(s),
                                      tag="users", description=ADMIN_ONLY)},
         "/api/v1/users/{user}": {
             "get": _op("Get a user", _ok(_ref("User")), 404, params=[USER], tag="users", description=ADMIN_ONLY),
@@ -656,7 +793,7 @@ def document(s: ApiSettings | None = None) -> dict:
         },
         "/api/v1/permissions": {"get": _op(
             "List permissions", _ok(_list("permissions", "Permission")), 400, tag="users", description=ADMIN_ONLY,
-            params=[*PAGING, _query("user", {"type": "string"}, "Only this user's."),
+            params=[*_paging(s), _query("user", {"type": "string"}, "Only this user's."),
                     _query("vhost", {"type": "string"}, "Only this virtual host's.")])},
         "/api/v1/permissions/{vhost}/{user}": {
             "get": _op("Get a user's permissions in a virtual host", _ok(_ref("Permission")), 404,
@@ -673,6 +810,7 @@ def document(s: ApiSettings | None = None) -> dict:
     }
     definitions_paths, definitions_schemas = _definitions()
     paths.update(definitions_paths)
+    _link(paths)
     return {
         "openapi": "3.1.0",
         "info": {
@@ -750,8 +888,9 @@ def _definitions() -> tuple[dict, dict]:
                         description=ADMIN_ONLY + " Makes what the document has and the broker has not; what "
                         "exists and agrees is left as it is, so importing twice changes nothing. 409 "
                         "(code definitions-conflict, the item in 'item'): an item disagrees with the broker "
-                        "(a queue with other arguments, an exchange of another type, a user with another "
-                        "password, a virtual host it does not have), and nothing was changed. 400 (code "
+                        "(a queue with other arguments, an exchange of another type, other permissions, a "
+                        "virtual host it does not have), and nothing was changed. A user the broker has is "
+                        "left as it is. 400 (code "
                         "bad-definitions): the document is malformed. Users and permissions are kept in memory "
                         "only, as with PUT /api/v1/users."),
         },

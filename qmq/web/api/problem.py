@@ -1,6 +1,12 @@
 # -*- test-case-name: tests.test_web_api -*-
 """Errors as RFC 9457 problem documents (C{application/problem+json}).
 
+Every JSON error of an C{http:} listener is one of these, written by
+L{Problem.render}: the API's, the guard's refusals (L{qmq.web.guard}), and
+the site's own (L{qmq.web.site.json_error}: unknown paths, methods a
+resource does not answer, the 408, 413 and 503 of the connection, a failed
+answer) for every mount (C{/}, C{/metrics}, C{/console}, C{/sockjs}...).
+
 A handler raises L{Problem} (or lets a core L{BrokerError} through); the
 resource turns it into a response with the HTTP status, a C{title} (the
 status phrase), a C{detail} that says what was wrong and what to do, and a
@@ -69,6 +75,18 @@ class Problem(Exception):
     def body(self) -> bytes:
         """The document, encoded."""
         return json.dumps(self.document()).encode()
+
+    def render(self, request: Any) -> bytes:
+        """Set C{request}'s status and headers for this problem.
+
+        @return: the body, for a C{render_*} method to return.
+        """
+        request.setResponseCode(self.status)
+        request.setHeader(b"content-type", PROBLEM_TYPE.encode())
+        request.setHeader(b"cache-control", b"no-store")
+        for k, v in self.headers.items():
+            request.setHeader(k.encode(), v.encode())
+        return self.body()
 
 
 def phrase(status: int) -> str:

@@ -64,7 +64,7 @@ from qmq.web.api.params import (
     _object_body,
     json_response,
 )
-from qmq.web.api.problem import PROBLEM_TYPE, Problem, bad_request, from_broker_error
+from qmq.web.api.problem import Problem, bad_request, from_broker_error
 from qmq.web.api.settings import ApiSettings
 from qmq.web.api.topology import TopologyMixin
 
@@ -159,6 +159,7 @@ class ApiResource(HealthHandlers, TopologyMixin, AdminMixin, DefinitionsMixin, R
         ("DELETE", ("v1", "vhosts", "{vhost}", "bindings"), "delete_binding"),
         ("GET", ("v1", "connections"), "list_connections"),
         ("DELETE", ("v1", "connections", "{connection}"), "close_connection"),
+        ("GET", ("v1", "links"), "list_links"),
         ("GET", ("v1", "users"), "list_users"),
         ("GET", ("v1", "users", "{user}"), "get_user"),
         ("PUT", ("v1", "users", "{user}"), "put_user"),
@@ -382,6 +383,10 @@ class ApiResource(HealthHandlers, TopologyMixin, AdminMixin, DefinitionsMixin, R
     def _fe(self, request: Request, vhost: str) -> Any:
         return self.frontend.vhost(vhost, getattr(request, "qmq_user", None))
 
+    def _node(self) -> str:
+        """The node id every message name starts with (L{qmq.core.ids})."""
+        return self.broker.message_ids.node
+
     def _match(self, method: str, segments: list[str]) -> tuple[Any, dict[str, str]]:
         candidates = self._by_shape.get((len(segments), segments[1] if len(segments) > 1 else ""), ())
         allowed = []
@@ -415,11 +420,7 @@ class ApiResource(HealthHandlers, TopologyMixin, AdminMixin, DefinitionsMixin, R
 
     def _write(self, request: Request, result: Response | Problem) -> bytes:
         if isinstance(result, Problem):
-            request.setResponseCode(result.status)
-            request.setHeader(b"content-type", PROBLEM_TYPE.encode())
-            for k, v in result.headers.items():
-                request.setHeader(k.encode(), v.encode())
-            return result.body()
+            return result.render(request)
         request.setResponseCode(result.status)
         request.setHeader(b"content-type", result.content_type.encode())
         for k, v in result.headers.items():
@@ -612,11 +613,11 @@ class ApiResource(HealthHandlers, TopologyMixin, AdminMixin, DefinitionsMixin, R
         def answer(got: list) -> Response:
             self.delivered += len(got)
             if avro:
-                body = codec.avro_deliveries([(m, f"{token}.{tag}", None) for tag, m in got])
+                body = codec.avro_deliveries([(m, f"{token}.{tag}", None) for tag, m in got], self._node())
                 return Response(200, body, AVRO)
             return json_response(
                 {
-                    "messages": codec.json_deliveries(got, token, force64),
+                    "messages": codec.json_deliveries(got, token, force64, self._node()),
                     "visibility": visibility,
                 }
             )
@@ -677,8 +678,9 @@ class ApiResource(HealthHandlers, TopologyMixin, AdminMixin, DefinitionsMixin, R
     def h_extend(self, request: Request, vhost: str, queue: str) -> Response:
         doc, handles = self._settle_body(request, {"visibility": (int, float)})
         visibility = doc.get("visibility", self.settings.default_visibility)
-        if not (math.isfinite(visibility) and 0 < visibility <= self.settings.max_visibility):
-            raise bad_request(f"'visibility' must be above 0 and at most {self.settings.max_visibility:g}")
+        # The bounds of receive's visibility parameter.
+        if not (math.isfinite(visibility) and 0.001 <= visibility <= self.settings.max_visibility):
+            raise bad_request(f"'visibility' must be from 0.001 to {self.settings.max_visibility:g}")
         self._own(request, vhost, queue)
         poller = self._fe(request, vhost).find_poller(queue)
         tags, unknown = self._tags(poller, handles)
@@ -696,8 +698,8 @@ class ApiResource(HealthHandlers, TopologyMixin, AdminMixin, DefinitionsMixin, R
         self._queue(vhost, queue)
         start = _float_arg(request, "start", 0.0, 0.0, 1e11)
         end = _float_arg(request, "end", 1e11, 0.0, 1e11)
-        if start > end:
-            raise bad_request("'start' must not be after 'end'")
+        # [start, end) with end before start is an empty range, as when they are equal.
+        end = max(start, end)
         limit = _int_arg(request, "limit", 100, 1, MAX_SCAN_LIMIT)
         cursor = _arg(request, "cursor")
         force64 = _encoding_arg(request)
@@ -712,14 +714,16 @@ class ApiResource(HealthHandlers, TopologyMixin, AdminMixin, DefinitionsMixin, R
                                   else "bad-cursor", e.message)
             raise problem from None
 
+        node = self._node()
+
         def page(p: Any) -> Response:
             if avro:
-                body = codec.avro_deliveries([(m, None, None) for m in p.messages])
+                body = codec.avro_deliveries([(m, None, None) for m in p.messages], node)
                 headers = {"QMQ-Next-Cursor": p.next_cursor} if p.next_cursor else {}
                 return Response(200, body, AVRO, headers)
             return json_response(
                 {
-                    "messages": [codec.json_delivery(m, None, None, force64) for m in p.messages],
+                    "messages": [codec.json_delivery(m, None, None, force64, node) for m in p.messages],
                     "next_cursor": p.next_cursor,
                 }
             )
@@ -740,7 +744,7 @@ class ApiResource(HealthHandlers, TopologyMixin, AdminMixin, DefinitionsMixin, R
     def h_topic_events(self, request: Request, vhost: str, topic: str) -> Any:
         fe = self._fe(request, vhost)
         self._follower_room()
-        follower = SseFollower(request, self.settings.follow_backlog, self.clock)
+        follower = SseFollower(request, self.settings.follow_backlog, self.clock, self._node())
         try:
             fe.channel.subscribe(follower, "/topic/" + topic)
         except BrokerError as e:
@@ -819,17 +823,18 @@ class ApiResource(HealthHandlers, TopologyMixin, AdminMixin, DefinitionsMixin, R
         else:
             follower, after = self._parse_cursor(cursor, fe, topic)
         self._idle(follower)
+        node = self._node()
 
         def answer(got: list) -> Response:
             last = got[-1][0] if got else max(after, follower.kept[0][0] - 1 if follower.kept else follower.seq)
             dropped, follower.dropped = follower.dropped, 0
             cursor_out = f"{follower.fid}.{last}"
             if avro:
-                body = codec.avro_deliveries([(m, None, seq) for seq, m in got])
+                body = codec.avro_deliveries([(m, None, seq) for seq, m in got], node)
                 return Response(200, body, AVRO, {"QMQ-Cursor": cursor_out, "QMQ-Dropped": str(dropped)})
             return json_response(
                 {
-                    "messages": [codec.json_delivery(m, None, seq, force64) for seq, m in got],
+                    "messages": [codec.json_delivery(m, None, seq, force64, node) for seq, m in got],
                     "cursor": cursor_out,
                     "dropped": dropped,
                 }

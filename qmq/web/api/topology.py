@@ -218,7 +218,7 @@ class TopologyMixin:
         queue = _arg(request, "queue")
         exchange = _arg(request, "exchange")
         if queue is None or exchange is None:
-            raise bad_request("name the binding with the query parameters 'queue', 'exchange' and 'routing_key'")
+            raise bad_request("name the binding with the query parameters 'queue' and 'exchange' (and 'routing_key', empty if left out)")
         key = _arg(request, "routing_key") or ""
         self._queue(vhost, queue)
         self._exchange(vhost, exchange)

@@ -38,8 +38,8 @@ any unknown id), so nothing tells it that the id is in use; it is logged
 
 Errors the protocol prescribes keep its wording and codes (500 with
 C{Broken JSON encoding.} or C{Payload expected.}, 404 for a sending request
-to an unknown session); others are 4xx with a JSON body
-(C{{"error": ..., "detail": ...}}, L{qmq.web.site.json_error}). CORS
+to an unknown session); others are 4xx with a problem document, as every
+error of the site (L{qmq.web.site.json_error}). CORS
 follows the protocol (the request's C{Origin} echoed, C{null} included,
 credentials allowed; C{*} without credentials when there is no C{Origin})
 for the pages the service's C{origin_allowed} lets in; others get 403.
