@@ -143,8 +143,11 @@ CAPABILITIES = {
     "authentication_failure_close": True,
     "per_consumer_qos": True,
     "consumer_priorities": False,
-    "direct_reply_to": False,
+    "direct_reply_to": True,
 }
+
+#: RabbitMQ's direct reply-to pseudo-queue (an RPC client's replies).
+DIRECT_REPLY_TO = "amq.rabbitmq.reply-to"
 
 #: Output buffered past this many bytes is written at once.
 FLUSH_THRESHOLD = 256 * 1024
@@ -157,6 +160,7 @@ _session_ids = itertools.count(1)
 _PUBLISH = commands.Basic.Publish.index
 _PUBLISH_IDS = struct.pack(">I", _PUBLISH)
 _ACK = commands.Basic.Ack.index
+_ACK_IDS = struct.pack(">I", _ACK)
 _ACK_ARGS = struct.Struct(">QB")
 _TAG = struct.Struct(">QB")
 #: A content header frame's header and the start of its payload.
@@ -246,6 +250,21 @@ class AmqpConsumer(Consumer):
         self.amqp.consumer_cancelled(self)
 
 
+class _CoreChannel(Channel):
+    """The core channel of an AMQP channel: when the user's permissions
+    change (L{Channel.set_user}, an administrator's change through the
+    HTTP API), what the AMQP channel resolved under the old ones goes too."""
+
+    amqp: AmqpChannel | None = None
+
+    def forget_targets(self) -> None:
+        amqp = self.amqp
+        if amqp is not None:
+            amqp._targets.clear()
+            amqp.management.user = self.user
+            amqp.session.user = self.user
+
+
 class AmqpChannel:
     """One AMQP channel of a session: its core channel and its state.
 
@@ -257,10 +276,11 @@ class AmqpChannel:
     def __init__(self, session: AmqpSession, number: int) -> None:
         self.session = session
         self.number = number
-        self.core = Channel(
+        self.core = _CoreChannel(
             session.broker, session.vhost, session.owner, user=session.user, protocol="amqp",
             connection=session.connection,
         )
+        self.core.amqp = self
         self.management = Management(session.vhost, session.user, session.owner)
         self.closing = False
         self.flow = True
@@ -288,6 +308,10 @@ class AmqpChannel:
         self.tx: list[tuple] | None = None
         self.tx_bytes = 0
         self.consumers: dict[str, AmqpConsumer] = {}
+        # RabbitMQ's direct reply-to: this channel's reply queue once it
+        # consumes the pseudo-queue, and the last properties rewritten for it.
+        self.reply_queue: str | None = None
+        self._reply_props: tuple = (None, None)
         # (exchange, routing key) -> the core's resolved publish target.
         self._targets: dict[tuple[str, str], Any] = {}
         # basic.publish payloads -> their (exchange, routing key, mandatory).
@@ -358,8 +382,8 @@ class AmqpChannel:
         if decoded is None:
             try:
                 decoded = decode_properties(raw)
-            except (ValueError, pamqp_exceptions.UnmarshalingException) as e:
-                raise ConnectionError_(SYNTAX_ERROR, f"malformed content header: {e}") from None
+            except (ValueError, RecursionError, pamqp_exceptions.UnmarshalingException) as e:
+                raise ConnectionError_(SYNTAX_ERROR, f"malformed content header: {str(e)[:100]}") from None
             try:
                 check_user_id(decoded.properties, self.core.user)
             except AccessRefused as e:
@@ -457,6 +481,12 @@ class AmqpChannel:
         core = self.core
         message = core.make_message(exchange, key, decoded.headers, body, decoded.persistent)  # type: ignore[union-attr]
         message.properties = decoded.properties  # type: ignore[union-attr]
+        if decoded.direct_reply:  # type: ignore[union-attr]
+            try:
+                message.properties = self._direct_reply(decoded)  # type: ignore[arg-type]
+            except BrokerError as e:
+                self.session.core_error(self, e, _PUBLISH)
+                return
         if decoded.priority:  # type: ignore[union-attr]
             message.priority = decoded.priority  # type: ignore[union-attr]
         try:
@@ -468,6 +498,35 @@ class AmqpChannel:
             self._route(exchange, key, mandatory, message)
         except BrokerError as e:
             self.session.core_error(self, e, _PUBLISH)
+
+    def _direct_reply(self, decoded: Decoded) -> dict | None:
+        """The properties of a publish whose C{reply-to} is RabbitMQ's
+        direct reply-to pseudo-queue: named after this channel's reply
+        queue (remembered per decoding: a requester's messages share it).
+        @raise PreconditionFailed: the channel has no reply consumer."""
+        properties = decoded.properties
+        if self.reply_queue is None or self.reply_queue not in self.core.vhost.queues:
+            raise PreconditionFailed(
+                f"fast reply consumer does not exist: consume from {DIRECT_REPLY_TO!r} with no-ack "
+                "on this channel before publishing with that reply-to")
+        last = self._reply_props
+        if last[0] is not properties:
+            last = self._reply_props = (properties, {**properties, "reply_to": self.reply_queue})  # type: ignore[dict-item]
+        return last[1]
+
+    def _consume_direct_reply(self, args: Any) -> str:
+        """basic.consume of the direct reply-to pseudo-queue: this channel's
+        reply queue, exclusive to the connection and made now (the
+        configure permission on its name, as STOMP's temporary queues)."""
+        if not args.no_ack:
+            raise PreconditionFailed("reply consumer cannot acknowledge: consume "
+                                     f"{DIRECT_REPLY_TO!r} with no-ack")
+        if self.reply_queue is not None and self.reply_queue in self.core.vhost.queues:
+            raise PreconditionFailed(f"this channel already consumes {DIRECT_REPLY_TO!r}")
+        name = f"{DIRECT_REPLY_TO}.{self.core.token}"
+        self.core.declare_queue(name, durable=False, exclusive=True, auto_delete=True)
+        self.reply_queue = name
+        return name
 
     def _route(self, exchange: str, key: str, mandatory: bool, message: Message) -> Any:
         """Publish C{message}; return the durability waiter (or None)."""
@@ -818,7 +877,10 @@ class AmqpChannel:
             raise NotAllowed(f"attempt to reuse consumer tag {tag!r}")
         consumer = AmqpConsumer(self, bool(args.no_ack))
         consumer.paused = True  # nothing before consume-ok
-        queue = self._queue_name(args.queue)
+        if args.queue == DIRECT_REPLY_TO:
+            queue = self._consume_direct_reply(args)
+        else:
+            queue = self._queue_name(args.queue)
         tag = self.core.consume(consumer, queue, tag=tag or "", exclusive=bool(args.exclusive))
         consumer.set_tag(tag)
         self.consumers[tag] = consumer
@@ -916,8 +978,9 @@ def _decode_method(index: int, payload: bytes) -> Any:
     method = commands.INDEX_MAPPING[index]()
     try:
         method.unmarshal(payload)
-    except (struct.error, ValueError, TypeError, KeyError, IndexError) as e:
-        raise ConnectionError_(SYNTAX_ERROR, f"malformed {method.name}: {e}", index) from None
+    except (struct.error, ValueError, TypeError, KeyError, IndexError, RecursionError) as e:
+        # A field table nested past the interpreter's depth is malformed too.
+        raise ConnectionError_(SYNTAX_ERROR, f"malformed {method.name}: {str(e)[:100]}", index) from None
     return method
 
 
@@ -1106,6 +1169,15 @@ class AmqpSession:
                 raise ConnectionError_(FRAME_ERROR, "frame does not end with 0xCE")
             payload = data[pos + 7 : end]
             pos = end + 1
+            if ftype == FRAME_METHOD and size == 13 and payload[:4] == _ACK_IDS and self.state == _OPEN_DONE:
+                # basic.ack, the other per-message frame: settled here.
+                channel = channels.get(number)
+                if channel is not None and channel.publishing is None and not channel.closing:
+                    tag, bits = _ACK_ARGS.unpack_from(payload, 4)
+                    channel._settle(tag, bool(bits & 1), True, False)
+                    if self.closed:
+                        return
+                    continue
             if ftype == FRAME_METHOD and payload[:4] == _PUBLISH_IDS and self._held is None:
                 # The common publish: its content header (with the
                 # channel's last property bytes) and one body frame in
