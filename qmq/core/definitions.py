@@ -349,6 +349,8 @@ def parse(document: object) -> Definitions:
     unknown = sorted(set(doc) - {*SECTIONS, "qmq_version"})
     if unknown:
         raise InvalidDefinitions(unknown[0], f"unknown key (expected one of: {', '.join(SECTIONS)}, qmq_version)")
+    if "qmq_version" in doc:
+        _string(doc["qmq_version"], "qmq_version")
     count = 0
     parsed: dict[str, Any] = {}
     for section in SECTIONS:

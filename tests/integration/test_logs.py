@@ -89,6 +89,9 @@ class TwistdLogTests(unittest.TestCase):
         self.assertTrue(events)
         listening = [e for e in events if e.get("log_format") == "{protocol} listening on {address} ({spec})"]
         self.assertEqual([e["protocol"] for e in listening], ["STOMP", "HTTP"])
-        opened = [e for e in events if str(e.get("log_format", "")).startswith("connection open protocol=stomp")]
+        opened = [
+            e for e in events
+            if str(e.get("log_format", "")).startswith("connection open") and e.get("protocol") == "stomp"
+        ]
         self.assertEqual([e["peer"] for e in opened], [f"127.0.0.1:{client_port}"])
         self.assertEqual(opened[0]["log_level"]["name"], "debug")
