@@ -1513,7 +1513,8 @@ class AmqpSession:
         if timer is not None and timer.active():
             timer.cancel()
         self.send0(commands.Connection.OpenOk())
-        log.info("amqp open session={session} peer={peer} vhost={vhost} user={user} mechanism={mech} "
+        # A line per connection: debug, as STOMP's CONNECT line is.
+        log.debug("amqp open session={session} peer={peer} vhost={vhost} user={user} mechanism={mech} "
                  "frame_max={fm} channel_max={cm} heartbeat={hb}", session=self.id, peer=self.peer,
                  vhost=vhost.name, user=user.name if user is not None else self.login, mech=self._mechanism,
                  fm=self.frame_max, cm=self.channel_max, hb=self.heartbeat)
