@@ -14,6 +14,7 @@ from typing import Any
 
 from qmq.core.message import PROPERTY_NAMES
 from qmq.core.options import MAX_ACK_TIMEOUT, MAX_EPOCH_MS, MAX_PRIORITY, MAX_SPAN_MS
+from qmq.core.policy import QUEUE_ARGUMENTS
 from qmq.web.api.codec import MAX_HEADER_TEXT
 from qmq.web.api.settings import ApiSettings
 
@@ -429,8 +430,8 @@ def _schemas(s: ApiSettings) -> dict:
             "properties": {
                 "durable": {"type": "boolean", "default": True},
                 "auto_delete": {"type": "boolean", "default": False},
-                "arguments": {"type": "object", "description": "x-max-length, x-max-length-bytes, x-overflow, "
-                              "x-expires, x-delivery-limit (as in STOMP and the configuration)."},
+                "arguments": {"type": "object", "description": ", ".join(QUEUE_ARGUMENTS)
+                              + " (as in STOMP and the configuration)."},
             },
         },
         "Exchange": {
