@@ -32,12 +32,14 @@ setup(
         "orjson>=3.9",
         "prometheus-client>=0.20",
         "pyjwt[crypto]>=2.8",
+        "pamqp>=3.3",
     ],
     entry_points={
         "console_scripts": [
             "qmq-store = qmq.store.tool:main_exit",
             "qmq-passwd = qmq.auth.passwords:main_exit",
             "qmq-spark = qmq.spark.jobs:main_exit",
+            "qmq-ctl = qmq.ctl:main_exit",
         ]
     },
     extras_require={
@@ -49,6 +51,11 @@ setup(
             "sphinx>=7.2",
             "treq>=23.1",
             "schemathesis>=4.0",
+            # AMQP 0-9-1 clients the integration tests drive (qmq.amqp).
+            "pika>=1.3",
+            "kombu>=5.3",
+            "celery>=5.3",
+            "aio-pika>=9.4",
         ],
         "bench": ["matplotlib>=3.8"],
         # The Spark data source and jobs (qmq.spark); the broker never imports them.

@@ -71,6 +71,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from qmq.amqp.settings import AmqpSettings
 from qmq.auth.settings import (
     AuthSettings,
     PermissionSettings,
@@ -86,6 +87,7 @@ from qmq.core.errors import PreconditionFailed
 from qmq.core.limits import LimitSettings
 from qmq.core.names import problem as name_problem
 from qmq.core.policy import FSYNC_POLICIES, QUEUE_ARGUMENTS, QueueArgument, argument_name
+from qmq.logs import LogSettings
 from qmq.settings_schema import (
     _arguments,
     _boolean,
@@ -149,6 +151,8 @@ SECTIONS: dict[str, type] = {
     "http_api": ApiSettings,
     "auth": AuthSettings,
     "cluster": ClusterSettings,
+    "log": LogSettings,
+    "amqp": AmqpSettings,
 }
 
 #: The queue arguments of a queue created on demand (a client names a queue
@@ -313,7 +317,11 @@ class Settings:
     """
 
     listen: list[str] = field(
-        default_factory=lambda: ["stomp:tcp:61613:interface=127.0.0.1:backlog=1024"]
+        default_factory=lambda: [
+            "stomp:tcp:61613:interface=127.0.0.1:backlog=1024",
+            "http:tcp:15674:interface=127.0.0.1:backlog=1024",
+            "amqp:tcp:5672:interface=127.0.0.1:backlog=1024",
+        ]
     )
     data_dir: Path = Path("qmq-data")
     store: str = "log"

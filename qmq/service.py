@@ -98,6 +98,7 @@ from qmq.core.broker import Broker
 from qmq.core.errors import BrokerError
 from qmq.core.limits import LimitSettings
 from qmq.core.store import MessageStore
+from qmq.logs import peer_address
 from qmq.store.memory import MemoryStore
 from qmq.store.segment import UnsupportedVersion
 from qmq.twisted_internals import endpoint_interface
@@ -140,12 +141,46 @@ def _http_factory(
     return HttpFactory(WebContext(broker, clock, settings, registry, listener))
 
 
+def _peer_factory(
+    broker: Broker, settings: Settings, clock: Any, registry: ConnectionRegistry, listener: str
+) -> Factory:
+    from qmq.cluster.mesh import LinkFactory, mesh_of  # noqa: PLC0415
+
+    return LinkFactory(mesh_of(broker, settings, clock), registry, listener)
+
+
+def _amqp_factory(
+    broker: Broker, settings: Settings, clock: Any, registry: ConnectionRegistry, listener: str
+) -> Factory:
+    from qmq.amqp.protocol import AmqpFactory  # noqa: PLC0415
+
+    return AmqpFactory(broker, settings.section("amqp"), clock=clock, registry=registry, listener=listener)
+
+
 #: The wire protocols a listen spec may name, by the C{PROTOCOL} part.
 #: C{http} is the web site (STOMP over WebSocket, the browser client, and
-#: whatever else L{qmq.web.site.MOUNTS} holds).
+#: whatever else L{qmq.web.site.MOUNTS} holds); C{peer} takes links from
+#: the other nodes of a mesh (L{qmq.cluster}); C{amqp} is AMQP 0-9-1
+#: (L{qmq.amqp}).
 PROTOCOLS: dict[str, FactoryBuilder] = {
     "stomp": _stomp_factory,
     "http": _http_factory,
+    "peer": _peer_factory,
+    "amqp": _amqp_factory,
+}
+
+
+def _peer_endpoint(reactor: Any, description: str, settings: Settings) -> IStreamServerEndpoint:
+    from qmq.cluster.endpoints import server_endpoint  # noqa: PLC0415
+
+    return server_endpoint(reactor, description, settings.section("cluster"))
+
+
+#: Protocols whose listeners build their endpoint themselves from what
+#: follows C{PROTOCOL:} (and the settings), instead of C{serverFromString}:
+#: C{peer:ssl:PORT} takes its certificates from C{[cluster]}.
+ENDPOINTS: dict[str, Callable[[Any, str, Settings], IStreamServerEndpoint]] = {
+    "peer": _peer_endpoint,
 }
 
 #: A message store's builder: (settings, reactor) -> the store the broker
@@ -311,9 +346,10 @@ def is_loopback(interface: str | None) -> bool:
 
 #: The protocols whose every client is authenticated when authentication is
 #: on (C{broker.auth}): STOMP at CONNECT; C{http}: STOMP over WebSocket and
-#: SockJS at CONNECT, the HTTP API on every request (Basic or bearer).  A
+#: SockJS at CONNECT, the HTTP API on every request (Basic or bearer);
+#: C{amqp} at connection.open (PLAIN, AMQPLAIN, EXTERNAL).  A
 #: listener of another protocol counts as unauthenticated.
-AUTHENTICATING_PROTOCOLS = frozenset({"stomp", "http"})
+AUTHENTICATING_PROTOCOLS = frozenset({"stomp", "http", "amqp"})
 
 
 def _check_exposure(
@@ -329,6 +365,8 @@ def _check_exposure(
     authentication, unless C{auth.allow_unauthenticated_remote}."""
     if settings.auth.allow_unauthenticated_remote:
         return
+    if spec.startswith("peer:ssl:"):
+        return  # mutual TLS: the peer's certificate is its authentication
     if auth is not None and not settings.auth.anonymous and protocol in AUTHENTICATING_PROTOCOLS:
         return
     interface = endpoint_interface(endpoint)
@@ -356,17 +394,6 @@ class StartupError(Exception):
     The broker cannot start: a port cannot be bound, the data directory
     cannot be made.  The message says which and why.
     """
-
-
-def _describe_address(address: Any) -> str:
-    host = getattr(address, "host", None)
-    port = getattr(address, "port", None)
-    if host is not None and port is not None:
-        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    name = getattr(address, "name", None)
-    if name is not None:
-        return name.decode() if isinstance(name, bytes) else str(name)
-    return str(address)
 
 
 class Listener(Service):
@@ -418,7 +445,7 @@ class Listener(Service):
         log.info(
             "{protocol} listening on {address} ({spec})",
             protocol=self.protocol.upper(),
-            address=_describe_address(port.getHost()),
+            address=peer_address(port.getHost()),
             spec=self.spec,
         )
         return port
@@ -738,7 +765,12 @@ def make_service(settings: Settings, reactor: Any = None) -> BrokerService:
                 source, key, f"unknown protocol {protocol!r} in {spec!r} (expected one of: {known})"
             )
         try:
-            endpoints.append(serverFromString(reactor, description))
+            build = ENDPOINTS.get(protocol)
+            endpoints.append(
+                build(reactor, description, settings)
+                if build is not None
+                else serverFromString(reactor, description)
+            )
         except Exception as e:
             raise ConfigError(source, key, f"cannot use endpoint {description!r}: {e}") from None
     store = build_store(settings, reactor)
@@ -774,4 +806,7 @@ def make_service(settings: Settings, reactor: Any = None) -> BrokerService:
         service.add_listener(Listener(protocol, spec, endpoint, factory))
     for protocol, endpoint, spec, key in exposure:
         _check_exposure(settings, broker.auth, protocol, endpoint, spec, source, key)
+    from qmq.cluster.service import attach_mesh  # noqa: PLC0415
+
+    attach_mesh(service, broker, settings, reactor)
     return service

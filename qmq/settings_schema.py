@@ -171,6 +171,8 @@ _KINDS: dict[type, tuple[str, Callable[[object], bool]]] = {
         lambda v: isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v),
     ),
     str: ("a string", lambda v: isinstance(v, str)),
+    # tuple[str, ...]: an array (its C{parse} checks the items and returns a tuple).
+    tuple: ("an array", lambda v: isinstance(v, list)),
 }
 
 _METADATA = frozenset({"min", "above", "max", "choices", "parse", "expected"})
@@ -228,10 +230,12 @@ def _field_checker(cls: type, f: dataclasses.Field, annotation: Any) -> _FieldCh
     """Derive the checker of one section field from its annotation and metadata."""
     where = f"{cls.__module__}.{cls.__qualname__}.{f.name}"
     kinds = typing.get_args(annotation) if _is_union(annotation) else (annotation,)
+    if typing.get_origin(annotation) is tuple:
+        kinds = (tuple,)
     if not kinds or any(kind not in _KINDS for kind in kinds):
         raise TypeError(
-            f"qmq.config cannot map {where}: {annotation!r} (expected int, float, bool, str"
-            " or a union of them)"
+            f"qmq.config cannot map {where}: {annotation!r} (expected int, float, bool, str,"
+            " a union of them, or tuple[str, ...] with a parse)"
         )
     if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
         raise TypeError(f"qmq.config: {where} needs a default (the key is optional)")

@@ -19,15 +19,19 @@ command line, L{makeService} builds the service.  The flow:
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Any, NoReturn
 
 from twisted.application.service import IService, MultiService
+from twisted.logger import ILogObserver
 from twisted.python import usage
+from twisted.python.components import Componentized
 
 import qmq
 from qmq import config
 from qmq.config import ConfigError
+from qmq.logs import LEVELS, observer_for_twistd
 from qmq.service import StartupError, make_service
 
 __all__ = ["Options", "makeService"]
@@ -38,23 +42,35 @@ class Options(usage.Options):
     Options of C{twistd qmq}.
     """
 
-    synopsis = "[--config FILE] [--listen PROTOCOL:ENDPOINT ...] [--data-dir DIR]"
+    synopsis = (
+        "[--config FILE] [--listen PROTOCOL:ENDPOINT ...] [--data-dir DIR] [--log-level LEVEL]"
+    )
     longdesc = (
         "Run QMQ, the Quick Message Queue. Without options it uses its embedded "
-        "default configuration: STOMP on 127.0.0.1:61613 (loopback only), data in "
-        "./qmq-data. SIGTERM or SIGINT stops it gracefully: listeners close first, "
-        "then every client gets an ERROR frame."
+        "default configuration: STOMP on 127.0.0.1:61613 and HTTP on "
+        "127.0.0.1:15674 (STOMP over WebSocket at /ws and SockJS at /sockjs, the "
+        "HTTP API at /api/v1, the console at /console, metrics at /metrics), "
+        "loopback only; data in ./qmq-data. A listener on another interface "
+        "refuses to start until users are configured (--config, docs/security.rst). "
+        "SIGTERM or SIGINT stops it gracefully: listeners close first, then every "
+        "client gets an ERROR frame."
     )
 
     examples = """
 Examples:
   twistd -n qmq
   twistd -n qmq --config qmq.toml
-  twistd -n qmq --listen stomp:tcp:61613:interface=0.0.0.0:backlog=1024
-  twistd -n qmq --listen stomp:tcp:61613 \\
-                --listen stomp:ssl:61614:privateKey=key.pem:certKey=cert.pem
-  twistd -n qmq --listen \\
+  twistd -n qmq --config users.toml \\
+                --listen stomp:tcp:61613:interface=0.0.0.0:backlog=1024
+  twistd -n qmq --listen stomp:tcp:61613:interface=127.0.0.1 \\
+                --listen http:tcp:15674:interface=127.0.0.1
+  twistd -n qmq --listen stomp:tcp:61613:interface=127.0.0.1 \\
+                --listen stomp:ssl:61614:privateKey=key.pem:certKey=cert.pem:interface=127.0.0.1
+  twistd -n qmq --config users.toml --listen \\
       stomp:qmqtls:61615:privateKey=key.pem:certKey=cert.pem:caCerts=ca.pem:verify=require
+
+The third and the last listen on every interface: users.toml configures users
+(docs/security.rst); without them QMQ refuses to start.
 """
 
     optParameters = [
@@ -71,12 +87,20 @@ Examples:
             None,
             "Directory for persistent data (overrides data_dir; default ./qmq-data).",
         ],
+        [
+            "log-level",
+            None,
+            None,
+            "The lowest level logged: debug, info, warn, error or critical "
+            "(overrides [log] level; default info).",
+        ],
     ]
 
     compData = usage.Completions(
         optActions={
             "config": usage.CompleteFiles("*.toml"),
             "data-dir": usage.CompleteDirs(),
+            "log-level": usage.CompleteList(list(LEVELS)),
         },
         multiUse=["listen"],
     )
@@ -87,11 +111,13 @@ Examples:
 
     def opt_listen(self, spec: str) -> None:
         """
-        Listen for PROTOCOL on a Twisted endpoint: PROTOCOL:ENDPOINT, e.g.
-        stomp:tcp:61613:interface=127.0.0.1:backlog=1024. Repeat it for more
-        listeners; when given, it replaces the configuration's listen list.
-        ENDPOINT is tcp:, ssl:, unix: or qmqtls: (TLS that can require client
-        certificates).
+        Listen for PROTOCOL (stomp, or http: WebSocket, SockJS, the HTTP API,
+        the console, metrics) on a Twisted endpoint: PROTOCOL:ENDPOINT, e.g.
+        stomp:tcp:61613:interface=127.0.0.1:backlog=1024 or
+        http:tcp:15674:interface=127.0.0.1. Repeat it for more listeners; when
+        given, it replaces the configuration's listen list (both default
+        listeners). ENDPOINT is tcp:, ssl:, unix: or qmqtls: (TLS that can
+        require client certificates).
         """
         self["listen"].append(spec)
 
@@ -140,6 +166,12 @@ Examples:
             )
         except ConfigError as e:
             raise usage.UsageError(str(e)) from None
+        level = self["log-level"]
+        if level is not None:
+            if level not in LEVELS:
+                raise usage.UsageError(f"--log-level: expected one of {', '.join(LEVELS)}, got {level!r}")
+            log = dataclasses.replace(settings.section("log"), level=level)
+            settings = dataclasses.replace(settings, other_sections={**settings.other_sections, "log": log})
         self["settings"] = settings
 
 
@@ -147,7 +179,25 @@ class _ExitOnStartupError(MultiService):
     """
     Turn a L{StartupError} into a clean exit with its message: at start-up
     twistd would print a traceback.
+
+    @ivar log_observer: the observer twistd is to log to (L{qmq.logs}), set
+        on the application as its L{ILogObserver} component when this
+        service joins it; L{None}: twistd's own.
     """
+
+    log_observer: ILogObserver | None = None
+
+    def setServiceParent(self, parent: Any) -> None:
+        # twistd hands the application (a Componentized) to the service
+        # that makeService returned; its ILogObserver component is how
+        # twistd is told which observer to log to.
+        if (
+            self.log_observer is not None
+            and isinstance(parent, Componentized)
+            and parent.getComponent(ILogObserver) is None
+        ):
+            parent.setComponent(ILogObserver, self.log_observer)
+        super().setServiceParent(parent)
 
     def privilegedStartService(self) -> None:
         try:
@@ -180,5 +230,8 @@ def makeService(options: Options | dict[str, Any]) -> IService:
     except ConfigError as e:
         _exit(str(e))
     top = _ExitOnStartupError()
+    top.log_observer = observer_for_twistd(
+        getattr(options, "parent", None), options["settings"].section("log")
+    )
     broker.setServiceParent(top)
     return top

@@ -26,6 +26,24 @@ Two private names of other libraries, each read through one function here:
     bytes its own fast path did not take (L{AUTOBAHN_FEED}). Without it,
     autobahn's public Twisted C{dataReceived} of the base class does the
     same (with a debug log call more per read).
+  - L{websocket_state}: autobahn's parser and connection state of a
+    WebSocket protocol (L{AUTOBAHN_PARSER_FIELDS}: C{state}, C{data},
+    C{current_frame}, C{inside_message}; public names, but no documented
+    API), which QMQ's WebSocket transport reads to know when its own fast
+    path may take a read (autobahn is between messages, nothing buffered)
+    and whether a frame may still be written (the close frame not sent).
+    Without them, every read goes through autobahn (slower, correct), and
+    the transport's own closing flag stands for the connection's state.
+  - L{websocket_clock}: autobahn's C{WebSocketServerFactory._batched_timer}
+    (L{AUTOBAHN_TIMER}), the timer every protocol of a factory schedules its
+    handshake, ping and close timeouts with, replaced by one on the clock
+    QMQ was given (L{ClockTimer}), so tests drive them with a C{Clock} and
+    the service with its reactor. Without it, autobahn's own timer (txaio's
+    global reactor) stays.
+  - L{cancel_close_timer}: autobahn's close-handshake timer of a protocol
+    (L{AUTOBAHN_CLOSE_TIMER}), which autobahn leaves running when the
+    connection goes first; cancelled when it does. Without the field,
+    nothing is cancelled (the timer then finds the connection gone).
   - L{request_disconnected}: C{twisted.web} C{Request._disconnected},
     whether the client went before the answer finished. Without it, the
     request's C{channel} (set to None by the same C{connectionLost}) tells.
@@ -67,6 +85,12 @@ from twisted.protocols.tls import TLSMemoryBIOProtocol
 
 __all__ = [
     "AUTOBAHN_FEED",
+    "AUTOBAHN_CLOSE_TIMER",
+    "AUTOBAHN_PARSER_FIELDS",
+    "AUTOBAHN_TIMER",
+    "ClockTimer",
+    "WebSocketState",
+    "cancel_close_timer",
     "REQUEST_LINE_FIELDS",
     "TCP_BUFFER_FIELDS",
     "direct_writer",
@@ -75,7 +99,9 @@ __all__ = [
     "no_delay_once",
     "request_disconnected",
     "request_line",
+    "websocket_clock",
     "websocket_feed",
+    "websocket_state",
 ]
 
 log = Logger()
@@ -87,6 +113,7 @@ TCP_BUFFER_FIELDS = ("_tempDataLen", "dataBuffer", "offset")
 REQUEST_LINE_FIELDS = ("_command", "_path")
 
 _warned: set[str] = set()
+_MISSING = object()
 
 
 def _warn_once(what: str, problem: str) -> None:
@@ -224,6 +251,114 @@ def websocket_feed(protocol: Any) -> Callable[[bytes], None]:
         WebSocketServerProtocol.dataReceived(protocol, data)
 
     return fallback
+
+
+#: The attributes of autobahn's C{WebSocketProtocol} that L{websocket_state}
+#: reads: the connection's state, the bytes its parser holds, the frame and
+#: the message it is inside of.
+AUTOBAHN_PARSER_FIELDS = ("state", "data", "current_frame", "inside_message")
+
+
+class WebSocketState:
+    """What QMQ reads of autobahn's state for one open WebSocket (see the
+    module docstring); made by L{websocket_state}.
+
+    @ivar complete: whether autobahn has every field read here (else the
+        fallbacks answer).
+    """
+
+    __slots__ = ("protocol", "open_state", "complete", "closing")
+
+    def __init__(self, protocol: Any, complete: bool) -> None:
+        from autobahn.websocket.protocol import WebSocketProtocol  # noqa: PLC0415
+
+        self.protocol = protocol
+        self.open_state = WebSocketProtocol.STATE_OPEN
+        self.complete = complete
+        #: The fallback's state: set by L{closing} (the transport sent, or
+        #: is about to send, its close frame).
+        self.closing = False
+
+    def is_open(self) -> bool:
+        """Whether frames may still be written: the connection is open
+        (no close frame sent either way)."""
+        if self.complete:
+            return self.protocol.state == self.open_state
+        return not self.closing
+
+    def between_messages(self) -> bool:
+        """Whether autobahn's parser is open, holds no bytes and is inside
+        no frame or message: a read may then be parsed without it. Always
+        False without the fields (autobahn parses every read)."""
+        p = self.protocol
+        return (
+            self.complete
+            and p.state == self.open_state
+            and not p.data
+            and p.current_frame is None
+            and not p.inside_message
+        )
+
+
+def websocket_state(protocol: Any) -> WebSocketState:
+    """The reads of autobahn's state of C{protocol}, an open (handshake
+    done) autobahn WebSocket protocol.
+
+    @return: a L{WebSocketState}; if autobahn lost a field of
+        L{AUTOBAHN_PARSER_FIELDS}, one whose fallbacks answer (logged once).
+    """
+    missing = [name for name in AUTOBAHN_PARSER_FIELDS if not hasattr(protocol, name)]
+    if missing:
+        _warn_once("websocket_state", f"autobahn's WebSocketProtocol has no {', '.join(missing)}")
+    return WebSocketState(protocol, not missing)
+
+
+#: The private field of autobahn's C{WebSocketServerFactory} that
+#: L{websocket_clock} sets.
+AUTOBAHN_TIMER = "_batched_timer"
+
+#: The field of autobahn's C{WebSocketProtocol} that L{cancel_close_timer}
+#: reads and clears.
+AUTOBAHN_CLOSE_TIMER = "closeHandshakeTimeoutCall"
+
+
+class ClockTimer:
+    """autobahn's timer interface (txaio's C{IBatchedTimer}: C{call_later})
+    on a clock QMQ was given."""
+
+    __slots__ = ("clock",)
+
+    def __init__(self, clock: Any) -> None:
+        self.clock = clock
+
+    def call_later(self, delay: float, fun: Any, *args: Any, **kwargs: Any) -> Any:
+        return self.clock.callLater(delay, fun, *args, **kwargs)
+
+
+def websocket_clock(factory: Any, clock: Any) -> bool:
+    """Have the timers of autobahn's protocols of C{factory} (an autobahn
+    C{WebSocketServerFactory}) run on C{clock}.
+
+    @return: whether they do (False: autobahn lost the field; its own
+        timer stays, logged once).
+    """
+    if not hasattr(factory, AUTOBAHN_TIMER):
+        _warn_once("websocket_clock", f"autobahn's WebSocketServerFactory has no {AUTOBAHN_TIMER}")
+        return False
+    setattr(factory, AUTOBAHN_TIMER, ClockTimer(clock))
+    return True
+
+
+def cancel_close_timer(protocol: Any) -> None:
+    """Cancel the close-handshake timer autobahn may have left running on
+    C{protocol} (an autobahn WebSocket protocol whose connection is gone)."""
+    timer = getattr(protocol, AUTOBAHN_CLOSE_TIMER, _MISSING)
+    if timer is _MISSING:
+        _warn_once("cancel_close_timer", f"autobahn's WebSocketProtocol has no {AUTOBAHN_CLOSE_TIMER}")
+        return
+    setattr(protocol, AUTOBAHN_CLOSE_TIMER, None)
+    if timer is not None:
+        timer.cancel()
 
 
 def request_disconnected(request: Any) -> bool:

@@ -90,11 +90,12 @@ class BrokerSiteMixin(ApiSiteMixin):
     @defer.inlineCallbacks
     def publish(self, queue: str, messages: list[dict]) -> Any:
         """Publish C{messages} (JSON message objects) to C{queue}, persistent,
-        in one batch; the message ids."""
+        in one batch; their numbers (the ids are NODE.NUMBER; Spark's
+        C{message_id} is the number)."""
         for m in messages:
             m.setdefault("persistent", True)
         code, _, _, doc = yield self.call(
             "POST", f"/api/v1/vhosts/%2F/queues/{queue}/messages", {"messages": messages},
             check=False)
         assert code == 201, (code, doc)
-        return doc["ids"]
+        return [int(i.rpartition(".")[2]) for i in doc["ids"]]

@@ -14,13 +14,13 @@ import jwt
 from twisted.internet import defer
 
 from qmq import config
-from qmq.auth import Authenticator, hash_password
+from qmq.auth import Authenticator
 from qmq.core.broker import Broker
 from qmq.stomp.protocol import StompFactory
 from qmq.tls import PeerIdentity
+from tests import auth_toml
 from tests.test_stomp_session import Client, SessionTestCase
 
-COST = 4
 SECRET = "0123456789abcdef0123456789abcdef"
 NOW = 1_800_000_000.0
 
@@ -30,57 +30,23 @@ def run_now(f, *args):
 
 
 def make_toml(key_file: str, extra: str = "", auth: str = "") -> str:
-    return f"""
-[auth]
-failure_delay = 1.0
-failure_max_delay = 8.0
-{auth}
-
-[users.alice]
-password = "{hash_password('wonderland', COST)}"
-certificate_names = ["alice.example.org"]
-
-[users.bob]
-password = "{hash_password('builder', COST)}"
-
-[users.carol]
-password = "{hash_password('carol', COST)}"
-
-[users.dave]
-password = "{hash_password('dave', COST)}"
-
-[vhosts.app.permissions.alice]
-configure = "^(alice\\\\.|amq\\\\.tmp\\\\.)"
-write = "^(alice\\\\.|orders$|amq\\\\.topic$|amq\\\\.tmp\\\\.)"
-read = "^(alice\\\\.|orders$|amq\\\\.topic$)"
-
-[vhosts.app.permissions.bob]
-configure = ""
-write = "^orders$"
-read = ""
-
-[vhosts.app.permissions.carol]
-write = ".*"
-
-[vhosts.app.permissions.dave]
-read = ".*"
-
-[vhosts.app.tokens]
-algorithm = "HS256"
-key_file = "{key_file}"
-max_lifetime = 3600
-write = "^amq\\\\.topic$"
-read = "^amq\\\\.topic$"
-
-[vhosts.other.permissions.bob]
-configure = ".*"
-write = ".*"
-read = ".*"
-
-[[vhosts.app.queues]]
-name = "orders"
-{extra}
-"""
+    return "\n".join(
+        [
+            f"[auth]\nfailure_delay = 1.0\nfailure_max_delay = 8.0\n{auth}\n",
+            auth_toml.ALICE,
+            auth_toml.users(bob="builder", carol="carol", dave="dave"),
+            auth_toml.ALICE_APP,
+            auth_toml.permissions("app", "bob", configure="", write=r"^orders$", read=""),
+            auth_toml.permissions("app", "carol", write=".*"),
+            auth_toml.permissions("app", "dave", read=".*"),
+            auth_toml.tokens(
+                "app", key_file, max_lifetime=3600, write=r"^amq\.topic$", read=r"^amq\.topic$"
+            ),
+            auth_toml.everything("other", "bob"),
+            auth_toml.queues("app", "orders"),
+            extra,
+        ]
+    )
 
 
 class AuthSessionTestCase(SessionTestCase):

@@ -12,6 +12,7 @@ from pathlib import Path
 from twisted.trial import unittest
 
 from qmq import config, settings_schema
+from qmq.amqp.settings import AmqpSettings
 from qmq.auth.settings import AuthSettings
 from qmq.cluster.settings import ClusterSettings
 from qmq.config import (
@@ -25,6 +26,7 @@ from qmq.config import (
 from qmq.connections import ConnectionSettings
 from qmq.core.limits import LimitSettings
 from qmq.core.policy import QUEUE_ARGUMENTS
+from qmq.logs import LogSettings
 from qmq.stomp.settings import StompSettings
 from qmq.store.settings import CommitLogSettings
 from qmq.web.api.settings import ApiSettings
@@ -60,11 +62,19 @@ class DefaultTests(unittest.TestCase):
 
     def test_defaults(self) -> None:
         """
-        Without a file, QMQ listens for STOMP on 127.0.0.1:61613 with a backlog
-        of 1024 and keeps its data in ./qmq-data.
+        Without a file, QMQ listens for STOMP on 127.0.0.1:61613, for HTTP
+        on 127.0.0.1:15674 and for AMQP on 127.0.0.1:5672 with a backlog of
+        1024 and keeps its data in ./qmq-data.
         """
         settings = config.load()
-        self.assertEqual(settings.listen, ["stomp:tcp:61613:interface=127.0.0.1:backlog=1024"])
+        self.assertEqual(
+            settings.listen,
+            [
+                "stomp:tcp:61613:interface=127.0.0.1:backlog=1024",
+                "http:tcp:15674:interface=127.0.0.1:backlog=1024",
+                "amqp:tcp:5672:interface=127.0.0.1:backlog=1024",
+            ],
+        )
         self.assertEqual(settings.data_dir, Path("qmq-data"))
         self.assertEqual(settings.shutdown_timeout, 10.0)
         self.assertEqual(settings.vhosts, (VirtualHostSettings("/"),))
@@ -120,6 +130,8 @@ class DefaultTests(unittest.TestCase):
                 "http_api": ApiSettings,
                 "auth": AuthSettings,
                 "cluster": ClusterSettings,
+                "log": LogSettings,
+                "amqp": AmqpSettings,
             },
         )
         settings = config.load_string("[limits]\nmax_topic_words = 5\n")
@@ -135,10 +147,12 @@ class DefaultTests(unittest.TestCase):
                 "sockjs": SockJSSettings(),
                 "http_api": ApiSettings(),
                 "cluster": ClusterSettings(),
+                "log": LogSettings(),
+                "amqp": AmqpSettings(),
             },
         )
         self.assertIs(settings.section("web"), settings.other_sections["web"])
-        self.assertRaises(KeyError, settings.section, "amqp")
+        self.assertRaises(KeyError, settings.section, "no-such-section")
 
     def test_everySectionFieldMapped(self) -> None:
         """
@@ -161,7 +175,10 @@ class DefaultTests(unittest.TestCase):
                 self.assertEqual(schema[key](default[name][key], dotted), value, dotted)
                 self.assertIn(dotted, rows, f"{dotted} has no row in configuration.rst")
                 type_column, default_column = rows[dotted]
-                self.assertEqual(toml_value(default_column), value, f"{dotted} documented")
+                documented_value = toml_value(default_column)
+                if isinstance(value, tuple):  # an array (tuple[str, ...] fields)
+                    documented_value = tuple(documented_value)  # type: ignore[arg-type]
+                self.assertEqual(documented_value, value, f"{dotted} documented")
                 if "expected" not in f.metadata:
                     documented = re.sub(r"^an? ", "", schema[key].expected)
                     documented = documented.replace("true or false", "boolean")
@@ -469,8 +486,8 @@ class ErrorTests(unittest.TestCase):
         """
         self.check(
             'lisen = ["stomp:tcp:1"]',
-            "qmq.toml: lisen: unknown key (expected one of: auth, cluster, commit_log, connections, data_dir,"
-            " http_api, limits, listen, shutdown_timeout, sockjs, stomp, store, users, vhosts, web);"
+            "qmq.toml: lisen: unknown key (expected one of: amqp, auth, cluster, commit_log, connections, data_dir,"
+            " http_api, limits, listen, log, shutdown_timeout, sockjs, stomp, store, users, vhosts, web);"
             " did you"
             ' mean "listen"?',
         )

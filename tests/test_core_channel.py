@@ -119,6 +119,14 @@ class FakeStore:
     def unbind(self, vhost: Any, queue: Queue, exchange: Any, key: str, arguments: Any) -> None:
         self.calls.append(("unbind", (vhost, queue, exchange, key, arguments)))
 
+    def bind_exchange(self, vhost: Any, destination: Any, source: Any, key: str, arguments: Any) -> None:
+        self.calls.append(("bind_exchange", (vhost, destination, source, key, arguments)))
+
+    def unbind_exchange(
+        self, vhost: Any, destination: Any, source: Any, key: str, arguments: Any
+    ) -> None:
+        self.calls.append(("unbind_exchange", (vhost, destination, source, key, arguments)))
+
     def flush(self) -> None:
         self.flushes += 1
 

@@ -100,6 +100,37 @@ class EventsTests(SynchronousTestCase):
             ("queue-", private),
         ])
 
+    def test_bindings_changed(self) -> None:
+        """Every binding made or gone is told with the count that remains,
+        after the first/last event (what a mesh link needs to subtract the
+        bindings it made itself); unbinding what is not bound tells
+        nothing."""
+        counts: list[tuple[str, str, str, int]] = []
+
+        class Counting(Recording):
+            def bindings_changed(self, vhost: str, exchange: str, key: str, count: int) -> None:
+                self.events.append(("=", exchange, key, count))  # type: ignore[arg-type]
+                counts.append((vhost, exchange, key, count))
+
+        seen = Counting()
+        self.addCleanup(self.vhost.observe(seen))
+        a = Recorder(self.channel, ack_required=False)
+        b = Recorder(self.channel, ack_required=False)
+        self.channel.subscribe(a, "/topic/k")
+        self.channel.subscribe(b, "/topic/k")
+        self.channel.unsubscribe(a)
+        self.channel.unsubscribe(b)
+        self.vhost.unbind_live(b, self.vhost.exchanges["amq.topic"], "k")
+        self.assertEqual(seen.events, [
+            ("+", "amq.topic", "k"),
+            ("=", "amq.topic", "k", 1),
+            ("=", "amq.topic", "k", 2),
+            ("=", "amq.topic", "k", 1),
+            ("-", "amq.topic", "k"),
+            ("=", "amq.topic", "k", 0),
+        ])
+        self.assertEqual(counts[0][0], "/")
+
     def test_unbind(self) -> None:
         self.vhost.declare_queue("q", durable=False)
         self.vhost.bind("q", "amq.topic", "a.#")

@@ -123,7 +123,7 @@ class HttpDelayTests(FrontendsTestCase):
         self.assertEqual(code, 201, doc)
         queue = self.broker.default_vhost.queues["q"]
         [m] = queue.delayed_messages()
-        self.assertEqual(doc["ids"], [m.id])
+        self.assertEqual(doc["ids"], [f"local.{m.id}"])
         self.assertEqual(self.ready("q"), [])
         self.clock.advance(1.5)
         self.assertEqual(self.ready("q"), [b"x"])
@@ -175,7 +175,7 @@ class DurableHttpDelayTests(FrontendsTestCase):
         queue = broker.default_vhost.queues["q"]
         self.assertEqual(list(queue.messages()), [])
         [m] = queue.delayed_messages()
-        self.assertEqual((m.id, m.body, m.deliver_at), (doc["ids"][0], b"x", 1060.0))
+        self.assertEqual((f"local.{m.id}", m.body, m.deliver_at), (doc["ids"][0], b"x", 1060.0))
         self.assertEqual(m.headers.get("k"), "v")
         clock.advance(30)
         self.assertEqual([m.body for m in queue.messages()], [b"x"])

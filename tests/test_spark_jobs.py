@@ -4,7 +4,11 @@
 from __future__ import annotations
 
 import csv
+import io
+import math
 import os
+import sys
+from datetime import UTC
 
 from twisted.internet import defer
 from twisted.trial import unittest
@@ -23,7 +27,8 @@ def write_log(directory: str) -> None:
         back once, then acked 5 s after publish; 13 dead-lettered; 14 and 15
         not settled;
       - audit (no retention), minute 0: ids 16-18, 50 bytes, no producer,
-        acked (the ack time is not in the log).
+        acked (the ack time is not in the log); minute 3: id 19, the same
+        (minutes 1 and 2 without traffic).
     """
     from qmq.store.record import (  # noqa: PLC0415
         RECORD_DECLARE_QUEUE,
@@ -61,6 +66,8 @@ def write_log(directory: str) -> None:
     for i in range(3):
         publish(16 + i, T0 + 5, "audit", 50, None)
         settle(16 + i, "audit", "ack")
+    publish(19, T0 + 185, "audit", 50, None)
+    settle(19, "audit", "ack")
     with open(os.path.join(directory, segment_name(1)), "wb") as f:
         f.write(b"".join(out))
 
@@ -87,7 +94,9 @@ class ReportTests(unittest.TestCase):
     timeout = 180
 
     def test_known_pattern(self) -> None:
-        """The report's per-minute numbers, top producers and files."""
+        """The report's per-minute numbers, top producers and files; its
+        summary line; the chart's data breaks the line where a destination
+        had no traffic."""
         from qmq.spark import jobs  # noqa: PLC0415
 
         spark_session()
@@ -95,13 +104,35 @@ class ReportTests(unittest.TestCase):
         os.makedirs(data)
         write_log(data)
         out = os.path.abspath(self.mktemp())
+        charted = []
+
+        def chart_series(rows: list[dict], *a: object) -> tuple:
+            charted.append(real(rows, *a))
+            return charted[-1]
+
+        real = jobs.chart_series
+        self.patch(jobs, "chart_series", chart_series)
+        err = io.StringIO()
+        self.patch(sys, "stderr", err)
         self.assertEqual(jobs.main(["--master", "local[2]", "report", "--path", data,
                                     "--out", out]), 0)
+        summary = err.getvalue().splitlines()[-1]
+        self.assertRegex(summary, r"^qmq-spark report: done: 19 row\(s\) read, 7 row\(s\) written, "
+                                  r"\d+ file\(s\), \d+\.\d s$")
+        # Parquet parts (at least one a table) and the four files.
+        self.assertGreaterEqual(int(summary.split(", ")[2].split()[0]), 6)
+        [(series, left_out)] = charted
+        self.assertEqual((sorted(series), left_out), (["/queue/audit", "/queue/orders"], []))
+        audit = series["/queue/audit"]
+        self.assertEqual([m.astimezone(UTC).strftime("%H:%M") for m in audit["minute"]][::2], ["22:14", "22:17"])
+        self.assertEqual(audit["messages"][::2], [3, 1])
+        self.assertTrue(math.isnan(audit["messages"][1]), audit)
+        self.assertEqual(series["/queue/orders"]["messages"], [10, 5])
         with open(os.path.join(out, "per_minute.csv"), encoding="utf-8") as f:
             rows = list(csv.DictReader(f))
         got = {(r["destination"], r["minute"][11:16]): r for r in rows}
-        self.assertEqual(sorted(got), [("/queue/audit", "22:14"), ("/queue/orders", "22:14"),
-                                       ("/queue/orders", "22:15")])
+        self.assertEqual(sorted(got), [("/queue/audit", "22:14"), ("/queue/audit", "22:17"),
+                                       ("/queue/orders", "22:14"), ("/queue/orders", "22:15")])
         o0, o1, a0 = got["/queue/orders", "22:14"], got["/queue/orders", "22:15"], got["/queue/audit", "22:14"]
         self.assertEqual((o0["messages"], o0["bytes"], o0["acked"]), ("10", "1000", "10"))
         self.assertEqual((float(o0["ack_delay_avg_ms"]), float(o0["ack_delay_max_ms"])),
@@ -115,7 +146,7 @@ class ReportTests(unittest.TestCase):
         with open(os.path.join(out, "top_producers.csv"), encoding="utf-8") as f:
             top = [(r["destination"], r["rank"], r["producer"], r["messages"])
                    for r in csv.DictReader(f)]
-        self.assertEqual(top, [("/queue/audit", "1", "(none)", "3"),
+        self.assertEqual(top, [("/queue/audit", "1", "(none)", "4"),
                                ("/queue/orders", "1", "p1", "10"),
                                ("/queue/orders", "2", "p2", "5")])
         with open(os.path.join(out, "report.png"), "rb") as f:
@@ -125,7 +156,7 @@ class ReportTests(unittest.TestCase):
         self.assertIn("/queue/orders", page)
         self.assertIn("data:image/png;base64,", page)
         back = spark_session().read.parquet(os.path.join(out, "per_minute"))
-        self.assertEqual(back.count(), 3)
+        self.assertEqual(back.count(), 4)
 
 
 class ArchiveTests(BrokerSiteMixin, unittest.TestCase):
@@ -136,11 +167,23 @@ class ArchiveTests(BrokerSiteMixin, unittest.TestCase):
         self.start_broker()
         self.spark = spark_session()
 
+    @defer.inlineCallbacks
     def run_job(self, *extra: str) -> defer.Deferred:
+        """Run the archive job; its summary line (the last on stderr)."""
         from qmq.spark import jobs  # noqa: PLC0415
 
-        return in_thread(jobs.main, ["--master", "local[2]", "archive", "--url", self.base,
-                                     "--pattern", "a*", "--out", self.out, *extra])
+        err, saved = io.StringIO(), sys.stderr
+        sys.stderr = err
+        try:
+            yield in_thread(jobs.main, ["--master", "local[2]", "archive", "--url", self.base,
+                                        "--pattern", "a*", "--out", self.out, *extra])
+        finally:
+            sys.stderr = saved
+        return err.getvalue().splitlines()[-1]
+
+    def assertSummary(self, line: str, read: int, added: int, files: str) -> None:
+        self.assertRegex(line, rf"^qmq-spark archive: done: {read} row\(s\) read, "
+                               rf"{added} row\(s\) added, {files} file\(s\), \d+\.\d s$")
 
     def archived(self) -> list:
         return sorted((r["destination"], r["message_id"], bytes(r["body"]))
@@ -155,13 +198,13 @@ class ArchiveTests(BrokerSiteMixin, unittest.TestCase):
             self.vhost.declare_queue(q, arguments={"x-retention": 3600})
         yield self.publish("a1", [{"body": f"x{i}"} for i in range(20)])
         yield self.publish("a2", [{"body": f"y{i}"} for i in range(10)])
-        yield self.run_job("--start", "0", "--end", "1e10")
+        self.assertSummary((yield self.run_job("--start", "0", "--end", "1e10")), 30, 30, "[2-9]")
         first = yield in_thread(self.archived)
         self.assertEqual(len(first), 30)
-        yield self.run_job("--start", "0", "--end", "1e10")
+        self.assertSummary((yield self.run_job("--start", "0", "--end", "1e10")), 30, 0, "0")
         self.assertEqual((yield in_thread(self.archived)), first)
         yield self.publish("a1", [{"body": f"x{i}"} for i in range(20, 25)])
-        yield self.run_job()
+        self.assertSummary((yield self.run_job()), 35, 5, "[1-9]")
         final = yield in_thread(self.archived)
         self.assertEqual(len(final), 35)
         self.assertEqual(len(set(final)), 35)
@@ -177,10 +220,11 @@ class ArchiveTests(BrokerSiteMixin, unittest.TestCase):
         cp = os.path.abspath(self.mktemp())
         self.vhost.declare_queue("a3", arguments={"x-retention": 3600})
         yield self.publish("a3", [{"body": f"z{i}"} for i in range(12)])
-        yield self.run_job("--checkpoint", cp, "--max-rows", "5")
+        line = yield self.run_job("--checkpoint", cp, "--max-rows", "5")
+        self.assertSummary(line, 12, 12, "[1-9]")
         self.assertEqual(len((yield in_thread(self.archived))), 12)
-        yield self.run_job("--checkpoint", cp)
+        self.assertSummary((yield self.run_job("--checkpoint", cp)), 0, 0, "0")
         yield self.publish("a3", [{"body": f"z{i}"} for i in range(12, 15)])
-        yield self.run_job("--checkpoint", cp)
+        self.assertSummary((yield self.run_job("--checkpoint", cp)), 3, 3, "1")
         final = yield in_thread(self.archived)
         self.assertEqual([b for _, _, b in final], [f"z{i}".encode() for i in range(15)])

@@ -267,7 +267,7 @@ class RoundTripTests(StoreTestCase):
             self.send(name, b"x", {"k": "v"}, properties={"content_type": "text/plain"})
         self.send("d", b"z")
         self.turn()
-        before = [json_delivery(m, None, None, False) for m in self.vhost.queue("a").messages()]
+        before = [json_delivery(m, None, None, False, "n") for m in self.vhost.queue("a").messages()]
         self.restart()
         got = [self.vhost.queue(name).messages() for name in ("a", "b", "c")]
         (a,), (b,), (c,) = got
@@ -275,7 +275,7 @@ class RoundTripTests(StoreTestCase):
         self.assertIs(a.headers, b.headers)
         self.assertIs(b.headers, c.headers)
         self.assertIs(a.properties, c.properties)
-        self.assertEqual([json_delivery(a, None, None, False)], before)
+        self.assertEqual([json_delivery(a, None, None, False, "n")], before)
         for name, m in zip(("a", "b", "c"), (a, b, c), strict=True):
             self.assertIs(m.routing_key, self.vhost.queue(name).name)
             self.assertEqual(

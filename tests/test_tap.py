@@ -163,14 +163,14 @@ class OptionsTests(unittest.TestCase):
         An error found while building the service ends the process with the
         message alone.
         """
-        options = self.parse("--listen", "amqp:tcp:5672")
+        options = self.parse("--listen", "mqtt:tcp:1883")
         stderr = self.captureStderr()
         e = self.assertRaises(SystemExit, tap.makeService, options)
         self.assertEqual(e.code, 1)
         self.assertEqual(
             stderr.getvalue(),
-            "twistd qmq: --listen: unknown protocol 'amqp' in 'amqp:tcp:5672'"
-            " (expected one of: http, stomp)\n",
+            "twistd qmq: --listen: unknown protocol 'mqtt' in 'mqtt:tcp:1883'"
+            " (expected one of: amqp, http, peer, stomp)\n",
         )
 
     def test_makeService(self) -> None:
@@ -195,6 +195,42 @@ class OptionsTests(unittest.TestCase):
         e = self.assertRaises(SystemExit, top.privilegedStartService)
         self.assertEqual((e.code, stderr.getvalue()), (1, "twistd qmq: boom\n"))
         self.assertRaises(SystemExit, top.startService)
+
+
+class HelpExamplesTests(unittest.TestCase):
+    """
+    Every example of C{twistd qmq --help} parses and builds a broker that
+    its start-up checks accept (the one on every interface with the users
+    file it names).
+    """
+
+    def test_examplesStart(self) -> None:
+        import os  # noqa: PLC0415
+        import shlex  # noqa: PLC0415
+
+        from qmq.auth.passwords import hash_password  # noqa: PLC0415
+
+        directory = Path(self.mktemp()).resolve()
+        pki = TestPKI(directory)
+        pki.server_key.rename(directory / "key.pem")
+        pki.server_cert.rename(directory / "cert.pem")
+        (directory / "qmq.toml").write_text('store = "memory"\n')
+        password = hash_password("s3cret", 4)
+        (directory / "users.toml").write_text(f'store = "memory"\n[users.admin]\npassword = "{password}"\n')
+        self.addCleanup(os.chdir, os.getcwd())
+        os.chdir(directory)
+        text = tap.Options.examples.split("Examples:", 1)[1].replace("\\\n", " ")
+        commands = [line.split() for line in text.splitlines() if line.strip().startswith("twistd")]
+        self.assertGreaterEqual(len(commands), 5)
+        for argv in commands:
+            self.assertEqual(argv[:3], ["twistd", "-n", "qmq"], argv)
+            options = tap.Options()
+            options.parseOptions(shlex.split(" ".join(argv[3:])))
+            settings = config.dataclasses.replace(
+                options["settings"], data_dir=directory / "data", store="memory"
+            )
+            service = make_service(settings, MemoryReactorClock())
+            self.assertTrue(service.listeners, argv)
 
 
 class FakeFactory(Factory):
@@ -340,13 +376,18 @@ class ServiceTests(unittest.TestCase):
 
     def test_defaultListener(self) -> None:
         """
-        The embedded default listens on 127.0.0.1:61613 with a backlog of 1024.
+        The embedded default listens on 127.0.0.1:61613 (STOMP),
+        127.0.0.1:15674 (HTTP) and 127.0.0.1:5672 (AMQP) with a backlog of
+        1024.
         """
         svc = make_service(self.settings(), self.reactor)
         svc.privilegedStartService()
         svc.startService()
-        [(port, _, backlog, interface)] = self.reactor.tcpServers
-        self.assertEqual((port, backlog, interface), (61613, 1024, "127.0.0.1"))
+        self.assertEqual(
+            [(port, backlog, interface) for (port, _, backlog, interface) in self.reactor.tcpServers],
+            [(61613, 1024, "127.0.0.1"), (15674, 1024, "127.0.0.1"), (5672, 1024, "127.0.0.1")],
+        )
+        self.assertEqual([listener.protocol for listener in svc.listeners], ["stomp", "http", "amqp"])
 
     def test_qmqtls(self) -> None:
         """
@@ -363,12 +404,12 @@ class ServiceTests(unittest.TestCase):
         A listen spec naming an unknown protocol is a L{ConfigError} naming the
         file and the key.
         """
-        settings = self.settings('listen = ["stomp:tcp:1", "amqp:tcp:5672"]')
+        settings = self.settings('listen = ["stomp:tcp:1", "mqtt:tcp:1883"]')
         e = self.assertRaises(ConfigError, make_service, settings, self.reactor)
         self.assertEqual(
             str(e),
-            "qmq.toml: listen[1]: unknown protocol 'amqp' in 'amqp:tcp:5672'"
-            " (expected one of: http, stomp)",
+            "qmq.toml: listen[1]: unknown protocol 'mqtt' in 'mqtt:tcp:1883'"
+            " (expected one of: amqp, http, peer, stomp)",
         )
 
     def test_badEndpoint(self) -> None:

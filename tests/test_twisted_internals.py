@@ -25,7 +25,18 @@ from qmq.core.broker import Broker
 from qmq.stomp.protocol import StompFactory
 from qmq.stomp.settings import StompSettings
 from qmq.transport import IConnection, ITransport
-from qmq.twisted_internals import AUTOBAHN_FEED, request_disconnected, websocket_feed
+from qmq.twisted_internals import (
+    AUTOBAHN_CLOSE_TIMER,
+    AUTOBAHN_FEED,
+    AUTOBAHN_PARSER_FIELDS,
+    AUTOBAHN_TIMER,
+    ClockTimer,
+    cancel_close_timer,
+    request_disconnected,
+    websocket_clock,
+    websocket_feed,
+    websocket_state,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,6 +62,112 @@ class AutobahnFeedTests(SynchronousTestCase):
         twisted_internals._warned.discard("websocket_feed")
         websocket_feed(protocol)(b"x")
         self.assertEqual(fed, [b"x"])
+
+
+def _websocket(test: SynchronousTestCase) -> Any:
+    """A STOMP WebSocket client connected to a site on a fake clock."""
+    from twisted.internet.testing import MemoryReactorClock  # noqa: PLC0415
+
+    from qmq.web.site import HttpFactory  # noqa: PLC0415
+    from tests.test_web_site import make_context  # noqa: PLC0415
+    from tests.test_web_websocket import CONNECT, WSClient  # noqa: PLC0415
+
+    test.clock = MemoryReactorClock()
+    ctx = make_context("[web]\nping_interval = 0", clock=test.clock)
+    client = WSClient(HttpFactory(ctx))
+    test.assertEqual(client.status, 101, client.head)
+    client.send(CONNECT)
+    client.messages()
+    return client
+
+
+class WebSocketStateTests(SynchronousTestCase):
+    def test_pinned(self) -> None:
+        """autobahn still keeps the parser and connection state QMQ reads,
+        with the meaning it reads it with."""
+        from tests.test_web_websocket import client_frame  # noqa: PLC0415
+
+        client = _websocket(self)
+        ws = client.ws
+        for name in AUTOBAHN_PARSER_FIELDS:
+            self.assertTrue(hasattr(ws, name), name)
+        state = ws._ws
+        self.assertTrue(state.complete)
+        self.assertTrue(state.is_open())
+        self.assertTrue(state.between_messages())
+        # A message begun in a fragment: autobahn is inside it.
+        client.send_raw(client_frame(b"SEND\ndestination:/qu", 1, fin=False))
+        self.assertTrue(ws.inside_message)
+        self.assertFalse(state.between_messages())
+        # Its last frame cut by the end of a read: autobahn holds the bytes.
+        last = client_frame(b"eue/q\n\nhi\x00", 0, fin=True)
+        client.send_raw(last[:3])
+        self.assertTrue(ws.data or ws.current_frame is not None)
+        self.assertFalse(state.between_messages())
+        client.send_raw(last[3:])
+        self.assertTrue(state.between_messages())
+        ws.close("bye")
+        self.assertFalse(state.is_open())
+        self.assertFalse(state.between_messages())
+
+    def test_fallback(self) -> None:
+        """Without the fields, autobahn parses every read and the
+        transport's own closing flag says whether it is open."""
+
+        class Changed:
+            pass
+
+        twisted_internals._warned.discard("websocket_state")
+        state = websocket_state(Changed())
+        self.assertFalse(state.complete)
+        self.assertFalse(state.between_messages())
+        self.assertTrue(state.is_open())
+        state.closing = True
+        self.assertFalse(state.is_open())
+
+
+class WebSocketTimerTests(SynchronousTestCase):
+    def test_clock_pinned(self) -> None:
+        """autobahn's factory still schedules its protocols' timers through
+        its private timer field, which QMQ points at its clock."""
+        from autobahn.twisted.websocket import WebSocketServerFactory  # noqa: PLC0415
+
+        factory = WebSocketServerFactory()
+        self.assertTrue(hasattr(factory, AUTOBAHN_TIMER))
+        clock = Clock()
+        self.assertTrue(websocket_clock(factory, clock))
+        timer = getattr(factory, AUTOBAHN_TIMER)
+        self.assertIsInstance(timer, ClockTimer)
+        fired: list[int] = []
+        timer.call_later(5, fired.append, 1)
+        clock.advance(5)
+        self.assertEqual(fired, [1])
+
+    def test_clock_fallback(self) -> None:
+        twisted_internals._warned.discard("websocket_clock")
+        self.assertFalse(websocket_clock(object(), Clock()))
+
+    def test_close_timer_pinned(self) -> None:
+        """An open autobahn protocol keeps its close-handshake timer in the
+        field QMQ cancels; the site's protocols' timers run on its clock."""
+        client = _websocket(self)
+        ws = client.ws
+        self.assertTrue(hasattr(ws, AUTOBAHN_CLOSE_TIMER))
+        self.assertIsInstance(getattr(ws.factory, AUTOBAHN_TIMER), ClockTimer)
+        fired: list[int] = []
+        call = self.clock.callLater(10, fired.append, 1)
+        setattr(ws, AUTOBAHN_CLOSE_TIMER, call)
+        cancel_close_timer(ws)
+        self.assertIsNone(getattr(ws, AUTOBAHN_CLOSE_TIMER))
+        self.clock.advance(10)
+        self.assertEqual(fired, [])
+
+    def test_close_timer_fallback(self) -> None:
+        class Changed:
+            pass
+
+        twisted_internals._warned.discard("cancel_close_timer")
+        cancel_close_timer(Changed())  # nothing to cancel, no error
 
 
 class RequestDisconnectedTests(SynchronousTestCase):
@@ -83,9 +200,12 @@ class NoPrivateReachTests(SynchronousTestCase):
     FOREIGN = re.compile(r"(?<![\w.])(?!self\b|cls\b)([a-z_][\w]*(?:\.[a-z_]\w*)*)\.(_[a-z]\w*)")
 
     def test_frontends(self) -> None:
+        # Every frontend and what sits beside them (a frontend package
+        # added later, amqp or cluster, is read as soon as it exists).
+        packages = ("web", "stomp", "auth", "spark", "cluster", "amqp")
         files = sorted(
-            [*(ROOT / "qmq" / "web").rglob("*.py"), *(ROOT / "qmq" / "stomp").rglob("*.py"),
-             ROOT / "qmq" / "service.py"]
+            [*(p for name in packages for p in (ROOT / "qmq" / name).rglob("*.py"))]
+            + [ROOT / "qmq" / name for name in ("service.py", "connections.py", "tls.py", "tap.py")]
         )
         found = []
         for path in files:
@@ -98,6 +218,89 @@ class NoPrivateReachTests(SynchronousTestCase):
                         continue
                     found.append(f"{path.relative_to(ROOT)}:{number}: {m.group(0)}")
         self.assertEqual(found, [])
+
+
+def _library_privates(cls: type) -> set[str]:
+    """The private names a library base of C{cls} (Twisted, autobahn) has
+    on its class or sets on a new instance, less those C{cls}'s own QMQ
+    classes define at class level (a method or attribute of their own)."""
+    from autobahn.twisted.websocket import WebSocketServerFactory  # noqa: PLC0415
+    from twisted.internet.protocol import Factory, Protocol  # noqa: PLC0415
+    from twisted.web.http import HTTPChannel, HTTPFactory  # noqa: PLC0415
+    from twisted.web.resource import Resource  # noqa: PLC0415
+
+    instances = {
+        WebSocketServerFactory: WebSocketServerFactory,
+        WebSocketServerProtocol: WebSocketServerProtocol,
+        Protocol: Protocol,
+        Factory: Factory,
+        HTTPChannel: HTTPChannel,
+        HTTPFactory: HTTPFactory,
+        Resource: Resource,
+    }
+    names: set[str] = set()
+    ours: set[str] = set()
+    for base in cls.__mro__:
+        if base is object:
+            continue
+        if base.__module__.startswith("qmq"):
+            ours.update(vars(base))
+            continue
+        names.update(vars(base))
+        make = instances.get(base)
+        if make is not None:
+            names.update(vars(make()))
+    return {n for n in names - ours if n.startswith("_") and not n.startswith("__")}
+
+
+class LibraryPrivateTests(SynchronousTestCase):
+    """A frontend class that subclasses a Twisted or autobahn class touches
+    none of its base's private names (C{self._name}) nor the autobahn state
+    L{qmq.twisted_internals} reads for it: only that module does."""
+
+    def test_subclasses(self) -> None:
+        import ast  # noqa: PLC0415
+        import importlib  # noqa: PLC0415
+
+        from autobahn.websocket.protocol import WebSocketProtocol  # noqa: PLC0415
+
+        autobahn_state = {*AUTOBAHN_PARSER_FIELDS, AUTOBAHN_CLOSE_TIMER, AUTOBAHN_FEED, AUTOBAHN_TIMER}
+        files = sorted([*(ROOT / "qmq" / "web").rglob("*.py"), *(ROOT / "qmq" / "stomp").rglob("*.py")])
+        found = []
+        checked = 0
+        for path in files:
+            module = importlib.import_module(
+                ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+            )
+            for node in ast.parse(path.read_text()).body:
+                if not isinstance(node, ast.ClassDef):
+                    continue
+                cls = getattr(module, node.name, None)
+                if not isinstance(cls, type):
+                    continue
+                forbidden = _library_privates(cls)
+                if issubclass(cls, WebSocketProtocol):
+                    forbidden |= autobahn_state
+                if not forbidden:
+                    continue
+                checked += 1
+                for sub in ast.walk(node):
+                    if (
+                        isinstance(sub, ast.Attribute)
+                        and isinstance(sub.value, ast.Name)
+                        and sub.value.id == "self"
+                        and sub.attr in forbidden
+                    ):
+                        found.append(f"{path.relative_to(ROOT)}:{sub.lineno}: self.{sub.attr}")
+        self.assertGreater(checked, 5)
+        self.assertEqual(found, [])
+
+    def test_catches_a_reach(self) -> None:
+        """The names it forbids include what websocket.py once read."""
+        from qmq.web.websocket import StompWebSocketFactory, StompWebSocketProtocol  # noqa: PLC0415
+
+        self.assertIn(AUTOBAHN_TIMER, _library_privates(StompWebSocketFactory))
+        self.assertNotIn("_cut", _library_privates(StompWebSocketProtocol))
 
 
 class ChannelSeamTests(SynchronousTestCase):

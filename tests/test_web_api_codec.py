@@ -60,12 +60,12 @@ class AvroInteropTests(unittest.SynchronousTestCase):
     def test_qmq_writes_avro_reads(self) -> None:
         m = Message(42, "amq.topic", "a.b", {"h": "v"}, b"\x00\xff", 1700000000.25, True, 3, 1700000060.0)
         m.delivery_count = 2
-        data = codec.avro_container([codec.avro_delivery(m, "tok.7", None)])
+        data = codec.avro_container([codec.avro_delivery(m, "tok.7", None, "node-1")])
         reader = avro.datafile.DataFileReader(io.BytesIO(data), avro.io.DatumReader())
         [rec] = list(reader)
         self.assertEqual(rec["handle"], "tok.7")
-        self.assertEqual((rec["id"], rec["body"], rec["destination"], rec["headers"]),
-                         (42, b"\x00\xff", "/topic/a.b", {"h": "v"}))
+        self.assertEqual((rec["id"], rec["number"], rec["body"], rec["destination"], rec["headers"]),
+                         ("node-1.42", 42, b"\x00\xff", "/topic/a.b", {"h": "v"}))
         self.assertEqual((rec["redelivered"], rec["delivery_count"], rec["priority"]), (True, 2, 3))
         # timestamp-millis: avro gives datetimes; fastavro reads the same file alike.
         self.assertEqual(int(rec["timestamp"].timestamp() * 1000), 1700000000250)
@@ -244,8 +244,10 @@ class DeliveryTests(unittest.SynchronousTestCase):
         messages[2].delivery_count = 3
         got = list(enumerate(messages, 10))
         for force in (False, True):
-            self.assertEqual(codec.json_deliveries(got, "tok", force),
-                             [codec.json_delivery(m, f"tok.{t}", None, force) for t, m in got])
+            batch = codec.json_deliveries(got, "tok", force, "n1")
+            self.assertEqual(batch, [codec.json_delivery(m, f"tok.{t}", None, force, "n1") for t, m in got])
+            self.assertEqual([(d["id"], d["number"]) for d in batch],
+                             [("n1.1", 1), ("n1.2", 2), ("n1.3", 3), ("n1.4", 4)])
 
     def test_avro_deliveries_as_fastavro_writes_them(self) -> None:
         """QMQ's own Delivery writer: the same records as fastavro's writer
@@ -264,12 +266,13 @@ class DeliveryTests(unittest.SynchronousTestCase):
         messages[4].properties = {"correlation_id": "c", "type": "t"}
         entries = [(messages[0], "tok.1", None), (messages[1], None, 9), (messages[2], "tok.3", 2**33),
                    (messages[3], None, None), (messages[4], None, None)]
-        ours = codec.avro_deliveries(entries)
-        theirs = codec.avro_container([codec.avro_delivery(m, h, s) for m, h, s in entries])
+        ours = codec.avro_deliveries(entries, "n")
+        theirs = codec.avro_container([codec.avro_delivery(m, h, s, "n") for m, h, s in entries])
         self.assertEqual(list(fastavro.reader(io.BytesIO(ours))), list(fastavro.reader(io.BytesIO(theirs))))
         reader = avro.datafile.DataFileReader(io.BytesIO(ours), avro.io.DatumReader())
-        self.assertEqual([r["id"] for r in reader], [1, 2, 2**40, 4, 5])
+        self.assertEqual([(r["id"], r["number"]) for r in reader],
+                         [("n.1", 1), ("n.2", 2), (f"n.{2**40}", 2**40), ("n.4", 4), ("n.5", 5)])
         got = list(fastavro.reader(io.BytesIO(ours)))
         self.assertEqual([(r["headers"], r["properties"]) for r in got],
                          [(m.headers or {}, m.properties or {}) for m in messages])
-        self.assertEqual(list(fastavro.reader(io.BytesIO(codec.avro_deliveries([])))), [])
+        self.assertEqual(list(fastavro.reader(io.BytesIO(codec.avro_deliveries([], "n")))), [])

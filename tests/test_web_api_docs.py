@@ -21,6 +21,8 @@ from tests.web_api_helpers import ApiSiteMixin
 PAGE = Path(__file__).parent.parent / "docs" / "http-api.rst"
 DOC_ADDRESS = "127.0.0.1:8080"
 DOC_TOKEN = "qmq-3f9a1c07.10apws3z0g1.Zt3kQ1nA"
+#: The node id of the page's message ids.
+DOC_NODE = "qmq-3f9a1c07"
 
 
 def examples(text: str) -> list[tuple[str, str]]:
@@ -57,7 +59,7 @@ class CurlExamplesTests(ApiSiteMixin, unittest.TestCase):
         # The page shows a broker's first messages: ids from 1, as a broker
         # on a clock at the epoch gives them (a real one starts at its time
         # floor, qmq.core.ids).
-        broker = Broker(reactor)
+        broker = Broker(reactor, node=DOC_NODE)
         broker.message_ids = MessageIds(1, broker.node)
         self.start_site(broker=broker)
 

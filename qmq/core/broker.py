@@ -299,6 +299,11 @@ class Broker:
         for vhost_name, queue_name, exchange, key, arguments in recovery.bindings:
             _warn_kept("binding key", key, vhost_name)
             self.add_vhost(vhost_name).bind(queue_name, exchange, key, arguments, validate=False)
+        for vhost_name, destination, source, key, arguments in recovery.exchange_bindings:
+            _warn_kept("binding key", key, vhost_name)
+            self.add_vhost(vhost_name).bind_exchange(
+                destination, source, key, arguments, validate=False
+            )
         for (vhost_name, queue_name), messages in kept.items():
             # Messages of a queue the store did not list.
             queue = self.add_vhost(vhost_name).queues.get(queue_name)

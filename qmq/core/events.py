@@ -18,6 +18,11 @@ Two kinds of events, per virtual host:
     interest, ActiveMQ's conduit subscriptions).
   - B{topology}: a queue or an exchange is declared or deleted.
 
+An observer that itself makes bindings (a mesh link binds on behalf of a
+peer) cannot tell its own from the others' by the first/last events alone:
+L{Observer.bindings_changed} tells it every change of the count, after the
+first/last event, so it can subtract its own.
+
 Observers subscribe with C{VirtualHost.observe} (one virtual host) or
 C{Broker.observe} (every virtual host, those made later too).
 
@@ -65,6 +70,10 @@ class Observer:
     def interest_removed(self, vhost: str, exchange: str, key: str) -> None:
         """The last binding for C{exchange} + C{key} went."""
 
+    def bindings_changed(self, vhost: str, exchange: str, key: str, count: int) -> None:
+        """A binding for C{exchange} + C{key} was made or went: C{count}
+        remain (told after L{interest_added} or L{interest_removed})."""
+
     def queue_declared(self, vhost: str, queue: str) -> None:
         """Queue C{queue} was made."""
 
@@ -96,7 +105,7 @@ class Events:
                 k = (exchange.name, key)
                 self.interest[k] = self.interest.get(k, 0) + 1
 
-    def _emit(self, method: str, *args: str) -> None:
+    def _emit(self, method: str, *args: str | int) -> None:
         for observer in list(self.observers):
             try:
                 getattr(observer, method)(self.name, *args)
@@ -112,6 +121,7 @@ class Events:
         self.interest[k] = n + 1
         if not n:
             self._emit("interest_added", exchange.name, key)
+        self._emit("bindings_changed", exchange.name, key, n + 1)
 
     def unbound(self, exchange: Exchange, key: str) -> None:
         """A binding for C{exchange} + C{key} went."""
@@ -122,6 +132,9 @@ class Events:
         elif n == 1:
             del self.interest[k]
             self._emit("interest_removed", exchange.name, key)
+        else:
+            return
+        self._emit("bindings_changed", exchange.name, key, n - 1)
 
     # -- topology -----------------------------------------------------------
 

@@ -19,12 +19,19 @@ two floors:
     them exactly.
 
 An integer id is unique within one node. What reaches a client names the
-node too: L{MessageIds.prefix} is C{NODE.RUN}, the node id and this run's
-first id in base 36, and every wire name the broker makes for a delivery
-starts with it (a STOMP session id and so every C{message-id} it sends;
-an HTTP receiver's token and so every receipt handle). A name from another
-node, or from an earlier run of this one, never matches a delivery of this
-run: an ack of it is refused as unknown, and never settles another message.
+node too:
+
+  - a message: L{message_name}, C{NODE.ID} (the HTTP API's C{id}). The
+    integer never repeats on its node, so neither does the name; and it is
+    the message's own, so a message given back after a restart keeps its
+    name (a client tells a redelivery by it).
+  - a delivery: L{MessageIds.prefix} is C{NODE.RUN}, the node id and this
+    run's first id in base 36, and every name the broker makes for a
+    delivery starts with it (a STOMP session id and so every C{message-id}
+    it sends; an HTTP receiver's token and so every receipt handle). A
+    name from another node, or from an earlier run of this one, never
+    matches a delivery of this run: an ack of it is refused as unknown,
+    and never settles another message.
 
 The node id comes from the service (C{[cluster] node}, or the one kept in
 the data directory; see L{qmq.cluster.settings}); a broker built without
@@ -63,6 +70,13 @@ def base36(n: int) -> str:
         n, d = divmod(n, 36)
         digits.append(_DIGITS[d])
     return "".join(reversed(digits))
+
+
+def message_name(node: str, message_id: int) -> str:
+    """The name of message C{message_id} of node C{node} on the wire:
+    C{NODE.ID}, the id in decimal (never repeats, see the module
+    docstring)."""
+    return f"{node}.{message_id}"
 
 
 class MessageIds(itertools.count):  # type: ignore[misc]
@@ -116,8 +130,20 @@ class MessageIds(itertools.count):  # type: ignore[misc]
         n = self.next_id
         return n - 1 if n > self.first else None
 
+    def name(self, message_id: int) -> str:
+        """L{message_name} of C{message_id} on this node."""
+        return f"{self.node}.{message_id}"
+
     def __repr__(self) -> str:
         return f"<MessageIds node={self.node!r} first={self.first} next={self.next_id}>"
 
 
-__all__ = ["DEFAULT_NODE", "NODE_ID", "TIME_SHIFT", "MessageIds", "base36", "time_floor"]
+__all__ = [
+    "DEFAULT_NODE",
+    "NODE_ID",
+    "TIME_SHIFT",
+    "MessageIds",
+    "base36",
+    "message_name",
+    "time_floor",
+]

@@ -283,17 +283,18 @@ class Management:
         self.authorize("write", self._queue(queue))
         self.authorize("read", self._exchange(exchange, key))
 
-    def bind(self, queue: str, exchange: str, key: str = "") -> None:
-        """Bind C{queue} to C{exchange} with C{key}.
+    def bind(self, queue: str, exchange: str, key: str = "", arguments: dict | None = None) -> None:
+        """Bind C{queue} to C{exchange} with C{key} (and, for a headers
+        exchange, its C{arguments}).
         @raise NotFound, AccessRefused, PreconditionFailed."""
         self._binding(queue, exchange, key)
-        self.vhost.bind(queue, exchange, key)
+        self.vhost.bind(queue, exchange, key, arguments)
 
-    def unbind(self, queue: str, exchange: str, key: str = "") -> None:
+    def unbind(self, queue: str, exchange: str, key: str = "", arguments: dict | None = None) -> None:
         """Remove the binding of C{queue} to C{exchange} with C{key}.
         @raise NotFound, AccessRefused."""
         self._binding(queue, exchange, key)
-        self.vhost.unbind(queue, exchange, key)
+        self.vhost.unbind(queue, exchange, key, arguments)
 
     # -- exchanges -----------------------------------------------------------------------
 

@@ -165,8 +165,8 @@ class Message:
         self.cache = None
         self.properties: dict[str, str] | None = None
 
-    def redelivery(self) -> Message:
-        """Return a copy of this message with its delivery count raised by one."""
+    def _copy(self) -> Message:
+        """A copy of every field (the body and dicts shared)."""
         m = Message.__new__(Message)
         m.id = self.id
         m.exchange = self.exchange
@@ -179,30 +179,25 @@ class Message:
         m.expires = self.expires
         m.deliver_at = self.deliver_at
         m.ack_timeout = self.ack_timeout
-        m.delivery_count = self.delivery_count + 1
+        m.delivery_count = self.delivery_count
         m.cache = self.cache
         m.properties = self.properties
+        return m
+
+    def redelivery(self) -> Message:
+        """Return a copy of this message with its delivery count raised by one."""
+        m = self._copy()
+        m.delivery_count += 1
         return m
 
     def offloaded(self, body: OnDisk) -> Message:
         """A copy whose body (and headers, and the frontend's cache of them)
         are left to the store: C{body} says where they are. (Its properties,
         delivery time and ack timeout stay.)"""
-        m = Message.__new__(Message)
-        m.id = self.id
-        m.exchange = self.exchange
-        m.routing_key = self.routing_key
+        m = self._copy()
         m.headers = None
         m.body = body
-        m.timestamp = self.timestamp
-        m.persistent = self.persistent
-        m.priority = self.priority
-        m.expires = self.expires
-        m.deliver_at = self.deliver_at
-        m.ack_timeout = self.ack_timeout
-        m.delivery_count = self.delivery_count
         m.cache = None
-        m.properties = self.properties
         return m
 
     def __repr__(self) -> str:

@@ -20,7 +20,8 @@ When the core calls the store:
   - B{requeue}: a persistent message went back to a durable queue with a
     higher delivery count, so a restart still marks it redelivered.
   - B{declare_queue}, B{delete_queue}, B{declare_exchange},
-    B{delete_exchange}, B{bind}, B{unbind}: durable topology changed.
+    B{delete_exchange}, B{bind}, B{unbind}, B{bind_exchange},
+    B{unbind_exchange}: durable topology changed.
   - B{recover}: once, before any listener starts: what the store kept.
   - B{load}: a queue reached messages whose bodies the store left on disk
     (a long backlog, see L{qmq.core.queue.Queue.offload}): read them back.
@@ -99,6 +100,8 @@ class Recovery:
     @ivar queues: L{RecoveredQueue}s (or plain C{(vhost, name, arguments)}
         tuples) of durable queues.
     @ivar bindings: C{(vhost, queue, exchange, routing key, arguments)}.
+    @ivar exchange_bindings: C{(vhost, destination, source, routing key,
+        arguments)} of bindings between durable exchanges.
     @ivar messages: C{(vhost, queue)} -> messages to put back, in queue order.
     """
 
@@ -106,6 +109,7 @@ class Recovery:
     exchanges: list[tuple[str, str, str, bool]] = field(default_factory=list)
     queues: list[tuple] = field(default_factory=list)
     bindings: list[tuple[str, str, str, str, dict | None]] = field(default_factory=list)
+    exchange_bindings: list[tuple[str, str, str, str, dict | None]] = field(default_factory=list)
     messages: dict[tuple[str, str], list[Message]] = field(default_factory=dict)
 
 
@@ -154,6 +158,27 @@ class MessageStore(Protocol):
         self, vhost: VirtualHost, queue: Queue, exchange: Exchange, key: str, arguments: dict | None
     ) -> None:
         """That binding was removed."""
+
+    def bind_exchange(
+        self,
+        vhost: VirtualHost,
+        destination: Exchange,
+        source: Exchange,
+        key: str,
+        arguments: dict | None,
+    ) -> None:
+        """Durable exchange C{destination} was bound to durable exchange
+        C{source} (what C{source} routes with C{key} goes on through it)."""
+
+    def unbind_exchange(
+        self,
+        vhost: VirtualHost,
+        destination: Exchange,
+        source: Exchange,
+        key: str,
+        arguments: dict | None,
+    ) -> None:
+        """That exchange-to-exchange binding was removed."""
 
     def scan(
         self,
@@ -234,6 +259,26 @@ class NullStore:
 
     def unbind(
         self, vhost: VirtualHost, queue: Queue, exchange: Exchange, key: str, arguments: dict | None
+    ) -> None:
+        return None
+
+    def bind_exchange(
+        self,
+        vhost: VirtualHost,
+        destination: Exchange,
+        source: Exchange,
+        key: str,
+        arguments: dict | None,
+    ) -> None:
+        return None
+
+    def unbind_exchange(
+        self,
+        vhost: VirtualHost,
+        destination: Exchange,
+        source: Exchange,
+        key: str,
+        arguments: dict | None,
     ) -> None:
         return None
 

@@ -551,13 +551,20 @@ class VirtualHost:
     # -- exchange to exchange ------------------------------------------------
 
     def bind_exchange(
-        self, destination: str, source: str, routing_key: str = "", arguments: dict | None = None
+        self,
+        destination: str,
+        source: str,
+        routing_key: str = "",
+        arguments: dict | None = None,
+        validate: bool = True,
     ) -> None:
         """Bind exchange C{destination} to exchange C{source}: what
         C{source} routes with a matching key goes on through C{destination}
-        (L{expand}). Not kept across a restart (only queue bindings are
-        stored).
+        (L{expand}). A binding between two durable exchanges is stored
+        (kept across a restart, as a durable queue's bindings are).
 
+        @param validate: check the binding key (L{qmq.core.names}); False
+            only for what a store recovered.
         @raise NotFound: no such exchange.
         @raise AccessRefused: the default exchange.
         """
@@ -565,7 +572,8 @@ class VirtualHost:
             raise AccessRefused("the default exchange cannot be bound")
         dest = self.exchange(destination)
         src = self.exchange(source)
-        check_binding_key(routing_key, src)
+        if validate:
+            check_binding_key(routing_key, src)
         if src.bind(dest, routing_key, arguments):
             src.e2e += 1
             if dest.sources is None:
@@ -573,6 +581,8 @@ class VirtualHost:
             dest.sources.append((src, routing_key, arguments))
             if self.events is not None:
                 self.events.bound(src, routing_key)
+            if src.durable and dest.durable and self.broker is not None:
+                self.broker.store.bind_exchange(self, dest, src, routing_key, arguments)
 
     def unbind_exchange(
         self, destination: str, source: str, routing_key: str = "", arguments: dict | None = None
@@ -590,6 +600,8 @@ class VirtualHost:
                     break
         if self.events is not None:
             self.events.unbound(src, routing_key)
+        if src.durable and dest.durable and self.broker is not None:
+            self.broker.store.unbind_exchange(self, dest, src, routing_key, arguments)
         self.maybe_auto_delete_exchange(src)
 
     #: Most exchanges one publish passes through (bindings from exchange to

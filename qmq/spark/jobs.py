@@ -27,13 +27,15 @@ import argparse
 import base64
 import csv
 import html
+import math
 import os
 import sys
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from qmq.spark import session
+from qmq.spark.progress import Progress, StageWatch
 
 # -- reading ------------------------------------------------------------------------------
 
@@ -62,55 +64,87 @@ def _reader(spark: Any, args: argparse.Namespace, stream: bool = False) -> Any:
 # -- archive ------------------------------------------------------------------------------
 
 
-def archive_batch(spark: Any, df: Any, out: str) -> int:
+def archive_batch(spark: Any, df: Any, out: str) -> tuple[int, int]:
     """Append to the archive at C{out} the rows of C{df} (message columns)
-    it does not hold yet (by queue and message id); return how many."""
+    it does not hold yet (by queue and message id); return how many rows
+    were read and how many added.
+
+    Both counts come from one pass: the rows read are joined to the held
+    keys with a mark, kept (memory, then disk) and counted by the mark,
+    then the unmarked ones written; the source is read once."""
     from pyspark.sql import functions as F  # noqa: PLC0415
 
     rows = df.withColumn("date", F.to_date("timestamp"))
     if _has_parquet(out):
         dates = rows.select("date").distinct()
         held = (spark.read.parquet(out).select("queue", "message_id", "date")
-                .join(F.broadcast(dates), "date", "left_semi").drop("date"))
-        rows = rows.join(held, ["queue", "message_id"], "left_anti")
+                .join(F.broadcast(dates), "date", "left_semi").drop("date")
+                .dropDuplicates(["queue", "message_id"])
+                .withColumn("_held", F.lit(True)))
+        rows = rows.join(held, ["queue", "message_id"], "left")
+    else:
+        rows = rows.withColumn("_held", F.lit(None).cast("boolean"))
     rows = rows.persist()
     try:
-        n = rows.count()
-        if n:
-            rows.write.mode("append").partitionBy("destination", "date").parquet(out)
-        return int(n)
+        counts = rows.groupBy(F.col("_held").isNull().alias("new")).count().collect()
+        by = {bool(r["new"]): int(r["count"]) for r in counts}
+        read, added = sum(by.values()), by.get(True, 0)
+        if added:
+            (rows.where(F.col("_held").isNull()).drop("_held")
+             .write.mode("append").partitionBy("destination", "date").parquet(out))
+        return read, added
     finally:
         rows.unpersist()
 
 
 def _has_parquet(path: str) -> bool:
+    files = _parquet_files(path)
+    return files is None or bool(files)
+
+
+def _parquet_files(path: str) -> set[str] | None:
+    """The Parquet files under a local C{path} (None: a remote file system,
+    not looked at)."""
     if "://" in path and not path.startswith("file:"):
-        return True  # a remote file system: let Spark tell
+        return None  # a remote file system: let Spark tell
     path = path.removeprefix("file:")
+    found: set[str] = set()
     if not os.path.isdir(path):
-        return False
-    for _root, _dirs, files in os.walk(path):
-        if any(f.endswith(".parquet") for f in files):
-            return True
-    return False
+        return found
+    for root, _dirs, files in os.walk(path):
+        found.update(os.path.join(root, f) for f in files if f.endswith(".parquet"))
+    return found
 
 
-def archive(spark: Any, args: argparse.Namespace) -> int:
-    """The archive job; the rows it added."""
-    if args.checkpoint:
-        added = [0]
+def archive(spark: Any, args: argparse.Namespace, progress: Progress | None = None) -> int:
+    """The archive job; the rows it added.  C{progress} (made if not given)
+    hears each micro-batch and ends with the summary line."""
+    progress = progress or Progress("archive", 0)
+    before = _parquet_files(args.out)
+    read, added = [0], [0]
+    with StageWatch(spark.sparkContext, progress):
+        if args.checkpoint:
 
-        def batch(df: Any, batch_id: int) -> None:
-            added[0] += archive_batch(df.sparkSession, df, args.out)
+            def batch(df: Any, batch_id: int) -> None:
+                r, a = archive_batch(df.sparkSession, df, args.out)
+                read[0] += r
+                added[0] += a
+                progress.note(f"micro-batch {batch_id}: {r:,} row(s) read, {a:,} added; "
+                              f"{read[0]:,} read, {added[0]:,} added in all")
 
-        r = _reader(spark, args, stream=True)
-        if args.max_rows:
-            r = r.option("maxRowsPerTrigger", str(args.max_rows))
-        q = (r.load().writeStream.foreachBatch(batch)
-             .option("checkpointLocation", args.checkpoint).trigger(availableNow=True).start())
-        q.awaitTermination()
-        return added[0]
-    return archive_batch(spark, _reader(spark, args).load(), args.out)
+            r = _reader(spark, args, stream=True)
+            if args.max_rows:
+                r = r.option("maxRowsPerTrigger", str(args.max_rows))
+            q = (r.load().writeStream.foreachBatch(batch)
+                 .option("checkpointLocation", args.checkpoint)
+                 .trigger(availableNow=True).start())
+            q.awaitTermination()
+        else:
+            read[0], added[0] = archive_batch(spark, _reader(spark, args).load(), args.out)
+    after = _parquet_files(args.out)
+    files = None if before is None or after is None else len(after - before)
+    progress.summary(read[0], added[0], files, written_as="added")
+    return added[0]
 
 
 # -- report -------------------------------------------------------------------------------
@@ -182,21 +216,29 @@ def report_frames(spark: Any, args: argparse.Namespace) -> tuple[Any, Any]:
     return per_minute, top
 
 
-def report(spark: Any, args: argparse.Namespace) -> dict[str, str]:
-    """The report job; the files it wrote, by kind."""
+def report(spark: Any, args: argparse.Namespace,
+           progress: Progress | None = None) -> dict[str, str]:
+    """The report job; the files it wrote, by kind.  C{progress} (made if
+    not given) hears the steps and ends with the summary line."""
+    progress = progress or Progress("report", 0)
     per_minute, top = report_frames(spark, args)
     out = args.out
     os.makedirs(out, exist_ok=True)
-    per_minute.write.mode("overwrite").parquet(os.path.join(out, "per_minute"))
-    top.write.mode("overwrite").parquet(os.path.join(out, "top_producers"))
-    minutes = [r.asDict() for r in per_minute.collect()]
-    producers = [r.asDict() for r in top.collect()]
+    with StageWatch(spark.sparkContext, progress):
+        per_minute.write.mode("overwrite").parquet(os.path.join(out, "per_minute"))
+        progress.note("per_minute/ written")
+        top.write.mode("overwrite").parquet(os.path.join(out, "top_producers"))
+        minutes = [r.asDict() for r in per_minute.collect()]
+        producers = [r.asDict() for r in top.collect()]
     files = {
         "per_minute_csv": _csv(os.path.join(out, "per_minute.csv"), per_minute.columns, minutes),
         "top_producers_csv": _csv(os.path.join(out, "top_producers.csv"), top.columns, producers),
     }
     files["chart"] = _chart(os.path.join(out, "report.png"), minutes)
     files["html"] = _html(os.path.join(out, "report.html"), minutes, producers, files["chart"])
+    parts = [_parquet_files(os.path.join(out, d)) for d in ("per_minute", "top_producers")]
+    count = None if None in parts else len(files) + sum(len(p) for p in parts if p is not None)
+    progress.summary(sum(r["messages"] for r in minutes), len(minutes) + len(producers), count)
     return files
 
 
@@ -218,32 +260,82 @@ def _cell(v: Any) -> Any:
     return v
 
 
+#: The chart draws this many destinations at most (the busiest); the rest
+#: are in the CSV and the page's table.
+CHART_DESTINATIONS = 12
+
+#: The chart's columns: a per-minute field, its label and a scale.
+_PANELS = (("messages", "messages / minute", 1.0),
+           ("bytes", "KiB / minute", 1 / 1024),
+           ("ack_delay_p50_ms", "publish to ack, p50 (ms)", 1.0))
+
+
+def chart_series(rows: list[dict], limit: int = CHART_DESTINATIONS
+                 ) -> tuple[dict[str, dict[str, list]], list[str]]:
+    """What the chart draws: per destination (the C{limit} busiest, by
+    messages), the minutes and each panel's values, in minute order; and
+    the destinations left out.
+
+    A minute without traffic has no row; between two rows more than a
+    minute apart the series get a point one minute after the first whose
+    values are NaN, so matplotlib breaks the line there (a gap is a gap,
+    not a slope).  An unknown value (None) is NaN too.
+    """
+    nan = float("nan")
+    by_dest: dict[str, list[dict]] = {}
+    for r in rows:
+        by_dest.setdefault(r["destination"], []).append(r)
+    ranked = sorted(by_dest, key=lambda d: (-sum(r["messages"] for r in by_dest[d]), d))
+    series: dict[str, dict[str, list]] = {}
+    for dest in sorted(ranked[:limit]):
+        s: dict[str, list] = {"minute": [], **{k: [] for k, _, _ in _PANELS}}
+        prev = None
+        for r in sorted(by_dest[dest], key=lambda r: r["minute"]):
+            if prev is not None and r["minute"] - prev > timedelta(minutes=1):
+                s["minute"].append(prev + timedelta(minutes=1))
+                for k, _, _ in _PANELS:
+                    s[k].append(nan)
+            s["minute"].append(r["minute"])
+            for k, _, scale in _PANELS:
+                s[k].append(nan if r[k] is None else r[k] * scale)
+            prev = r["minute"]
+        series[dest] = s
+    return series, sorted(ranked[limit:])
+
+
 def _chart(path: str, rows: list[dict]) -> str:
+    """Small multiples: a row per destination, a column per panel, each
+    with its own y scale (a 200K-message queue does not flatten the small
+    ones), sharing the time axis."""
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    by_dest: dict[str, list[dict]] = {}
-    for r in rows:
-        by_dest.setdefault(r["destination"], []).append(r)
-    fig, axes = plt.subplots(3, 1, figsize=(10, 9), sharex=True)
-    for dest, rs in sorted(by_dest.items()):
-        xs = [r["minute"] for r in rs]
-        axes[0].plot(xs, [r["messages"] for r in rs], marker="o", label=dest)
-        axes[1].plot(xs, [(r["bytes"] or 0) / 1024 for r in rs], marker="o", label=dest)
-        axes[2].plot(xs, [r["ack_delay_p50_ms"] for r in rs], marker="o", label=dest)
-    axes[0].set_ylabel("messages / minute")
-    axes[1].set_ylabel("KiB / minute")
-    axes[2].set_ylabel("publish to ack, p50 (ms)")
-    axes[0].set_title("QMQ traffic per destination")
-    if by_dest:
-        axes[0].legend(fontsize="small")
-    for ax in axes:
-        ax.grid(True, alpha=0.3)
+    series, left_out = chart_series(rows)
+    n = max(1, len(series))
+    fig, axes = plt.subplots(n, len(_PANELS), figsize=(12, 1.2 + 2.0 * n), sharex=True,
+                             squeeze=False)
+    for row, (dest, s) in enumerate(series.items()):
+        for col, (key, label, _) in enumerate(_PANELS):
+            ax = axes[row][col]
+            ax.plot(s["minute"], s[key], marker="o", markersize=3)
+            ax.grid(True, alpha=0.3)
+            ax.set_ylim(bottom=0)
+            if all(math.isnan(v) for v in s[key]):
+                ax.text(0.5, 0.5, "not known", transform=ax.transAxes, ha="center",
+                        va="center", color="#888")
+            if row == 0:
+                ax.set_title(label, fontsize="medium")
+            if col == 0:
+                ax.set_ylabel(dest, fontsize="small")
+    title = "QMQ traffic per destination and minute"
+    if left_out:
+        title += f" ({len(left_out)} quieter destination(s) in per_minute.csv)"
+    fig.suptitle(title)
     fig.autofmt_xdate()
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=80)
     plt.close(fig)
     return path
 
@@ -331,6 +423,9 @@ def parser() -> argparse.ArgumentParser:
         j.add_argument("--token")
         j.add_argument("--slices", type=int, help="time slices per queue (HTTP reads)")
         j.add_argument("--out", required=True, help="the output directory")
+        j.add_argument("--progress", type=float, default=10.0, metavar="SECONDS",
+                       help="progress lines on standard error at most this often "
+                            "(0: none; the summary line is always written)")
         if name == "archive":
             j.add_argument("--checkpoint", help="run as a streaming query with this checkpoint")
             j.add_argument("--max-rows", type=int, help="with --checkpoint: rows per micro-batch")
@@ -353,12 +448,13 @@ def _master(given: str | None) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    progress = Progress(args.job, args.progress)
     spark = session(_master(args.master), f"qmq-{args.job}")
     if args.job == "archive":
-        n = archive(spark, args)
+        n = archive(spark, args, progress)
         print(f"archived {n} new row(s) into {args.out}")
     else:
-        files = report(spark, args)
+        files = report(spark, args, progress)
         for kind, path in files.items():
             print(f"{kind}: {path}")
     return 0

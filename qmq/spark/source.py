@@ -389,7 +389,7 @@ def scan_batches(client: Client, vhost: str, p: ScanPartition, page: int,
         records, cursor = client.scan(vhost, queue, p.start, p.end, cursor, page)
         done = cursor is None
         for r in records:
-            mid = r["id"]
+            mid = r["number"]
             if until is not None and mid > until:
                 done = True
                 break
@@ -537,9 +537,9 @@ class QmqStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvailable
             limit = opts.page if budget is None else max(1, min(opts.page, budget - count))
             records, cursor = self.client.scan(opts.vhost, queue, start, end, cursor, limit)
             for r in records[: None if budget is None else budget - count]:
-                if cap is not None and r["id"] > cap:
+                if cap is not None and r["number"] > cap:
                     return last, count
-                last = r["id"]
+                last = r["number"]
                 count += 1
             if cursor is None:
                 break

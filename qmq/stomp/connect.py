@@ -270,7 +270,8 @@ class ConnectMixin:
             headers.append(("heart-beat", f"{sx},{sy}"))
         self.write_frame(encode_frame("CONNECTED", headers, b"", version))
         self._start_heartbeats(send_ms, recv_ms)
-        log.info(
+        # A line per connection: debug, as their open and close are.
+        log.debug(
             "stomp connect session={session} peer={peer} version={version} vhost={vhost} "
             "login={login} user={user} heart-beat={send}/{recv}",
             session=self.id,

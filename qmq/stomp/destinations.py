@@ -19,6 +19,12 @@ destination            core
 ``/control/...``       counts answered in the RECEIPT (ocamlmq)
 =====================  ==================================================
 
+C{/temp-queue/} and C{/control/} belong to a session (its private reply
+queues; answers in its RECEIPT): a frontend without sessions (the HTTP API)
+opens its channel with C{session=False}, and the channel refuses them with
+L{session_only} as its reason, so what a destination is, and who may name
+it, is decided here for every frontend.
+
 L{parse_destination} reads a name; L{DestinationChannel} is a
 L{Channel} that also takes names: L{DestinationChannel.send_target}
 resolves one to publish to (cached per channel: a SEND resolves its
@@ -39,6 +45,9 @@ from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX, check_queue_access
 from qmq.core.queue import Queue
 
 PREFIXES = ("/queue/", "/topic/", "/exchange/", "/temp-queue/", "/control/")
+
+#: The kinds of destination only a session has (see the module docstring).
+SESSION_KINDS = frozenset(("temp-queue", "control"))
 
 
 class DestinationError(BrokerError):
@@ -101,6 +110,16 @@ def destination_of(exchange: str, routing_key: str) -> str:
     return f"/exchange/{exchange}/{routing_key}"
 
 
+def session_only(text: str) -> DestinationError:
+    """The refusal of C{text}, a destination of a L{SESSION_KINDS} kind, on a
+    channel without a session."""
+    return DestinationError(
+        f"{text.split('/')[1]!r} destinations are for STOMP sessions; without a session "
+        "publish to /queue/, /topic/ and /exchange/ destinations",
+        "session destination",
+    )
+
+
 _TARGET_CACHE_SIZE = 1000
 
 
@@ -109,10 +128,13 @@ class DestinationChannel(Channel):
     docstring): what the STOMP session and the HTTP API open.
 
     @ivar temp_queues: temp-queue name -> its queue.
+    @ivar session: whether the channel is a session's, which may name
+        L{SESSION_KINDS} destinations (False: the HTTP API's).
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, session: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.session = session
         self.temp_queues: dict[str, Queue] = {}
         self._targets: dict[str, SendTarget] = {}
 
@@ -169,6 +191,8 @@ class DestinationChannel(Channel):
             return (queue, None, "", name, queue)
         dest = parse_destination(text)
         kind = dest.kind
+        if kind in SESSION_KINDS and not self.session:
+            raise session_only(text)
         if kind == "temp-queue":
             queue = self.temp_queue(dest.name)
             return (queue, None, "", queue.name, queue)
@@ -231,6 +255,8 @@ class DestinationChannel(Channel):
         """
         dest = parse_destination(text)
         kind = dest.kind
+        if kind in SESSION_KINDS and not self.session:
+            raise session_only(text)
         consumer.channel = self
         if kind == "control":
             raise DestinationError(

@@ -15,7 +15,7 @@ reactor thread except the read:
   2. The writer thread reads the segment whole (C{read_segment}).
   3. L{Compaction._copy_forward} walks its records: each still live one
      (a publish some queue holds, a requeue count, a queue or exchange
-     declaration, a binding) is encoded again at the head of the log
+     declaration, a binding of a queue or an exchange) is encoded again at the head of the log
      (L{Compaction._copy_record}) and the index moves it there. The copies
      go out with the next batch; once that batch is synced, the index finds
      the old segment empty and the writer deletes it.
@@ -39,6 +39,7 @@ from twisted.logger import Logger
 
 from qmq.store.record import (
     RECORD_BIND,
+    RECORD_BIND_EXCHANGE,
     RECORD_DECLARE_EXCHANGE,
     RECORD_DECLARE_QUEUE,
     RECORD_PUBLISH,
@@ -185,18 +186,16 @@ class Compaction:
                 return 0
             self._declare_exchange(f["vhost"], f["exchange"], ex[0], ex[1], force=True)
             return 1
-        if type_ == RECORD_BIND:
+        if type_ == RECORD_BIND or type_ == RECORD_BIND_EXCHANGE:
             f = decode_topology(data, start, end, type_)
-            key = (
-                f["vhost"],
-                f["queue"],
-                f["exchange"],
-                f["key"],
-                arguments_key(f.get("arguments")),
-            )
-            b = index.bindings.get(key)
+            if type_ == RECORD_BIND:
+                table, target, source = index.bindings, f["queue"], f["exchange"]
+            else:
+                table, target, source = index.exchange_bindings, f["destination"], f["source"]
+            key = (f["vhost"], target, source, f["key"], arguments_key(f.get("arguments")))
+            b = table.get(key)
             if b is None or b.segment != number:
                 return 0
-            self._bind(b.vhost, b.queue, b.exchange, b.key, b.arguments, force=True)
+            self._binding(type_, f["vhost"], target, source, f["key"], b.arguments, True)
             return 1
         return 0

@@ -262,6 +262,19 @@ class Binding:
     segment: int
 
 
+@dataclass
+class ExchangeBinding:
+    """An exchange-to-exchange binding: what C{source} routes with C{key}
+    goes on through C{destination}."""
+
+    vhost: str
+    destination: str
+    source: str
+    key: str
+    arguments: dict | None
+    segment: int
+
+
 class Index:
     """Live records, per queue and per segment (see the module docstring).
 
@@ -271,6 +284,8 @@ class Index:
     @ivar refs: message id -> how many queues hold it, when more than one.
     @ivar exchanges: (vhost, name) -> (type, auto_delete, segment).
     @ivar bindings: (vhost, queue, exchange, key, arguments key) -> L{Binding}.
+    @ivar exchange_bindings: (vhost, destination, source, key, arguments
+        key) -> L{ExchangeBinding}.
     @ivar max_id: the highest message id seen.
     @ivar dirty: a segment's live count fell to zero, or a segment went:
         L{collect} may find something.
@@ -284,6 +299,7 @@ class Index:
         self.refs: dict[int, int] = {}
         self.exchanges: dict[tuple[str, str], tuple[str, bool, int]] = {}
         self.bindings: dict[tuple, Binding] = {}
+        self.exchange_bindings: dict[tuple, ExchangeBinding] = {}
         self.max_id = 0
         self.dirty = False
         #: The latest time a segment is kept until for retention (0.0: none):
@@ -646,6 +662,10 @@ class Index:
         self._cancels(segment, old[2])
         for key in [k for k in self.bindings if k[0] == vhost and k[2] == name]:
             self._drop_binding(segment, key)
+        for key in [
+            k for k in self.exchange_bindings if k[0] == vhost and (k[1] == name or k[2] == name)
+        ]:
+            self._drop_exchange_binding(segment, key)
         return True
 
     def bind(
@@ -659,20 +679,13 @@ class Index:
         force: bool = False,
     ) -> bool:
         key = (vhost, queue, exchange, routing_key, arguments_key(arguments))
-        old = self.bindings.get(key)
-        if old is not None and not force:
+        if not self._renew(self.bindings, key, segment, force):
             return False
-        if old is not None:
-            self._dead(old.segment)
-            self._cancels(segment, old.segment)
         self.bindings[key] = Binding(vhost, queue, exchange, routing_key, arguments, segment)
         qs = self._queue(vhost, queue)
         if qs.bindings is None:
             qs.bindings = set()
         qs.bindings.add(key)
-        info = self.segments[segment]
-        info.live += 1
-        info.records += 1
         return True
 
     def unbind(
@@ -685,9 +698,8 @@ class Index:
         arguments: dict | None,
     ) -> bool:
         key = (vhost, queue, exchange, routing_key, arguments_key(arguments))
-        if key not in self.bindings:
+        if not self._removal(self.bindings, key, segment):
             return False
-        self.segments[segment].records += 1
         self._drop_binding(segment, key)
         return True
 
@@ -698,6 +710,71 @@ class Index:
         qs = self.vhosts.get(b.vhost, {}).get(b.queue)
         if qs is not None and qs.bindings:
             qs.bindings.discard(key)
+
+    def bind_exchange(
+        self,
+        segment: int,
+        vhost: str,
+        destination: str,
+        source: str,
+        routing_key: str,
+        arguments: dict | None,
+        force: bool = False,
+    ) -> bool:
+        """An exchange-to-exchange binding; False if it is known already
+        (nothing to write) unless C{force} (compaction moves it forward)."""
+        key = (vhost, destination, source, routing_key, arguments_key(arguments))
+        if not self._renew(self.exchange_bindings, key, segment, force):
+            return False
+        self.exchange_bindings[key] = ExchangeBinding(
+            vhost, destination, source, routing_key, arguments, segment
+        )
+        return True
+
+    def unbind_exchange(
+        self,
+        segment: int,
+        vhost: str,
+        destination: str,
+        source: str,
+        routing_key: str,
+        arguments: dict | None,
+    ) -> bool:
+        """Its removal; False if it was not known (nothing to write)."""
+        key = (vhost, destination, source, routing_key, arguments_key(arguments))
+        if not self._removal(self.exchange_bindings, key, segment):
+            return False
+        self._drop_exchange_binding(segment, key)
+        return True
+
+    def _drop_exchange_binding(self, segment: int, key: tuple) -> None:
+        b = self.exchange_bindings.pop(key)
+        self._dead(b.segment)
+        self._cancels(segment, b.segment)
+
+    def _renew(self, table: dict, key: tuple, segment: int, force: bool) -> bool:
+        """A binding record of C{key} in C{segment} (the caller puts it in
+        C{table}): False if C{table} has it already and not C{force}
+        (nothing to write); else the one it replaces dies, and C{segment}
+        counts a live record more."""
+        old = table.get(key)
+        if old is not None:
+            if not force:
+                return False
+            self._dead(old.segment)
+            self._cancels(segment, old.segment)
+        info = self.segments[segment]
+        info.live += 1
+        info.records += 1
+        return True
+
+    def _removal(self, table: dict, key: tuple, segment: int) -> bool:
+        """An unbind record of C{key} in C{segment}: False if C{table} has
+        no such binding (nothing to write); else C{segment} counts it."""
+        if key not in table:
+            return False
+        self.segments[segment].records += 1
+        return True
 
     # -- counts ---------------------------------------------------------------
 

@@ -65,11 +65,13 @@ from qmq.store.record import (
     FRAME,
     FRAME_SIZE,
     RECORD_BIND,
+    RECORD_BIND_EXCHANGE,
     RECORD_DECLARE_EXCHANGE,
     RECORD_DELETE_EXCHANGE,
     RECORD_DELETE_QUEUE,
     RECORD_PUBLISH,
     RECORD_UNBIND,
+    RECORD_UNBIND_EXCHANGE,
     RecordError,
     decode_publish_fields,
     encode_declare_queue,
@@ -154,6 +156,16 @@ class _Batch:
 
     def __bool__(self) -> bool:
         return bool(self.parts or self.waiters or self.deletes or self.sync)
+
+
+#: Binding record type -> the index's call, and the record's names for the
+#: bound target and the source exchange.
+_BINDINGS: dict[int, tuple[Callable[..., bool], str, str]] = {
+    RECORD_BIND: (Index.bind, "queue", "exchange"),
+    RECORD_UNBIND: (Index.unbind, "queue", "exchange"),
+    RECORD_BIND_EXCHANGE: (Index.bind_exchange, "destination", "source"),
+    RECORD_UNBIND_EXCHANGE: (Index.unbind_exchange, "destination", "source"),
+}
 
 
 class CommitLogStore(Startup, WriteFailure, Compaction, RangeScans):
@@ -760,46 +772,60 @@ class CommitLogStore(Startup, WriteFailure, Compaction, RangeScans):
     def bind(
         self, vhost: VirtualHost, queue: Queue, exchange: Exchange, key: str, arguments: dict | None
     ) -> None:
-        self._bind(vhost.name, queue.name, exchange.name, key, arguments)
-
-    def _bind(
-        self,
-        vhost: str,
-        queue: str,
-        exchange: str,
-        key: str,
-        arguments: dict | None,
-        force: bool = False,
-    ) -> None:
-        self._open()
-        self._place()
-        if self._index.bind(self._active, vhost, queue, exchange, key, arguments, force):
-            self._append(
-                encode_topology(
-                    RECORD_BIND,
-                    {
-                        "vhost": vhost,
-                        "queue": queue,
-                        "exchange": exchange,
-                        "key": key,
-                        "arguments": arguments,
-                    },
-                )
-            )
+        self._binding(RECORD_BIND, vhost.name, queue.name, exchange.name, key, arguments)
 
     def unbind(
         self, vhost: VirtualHost, queue: Queue, exchange: Exchange, key: str, arguments: dict | None
     ) -> None:
+        self._binding(RECORD_UNBIND, vhost.name, queue.name, exchange.name, key, arguments)
+
+    def bind_exchange(
+        self,
+        vhost: VirtualHost,
+        destination: Exchange,
+        source: Exchange,
+        key: str,
+        arguments: dict | None,
+    ) -> None:
+        self._binding(RECORD_BIND_EXCHANGE, vhost.name, destination.name, source.name, key, arguments)
+
+    def unbind_exchange(
+        self,
+        vhost: VirtualHost,
+        destination: Exchange,
+        source: Exchange,
+        key: str,
+        arguments: dict | None,
+    ) -> None:
+        self._binding(
+            RECORD_UNBIND_EXCHANGE, vhost.name, destination.name, source.name, key, arguments
+        )
+
+    def _binding(
+        self,
+        type_: int,
+        vhost: str,
+        target: str,
+        source: str,
+        key: str,
+        arguments: dict | None,
+        *force: bool,
+    ) -> None:
+        """Record a binding of C{target} (a queue or an exchange) to
+        exchange C{source}, or its removal (C{type_}: L{_BINDINGS}), if the
+        index says it changes anything; C{force} (binds only): write it
+        even so (compaction moves it forward)."""
+        change, target_field, source_field = _BINDINGS[type_]
         self._open()
         self._place()
-        if self._index.unbind(self._active, vhost.name, queue.name, exchange.name, key, arguments):
+        if change(self._index, self._active, vhost, target, source, key, arguments, *force):
             self._append(
                 encode_topology(
-                    RECORD_UNBIND,
+                    type_,
                     {
-                        "vhost": vhost.name,
-                        "queue": queue.name,
-                        "exchange": exchange.name,
+                        "vhost": vhost,
+                        target_field: target,
+                        source_field: source,
                         "key": key,
                         "arguments": arguments,
                     },

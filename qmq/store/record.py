@@ -66,6 +66,10 @@ RECORD_DECLARE_EXCHANGE = 6
 RECORD_DELETE_EXCHANGE = 7
 RECORD_BIND = 8
 RECORD_UNBIND = 9
+#: Exchange-to-exchange bindings (added in 4 without a new format version:
+#: a reader that does not know them skips them whole, see docs/storage.rst).
+RECORD_BIND_EXCHANGE = 10
+RECORD_UNBIND_EXCHANGE = 11
 
 #: Record type -> name (the offline tool prints these).
 RECORD_NAMES = {
@@ -78,6 +82,8 @@ RECORD_NAMES = {
     RECORD_DELETE_EXCHANGE: "delete-exchange",
     RECORD_BIND: "bind",
     RECORD_UNBIND: "unbind",
+    RECORD_BIND_EXCHANGE: "bind-exchange",
+    RECORD_UNBIND_EXCHANGE: "unbind-exchange",
 }
 
 #: Topology records: JSON payloads.
@@ -89,6 +95,8 @@ TOPOLOGY_RECORDS = frozenset(
         RECORD_DELETE_EXCHANGE,
         RECORD_BIND,
         RECORD_UNBIND,
+        RECORD_BIND_EXCHANGE,
+        RECORD_UNBIND_EXCHANGE,
     )
 )
 
@@ -901,6 +909,8 @@ TOPOLOGY_FIELDS = {
     RECORD_DELETE_EXCHANGE: ("vhost", "exchange"),
     RECORD_BIND: ("vhost", "queue", "exchange", "key"),
     RECORD_UNBIND: ("vhost", "queue", "exchange", "key"),
+    RECORD_BIND_EXCHANGE: ("vhost", "destination", "source", "key"),
+    RECORD_UNBIND_EXCHANGE: ("vhost", "destination", "source", "key"),
 }
 
 

@@ -35,6 +35,7 @@ from qmq.store.record import (
     FLAG_PERSISTENT,
     FRAME_SIZE,
     RECORD_BIND,
+    RECORD_BIND_EXCHANGE,
     RECORD_DECLARE_EXCHANGE,
     RECORD_DECLARE_QUEUE,
     RECORD_DELETE_EXCHANGE,
@@ -43,6 +44,7 @@ from qmq.store.record import (
     RECORD_REQUEUE,
     RECORD_SETTLE,
     RECORD_UNBIND,
+    RECORD_UNBIND_EXCHANGE,
     RecordError,
     decode_declare_queue,
     decode_recovered_publish,
@@ -238,6 +240,14 @@ class Replay:
             index.unbind(
                 number, f["vhost"], f["queue"], f["exchange"], f["key"], f.get("arguments")
             )
+        elif type_ == RECORD_BIND_EXCHANGE:
+            index.bind_exchange(
+                number, f["vhost"], f["destination"], f["source"], f["key"], f.get("arguments")
+            )
+        elif type_ == RECORD_UNBIND_EXCHANGE:
+            index.unbind_exchange(
+                number, f["vhost"], f["destination"], f["source"], f["key"], f.get("arguments")
+            )
 
     def recovery(self) -> Recovery:
         """The topology and messages to put back, and drop what replay kept."""
@@ -298,6 +308,10 @@ class Replay:
                 del queues[name]
         for b in index.bindings.values():
             recovery.bindings.append((b.vhost, b.queue, b.exchange, b.key, b.arguments))
+        for e in index.exchange_bindings.values():
+            recovery.exchange_bindings.append(
+                (e.vhost, e.destination, e.source, e.key, e.arguments)
+            )
         self.messages = {}
         self.names = {}
         return recovery

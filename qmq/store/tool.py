@@ -85,7 +85,8 @@ def cmd_count(directory: str, out: TextIO, args: argparse.Namespace) -> int:
             total += len(qs)
     out.write(
         f"{len(index.where)} live messages ({total} queue entries), next message id "
-        f"{index.max_id + 1}, {len(index.exchanges)} exchanges, {len(index.bindings)} bindings"
+        f"{index.max_id + 1}, {len(index.exchanges)} exchanges, {len(index.bindings)} bindings, "
+        f"{len(index.exchange_bindings)} exchange-to-exchange bindings"
         + (f", {damaged} problems (see verify)" if damaged else "")
         + "\n"
     )

@@ -80,6 +80,7 @@ from qmq import __version__
 from qmq.connections import ConnectionRegistry
 from qmq.core.admission import RETRY_AFTER, release_input, take_input
 from qmq.core.broker import Broker
+from qmq.logs import peer_address
 from qmq.tls import PeerIdentity, peer_identity
 from qmq.transport import IConnection
 from qmq.twisted_internals import request_line
@@ -642,10 +643,13 @@ class HttpConnection(ProtocolWrapper):
     protocol, so this object stays the connection for its whole life).
 
     @ivar peer_host: the client's address (for the per-address cap).
+    @ivar peer: the client's address and port, for logs and listings
+        (L{qmq.logs.peer_address}).
     @ivar identity: the client's verified TLS identity, once known.
     """
 
     factory: HttpFactory
+    peer = "?"
 
     def __init__(self, factory: HttpFactory, wrapped: Protocol, peer_host: str) -> None:
         super().__init__(factory, wrapped)
@@ -721,7 +725,7 @@ class HttpConnection(ProtocolWrapper):
         self._head_timer = None
         if self._lost or self.wrappedProtocol is not self._channel:
             return
-        log.info("request head timeout protocol=http peer={peer}", peer=self.peer_host)
+        log.info("request head timeout protocol=http peer={peer}", peer=self.peer)
         body = Problem(
             408, "head-timeout",
             f"The request's head was not received within {timeout:g} seconds ([web] head_timeout).",
@@ -772,7 +776,7 @@ class HttpConnection(ProtocolWrapper):
 
     def _handshake_timeout(self) -> None:
         self._handshake = None
-        log.info("tls handshake timeout protocol=http peer={peer}", peer=self.peer_host)
+        log.info("tls handshake timeout protocol=http peer={peer}", peer=self.peer)
         self.abort()
 
     def connectionLost(self, reason: Failure) -> None:  # type: ignore[override]
@@ -870,7 +874,9 @@ class HttpFactory(WrappingFactory):
         channel = self.site.buildProtocol(addr)
         if channel is None:
             return None
-        return HttpConnection(self, channel, host)
+        connection = HttpConnection(self, channel, host)
+        connection.peer = peer_address(addr)
+        return connection
 
     def stopFactory(self) -> None:
         """The listener stopped: the mounts' C{on_stop} callbacks run."""

@@ -50,18 +50,26 @@ from typing import Any
 
 from autobahn.twisted.resource import WebSocketResource
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
-from autobahn.websocket.protocol import WebSocketProtocol
 from autobahn.websocket.types import ConnectionDeny, ConnectionRequest
 from twisted.internet.interfaces import IPushProducer, ISSLTransport
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from qmq.logs import transport_peer
 from qmq.stomp.reader import StompReader
 from qmq.stomp.session import StompSession
 from qmq.tls import PeerIdentity, peer_identity
 from qmq.transport import IConnection, ITransport
-from qmq.twisted_internals import direct_writer, hold_batches_per_read, websocket_feed
+from qmq.twisted_internals import (
+    WebSocketState,
+    cancel_close_timer,
+    direct_writer,
+    hold_batches_per_read,
+    websocket_clock,
+    websocket_feed,
+    websocket_state,
+)
 from qmq.web.guard import origin_allowed
 from qmq.web.site import HttpConnection, WebContext
 
@@ -80,7 +88,6 @@ log = Logger()
 #: The subprotocols QMQ speaks, in order of preference.
 SUBPROTOCOLS = ("v12.stomp", "v11.stomp", "v10.stomp")
 
-_OPEN = WebSocketProtocol.STATE_OPEN
 #: The largest message the fast path takes (and the most it keeps of one
 #: cut by the end of a read); larger ones are autobahn's, streamed.
 FAST_MAX = 65535
@@ -141,22 +148,6 @@ def encode_messages(frames: list[bytes], frame_type: str = "auto") -> bytes:
     return b"".join(out)
 
 
-class _ClockTimer:
-    """autobahn's timer interface (txaio's C{IBatchedTimer}) on our clock.
-
-    autobahn takes its timers (handshake and ping timeouts) from txaio's
-    global event loop; the broker's clock is injected instead, so that
-    tests drive them with a L{twisted.internet.task.Clock} and the service
-    with the reactor it was given.
-    """
-
-    def __init__(self, clock: Any) -> None:
-        self._clock = clock
-
-    def call_later(self, delay: float, fun: Any, *args: Any, **kwargs: Any) -> Any:
-        return self._clock.callLater(delay, fun, *args, **kwargs)
-
-
 @implementer(ITransport, IConnection, IPushProducer)
 class StompWebSocketProtocol(WebSocketServerProtocol):
     """One STOMP-over-WebSocket connection: the session's L{ITransport}."""
@@ -180,6 +171,8 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
     _lost = False
     _grace: Any = None
     _frame_type = "auto"
+    #: autobahn's state, read through the internals module (set on open).
+    _ws: WebSocketState | None = None
 
     #: The listener's connection (L{qmq.web.site.HttpConnection}) that
     #: carried the upgrade, or None (a test's bare transport).
@@ -212,7 +205,7 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
         origins = ctx.guard.origins if ctx.guard is not None else web.origins
         if not origin_allowed(request.origin, host, secure, origins):
             log.info("websocket refused protocol=stomp peer={peer} origin={origin!r}",
-                     peer=self.peer, origin=request.origin)
+                     peer=self._peer_address(), origin=request.origin)
             raise ConnectionDeny(
                 403,
                 f"Origin {request.origin[:200]} may not open a WebSocket here "
@@ -230,6 +223,12 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
             + ", ".join(SUBPROTOCOLS) + " or none.",
         )
 
+    def _peer_address(self) -> str:
+        connection = self.connection
+        if connection is not None:
+            return connection.peer
+        return transport_peer(self.transport)
+
     def onOpen(self) -> None:
         ctx = self.factory.ctx
         transport = self.transport
@@ -241,7 +240,11 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
         else:
             self.peer_host = _host(transport)
             self.identity = peer_identity(transport)
+        # One format for peers in logs and listings (qmq.logs), not
+        # autobahn's "tcp:HOST:PORT"; the session reads it from here.
+        self.peer = self._peer_address()
         self._write = direct_writer(transport)
+        self._ws = websocket_state(self)
         if ISSLTransport.providedBy(transport):
             hold_batches_per_read(transport, ctx.broker.batcher)
         self._batcher = ctx.broker.batcher
@@ -253,7 +256,7 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
         self.session = session = StompSession(ctx.broker, ctx.settings.stomp, self, clock=ctx.clock)
         self.reader = StompReader(session)
         self.onMessageFrameData = self.reader.data_received  # type: ignore[method-assign]
-        log.info("connection open protocol=stomp+websocket peer={peer} session={session}",
+        log.debug("connection open protocol=stomp+websocket peer={peer} session={session}",
                  peer=self.peer, session=session.id)
 
     # -- in ---------------------------------------------------------------------
@@ -276,12 +279,7 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
                     return
                 data = bytes(cut)
                 self._cut = bytearray()
-            if (
-                self.state == _OPEN
-                and not self.data
-                and self.current_frame is None
-                and not self.inside_message
-            ):
+            if self._ws.between_messages():  # type: ignore[union-attr]
                 done = self._whole_messages(data)
                 if done < len(data) and not self._cut:
                     self._feed(data[done:] if done else data)
@@ -387,14 +385,12 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
         self._grace = None
         # autobahn leaves its close-handshake timer running when the
         # connection goes first.
-        timer, self.closeHandshakeTimeoutCall = self.closeHandshakeTimeoutCall, None
-        if timer is not None:
-            timer.cancel()
+        cancel_close_timer(self)
         super().connectionLost(reason)
         self._release()
         session = self.session
         if session is not None:
-            log.info("connection closed protocol=stomp+websocket peer={peer} session={session}",
+            log.debug("connection closed protocol=stomp+websocket peer={peer} session={session}",
                      peer=self.peer, session=session.id)
 
     def _release(self) -> None:
@@ -406,7 +402,8 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
     # -- ITransport ----------------------------------------------------------------
 
     def write_frames(self, frames: list[bytes]) -> None:
-        if self.state != WebSocketProtocol.STATE_OPEN:
+        ws = self._ws
+        if ws is None or not ws.is_open():
             return  # closing: nothing may follow the close frame
         self._write(encode_messages(frames, self._frame_type))
 
@@ -420,7 +417,9 @@ class StompWebSocketProtocol(WebSocketServerProtocol):
             self.reader.discard()
         transport = self.transport
         self.unregisterProducer()
-        if self.state == WebSocketProtocol.STATE_OPEN:
+        ws = self._ws
+        if ws is not None and ws.is_open():
+            ws.closing = True
             self.sendClose(1000, reason[:100])
         else:
             transport.loseConnection()  # type: ignore[union-attr]
@@ -494,7 +493,8 @@ class StompWebSocketFactory(WebSocketServerFactory):
     def __init__(self, ctx: WebContext) -> None:
         super().__init__(server="QMQ", reactor=ctx.clock)
         self.ctx = ctx
-        self._batched_timer = _ClockTimer(ctx.clock)
+        # autobahn's timers (handshake, ping, close) on the broker's clock.
+        websocket_clock(self, ctx.clock)
         web = ctx.web
         grace = ctx.connections.settings.close_grace
         self.setProtocolOptions(

@@ -4,7 +4,7 @@
 //   node run.mjs SCENARIO BASE_URL [--spki HASH] [--screenshots DIR]
 //
 // SCENARIO is stompjs, sockjs-xhr-streaming, sockjs-xhr-polling,
-// sockjs-binary, sockjs-services, qmqjs, qmqjs-reconnect, chat, tasks,
+// sockjs-binary, sockjs-services, qmqjs, qmqjs-reconnect, qmqjs-transaction, chat, tasks,
 // cross-site-form (which takes --evil URL: a page of another site) or
 // console (which takes --admin USER:PASSWORD, --user USER:PASSWORD and
 // --queue NAME: a queue the test filled), console-manage (--admin and
@@ -663,6 +663,81 @@ const scenarios = {
       await client.disconnect();
       const ok = got.join(",") === "before,after" && states.includes("reconnecting");
       return { ok, got, states };
+    });
+  },
+
+  // qmq.js transactions: sends in an aborted transaction never arrive,
+  // committed ones do (and only at the commit); an ack in a committed
+  // transaction settles, one in an aborted transaction does not (the
+  // message comes back once its subscription ends); a finished
+  // transaction refuses more work.
+  async "qmqjs-transaction"(context) {
+    const page = await open(context, "/");
+    return await page.evaluate(async () => {
+      const { Client, Transaction } = await import("/qmq.js");
+      const client = new Client(location.href, { transports: ["websocket"] });
+      await client.connect();
+      const got = [];
+      const waiters = new Map();
+      const until = (body) => new Promise((resolve, reject) => {
+        if (got.includes(body)) return resolve();
+        waiters.set(body, resolve);
+        setTimeout(() => reject(new Error(`no ${body}: got ${got}`)), 10000);
+      });
+      const take = (m) => {
+        got.push(m.body);
+        if (waiters.has(m.body)) waiters.get(m.body)();
+      };
+      const q = "/queue/qmqjs-tx";
+      const sub = client.subscribe(q, take);
+      await sub.ready;
+      const aborted = client.begin();
+      await aborted.ready;
+      await aborted.send(q, "aborted-1");
+      await aborted.send(q, "aborted-2", {}, { receipt: false });
+      await aborted.abort();
+      const committed = client.begin("tx-committed");
+      await committed.send(q, "committed-1");
+      await committed.send(q, "committed-2");
+      await client.send(q, "plain");
+      await until("plain");
+      const beforeCommit = got.slice();
+      await committed.commit();
+      await until("committed-2");
+      await client.send(q, "end");
+      await until("end");
+      const refused = await committed.send(q, "late").then(() => "sent", (e) => e.message);
+
+      // Acks: m1 acked in a committed transaction, m2 in an aborted one.
+      const q2 = "/queue/qmqjs-txack";
+      const held = [];
+      let both;
+      const two = new Promise((resolve) => { both = resolve; });
+      const acking = client.subscribe(q2, (m) => {
+        held.push(m);
+        if (held.length === 2) both();
+      }, { ack: "client-individual" });
+      await acking.ready;
+      await client.send(q2, "m1");
+      await client.send(q2, "m2");
+      await two;
+      const t3 = client.begin();
+      await t3.ack(held[0]);
+      await t3.commit();
+      const t4 = client.begin();
+      await t4.ack(held[1]);
+      await t4.abort();
+      await acking.unsubscribe(); // m2, never acked, goes back to the queue
+      const again = client.subscribe(q2, take);
+      await again.ready;
+      await client.send(q2, "end2");
+      await until("end2");
+      await client.disconnect();
+      const ok = JSON.stringify(beforeCommit) === JSON.stringify(["plain"])
+        && JSON.stringify(got) === JSON.stringify(["plain", "committed-1", "committed-2", "end", "m2", "end2"])
+        && refused === "qmq.js: transaction tx-committed is committed"
+        && aborted instanceof Transaction && committed.id === "tx-committed";
+      return { ok, got, beforeCommit, refused };
     });
   },
 

@@ -208,6 +208,13 @@ class BrowserMixin:
         yield self.scenario("qmqjs-reconnect")
 
     @defer.inlineCallbacks
+    def test_qmqjsTransaction(self) -> Any:
+        """qmq.js transactions: sends in an aborted transaction never
+        arrive, committed ones do, at the commit; acks likewise."""
+        result = yield self.scenario("qmqjs-transaction")
+        self.assertEqual(result["beforeCommit"], ["plain"])  # type: ignore[attr-defined]
+
+    @defer.inlineCallbacks
     def test_qmqjsXhrStreaming(self) -> Any:
         """qmq.js over SockJS xhr-streaming (/sockjs)."""
         yield self.scenario("qmqjs-xhr-streaming")

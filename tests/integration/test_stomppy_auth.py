@@ -22,13 +22,13 @@ from twisted.internet import reactor
 from twisted.trial import unittest
 
 from qmq import config
-from qmq.auth import PermissionSettings, hash_password
+from qmq.auth import PermissionSettings
 from qmq.service import build_authenticator
+from tests import auth_toml
 from tests.integration.certs import TestPKI
 from tests.integration.test_stomppy import BrokerTestCase, Client
 
 SECRET = "an application's secret, 32+ bytes long"
-COST = 4
 #: The signing key of the virtual host "kiosk", whose tokens are ES256.
 KIOSK_KEY = ec.generate_private_key(ec.SECP256R1())
 
@@ -43,58 +43,21 @@ def settings_for(directory: Path) -> config.Settings:
         )
     )
     return config.load_string(
-        f"""
-[auth]
-failure_delay = 0.05
-failure_max_delay = 0.2
-
-[users.alice]
-password = "{hash_password('wonderland', COST)}"
-certificate_names = ["alice.example.org"]
-
-[users.bob]
-password = "{hash_password('builder', COST)}"
-
-[vhosts.app.permissions.alice]
-configure = "^(alice\\\\.|amq\\\\.tmp\\\\.)"
-write = "^(alice\\\\.|orders$|amq\\\\.topic$|amq\\\\.tmp\\\\.)"
-read = "^(alice\\\\.|orders$|amq\\\\.topic$)"
-
-[vhosts.app.permissions.bob]
-write = "^orders$"
-
-[vhosts.other.permissions.bob]
-configure = ".*"
-write = ".*"
-read = ".*"
-
-[vhosts.app.tokens]
-algorithm = "HS256"
-key_file = "{key}"
-write = "^amq\\\\.topic$"
-read = "^amq\\\\.topic$"
-
-[vhosts.kiosk.tokens]
-algorithm = "ES256"
-key_file = "{kiosk}"
-write = "^amq\\\\.topic$"
-read = "^amq\\\\.topic$"
-
-[vhosts.shared.permissions.alice]
-configure = ".*"
-write = ".*"
-read = ".*"
-
-[vhosts.shared.tokens]
-algorithm = "HS256"
-key_file = "{key}"
-configure = ".*"
-write = ".*"
-read = ".*"
-
-[[vhosts.app.queues]]
-name = "orders"
-""",
+        "\n".join(
+            [
+                "[auth]\nfailure_delay = 0.05\nfailure_max_delay = 0.2\n",
+                auth_toml.ALICE,
+                auth_toml.users(bob="builder"),
+                auth_toml.ALICE_APP,
+                auth_toml.permissions("app", "bob", write=r"^orders$"),
+                auth_toml.everything("other", "bob"),
+                auth_toml.tokens("app", str(key), write=r"^amq\.topic$", read=r"^amq\.topic$"),
+                auth_toml.tokens("kiosk", str(kiosk), "ES256", write=r"^amq\.topic$", read=r"^amq\.topic$"),
+                auth_toml.everything("shared", "alice"),
+                auth_toml.tokens("shared", str(key), configure=".*", write=".*", read=".*"),
+                auth_toml.queues("app", "orders"),
+            ]
+        ),
         "qmq.toml",
     )
 

@@ -2,7 +2,7 @@
 """Big frames and many small ones through a real TCP listener.
 
 The STOMP protocol sends a batch straight to the socket when Twisted's
-transport has nothing pending (L{qmq.stomp.protocol.direct_writer}); what the
+transport has nothing pending (L{qmq.twisted_internals.direct_writer}); what the
 kernel does not take goes through Twisted's buffer. These tests push frames
 larger than any socket buffer, and bursts of small ones, through a real
 loopback connection and check that every byte arrives, in order.
@@ -17,7 +17,8 @@ from twisted.trial import unittest
 
 from qmq.core.broker import Broker
 from qmq.stomp.frame import StompParser, encode_frame
-from qmq.stomp.protocol import StompFactory, direct_writer
+from qmq.stomp.protocol import StompFactory
+from qmq.twisted_internals import direct_writer
 
 
 class _Client(Protocol):

@@ -45,16 +45,15 @@ from twisted.trial import unittest
 from twisted.web.client import HTTPConnectionPool
 
 from qmq import config
-from qmq.auth import hash_password
 from qmq.core.ownership import durable_queue_name
 from qmq.service import make_service
 from qmq.stomp.frame import StompParser, encode_frame
+from tests import auth_toml
 from tests.integration.test_sockjs import WebSocketClient
 from tests.integration.test_stomppy_auth import AuthClient
 from tests.integration.test_websocket import TIMEOUT, StompClient
 
 SECRET = "the verdict tests' token secret, 32+ bytes"
-COST = 4
 FEED = durable_queue_name("alice", "feed")
 
 ALLOWED, REFUSED = "allowed", "refused"
@@ -113,46 +112,25 @@ STOMP_OPERATIONS = ("declare", "publish", "receive", "follow")
 def settings_for(directory: Path) -> config.Settings:
     key = directory / "token.key"
     key.write_text(SECRET + "\n")
+    listen = ["stomp:tcp:0:interface=127.0.0.1", "http:tcp:0:interface=127.0.0.1"]
     return config.load_string(
-        f"""
-listen = ["stomp:tcp:0:interface=127.0.0.1", "http:tcp:0:interface=127.0.0.1"]
-data_dir = {json.dumps(str(directory / "data"))}
-
-[auth]
-failure_delay = 0.05
-
-[users.bob]
-password = "{hash_password('builder', COST)}"
-
-[users.carol]
-password = "{hash_password('carol', COST)}"
-
-[vhosts.app.permissions.bob]
-configure = "^bob\\\\."
-write = "^(bob\\\\.|amq\\\\.topic$)"
-read = "^(bob\\\\.|amq\\\\.topic$)"
-
-[vhosts.app.permissions.carol]
-configure = ".*"
-write = ".*"
-read = ".*"
-
-[vhosts.app.tokens]
-algorithm = "HS256"
-key_file = "{key}"
-configure = ".*"
-write = ".*"
-read = ".*"
-
-[[vhosts.app.queues]]
-name = "alice.inbox"
-
-[[vhosts.app.queues]]
-name = "bob.box"
-
-[[vhosts.app.queues]]
-name = "web.box"
-""",
+        "\n".join(
+            [
+                f"listen = {json.dumps(listen)}\ndata_dir = {json.dumps(str(directory / 'data'))}\n",
+                "[auth]\nfailure_delay = 0.05\n",
+                auth_toml.users(bob="builder", carol="carol"),
+                auth_toml.permissions(
+                    "app",
+                    "bob",
+                    configure=r"^bob\.",
+                    write=r"^(bob\.|amq\.topic$)",
+                    read=r"^(bob\.|amq\.topic$)",
+                ),
+                auth_toml.everything("app", "carol"),
+                auth_toml.tokens("app", str(key), configure=".*", write=".*", read=".*"),
+                auth_toml.queues("app", "alice.inbox", "bob.box", "web.box"),
+            ]
+        ),
         "qmq.toml",
     )
 

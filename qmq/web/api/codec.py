@@ -46,6 +46,7 @@ import orjson
 from fastavro.schema import to_parsing_canonical_form
 
 from qmq.core import options
+from qmq.core.ids import message_name
 from qmq.core.message import PROPERTY_NAMES, Message
 from qmq.stomp.destinations import destination_of
 from qmq.stomp.encoding import RESERVED_NAMES
@@ -755,8 +756,14 @@ def _json_headers(headers: dict[str, Any] | None) -> dict[str, Any]:
     return headers
 
 
-def json_delivery(message: Message, handle: str | None, seq: int | None, force_base64: bool) -> dict:
-    """A delivered message as a JSON object."""
+def json_delivery(
+    message: Message, handle: str | None, seq: int | None, force_base64: bool, node: str
+) -> dict:
+    """A delivered message as a JSON object.
+
+    @param node: the broker's node id: the C{id} is the message's name,
+        C{NODE.NUMBER} (L{qmq.core.ids.message_name}), its C{number} the
+        integer."""
     body = message.body
     if force_base64:
         text, encoding = base64.b64encode(body).decode(), "base64"
@@ -766,7 +773,8 @@ def json_delivery(message: Message, handle: str | None, seq: int | None, force_b
         except UnicodeDecodeError:
             text, encoding = base64.b64encode(body).decode(), "base64"
     d = {
-        "id": message.id,
+        "id": message_name(node, message.id),
+        "number": message.id,
         "destination": message_destination(message),
         "exchange": message.exchange,
         "routing_key": message.routing_key,
@@ -788,19 +796,22 @@ def json_delivery(message: Message, handle: str | None, seq: int | None, force_b
     return d
 
 
-def json_deliveries(got: list[tuple[int, Message]], token: str, force_base64: bool) -> list[dict]:
+def json_deliveries(
+    got: list[tuple[int, Message]], token: str, force_base64: bool, node: str
+) -> list[dict]:
     """Received messages (delivery tag, message) as JSON objects with their
     receipt handles (C{TOKEN.TAG}): L{json_delivery} for a batch, without a
     call or a destination's text built per message."""
     if force_base64:
-        return [json_delivery(m, f"{token}.{tag}", None, True) for tag, m in got]
+        return [json_delivery(m, f"{token}.{tag}", None, True, node) for tag, m in got]
     out = []
     append = out.append
     names: dict[tuple[str, str], str] = {}
     prefix = token + "."
+    named = node + "."  # message_name, inlined
     for tag, m in got:
         if m.headers or m.properties:
-            append(json_delivery(m, prefix + str(tag), None, False))
+            append(json_delivery(m, prefix + str(tag), None, False, node))
             continue
         body = m.body
         try:
@@ -812,8 +823,10 @@ def json_deliveries(got: list[tuple[int, Message]], token: str, force_base64: bo
         if destination is None:
             destination = names[key] = destination_of(*key)
         count = m.delivery_count
+        mid = m.id
         append({
-            "id": m.id,
+            "id": named + str(mid),
+            "number": mid,
             "destination": destination,
             "exchange": m.exchange,
             "routing_key": m.routing_key,
@@ -832,11 +845,13 @@ def json_deliveries(got: list[tuple[int, Message]], token: str, force_base64: bo
     return out
 
 
-def avro_delivery(message: Message, handle: str | None, seq: int | None) -> dict:
-    """A delivered message as a C{Delivery} record."""
+def avro_delivery(message: Message, handle: str | None, seq: int | None, node: str) -> dict:
+    """A delivered message as a C{Delivery} record (C{node}: see
+    L{json_delivery})."""
     return {
         "handle": handle,
-        "id": message.id,
+        "id": message_name(node, message.id),
+        "number": message.id,
         "seq": seq,
         "destination": message_destination(message),
         "exchange": message.exchange,
@@ -931,9 +946,10 @@ _DELIVERY_HEAD = (
 )
 
 
-def avro_deliveries(entries: list[tuple[Message, str | None, int | None]]) -> bytes:
+def avro_deliveries(entries: list[tuple[Message, str | None, int | None]], node: str) -> bytes:
     """An Avro object container file of C{Delivery} records, one for each
-    (message, receipt handle or None, seq or None), written here: what
+    (message, receipt handle or None, seq or None), C{node} the broker's
+    node id (L{json_delivery}), written here: what
     L{avro_container} of L{avro_delivery} records writes, without a dict
     and fastavro's pass over it per message (8 times as fast)."""
     if not entries:
@@ -944,6 +960,7 @@ def avro_deliveries(entries: list[tuple[Message, str | None, int | None]]) -> by
     stamp = None
     stamp_bytes = size_bytes = b""
     last_size = -1
+    named = node + "."  # message_name, inlined
     for m, handle, seq in entries:
         headers = m.headers
         key = (m.exchange, m.routing_key)
@@ -974,9 +991,11 @@ def avro_deliveries(entries: list[tuple[Message, str | None, int | None]]) -> by
                 + (b"\x02" + _zigzag(int(expires * 1000)) if expires else b"\x00")
                 + _map(properties)
             )
-        append(b"%b%b%b%b%b%b%b%b%b" % (
+        mid = m.id
+        append(b"%b%b%b%b%b%b%b%b%b%b" % (
             b"\x02" + _text(handle) if handle is not None else b"\x00",
-            _zigzag(m.id),
+            _text(named + str(mid)),
+            _zigzag(mid),
             b"\x02" + _zigzag(seq) if seq is not None else b"\x00",
             fields,
             _typed_map(headers) if headers else b"\x00",

@@ -44,19 +44,20 @@ if TYPE_CHECKING:
 class SseFollower(Consumer):
     """A topic followed by a Server-Sent Events response."""
 
-    __slots__ = ("request", "keepalive", "clock", "open")
+    __slots__ = ("request", "keepalive", "clock", "open", "node")
 
-    def __init__(self, request: Any, backlog: int, clock: Any) -> None:
+    def __init__(self, request: Any, backlog: int, clock: Any, node: str) -> None:
         super().__init__(False, None)
         self.backlog_limit = backlog
         self.request = request
         self.clock = clock
+        self.node = node
         self.keepalive: Any = None
         self.open = True
 
     def deliver(self, message: Message, queue: Queue | None) -> None:
-        data = orjson.dumps(json_delivery(message, None, None, False))
-        self.request.write(b"id: %d\nevent: message\ndata: %s\n\n" % (message.id, data))
+        d = json_delivery(message, None, None, False, self.node)
+        self.request.write(b"id: %s\nevent: message\ndata: %s\n\n" % (d["id"].encode(), orjson.dumps(d)))
 
     def cancelled(self) -> None:
         self.close()

@@ -50,7 +50,7 @@ from qmq.core.message import Message, check_user_id
 from qmq.core.names import check_headers
 from qmq.stomp.destinations import DestinationChannel
 from qmq.web.api.codec import Parsed
-from qmq.web.api.problem import Problem, bad_request, from_broker_error
+from qmq.web.api.problem import Problem, from_broker_error
 
 if TYPE_CHECKING:
     from qmq.core.broker import Broker
@@ -168,15 +168,22 @@ class PollConsumer(Consumer):
         while waiters and waiters[0].got:
             self._answer_head()
 
-    def _give_up(self, waiter: Waiter) -> None:
-        """The waiter's time is up with nothing for it: answer it empty."""
-        waiter.timer = None
+    def _remove(self, waiter: Waiter) -> bool:
+        """Take C{waiter} out of the waiting requests (with none left, the
+        receiver takes no more); False if it was not there."""
         try:
             self.waiters.remove(waiter)
         except ValueError:
-            return
+            return False
         if not self.waiters:
             self.paused = True
+        return True
+
+    def _give_up(self, waiter: Waiter) -> None:
+        """The waiter's time is up with nothing for it: answer it empty."""
+        waiter.timer = None
+        if not self._remove(waiter):
+            return
         self._answer(waiter)
         self._maybe_detach()
 
@@ -185,12 +192,8 @@ class PollConsumer(Consumer):
         if waiter.timer is not None and waiter.timer.active():
             waiter.timer.cancel()
         waiter.timer = None
-        try:
-            self.waiters.remove(waiter)
-        except ValueError:
+        if not self._remove(waiter):
             return
-        if not self.waiters:
-            self.paused = True
         for tag, _ in waiter.got:
             self.channel.settle_delivery(self, tag, False, True)
         waiter.got = []
@@ -307,15 +310,6 @@ def refuse_held(admission: Any, persistent: bool) -> None:
         )
 
 
-def _check_destination(text: str, where: str) -> None:
-    if not text.startswith("/queue/") and text.startswith(("/control/", "/temp-queue/")):
-        raise bad_request(
-            f"{where}{text.split('/')[1]!r} destinations are for STOMP sessions; "
-            "the HTTP API publishes to /queue/, /topic/ and /exchange/ destinations",
-            "bad-destination",
-        )
-
-
 def parse_handle(handle: Any) -> tuple[str, int] | None:
     """C{(token, tag)} of a receipt handle, or None if it is not one."""
     if handle.__class__ is not str or len(handle) > 128:
@@ -340,8 +334,11 @@ class VHostFrontend:
         # With authentication, one channel per user: the core checks the
         # user's permissions on every destination, and receipt handles of
         # one user's receivers mean nothing to another's.
+        # No session: /temp-queue/ and /control/ are refused by the channel
+        # (qmq.stomp.destinations decides what a destination is).
         self.channel = DestinationChannel(
-            broker, vhost, owner_name=user.owner if user is not None else "http", user=user, protocol="http"
+            broker, vhost, owner_name=user.owner if user is not None else "http", user=user, protocol="http",
+            session=False,
         )
         self.pollers: dict[str, PollConsumer] = {}
 
@@ -349,7 +346,7 @@ class VHostFrontend:
 
     def publish(
         self, messages: list[Parsed], destination: str | Callable[[Parsed], str]
-    ) -> tuple[list[int], list[defer.Deferred]]:
+    ) -> tuple[list[str], list[defer.Deferred]]:
         """Publish C{messages} in order.
 
         Every message's destination is resolved before any is published, so
@@ -359,8 +356,8 @@ class VHostFrontend:
 
         @param destination: the destination of every message, or a
             function giving each message's.
-        @return: the ids and the Deferreds of the store's writes the answer
-            waits for.
+        @return: the messages' names (L{qmq.core.ids.message_name}) and
+            the Deferreds of the store's writes the answer waits for.
         @raise Problem: a bad destination or header, a refusal.
         """
         admission = self.broker.admission
@@ -371,15 +368,13 @@ class VHostFrontend:
         targets: list | None = None
         try:
             if same is not None:
-                _check_destination(same, "")
                 target = channel.send_target(same)
             else:
                 targets = []
-            for i, m in enumerate(messages):
+            for m in messages:
                 if m.__class__ is bytes:
                     if targets is not None:
                         text = destination(m)  # type: ignore[operator]
-                        _check_destination(text, f"message {i}: ")
                         targets.append((text, channel.send_target(text)))
                     continue
                 if m.headers:
@@ -388,12 +383,16 @@ class VHostFrontend:
                 check_user_id(m.properties, channel.user)
                 if targets is not None:
                     text = destination(m)  # type: ignore[operator]
-                    _check_destination(text, f"message {i}: ")
                     targets.append((text, channel.send_target(text)))
         except BrokerError as e:
-            raise from_broker_error(e) from None
-        ids: list[int] = []
+            problem = from_broker_error(e)
+            if targets is not None and len(messages) > 1:
+                # Each message's target is added once it resolved.
+                problem.detail = f"message {len(targets)}: {problem.detail}"
+            raise problem from None
+        ids: list[str] = []
         append = ids.append
+        named = self.broker.message_ids.node + "."  # message_name, inlined
         waits = []
         publish = channel.publish_target
         # Channel.new_message, inlined: one clock reading for the batch.
@@ -419,7 +418,7 @@ class VHostFrontend:
                 w = publish(target, message)
             except BrokerError as e:
                 raise from_broker_error(e, {"published": len(ids), "ids": ids}) from None
-            append(message.id)
+            append(named + str(message.id))
             if w is not None:
                 waits.append(w)
         return ids, waits

@@ -304,7 +304,7 @@ def _schemas(s: ApiSettings) -> dict:
                 "detail": {"type": "string"},
                 "code": {"type": "string", "description": "A short stable name of the error."},
                 "published": {"type": "integer"},
-                "ids": {"type": "array", "items": {"type": ["integer", "null"]}},
+                "ids": {"type": "array", "items": {"type": ["string", "null"]}},
             },
         },
         "PublishMessage": {
@@ -342,19 +342,23 @@ def _schemas(s: ApiSettings) -> dict:
             "required": ["published", "ids", "stored"],
             "properties": {
                 "published": {"type": "integer"},
-                "ids": {"type": "array", "items": {"type": "integer"},
-                        "description": "Message ids in order."},
+                "ids": {"type": "array", "items": {"type": "string"},
+                        "description": "The messages' ids (NODE.NUMBER, as a Delivery's id) in order."},
                 "stored": {"type": "integer", "description": "Messages whose store write the answer waited for."},
             },
         },
         "Delivery": {
             "type": "object",
-            "required": ["id", "destination", "exchange", "routing_key", "headers", "properties", "body", "encoding",
-                         "timestamp", "redelivered", "delivery_count", "priority", "persistent", "expires"],
+            "required": ["id", "number", "destination", "exchange", "routing_key", "headers", "properties", "body",
+                         "encoding", "timestamp", "redelivered", "delivery_count", "priority", "persistent", "expires"],
             "properties": {
                 "handle": {"type": "string", "description": "Receipt handle (received messages)."},
                 "seq": {"type": "integer", "description": "Position in a topic follower's stream (topic polls)."},
-                "id": {"type": "integer"},
+                "id": {"type": "string", "description": "The message's id, NODE.NUMBER: it never names "
+                       "another message, on any node, before or after a restart (a message given back "
+                       "after a restart keeps it)."},
+                "number": {"type": "integer", "description": "The message's number on its node: increases "
+                           "in publish order; range scans go by it."},
                 "destination": {"type": "string"},
                 "exchange": {"type": "string"},
                 "routing_key": {"type": "string"},
@@ -784,6 +788,8 @@ def document(s: ApiSettings | None = None) -> dict:
                 404, 409, params=[VHOST, USER], tag="users", description=ADMIN_ONLY + " " + RUNTIME_CHANGE),
         },
     }
+    definitions_paths, definitions_schemas = _definitions()
+    paths.update(definitions_paths)
     _link(paths)
     return {
         "openapi": "3.1.0",
@@ -795,7 +801,7 @@ def document(s: ApiSettings | None = None) -> dict:
         },
         "paths": paths,
         "components": {
-            "schemas": _schemas(s),
+            "schemas": {**_schemas(s), **definitions_schemas},
             "securitySchemes": {
                 "basic": {"type": "http", "scheme": "basic", "description": "A user of the broker ([users])."},
                 "bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT",
@@ -804,3 +810,69 @@ def document(s: ApiSettings | None = None) -> dict:
         },
         "security": [{}, {"basic": []}, {"bearer": []}],
     }
+
+
+def _definitions() -> tuple[dict, dict]:
+    """C{/api/v1/definitions} (L{qmq.web.api.definitions}): its paths and schemas."""
+    name = {"type": "string", "minLength": 1}
+    arguments = {"type": "object", "default": {}}
+    item = {"type": "object", "additionalProperties": False}
+    schemas = {
+        "Definitions": {
+            "type": "object",
+            "additionalProperties": False,
+            "description": "A broker's users, virtual hosts, permissions, exchanges, queues and bindings "
+            "(docs/http-api.rst). The broker's own exchanges and queues (amq.*, exclusive queues, durable "
+            "subscriptions' durable.* queues) are left out.",
+            "properties": {
+                "qmq_version": {"type": "string", "description": "The exporting broker's version."},
+                "users": {"type": "array", "items": {**item, "required": ["name"], "properties": {
+                    "name": name,
+                    "password_hash": {"type": ["string", "null"], "description": "The scrypt hash; null: no "
+                                      "password login."},
+                    "certificate_names": {"type": "array", "items": name, "default": []}}}},
+                "vhosts": {"type": "array", "items": {**item, "required": ["name"], "properties": {"name": name}}},
+                "permissions": {"type": "array", "items": {**item, "required": ["vhost", "user"], "properties": {
+                    "vhost": name, "user": name, "configure": {"type": "string", "default": ""},
+                    "write": {"type": "string", "default": ""}, "read": {"type": "string", "default": ""}}}},
+                "exchanges": {"type": "array", "items": {**item, "required": ["vhost", "name", "type"],
+                                                         "properties": {
+                    "vhost": name, "name": name, "type": {"enum": ["direct", "fanout", "topic", "headers"]},
+                    "durable": {"type": "boolean", "default": True},
+                    "auto_delete": {"type": "boolean", "default": False}}}},
+                "queues": {"type": "array", "items": {**item, "required": ["vhost", "name"], "properties": {
+                    "vhost": name, "name": name, "durable": {"type": "boolean", "default": True},
+                    "auto_delete": {"type": "boolean", "default": False}, "arguments": arguments}}},
+                "bindings": {"type": "array", "items": {**item, "required": ["vhost", "source", "destination"],
+                                                        "properties": {
+                    "vhost": name, "source": name, "destination": name,
+                    "destination_type": {"enum": ["queue", "exchange"], "default": "queue"},
+                    "routing_key": {"type": "string", "default": ""}, "arguments": arguments}}},
+            },
+        },
+        "DefinitionsImported": {
+            "type": "object",
+            "required": ["created", "unchanged"],
+            "properties": {
+                "created": {"type": "object", "additionalProperties": {"type": "integer"}},
+                "unchanged": {"type": "object", "additionalProperties": {"type": "integer"}},
+            },
+        },
+    }
+    paths = {
+        "/api/v1/definitions": {
+            "get": _op("Export definitions", _ok(_ref("Definitions")), tag="management",
+                       description=ADMIN_ONLY + " Exchanges and queues the caller may not read are left out."),
+            "post": _op("Import definitions", _ok(_ref("DefinitionsImported")), 409, 415, tag="management",
+                        body={"required": True, "content": _json(_ref("Definitions"))},
+                        description=ADMIN_ONLY + " Makes what the document has and the broker has not; what "
+                        "exists and agrees is left as it is, so importing twice changes nothing. 409 "
+                        "(code definitions-conflict, the item in 'item'): an item disagrees with the broker "
+                        "(a queue with other arguments, an exchange of another type, other permissions, a "
+                        "virtual host it does not have), and nothing was changed. A user the broker has is "
+                        "left as it is. 400 (code "
+                        "bad-definitions): the document is malformed. Users and permissions are kept in memory "
+                        "only, as with PUT /api/v1/users."),
+        },
+    }
+    return paths, schemas

@@ -49,6 +49,7 @@ from qmq.twisted_internals import no_delay_once
 from qmq.web.api import codec
 from qmq.web.api.admin import AdminMixin
 from qmq.web.api.codec import AVRO, AVRO_TYPES, JSON, SCHEMA_NAMES
+from qmq.web.api.definitions import DefinitionsMixin
 from qmq.web.api.follow import CursorFollower, SseFollower, _SseProducer
 from qmq.web.api.frontend import HttpFrontend, parse_handle
 from qmq.web.api.health import HealthHandlers
@@ -114,7 +115,7 @@ def _unauthorized(detail: str) -> Problem:
     return Problem(401, "unauthorized", detail, headers={"WWW-Authenticate": 'Basic realm="QMQ", Bearer'})
 
 
-class ApiResource(HealthHandlers, TopologyMixin, AdminMixin, Resource):
+class ApiResource(HealthHandlers, TopologyMixin, AdminMixin, DefinitionsMixin, Resource):
     """C{/api}: version 1 of QMQ's HTTP API (see the module docstring)."""
 
     isLeaf = True
@@ -166,6 +167,8 @@ class ApiResource(HealthHandlers, TopologyMixin, AdminMixin, Resource):
         ("GET", ("v1", "permissions", "{vhost}", "{user}"), "get_permission"),
         ("PUT", ("v1", "permissions", "{vhost}", "{user}"), "put_permission"),
         ("DELETE", ("v1", "permissions", "{vhost}", "{user}"), "delete_permission"),
+        ("GET", ("v1", "definitions"), "get_definitions"),
+        ("POST", ("v1", "definitions"), "post_definitions"),
     )
 
     def __init__(self, ctx: Any, settings: ApiSettings | None = None) -> None:
@@ -378,6 +381,10 @@ class ApiResource(HealthHandlers, TopologyMixin, AdminMixin, Resource):
 
     def _fe(self, request: Request, vhost: str) -> Any:
         return self.frontend.vhost(vhost, getattr(request, "qmq_user", None))
+
+    def _node(self) -> str:
+        """The node id every message name starts with (L{qmq.core.ids})."""
+        return self.broker.message_ids.node
 
     def _match(self, method: str, segments: list[str]) -> tuple[Any, dict[str, str]]:
         candidates = self._by_shape.get((len(segments), segments[1] if len(segments) > 1 else ""), ())
@@ -605,11 +612,11 @@ class ApiResource(HealthHandlers, TopologyMixin, AdminMixin, Resource):
         def answer(got: list) -> Response:
             self.delivered += len(got)
             if avro:
-                body = codec.avro_deliveries([(m, f"{token}.{tag}", None) for tag, m in got])
+                body = codec.avro_deliveries([(m, f"{token}.{tag}", None) for tag, m in got], self._node())
                 return Response(200, body, AVRO)
             return json_response(
                 {
-                    "messages": codec.json_deliveries(got, token, force64),
+                    "messages": codec.json_deliveries(got, token, force64, self._node()),
                     "visibility": visibility,
                 }
             )
@@ -706,14 +713,16 @@ class ApiResource(HealthHandlers, TopologyMixin, AdminMixin, Resource):
                                   else "bad-cursor", e.message)
             raise problem from None
 
+        node = self._node()
+
         def page(p: Any) -> Response:
             if avro:
-                body = codec.avro_deliveries([(m, None, None) for m in p.messages])
+                body = codec.avro_deliveries([(m, None, None) for m in p.messages], node)
                 headers = {"QMQ-Next-Cursor": p.next_cursor} if p.next_cursor else {}
                 return Response(200, body, AVRO, headers)
             return json_response(
                 {
-                    "messages": [codec.json_delivery(m, None, None, force64) for m in p.messages],
+                    "messages": [codec.json_delivery(m, None, None, force64, node) for m in p.messages],
                     "next_cursor": p.next_cursor,
                 }
             )
@@ -734,7 +743,7 @@ class ApiResource(HealthHandlers, TopologyMixin, AdminMixin, Resource):
     def h_topic_events(self, request: Request, vhost: str, topic: str) -> Any:
         fe = self._fe(request, vhost)
         self._follower_room()
-        follower = SseFollower(request, self.settings.follow_backlog, self.clock)
+        follower = SseFollower(request, self.settings.follow_backlog, self.clock, self._node())
         try:
             fe.channel.subscribe(follower, "/topic/" + topic)
         except BrokerError as e:
@@ -813,17 +822,18 @@ class ApiResource(HealthHandlers, TopologyMixin, AdminMixin, Resource):
         else:
             follower, after = self._parse_cursor(cursor, fe, topic)
         self._idle(follower)
+        node = self._node()
 
         def answer(got: list) -> Response:
             last = got[-1][0] if got else max(after, follower.kept[0][0] - 1 if follower.kept else follower.seq)
             dropped, follower.dropped = follower.dropped, 0
             cursor_out = f"{follower.fid}.{last}"
             if avro:
-                body = codec.avro_deliveries([(m, None, seq) for seq, m in got])
+                body = codec.avro_deliveries([(m, None, seq) for seq, m in got], node)
                 return Response(200, body, AVRO, {"QMQ-Cursor": cursor_out, "QMQ-Dropped": str(dropped)})
             return json_response(
                 {
-                    "messages": [codec.json_delivery(m, None, seq, force64) for seq, m in got],
+                    "messages": [codec.json_delivery(m, None, seq, force64, node) for seq, m in got],
                     "cursor": cursor_out,
                     "dropped": dropped,
                 }

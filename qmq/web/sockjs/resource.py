@@ -64,6 +64,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 from zope.interface import implementer
 
+from qmq.logs import peer_address
 from qmq.twisted_internals import request_disconnected
 from qmq.web.site import json_error
 from qmq.web.sockjs.framing import (
@@ -123,11 +124,7 @@ def id_digest(session_id: str) -> str:
 def _peer(request: Any) -> tuple[str, str]:
     """(address for logs, host for caps) of the request's client."""
     peer = request.getClientAddress()
-    host = getattr(peer, "host", None) or ""
-    port = getattr(peer, "port", None)
-    if not host:
-        return str(peer), ""
-    return (f"[{host}]:{port}" if ":" in host else f"{host}:{port}"), host
+    return peer_address(peer), getattr(peer, "host", None) or ""
 
 
 class SockJSService:

@@ -93,7 +93,7 @@ class StompOverSockJS:
         self.session = StompSession(self.broker, self.settings, self, clock=sockjs.clock)
         self.reader = StompReader(self.session)
         self.registry.add(self, self.listener)
-        log.info("connection open protocol=stomp+sockjs peer={peer} session={session}",
+        log.debug("connection open protocol=stomp+sockjs peer={peer} session={session}",
                  peer=self.peer, session=self.session.id)
 
     def messages_received(self, messages: list[str]) -> None:
@@ -123,7 +123,7 @@ class StompOverSockJS:
         self.reader.connection_lost()  # type: ignore[union-attr]
         session.connection_lost()
         self.registry.remove(self)
-        log.info("connection closed protocol=stomp+sockjs peer={peer} session={session}",
+        log.debug("connection closed protocol=stomp+sockjs peer={peer} session={session}",
                  peer=self.peer, session=session.id)
 
     # ITransport

@@ -13,6 +13,19 @@
 // reconnects with exponential backoff and subscribes again; sends made while
 // it is away wait (up to maxQueued) and go out once it is back.
 //
+// Transactions (STOMP BEGIN, COMMIT, ABORT), as in stomp.js:
+//
+//   const tx = client.begin();
+//   await tx.send("/queue/orders", "one");     // held by the broker until...
+//   await tx.ack(message);                     // (an ack may be held too)
+//   await tx.commit();                         // ...now all of them, or tx.abort()
+//
+// A transaction lives on one connection: if it drops, the broker aborts it
+// and every later call on it rejects (nothing is sent again by itself).
+//
+// TypeScript declarations: qmq.d.ts beside this file. As an npm package:
+// package.json beside this file (docs/browsers.rst, "qmq.js from npm").
+//
 // Events (client.addEventListener): "state" (detail: the new state:
 // "connecting", "open", "reconnecting", "closed"), "connect" (detail: the
 // CONNECTED headers and the transport), "error" (detail: an ERROR frame's
@@ -357,6 +370,71 @@ export class Subscription {
   }
 }
 
+/**
+ * A STOMP transaction made by client.begin(): send, ack and nack inside it
+ * are held by the broker until commit() (or dropped by abort()). ready
+ * resolves once the broker has the BEGIN. Bound to the connection it began
+ * on: after a reconnect every call rejects (the broker aborted it).
+ */
+export class Transaction {
+  constructor(client, id) {
+    this.client = client;
+    this.id = id;
+    this.connection = client.connection;
+    this.state = "open";
+    this.ready = client._request("BEGIN", { transaction: id });
+    this.ready.catch(() => {});
+  }
+
+  _usable() {
+    if (this.state !== "open") return new Error(`qmq.js: transaction ${this.id} is ${this.state}`);
+    if (this.client.state !== "open" || this.client.connection !== this.connection) {
+      this.state = "lost";
+      return new Error(`qmq.js: transaction ${this.id} was lost with its connection`);
+    }
+    return null;
+  }
+
+  /** Send inside the transaction; resolves on the broker's RECEIPT (held, not yet delivered). */
+  send(destination, body = "", headers = {}, { receipt = true } = {}) {
+    const error = this._usable();
+    if (error) return Promise.reject(error);
+    const all = { ...headers, destination, transaction: this.id };
+    if (receipt) return this.client._request("SEND", all, body);
+    this.client._write(encodeFrame("SEND", all, body, this.client.version));
+    return Promise.resolve();
+  }
+
+  /** Acknowledge a message inside the transaction (settled on commit). */
+  ack(message, headers = {}) {
+    const error = this._usable();
+    return error ? Promise.reject(error) : message.ack({ ...headers, transaction: this.id });
+  }
+
+  /** Refuse a message inside the transaction. */
+  nack(message, headers = {}) {
+    const error = this._usable();
+    return error ? Promise.reject(error) : message.nack({ ...headers, transaction: this.id });
+  }
+
+  /** Commit: resolves once the broker has carried out every held frame. */
+  commit() {
+    return this._end("COMMIT", "committed");
+  }
+
+  /** Abort: the held frames are dropped. */
+  abort() {
+    return this._end("ABORT", "aborted");
+  }
+
+  _end(command, state) {
+    const error = this._usable();
+    if (error) return Promise.reject(error);
+    this.state = state;
+    return this.client._request(command, { transaction: this.id });
+  }
+}
+
 export class Client extends EventTarget {
   /**
    * @param {string} [url] the broker's base URL (http: or https:); the page's
@@ -391,6 +469,7 @@ export class Client extends EventTarget {
     this.preferred = 0;
     this.wanted = false;
     this.replyHandlers = new Map();
+    this.connection = 0; // counts CONNECTED frames: a transaction's connection
   }
 
   _setState(state) {
@@ -545,6 +624,7 @@ export class Client extends EventTarget {
     this.version = headers.version || "1.0";
     this.parser.version = this.version;
     this.connected = headers;
+    this.connection++;
     this.attempts = 0;
     this._setState("open");
     this._startHeartbeats(headers["heart-beat"] || "0,0");
@@ -684,6 +764,15 @@ export class Client extends EventTarget {
           reject(e);
         });
     });
+  }
+
+  /**
+   * Begin a transaction (STOMP BEGIN) on the open connection; throws when
+   * not connected. id: the transaction's name (a fresh one by default).
+   */
+  begin(id) {
+    if (this.state !== "open") throw new Error("qmq.js: not connected");
+    return new Transaction(this, id || `tx-${Date.now().toString(36)}-${this.nextId++}`);
   }
 
   /** Disconnect cleanly (DISCONNECT with a receipt); no reconnect. */

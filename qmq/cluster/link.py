@@ -1,0 +1,383 @@
+# -*- test-case-name: tests.test_cluster_link -*-
+"""One link between two nodes: the connection, its hello, heart-beats and
+buffers. What flows over it is the mesh's business (L{qmq.cluster.mesh}).
+
+The flow of a link's life:
+
+    1. connected (dialed by L{qmq.cluster.mesh.Mesh}'s dialers, or accepted
+       by a C{peer:} listener); over TLS the handshake already checked that
+       the peer's certificate is signed by C{[cluster] ca}. Each side sends
+       a B{hello}: its node id and the protocol's version
+       (L{qmq.cluster.wire}).
+    2. On the peer's hello, L{LinkProtocol} checks who it is: a node id,
+       not this node, the version; over TLS the verified certificate must
+       name that node (its CN or a subject alternative name); a peer dialed
+       with C{node=} must be that node; and the mesh may refuse it
+       (L{qmq.cluster.mesh.Mesh.link_up}: a node not in C{peers}, or a
+       second link to a node already linked: the tie-break). A refusal is
+       logged with its reason and the peer is told (a B{close} frame).
+    3. While it is up, each side sends a B{ping} every C{heartbeat} seconds
+       (the other answers B{pong}: the round-trip time); a link that hears
+       nothing for three heart-beats is closed, and so is one whose hello
+       does not come within L{HELLO_TIMEOUT}.
+    4. Output goes out once per reactor turn (the broker's write batcher),
+       in one write. While the transport's buffer is full (Twisted pauses
+       the link as its producer), messages wait in the link's own buffer up
+       to C{link_buffer} bytes; past that a message for this peer is
+       dropped, counted (L{LinkProtocol.dropped}) and logged at most once a
+       minute. Input is one frame at a time at most C{max_frame} bytes.
+    5. L{close} says why in a close frame, then closes, and aborts a peer
+       that does not let go within L{CLOSE_GRACE}; the mesh hears
+       L{qmq.cluster.mesh.Mesh.link_down} once it is gone.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet.interfaces import IPushProducer, ISSLTransport
+from twisted.internet.protocol import Protocol
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from qmq.cluster import wire
+from qmq.core.ids import NODE_ID
+from qmq.tls import peer_identity
+from qmq.transport import IConnection
+
+if TYPE_CHECKING:
+    from qmq.cluster.endpoints import Peer
+    from qmq.cluster.mesh import Mesh
+
+__all__ = ["CLOSE_GRACE", "HELLO_TIMEOUT", "LinkProtocol"]
+
+log = Logger()
+
+#: Seconds a new connection has to say hello.
+HELLO_TIMEOUT = 10.0
+#: Seconds a closed link's peer has to let go before it is aborted.
+CLOSE_GRACE = 2.0
+#: Heart-beats a link may miss before it is closed.
+MISSED_BEATS = 3
+#: Seconds between two log lines about messages dropped for one peer.
+DROP_LOG_INTERVAL = 60.0
+
+
+@implementer(IPushProducer, IConnection)
+class LinkProtocol(Protocol):
+    """A link (see the module docstring).
+
+    @ivar node: the peer's node id, once its hello came.
+    @ivar outbound: this node dialed it.
+    @ivar state: C{"hello"} (waiting for the peer's), C{"up"}, C{"closed"}.
+    @ivar messages_out, bytes_out, messages_in, bytes_in: what went each
+        way (bytes of whole frames).
+    @ivar dropped: messages dropped for this peer (its buffer was full).
+    @ivar refused: messages from the peer the core refused (an exchange
+        gone, a full queue).
+    @ivar rtt: the last round-trip time measured, seconds, or None.
+    @ivar remote: what the peer wants: (vhost, exchange, key) -> the
+        consumer bound for it here, or None while it cannot be bound (no
+        such exchange yet).
+    """
+
+    def __init__(self, mesh: Mesh, outbound: bool, peer: Peer | None = None, dialer: Any = None) -> None:
+        self.mesh = mesh
+        self.clock = mesh.clock
+        self.outbound = outbound
+        self.peer = peer
+        self.dialer = dialer
+        self.node = ""
+        self.state = "hello"
+        self.reason = ""
+        self.address = ""
+        self.peer_host = ""
+        self.messages_out = self.bytes_out = self.messages_in = self.bytes_in = 0
+        self.dropped = self.refused = 0
+        self.rtt: float | None = None
+        self.connected_at = 0.0
+        self.up_at: float | None = None
+        self.remote: dict[tuple[str, str, str], Any] = {}
+        self.channels: dict[str, Any] = {}
+        self.last_sent: Any = None
+        self._reader = wire.FrameReader(mesh.settings.max_frame)
+        self._out: list[bytes] = []
+        self._out_bytes = 0
+        self._paused = False
+        self._flush_wanted = False
+        self._heard = 0.0
+        self._beat: Any = None
+        self._abort: Any = None
+        self._dropped_logged: float | None = None
+
+    # -- connection -----------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        peer = self.transport.getPeer()  # type: ignore[union-attr]
+        self.peer_host = getattr(peer, "host", "") or ""
+        self.address = f"{self.peer_host}:{getattr(peer, 'port', '')}"
+        self.connected_at = self._heard = self.clock.seconds()
+        self.transport.registerProducer(self, True)  # type: ignore[union-attr]
+        self.send(wire.encode_json(wire.HELLO, {"node": self.mesh.node, "version": wire.VERSION}))
+        self._beat = self.clock.callLater(self.mesh.settings.heartbeat, self._tick)
+
+    def _tick(self) -> None:
+        self._beat = None
+        if self.state == "closed":
+            return
+        now = self.clock.seconds()
+        if self.state == "hello":
+            if now - self.connected_at >= HELLO_TIMEOUT:
+                self.close(f"no hello within {HELLO_TIMEOUT:g} s")
+                return
+        else:
+            silent = now - self._heard
+            if silent >= MISSED_BEATS * self.mesh.settings.heartbeat:
+                self.close(f"nothing heard from the peer for {silent:.1f} s (heart-beats)")
+                return
+            self.send(wire.encode_clock(wire.PING, now))
+        self._beat = self.clock.callLater(self.mesh.settings.heartbeat, self._tick)
+
+    def dataReceived(self, data: bytes) -> None:
+        if self.state == "closed":
+            return
+        self._heard = self.clock.seconds()
+        batcher = self.mesh.broker.batcher
+        batcher.hold()
+        try:
+            for type_, payload in self._reader.feed(data):
+                self._frame(type_, payload)
+                if self.state == "closed":
+                    return
+        except wire.FrameError as e:
+            self.close(f"protocol error: {e}")
+        finally:
+            batcher.release()
+
+    def _frame(self, type_: int, payload: bytes) -> None:
+        if type_ == wire.MESSAGE:
+            if self.state != "up":
+                raise wire.FrameError("a message before the hello")
+            self.messages_in += 1
+            self.bytes_in += len(payload) + 5
+            self.mesh.received(self, payload)
+        elif type_ == wire.PING:
+            self.send(wire.encode_clock(wire.PONG, wire.decode_clock(payload)))
+        elif type_ == wire.PONG:
+            self.rtt = max(0.0, self.clock.seconds() - wire.decode_clock(payload))
+        elif type_ == wire.HELLO:
+            self._hello(wire.decode_json(payload))
+        elif type_ == wire.INTEREST:
+            if self.state != "up":
+                raise wire.FrameError("interest before the hello")
+            value = wire.decode_json(payload)
+            key = _interest_key(value.get("i"))
+            self.mesh.remote_interest(self, key, bool(value.get("on")))
+        elif type_ == wire.SYNC:
+            if self.state != "up":
+                raise wire.FrameError("interest before the hello")
+            value = wire.decode_json(payload)
+            items = value.get("interest")
+            if not isinstance(items, list):
+                raise wire.FrameError("bad sync: no interest list")
+            self.mesh.remote_sync(self, {_interest_key(i) for i in items})
+        elif type_ == wire.CLOSE:
+            value = wire.decode_json(payload)
+            reason = str(value.get("reason", ""))[:500]
+            self.reason = f"the peer closed: {reason}"
+            if value.get("duplicate") or value.get("self"):
+                self.mesh.dialer_standby(self, forever=bool(value.get("self")))
+            log.info("link {link} closed by the peer: {reason}", link=self.describe(), reason=reason)
+            self.close(None)
+        else:
+            raise wire.FrameError(f"unknown frame type {type_}")
+
+    def _hello(self, hello: dict[str, Any]) -> None:
+        if self.state != "hello":
+            raise wire.FrameError("a second hello")
+        node = hello.get("node")
+        version = hello.get("version")
+        if version != wire.VERSION:
+            self.refuse(f"link protocol version {version!r} (this node speaks {wire.VERSION})")
+            return
+        if not isinstance(node, str) or not NODE_ID.match(node):
+            self.refuse(f"{node!r} is not a node id")
+            return
+        self.node = node
+        if node == self.mesh.node:
+            self.mesh.dialer_standby(self, forever=True)
+            self.close("this is a link to this node itself", extra={"self": True})
+            return
+        if self.peer is not None and self.peer.node and node != self.peer.node:
+            self.refuse(f"it says it is node {node!r}, and {self.peer.text!r} names node {self.peer.node!r}")
+            return
+        if ISSLTransport.providedBy(self.transport):
+            identity = peer_identity(self.transport)
+            if identity is None:
+                self.refuse(f"node {node!r} presented no certificate")
+                return
+            if node not in identity.names:
+                names = ", ".join(identity.names) or "nothing"
+                self.refuse(f"it says it is node {node!r}, and its certificate names {names}")
+                return
+        problem = self.mesh.link_up(self)
+        if problem is not None:
+            self.refuse(problem)
+
+    # -- output ---------------------------------------------------------------
+
+    def send(self, data: bytes) -> None:
+        """Queue a control frame (sent at the end of the reactor turn)."""
+        if self.state == "closed":
+            return
+        self._out.append(data)
+        self._out_bytes += len(data)
+        self._want_flush()
+
+    def send_message(self, chunks: list[bytes], size: int) -> None:
+        """Queue a message frame (its chunks, C{size} bytes in all), or drop
+        it when the link's buffer is full."""
+        if self._out_bytes + size > self.mesh.settings.link_buffer and self._out:
+            self.dropped += 1
+            now = self.clock.seconds()
+            if self._dropped_logged is None or now - self._dropped_logged >= DROP_LOG_INTERVAL:
+                self._dropped_logged = now
+                log.warn(
+                    "link {link}: the peer does not read; messages for it are dropped "
+                    "({dropped} so far, {buffered} bytes waiting)",
+                    link=self.describe(),
+                    dropped=self.dropped,
+                    buffered=self._out_bytes,
+                )
+            return
+        self._out.extend(chunks)
+        self._out_bytes += size
+        self.messages_out += 1
+        self.bytes_out += size
+        self._want_flush()
+
+    def _want_flush(self) -> None:
+        if not self._flush_wanted and not self._paused and self.state != "closed":
+            self._flush_wanted = True
+            self.mesh.broker.batcher.want_flush(self)
+
+    def flush(self) -> None:
+        """Write what waits, in one write (the write batcher calls it)."""
+        self._flush_wanted = False
+        if self._paused or not self._out or self.transport is None:
+            return
+        out, self._out = self._out, []
+        self._out_bytes = 0
+        self.transport.writeSequence(out)
+
+    # IPushProducer: the transport's write buffer is full, or drained.
+    def pauseProducing(self) -> None:
+        self._paused = True
+
+    def resumeProducing(self) -> None:
+        self._paused = False
+        if self._out:
+            self._want_flush()
+
+    def stopProducing(self) -> None:
+        self._paused = True
+
+    # -- the end --------------------------------------------------------------
+
+    def refuse(self, reason: str) -> None:
+        """Refuse the peer: logged with the reason, told, closed."""
+        log.warn(
+            "link {link} refused: {reason}",
+            link=self.describe(),
+            reason=reason,
+        )
+        self.close(f"refused: {reason}")
+
+    def close(self, reason: str | None, extra: dict[str, Any] | None = None) -> None:
+        """Close for real (see the module docstring); C{reason} goes to the
+        peer in a close frame (None: the peer closed, nothing to say)."""
+        if self.state == "closed":
+            return
+        if reason is not None:
+            self.reason = reason
+            self._out.append(wire.encode_json(wire.CLOSE, {"reason": reason, **(extra or {})}))
+            self._paused = False
+            self.flush()
+        self.state = "closed"
+        if self._beat is not None and self._beat.active():
+            self._beat.cancel()
+        self._beat = None
+        transport = self.transport
+        if transport is None:
+            return
+        transport.unregisterProducer()  # type: ignore[attr-defined]
+        transport.loseConnection()
+        self._abort = self.clock.callLater(CLOSE_GRACE, self.abort)
+
+    def shutdown(self, reason: str) -> None:
+        """IConnection: the broker is going away."""
+        self.close(reason)
+
+    def abort(self) -> None:
+        """IConnection: drop it now."""
+        self._abort = None
+        transport = self.transport
+        if transport is not None:
+            transport.abortConnection()  # type: ignore[attr-defined]
+
+    def connectionLost(self, reason: Any = None) -> None:
+        was = self.state
+        self.state = "closed"
+        if self._beat is not None and self._beat.active():
+            self._beat.cancel()
+        if self._abort is not None and self._abort.active():
+            self._abort.cancel()
+        self._beat = self._abort = None
+        self._out = []
+        self._out_bytes = 0
+        if not self.reason:
+            self.reason = reason.getErrorMessage() if reason is not None else "connection lost"
+        if was == "hello" and not self.node:
+            # A TLS handshake refused (a certificate from another CA, a
+            # name that is not the host dialed) ends here: say why.
+            log.warn(
+                "link {link} lost before its hello: {reason}",
+                link=self.describe(),
+                reason=self.reason,
+            )
+        self.mesh.link_down(self)
+
+    def describe(self) -> str:
+        direction = "to" if self.outbound else "from"
+        who = self.node or (self.peer.text if self.peer is not None else "?")
+        return f"{direction} {who} ({self.address})"
+
+    def snapshot(self) -> dict[str, Any]:
+        """The link as the management API shows it."""
+        now = self.clock.seconds()
+        return {
+            "node": self.node,
+            "direction": "out" if self.outbound else "in",
+            "address": self.address,
+            "state": self.state,
+            "up_seconds": round(now - self.up_at, 3) if self.up_at is not None else None,
+            "rtt_ms": round(self.rtt * 1000, 3) if self.rtt is not None else None,
+            "messages_out": self.messages_out,
+            "bytes_out": self.bytes_out,
+            "messages_in": self.messages_in,
+            "bytes_in": self.bytes_in,
+            "dropped": self.dropped,
+            "refused": self.refused,
+            "buffered_bytes": self._out_bytes,
+            "peer_interest": sorted("/".join(k) for k in self.remote),
+        }
+
+
+def _interest_key(value: Any) -> tuple[str, str, str]:
+    if (
+        not isinstance(value, list)
+        or len(value) != 3
+        or not all(isinstance(v, str) for v in value)
+    ):
+        raise wire.FrameError("bad interest: expected [vhost, exchange, key]")
+    return (value[0], value[1], value[2])

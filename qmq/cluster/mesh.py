@@ -1,0 +1,448 @@
+# -*- test-case-name: tests.test_cluster_mesh -*-
+"""The mesh: this node's links to its peers, and what flows over them.
+
+A full mesh of nodes (every node linked to every other, one link per pair,
+L{qmq.cluster.link}), in which a peer is "just another client": a link is a
+frontend of the core, with a L{qmq.core.channel.Channel} per virtual host,
+as a STOMP session has.
+
+Interest, out (what this node's clients want):
+    The mesh observes the core's events (L{qmq.core.events}). A binding
+    key of an exchange (a queue's binding, a live subscriber's, an
+    exchange's) is this node's I{local interest} while it has bindings
+    other than the ones the mesh made for its peers
+    (L{Observer.bindings_changed} minus L{Mesh.own}). When local interest
+    in (virtual host, exchange, key) appears or goes, every link is told
+    (an interest frame); a link that comes up is told all of it at once (a
+    sync frame), so a reconnect re-synchronises.
+
+Interest, in (what a peer's clients want):
+    For each (virtual host, exchange, key) a peer wants, the mesh consumes
+    on that exchange with that key through the link's channel: a
+    L{LinkConsumer}, a live consumer (auto-ack, no queue) whose
+    C{publish} encodes the message into the link. An exchange that does
+    not exist yet is bound when it is declared (a topology event). When
+    the peer withdraws it, or the link goes, the consumer goes.
+
+Messages:
+    A publish on this node reaches a link's consumers like any subscriber;
+    a link sends one message once however many of its keys match (it
+    remembers the last message it sent). A message that comes in from a
+    link is published on the core through the link's channel, with its id,
+    while L{Mesh.inbound} names it: every L{LinkConsumer} skips it, so a
+    message received from a link is never sent on to another link. In a
+    full mesh that is loop-free and duplicate-free: the publishing node
+    sends to each interested peer directly, exactly once.
+
+Links, and the tie-break:
+    Every node dials each of its C{peers} (Twisted's L{ClientService}:
+    reconnects with exponential backoff and jitter) and accepts links on
+    its C{peer:} listeners, so two nodes that list each other may end up
+    with two links. Of two links between the same pair, the one dialed by
+    the node with the smaller id (string order) is kept; both ends decide
+    the same. The other is closed with a close frame saying so, and its
+    dialer waits (standby) until the kept link goes. A dialer that reached
+    this node itself (a peers list shared by every node) stops for good.
+    When every entry of C{peers} names its node (C{node=}), a node that is
+    not one of them is refused.
+
+What is not guaranteed (docs/cluster.rst): messages cross a link at most
+once (in flight when a link drops, they are lost); interest takes a round
+trip to reach a peer, so a publish right after a remote SUBSCRIBE may miss
+it; no ordering between messages from different nodes.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from twisted.application.internet import ClientService, backoffPolicy
+from twisted.application.service import Service
+from twisted.internet.protocol import Factory
+from twisted.logger import Logger
+
+from qmq.cluster import wire
+from qmq.cluster.endpoints import Credentials, Peer, client_endpoint, parse_peer
+from qmq.cluster.link import LinkProtocol
+from qmq.core.channel import Channel
+from qmq.core.consumer import Consumer
+from qmq.core.errors import BrokerError
+from qmq.core.events import Observer
+
+__all__ = ["LinkConsumer", "LinkFactory", "Mesh", "mesh_of"]
+
+log = Logger()
+
+#: Reconnect delays: from INITIAL_DELAY, doubling up to MAX_DELAY, plus up
+#: to a second of jitter.
+INITIAL_DELAY = 0.5
+MAX_DELAY = 30.0
+
+#: Exchange types whose interest is a key: headers exchanges match on
+#: arguments, which the core's events do not carry (not propagated).
+PROPAGATED_TYPES = ("direct", "fanout", "topic")
+
+Key = tuple[str, str, str]
+
+
+class LinkConsumer(Consumer):
+    """What a peer wants of one exchange + key, bound here: hands each
+    message routed to it to its link (see the module docstring)."""
+
+    __slots__ = ("link", "key")
+
+    def __init__(self, link: LinkProtocol, key: Key) -> None:
+        super().__init__(False, None)
+        self.link = link
+        self.key = key
+
+    def publish(self, message: Any) -> None:
+        link = self.link
+        if message is link.last_sent or message is link.mesh.inbound:
+            return
+        link.last_sent = message
+        link.mesh.send(link, self.key[0], message)
+
+    def deliver(self, message: Any, queue: Any) -> None:
+        self.publish(message)
+
+    def cancelled(self) -> None:
+        """Its exchange was deleted: bound again if it is declared again."""
+        self.link.mesh.consumer_cancelled(self)
+
+
+class LinkFactory(Factory):
+    """Makes the links of a C{peer:} listener (inbound) or of a dialer."""
+
+    def __init__(
+        self,
+        mesh: Mesh,
+        registry: Any = None,
+        listener: str = "",
+        peer: Peer | None = None,
+    ) -> None:
+        self.mesh = mesh
+        self.registry = registry
+        self.listener = listener
+        self.peer = peer
+        self.dialer: Any = None
+
+    def buildProtocol(self, addr: Any) -> LinkProtocol | None:
+        if self.peer is not None:
+            return LinkProtocol(self.mesh, True, self.peer, self.dialer)
+        if self.registry is not None:
+            refused = self.registry.admit(self.listener, getattr(addr, "host", "") or "")
+            if refused is not None:
+                return None
+        link = LinkProtocol(self.mesh, False)
+        if self.registry is not None:
+            registry, listener = self.registry, self.listener
+            made = link.connectionMade
+            lost = link.connectionLost
+
+            def connectionMade() -> None:
+                made()
+                registry.add(link, listener)
+
+            def connectionLost(reason: Any = None) -> None:
+                registry.remove(link)
+                lost(reason)
+
+            link.connectionMade = connectionMade  # type: ignore[method-assign]
+            link.connectionLost = connectionLost  # type: ignore[method-assign]
+        return link
+
+
+class Mesh(Service, Observer):
+    """This node's side of the mesh (see the module docstring).
+
+    @ivar node: this node's id.
+    @ivar links: node id -> its link, while up.
+    @ivar local: the (vhost, exchange, key) this node's clients want.
+    @ivar own: (vhost, exchange, key) -> bindings the mesh made for peers.
+    @ivar inbound: the message being published from a link, or None.
+    @ivar all_links: every link that is connected, up or not.
+    """
+
+    def __init__(self, broker: Any, settings: Any, clock: Any) -> None:
+        self.broker = broker
+        self.settings = settings
+        self.clock = clock
+        self.node: str = broker.node
+        self.links: dict[str, LinkProtocol] = {}
+        self.all_links: set[LinkProtocol] = set()
+        self.local: set[Key] = set()
+        self.own: dict[Key, int] = {}
+        self.inbound: Any = None
+        self.peers = [parse_peer(text) for text in settings.peers]
+        self.listed = {p.node for p in self.peers} if self.peers and all(p.node for p in self.peers) else None
+        self.credentials: Credentials | None = None
+        if settings.ca and settings.certificate and settings.private_key:
+            self.credentials = Credentials.load(settings)
+        self.dialers: list[ClientService] = []
+        self._standby: dict[ClientService, str] = {}
+        self._stop_observing: Any = None
+        self._encoded: tuple[Any, str, list[bytes], int] | None = None
+        self._vhost_bytes: dict[str, bytes] = {}
+
+    # -- the service ----------------------------------------------------------
+
+    def startService(self) -> None:
+        super().startService()
+        self._stop_observing = self.broker.observe(self, replay=False)
+        for vhost in self.broker.vhosts.values():
+            events = vhost.events
+            for (exchange, key), count in (events.interest.items() if events is not None else ()):
+                self.bindings_changed(vhost.name, exchange, key, count)
+        for peer in self.peers:
+            factory = LinkFactory(self, peer=peer)
+            endpoint = client_endpoint(self.clock, peer, self.credentials)
+            dialer = ClientService(
+                endpoint,
+                factory,
+                retryPolicy=backoffPolicy(INITIAL_DELAY, MAX_DELAY, 2.0, jitter=random.random),
+                clock=self.clock,
+            )
+            factory.dialer = dialer
+            self.dialers.append(dialer)
+            dialer.startService()
+        log.info(
+            "mesh: node {node} dials {count} peer(s)",
+            node=self.node,
+            count=len(self.peers),
+        )
+
+    def stopService(self) -> Any:
+        super().stopService()
+        if self._stop_observing is not None:
+            self._stop_observing()
+            self._stop_observing = None
+        for dialer in self.dialers:
+            if dialer.running:
+                dialer.stopService()
+        self.dialers = []
+        self._standby.clear()
+        for link in list(self.all_links):
+            link.close("node shutting down")
+        return None
+
+    # -- links ----------------------------------------------------------------
+
+    def link_up(self, link: LinkProtocol) -> str | None:
+        """C{link}'s peer said hello and passed the link's checks: keep it
+        (telling it all of this node's interest), or say why not."""
+        node = link.node
+        if not link.outbound and self.listed is not None and node not in self.listed:
+            return f"node {node!r} is not one of cluster.peers (every entry names its node)"
+        other = self.links.get(node)
+        if other is not None and other.state == "up":
+            keep_dialer = min(self.node, node)
+            mine = (self.node if link.outbound else node) == keep_dialer
+            theirs = (self.node if other.outbound else node) == keep_dialer
+            if theirs and not mine:
+                link.close(
+                    f"duplicate link: the link dialed by {keep_dialer!r} is kept",
+                    extra={"duplicate": True},
+                )
+                self.dialer_standby(link)
+                return ""
+            other.close(
+                f"duplicate link: the link dialed by {keep_dialer!r} is kept"
+                if mine and not theirs
+                else "replaced by a new link",
+                extra={"duplicate": True} if mine and not theirs else None,
+            )
+            if mine and not theirs:
+                self.dialer_standby(other)
+        self.links[node] = link
+        link.state = "up"
+        link.up_at = self.clock.seconds()
+        self.all_links.add(link)
+        link.send(wire.encode_json(wire.SYNC, {"interest": sorted(list(k) for k in self.local)}))
+        log.info("mesh: link {link} up", link=link.describe())
+        return None
+
+    def link_down(self, link: LinkProtocol) -> None:
+        """C{link} is gone: what its peer wanted goes; a waiting dialer to
+        that node starts again."""
+        self.all_links.discard(link)
+        for key in list(link.remote):
+            self._unbind(link, key)
+        for channel in link.channels.values():
+            channel.close()
+        link.channels.clear()
+        node = link.node
+        if node and self.links.get(node) is link:
+            del self.links[node]
+            log.info("mesh: link {link} down: {reason}", link=link.describe(), reason=link.reason)
+            if self.running:
+                for dialer, target in list(self._standby.items()):
+                    if target == node:
+                        del self._standby[dialer]
+                        dialer.startService()
+
+    def dialer_standby(self, link: LinkProtocol, forever: bool = False) -> None:
+        """C{link}'s dialer waits: until the kept link to its node goes, or
+        for good (it reached this node itself)."""
+        dialer = link.dialer
+        if dialer is None or not link.outbound:
+            return
+        if dialer.running:
+            dialer.stopService()
+        if not forever:
+            self._standby[dialer] = link.node
+
+    # -- interest -------------------------------------------------------------
+
+    def bindings_changed(self, vhost: str, exchange: str, key: str, count: int) -> None:
+        k = (vhost, exchange, key)
+        wanted = count - self.own.get(k, 0) > 0
+        if wanted == (k in self.local):
+            return
+        if wanted:
+            ex = self.broker.vhosts[vhost].exchanges.get(exchange)
+            if ex is None or ex.type not in PROPAGATED_TYPES:
+                return
+            self.local.add(k)
+        else:
+            self.local.discard(k)
+        frame = wire.encode_json(wire.INTEREST, {"i": list(k), "on": wanted})
+        for link in self.links.values():
+            link.send(frame)
+
+    def exchange_declared(self, vhost: str, exchange: str, type: str) -> None:
+        # Not from inside the core's change: bind on the next turn.
+        self.clock.callLater(0, self._bind_waiting, vhost, exchange)
+
+    def _bind_waiting(self, vhost: str, exchange: str) -> None:
+        for link in list(self.links.values()):
+            for key, consumer in list(link.remote.items()):
+                if consumer is None and key[0] == vhost and key[1] == exchange:
+                    self._bind(link, key)
+
+    def remote_interest(self, link: LinkProtocol, key: Key, on: bool) -> None:
+        """The peer of C{link} wants C{key}, or no longer."""
+        if on:
+            if key not in link.remote:
+                self._bind(link, key)
+        elif key in link.remote:
+            self._unbind(link, key)
+            link.remote.pop(key, None)
+
+    def remote_sync(self, link: LinkProtocol, keys: set[Key]) -> None:
+        """The peer of C{link} wants C{keys} and nothing else."""
+        for key in list(link.remote):
+            if key not in keys:
+                self._unbind(link, key)
+                link.remote.pop(key, None)
+        for key in keys:
+            if key not in link.remote:
+                self._bind(link, key)
+
+    def _channel(self, link: LinkProtocol, vhost: Any) -> Channel:
+        channel = link.channels.get(vhost.name)
+        if channel is None:
+            channel = link.channels[vhost.name] = Channel(
+                self.broker, vhost, f"peer:{link.node}", protocol="peer"
+            )
+        return channel
+
+    def _bind(self, link: LinkProtocol, key: Key) -> None:
+        link.remote[key] = None
+        vhost = self.broker.vhosts.get(key[0])
+        if vhost is None or key[1] not in vhost.exchanges:
+            return
+        consumer = LinkConsumer(link, key)
+        own = self.own
+        own[key] = own.get(key, 0) + 1
+        try:
+            self._channel(link, vhost).consume(consumer, exchange=key[1], pattern=key[2], live=True)
+        except BrokerError as e:
+            own[key] -= 1
+            log.warn(
+                "mesh: link {link}: cannot bind {key!r} for the peer: {error}",
+                link=link.describe(),
+                key="/".join(key),
+                error=e.message,
+            )
+            return
+        link.remote[key] = consumer
+
+    def _unbind(self, link: LinkProtocol, key: Key) -> None:
+        consumer = link.remote.get(key)
+        if consumer is None:
+            return
+        link.remote[key] = None
+        own = self.own
+        n = own.get(key, 0) - 1
+        if n > 0:
+            own[key] = n
+        else:
+            own.pop(key, None)
+        channel = consumer.channel
+        if channel is not None and not channel.closed:
+            channel.unsubscribe(consumer)
+
+    def consumer_cancelled(self, consumer: LinkConsumer) -> None:
+        link = consumer.link
+        if link.remote.get(consumer.key) is consumer:
+            link.remote[consumer.key] = None
+            n = self.own.get(consumer.key, 0) - 1
+            if n > 0:
+                self.own[consumer.key] = n
+            else:
+                self.own.pop(consumer.key, None)
+        if consumer.channel is not None:
+            consumer.channel.consumer_cancelled(consumer)
+
+    # -- messages -------------------------------------------------------------
+
+    def send(self, link: LinkProtocol, vhost: str, message: Any) -> None:
+        """Send C{message} (published in C{vhost}) on C{link}: encoded once
+        for every link it goes to."""
+        encoded = self._encoded
+        if encoded is None or encoded[0] is not message or encoded[1] != vhost:
+            name = self._vhost_bytes.get(vhost)
+            if name is None:
+                name = self._vhost_bytes[vhost] = vhost.encode()
+            chunks = wire.encode_message(name, message)
+            encoded = self._encoded = (message, vhost, chunks, sum(map(len, chunks)))
+        link.send_message(encoded[2], encoded[3])
+
+    def received(self, link: LinkProtocol, payload: bytes) -> None:
+        """A message from C{link}'s peer: published here, for this node's
+        subscribers only."""
+        vhost_name, message = wire.decode_message(payload)
+        vhost = self.broker.vhosts.get(vhost_name)
+        if vhost is None:
+            link.refused += 1
+            return
+        channel = self._channel(link, vhost)
+        self.inbound = message
+        try:
+            published = channel.publish(message.exchange, message.routing_key, message)
+        except BrokerError:
+            link.refused += 1
+            return
+        finally:
+            self.inbound = None
+        durable = published.durable
+        if durable is not None:
+            durable.addErrback(
+                lambda f: log.failure("mesh: a message from {link} was not stored", f, link=link.describe())
+            )
+
+    # -- what the management API shows ----------------------------------------
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """Every connected link, and each configured peer not linked."""
+        return [link.snapshot() for link in sorted(self.all_links, key=lambda lk: lk.node)]
+
+
+def mesh_of(broker: Any, settings: Any, clock: Any) -> Mesh:
+    """The broker's mesh, made on first use (one per broker)."""
+    mesh = getattr(broker, "mesh", None)
+    if mesh is None:
+        mesh = broker.mesh = Mesh(broker, settings.section("cluster"), clock)
+    return mesh

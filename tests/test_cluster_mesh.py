@@ -1,0 +1,342 @@
+"""Tests for L{qmq.cluster.mesh} and L{qmq.cluster.link}: nodes (each a
+real core) linked over fake transports, driven by one
+L{twisted.internet.task.Clock}: interest flows, messages reach each
+interested node exactly once and nowhere else, links keep one per pair,
+heart-beats, buffers, reconnects."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet.task import Clock
+from twisted.test import iosim
+from twisted.trial.unittest import SynchronousTestCase
+
+from qmq.cluster import wire
+from qmq.cluster.endpoints import parse_peer
+from qmq.cluster.link import HELLO_TIMEOUT, LinkProtocol
+from qmq.cluster.mesh import Mesh
+from qmq.cluster.settings import ClusterSettings
+from qmq.core.broker import Broker
+from qmq.stomp.destinations import DestinationChannel
+from tests.test_core_channel import Recorder
+
+
+class Node:
+    """A broker with its mesh (not dialing: the test links nodes) and an
+    application channel."""
+
+    def __init__(self, name: str, clock: Clock, **settings: Any) -> None:
+        self.name = name
+        self.broker = Broker(clock, node=name)
+        settings.setdefault("allow_plaintext", True)
+        self.mesh = Mesh(self.broker, ClusterSettings(**settings), clock)
+        self.mesh.startService()
+        self.channel = DestinationChannel(self.broker, self.broker.default_vhost, "app")
+
+    def subscribe(self, destination: str) -> Recorder:
+        recorder = Recorder(self.channel, ack_required=False)
+        self.channel.subscribe(recorder, destination)
+        return recorder
+
+    def publish(self, key: str, body: bytes, exchange: str = "amq.topic") -> Any:
+        message = self.channel.make_message(exchange, key, {"h": "v"}, body)
+        message.properties = {"correlation_id": "c"}
+        self.channel.publish(exchange, key, message)
+        return message
+
+    def link_to(self, other: Node) -> LinkProtocol:
+        return self.mesh.links[other.name]
+
+
+class Net:
+    """Nodes and the fake connections between them."""
+
+    def __init__(self, *names: str, **settings: Any) -> None:
+        self.clock = Clock()
+        self.nodes = {n: Node(n, self.clock, **settings) for n in names}
+        self.pumps: list[iosim.IOPump] = []
+
+    def __getitem__(self, name: str) -> Node:
+        return self.nodes[name]
+
+    def connect(self, dialer: str, listener: str, peer: str | None = None) -> tuple[LinkProtocol, LinkProtocol]:
+        """C{dialer} dials C{listener}; return (its link, the listener's)."""
+        out = LinkProtocol(self[dialer].mesh, True, parse_peer(peer) if peer else None)
+        inbound = LinkProtocol(self[listener].mesh, False)
+        pump = iosim.connect(
+            inbound,
+            iosim.FakeTransport(inbound, isServer=True),
+            out,
+            iosim.FakeTransport(out, isServer=False),
+            greet=False,
+            clock=self.clock,
+        )
+        self.pumps.append(pump)
+        self.settle()
+        return out, inbound
+
+    def full_mesh(self) -> None:
+        names = sorted(self.nodes)
+        for i, a in enumerate(names):
+            for b in names[i + 1 :]:
+                self.connect(a, b)
+
+    def settle(self) -> None:
+        """Move every byte until nothing moves (bounded)."""
+        for _ in range(200):
+            moved = False
+            for pump in self.pumps:
+                moved = pump.pump() or moved
+            if not moved:
+                return
+        raise AssertionError("the network did not settle")
+
+
+def bodies(recorder: Recorder) -> list[bytes]:
+    return [m.body for _, m in recorder.got]
+
+
+class InterestTests(SynchronousTestCase):
+    def test_fanout_exactly_once(self) -> None:
+        """Subscribers on b and c, a publisher on a: each gets each message
+        once, with its id, headers and properties; b does not pass what it
+        got from a on to c."""
+        net = Net("a", "b", "c")
+        net.full_mesh()
+        on_b = net["b"].subscribe("/topic/x")
+        on_c = net["c"].subscribe("/topic/x")
+        net.settle()
+        sent = [net["a"].publish("x", b"m%d" % i) for i in range(10)]
+        net.settle()
+        self.assertEqual(bodies(on_b), [m.body for m in sent])
+        self.assertEqual(bodies(on_c), [m.body for m in sent])
+        got = on_c.got[3][1]
+        self.assertEqual((got.id, got.headers, got.properties), (sent[3].id, {"h": "v"}, {"correlation_id": "c"}))
+        a = net["a"]
+        self.assertEqual(a.link_to(net["b"]).messages_out, 10)
+        self.assertEqual(a.link_to(net["c"]).messages_out, 10)
+        self.assertEqual(net["b"].link_to(net["c"]).messages_out, 0)
+        self.assertEqual(net["c"].link_to(net["b"]).messages_out, 0)
+
+    def test_no_traffic_without_interest(self) -> None:
+        """Nothing goes to a node without subscribers; interest goes with
+        the last subscriber."""
+        net = Net("a", "b", "c")
+        net.full_mesh()
+        first = net["b"].subscribe("/topic/x")
+        second = net["b"].subscribe("/topic/x")
+        net.settle()
+        net["a"].publish("x", b"1")
+        net.settle()
+        to_b, to_c = net["a"].link_to(net["b"]), net["a"].link_to(net["c"])
+        self.assertEqual((to_b.messages_out, to_c.messages_out), (1, 0))
+        net["b"].channel.unsubscribe(first)
+        net.settle()
+        self.assertEqual(list(to_b.remote), [("/", "amq.topic", "x")])
+        net["b"].channel.unsubscribe(second)
+        net.settle()
+        self.assertEqual(to_b.remote, {})
+        net["a"].publish("x", b"2")
+        net.settle()
+        self.assertEqual((to_b.messages_out, to_c.messages_out), (1, 0))
+        self.assertEqual(bodies(second), [b"1"])
+
+    def test_overlapping_patterns_one_copy(self) -> None:
+        """A peer whose keys match a message several ways gets it once;
+        its own subscribers each get their copy."""
+        net = Net("a", "b")
+        net.full_mesh()
+        subs = [net["b"].subscribe(d) for d in ("/topic/x.*", "/topic/x.#", "/topic/#")]
+        net.settle()
+        net["a"].publish("x.y", b"once")
+        net.settle()
+        self.assertEqual(net["a"].link_to(net["b"]).messages_out, 1)
+        self.assertEqual([bodies(s) for s in subs], [[b"once"]] * 3)
+
+    def test_link_bindings_are_not_local_interest(self) -> None:
+        """What a node binds for a peer is not its own interest: it is not
+        told to the other peers, and the node's own interest in the same
+        key comes and goes by its own subscribers."""
+        net = Net("a", "b", "c")
+        net.full_mesh()
+        net["b"].subscribe("/topic/k")
+        net.settle()
+        self.assertEqual(net["a"].mesh.local, set())
+        self.assertEqual(net["c"].link_to(net["a"]).remote, {})
+        own = net["a"].subscribe("/topic/k")
+        net.settle()
+        key = ("/", "amq.topic", "k")
+        self.assertEqual(net["a"].mesh.local, {key})
+        self.assertIn(key, net["c"].link_to(net["a"]).remote)
+        net["a"].channel.unsubscribe(own)
+        net.settle()
+        self.assertEqual(net["a"].mesh.local, set())
+        self.assertEqual(net["c"].link_to(net["a"]).remote, {})
+        self.assertIn(key, net["a"].link_to(net["b"]).remote)
+
+    def test_queue_binding_and_fanout(self) -> None:
+        """A queue's binding is interest too, on any propagated exchange
+        type (a fanout here)."""
+        net = Net("a", "b")
+        net.full_mesh()
+        vhost = net["b"].broker.default_vhost
+        vhost.declare_queue("q", durable=False)
+        vhost.bind("q", "amq.fanout", "")
+        net.settle()
+        net["a"].publish("any", b"f", exchange="amq.fanout")
+        net.settle()
+        self.assertEqual(len(vhost.queues["q"]), 1)
+
+    def test_exchange_declared_later(self) -> None:
+        """Interest in an exchange this node does not have waits until it
+        is declared."""
+        net = Net("a", "b")
+        net.full_mesh()
+        net["b"].broker.default_vhost.declare_exchange("ev", "topic")
+        on_b = net["b"].subscribe("/exchange/ev/k")
+        net.settle()
+        link = net["a"].link_to(net["b"])
+        self.assertEqual(link.remote, {("/", "ev", "k"): None})
+        net["a"].broker.default_vhost.declare_exchange("ev", "topic")
+        net.clock.advance(0)
+        net["a"].publish("k", b"late", exchange="ev")
+        net.settle()
+        self.assertEqual(bodies(on_b), [b"late"])
+
+    def test_resync_on_reconnect(self) -> None:
+        """A link that drops takes the peer's bindings with it; the next
+        link brings them back (a sync frame) and messages flow again."""
+        net = Net("a", "b")
+        out, _ = net.connect("a", "b")
+        on_b = net["b"].subscribe("/topic/x")
+        net.settle()
+        self.assertEqual(net["a"].mesh.own, {("/", "amq.topic", "x"): 1})
+        out.transport.loseConnection()  # type: ignore[union-attr]
+        net.settle()
+        self.assertEqual(net["a"].mesh.links, {})
+        self.assertEqual(net["a"].mesh.own, {})
+        self.assertEqual(net["a"].broker.default_vhost.exchanges["amq.topic"].binding_count, 0)
+        net.connect("a", "b")
+        net["a"].publish("x", b"again")
+        net.settle()
+        self.assertEqual(bodies(on_b), [b"again"])
+
+
+class LinkTests(SynchronousTestCase):
+    def test_tie_break(self) -> None:
+        """Two links between a and b (both dialed): the one a dialed (the
+        smaller name) is kept, at both ends; the other is closed saying so."""
+        net = Net("a", "b")
+        b_dialed, _ = net.connect("b", "a")
+        a_dialed, b_end = net.connect("a", "b")
+        net.settle()
+        self.assertIs(net["a"].mesh.links["b"], a_dialed)
+        self.assertIs(net["b"].mesh.links["a"], b_end)
+        self.assertEqual(b_dialed.state, "closed")
+        self.assertIn("duplicate link", b_dialed.reason)
+        on_b = net["b"].subscribe("/topic/t")
+        net.settle()
+        net["a"].publish("t", b"one")
+        net.settle()
+        self.assertEqual(bodies(on_b), [b"one"])
+
+    def test_self(self) -> None:
+        """A peer entry that reaches this node itself is closed."""
+        net = Net("a", "b")
+        out, inbound = net.connect("a", "a")
+        self.assertEqual(out.state, "closed")
+        self.assertIn("itself", out.reason + inbound.reason)
+        self.assertEqual(net["a"].mesh.links, {})
+
+    def test_named_peer_mismatch(self) -> None:
+        """A peer dialed with node=c that says it is b is refused."""
+        net = Net("a", "b")
+        out, inbound = net.connect("a", "b", peer="tcp:host=127.0.0.1:port=1:node=c")
+        self.assertEqual(out.state, "closed")
+        self.assertIn("names node 'c'", out.reason)
+        self.assertEqual(net["a"].mesh.links, {})
+        self.assertEqual(net["b"].mesh.links, {})
+
+    def test_unlisted_refused(self) -> None:
+        """When every peer entry names its node, an inbound node not among
+        them is refused."""
+        net = Net("a", "b")
+        net.nodes["c"] = Node("c", net.clock, peers=("tcp:host=127.0.0.1:port=1:node=a",))
+        self.assertEqual(net["c"].mesh.listed, {"a"})
+        out, inbound = net.connect("b", "c")
+        self.assertEqual(inbound.state, "closed")
+        self.assertIn("not one of cluster.peers", inbound.reason)
+
+    def test_bad_version_and_garbage(self) -> None:
+        net = Net("a")
+        link = LinkProtocol(net["a"].mesh, False)
+        transport = iosim.FakeTransport(link, isServer=True)
+        link.makeConnection(transport)
+        link.dataReceived(wire.encode_json(wire.HELLO, {"node": "z", "version": 99}))
+        self.assertEqual(link.state, "closed")
+        self.assertIn("version 99", link.reason)
+        link = LinkProtocol(net["a"].mesh, False)
+        link.makeConnection(iosim.FakeTransport(link, isServer=True))
+        link.dataReceived(wire.frame(wire.MESSAGE, b"x"))
+        self.assertIn("a message before the hello", link.reason)
+        link = LinkProtocol(net["a"].mesh, False)
+        link.makeConnection(iosim.FakeTransport(link, isServer=True))
+        link.dataReceived(b"\xff\xff\xff\xff\x01")
+        self.assertIn("protocol error", link.reason)
+
+    def test_hello_deadline(self) -> None:
+        net = Net("a")
+        link = LinkProtocol(net["a"].mesh, False)
+        link.makeConnection(iosim.FakeTransport(link, isServer=True))
+        net.clock.advance(HELLO_TIMEOUT - 5)
+        self.assertEqual(link.state, "hello")
+        net.clock.pump([5] * 3)
+        self.assertEqual(link.state, "closed")
+        self.assertIn("no hello", link.reason)
+
+    def test_heartbeats(self) -> None:
+        """Pings measure the round trip; a peer silent for three
+        heart-beats is closed."""
+        net = Net("a", "b", heartbeat=1.0)
+        out, inbound = net.connect("a", "b")
+        for _ in range(5):
+            net.clock.advance(1.0)
+            net.settle()
+        self.assertEqual(out.state, "up")
+        self.assertEqual(out.rtt, 0.0)
+        net.clock.pump([1.0] * 4)  # nothing pumped: silence
+        self.assertEqual(out.state, "closed")
+        self.assertIn("heart-beats", out.reason)
+
+    def test_buffer_bound(self) -> None:
+        """While the peer does not read, messages wait up to link_buffer
+        bytes; past that they are dropped for that peer and counted."""
+        net = Net("a", "b", link_buffer=65536)
+        out, _ = net.connect("a", "b")
+        net["b"].subscribe("/topic/x")
+        net.settle()
+        out.pauseProducing()
+        for _ in range(100):
+            net["a"].publish("x", b"x" * 1000)
+        net.clock.advance(0)
+        self.assertGreater(out.dropped, 0)
+        self.assertLessEqual(out.snapshot()["buffered_bytes"], 65536)
+        self.assertEqual(out.messages_out + out.dropped, 100)
+        out.resumeProducing()
+        net.settle()
+        self.assertEqual(net["b"].link_to(net["a"]).messages_in, out.messages_out)
+
+    def test_snapshot(self) -> None:
+        net = Net("a", "b")
+        net.full_mesh()
+        net["b"].subscribe("/topic/x")
+        net.settle()
+        net["a"].publish("x", b"abc")
+        net.settle()
+        (link,) = net["a"].mesh.snapshot()
+        self.assertEqual(link["node"], "b")
+        self.assertEqual(link["state"], "up")
+        self.assertEqual(link["messages_out"], 1)
+        self.assertGreater(link["bytes_out"], 3)
+        self.assertEqual(link["peer_interest"], ["//amq.topic/x"])

@@ -1,0 +1,101 @@
+"""Tests for L{qmq.cluster.wire}: the link protocol's frames, and messages
+in them as the commit log's publish records."""
+
+from __future__ import annotations
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from qmq.cluster import wire
+from qmq.core.message import Message
+from qmq.store import record
+
+
+def sample() -> Message:
+    message = Message(
+        (1 << 50) + 7,
+        "amq.topic",
+        "x.y",
+        {"s": "text", "n": 3, "f": 1.5, "b": True, "raw": b"\x00\xff", "none": None},
+        b"body\x00bytes",
+        1_700_000_000.25,
+        True,
+        5,
+        1_700_000_100.0,
+    )
+    message.properties = {"content_type": "text/plain", "correlation_id": "c-1", "reply_to": "/queue/r"}
+    message.deliver_at = 1_700_000_010.0
+    message.ack_timeout = 30.0
+    return message
+
+
+class MessageCodecTests(SynchronousTestCase):
+    def test_round_trip(self) -> None:
+        """Everything of the core's model crosses: id, exchange, key, typed
+        headers, properties, body, time, persistence, priority, expiry,
+        delivery time, ack timeout."""
+        original = sample()
+        chunks = wire.encode_message(b"/", original)
+        frames = wire.FrameReader(1 << 20).feed(b"".join(chunks))
+        self.assertEqual(len(frames), 1)
+        type_, payload = frames[0]
+        self.assertEqual(type_, wire.MESSAGE)
+        vhost, message = wire.decode_message(payload)
+        self.assertEqual(vhost, "/")
+        for name in (
+            "id", "exchange", "routing_key", "headers", "body", "timestamp", "persistent",
+            "priority", "expires", "properties", "deliver_at", "ack_timeout",
+        ):
+            self.assertEqual(getattr(message, name), getattr(original, name), name)
+
+    def test_is_a_commit_log_record(self) -> None:
+        """The payload is the commit log's publish record, read back by the
+        store's own decoder."""
+        original = sample()
+        payload = b"".join(wire.encode_message(b"v", original))[wire.HEADER_SIZE :]
+        length, type_, _ = record.FRAME.unpack_from(payload)
+        self.assertEqual(type_, record.RECORD_PUBLISH)
+        decoded = record.decode_publish(payload, record.FRAME_SIZE, len(payload))
+        self.assertEqual((decoded.id, decoded.vhost, decoded.queues), (original.id, "v", []))
+
+    def test_large_body_not_joined(self) -> None:
+        """A large body is its own chunk (not copied into the head)."""
+        body = b"x" * 100_000
+        message = Message(1, "e", "k", None, body)
+        chunks = wire.encode_message(b"/", message)
+        self.assertIs(chunks[-1], body)
+        _, payload = wire.FrameReader(1 << 20).feed(b"".join(chunks))[0]
+        self.assertEqual(wire.decode_message(payload)[1].body, body)
+
+    def test_damaged(self) -> None:
+        """A damaged record fails its checksum; a frame that is no record is refused."""
+        payload = bytearray(b"".join(wire.encode_message(b"/", sample()))[wire.HEADER_SIZE :])
+        payload[-1] ^= 1
+        self.assertRaises(wire.FrameError, wire.decode_message, bytes(payload))
+        self.assertRaises(wire.FrameError, wire.decode_message, b"short")
+        head = record.frame(record.RECORD_SETTLE, b"12345")
+        self.assertRaises(wire.FrameError, wire.decode_message, head)
+
+
+class FrameReaderTests(SynchronousTestCase):
+    def test_byte_by_byte(self) -> None:
+        data = wire.encode_json(wire.HELLO, {"node": "a", "version": 1}) + wire.encode_clock(wire.PING, 2.5)
+        reader = wire.FrameReader(1024)
+        got = []
+        for i in range(len(data)):
+            got += reader.feed(data[i : i + 1])
+        self.assertEqual([t for t, _ in got], [wire.HELLO, wire.PING])
+        self.assertEqual(wire.decode_json(got[0][1]), {"node": "a", "version": 1})
+        self.assertEqual(wire.decode_clock(got[1][1]), 2.5)
+        self.assertEqual(reader.buffered, 0)
+
+    def test_too_large(self) -> None:
+        """A frame announcing more than the limit is refused at its header,
+        before its bytes are buffered."""
+        reader = wire.FrameReader(1024)
+        self.assertRaises(wire.FrameError, reader.feed, wire.frame(wire.MESSAGE, b"x" * 1024))
+        self.assertRaises(wire.FrameError, wire.FrameReader(1024).feed, b"\x00\x00\x00\x00\x01")
+
+    def test_bad_control(self) -> None:
+        self.assertRaises(wire.FrameError, wire.decode_json, b"[1]")
+        self.assertRaises(wire.FrameError, wire.decode_json, b"\xff")
+        self.assertRaises(wire.FrameError, wire.decode_clock, b"1234")

@@ -1,0 +1,98 @@
+"""Tests for L{qmq.ctl} against the real API site in this process (the
+client is synchronous: it runs in a thread while the reactor serves):
+listings read every page, the table's shape, problems as one line, and
+the command line's own errors."""
+
+from __future__ import annotations
+
+import io
+import json
+
+from twisted.internet import defer
+from twisted.internet.threads import deferToThread
+from twisted.trial import unittest
+
+from qmq import ctl
+from qmq.web.api.settings import ApiSettings
+from tests.web_api_helpers import ApiSiteMixin
+
+
+class CtlSiteTests(ApiSiteMixin, unittest.TestCase):
+    def setUp(self) -> None:
+        # Two items a page: a listing of five queues takes three requests.
+        self.start_site(settings=ApiSettings(max_list=2))
+        for name in ("a", "b", "c", "d", "e"):
+            self.broker.default_vhost.declare_queue(name)
+
+    def run_ctl(self, *argv: str) -> defer.Deferred:
+        out, err = io.StringIO(), io.StringIO()
+
+        def run() -> tuple[int, str, str]:
+            status = ctl.main(["--url", self.base, *argv], stdout=out, stderr=err, stdin=io.StringIO())
+            return status, out.getvalue(), err.getvalue()
+
+        return deferToThread(run)
+
+    @defer.inlineCallbacks
+    def test_everyPage(self) -> None:
+        status, out, _ = yield self.run_ctl("list", "queues", "--json")
+        self.assertEqual(status, 0)
+        self.assertEqual([q["name"] for q in json.loads(out)], ["a", "b", "c", "d", "e"])
+
+    @defer.inlineCallbacks
+    def test_table(self) -> None:
+        status, out, _ = yield self.run_ctl("list", "queues")
+        lines = out.splitlines()
+        self.assertEqual(lines[0], "name  messages_ready  messages_unacknowledged  consumers  durable  auto_delete")
+        self.assertEqual(lines[1], "a     0               0                        0          yes      no")
+        self.assertEqual(len(lines), 6)
+
+    @defer.inlineCallbacks
+    def test_problem(self) -> None:
+        status, out, err = yield self.run_ctl("--vhost", "nowhere", "list", "queues")
+        self.assertEqual((status, out), (ctl.EXIT_REFUSED, ""))
+        self.assertEqual(err, "qmq-ctl: 404 Not Found: No virtual host 'nowhere'.\n")
+
+    @defer.inlineCallbacks
+    def test_notQmq(self) -> None:
+        """A web server that is not QMQ's answers HTML: said so, exit 3."""
+        from twisted.internet import reactor  # noqa: PLC0415
+        from twisted.web.resource import Resource  # noqa: PLC0415
+        from twisted.web.server import Site  # noqa: PLC0415
+        from twisted.web.static import Data  # noqa: PLC0415
+
+        root = Resource()
+        root.putChild(b"api", Data(b"<html>hello</html>", "text/html"))
+        root.children[b"api"].isLeaf = True
+        port = reactor.listenTCP(0, Site(root), interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        other = f"http://127.0.0.1:{port.getHost().port}"
+        status, _, err = yield self.run_ctl("--url", other, "list", "queues")
+        self.assertEqual(status, ctl.EXIT_UNREACHABLE)
+        self.assertIn("is it a QMQ http: listener?", err)
+
+
+class CommandLineTests(unittest.SynchronousTestCase):
+    def test_usage(self) -> None:
+        err = io.StringIO()
+        self.patch(ctl.sys, "stderr", err)
+        e = self.assertRaises(SystemExit, ctl.main, ["list"])
+        self.assertEqual(e.code, ctl.EXIT_USAGE)
+        self.assertIn("qmq-ctl list: the following arguments are required: what", err.getvalue())
+
+    def test_userWithoutPassword(self) -> None:
+        err = io.StringIO()
+        status = ctl.main(["--user", "admin", "list", "queues"], stdout=io.StringIO(), stderr=err,
+                          stdin=io.StringIO())
+        self.assertEqual(status, ctl.EXIT_USAGE)
+        self.assertEqual(err.getvalue(), "qmq-ctl: --user needs --password (or QMQ_CTL_PASSWORD)\n")
+
+    def test_environment(self) -> None:
+        self.patch(ctl.os, "environ", {"QMQ_CTL_URL": "http://broker:1", "QMQ_CTL_USER": "u",
+                                       "QMQ_CTL_PASSWORD": "p", "QMQ_CTL_TOKEN": "t"})
+        args = ctl.parser().parse_args(["health"])
+        self.assertEqual((args.url, args.user, args.password, args.token), ("http://broker:1", "u", "p", "t"))
+
+    def test_table(self) -> None:
+        self.assertEqual(ctl.table([{"a": True, "b": ["x", "y"], "c": None}], ("a", "b", "c")),
+                         "a    b    c\nyes  x,y\n")
