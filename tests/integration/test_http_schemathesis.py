@@ -73,11 +73,7 @@ class SchemathesisTests(unittest.TestCase):
 
     @defer.inlineCallbacks
     def test_no_server_error_no_disagreement(self) -> Any:
-        # Not the import of definitions: its document's schema does not yet
-        # state what the core's parser refuses (queue arguments, permission
-        # patterns, password hashes), so it is not yet in the agreement.
-        yield self.run_st("--exclude-path-regex", "/events$|/(users|permissions)/",
-                          "--exclude-operation-id", "import_definitions")
+        yield self.run_st("--exclude-path-regex", "/events$|/(users|permissions)/")
 
     @defer.inlineCallbacks
     def run_st(self, *selection: str, examples: int = 5) -> Any:
