@@ -42,6 +42,7 @@ from zope.interface import implementer
 
 from qmq.cluster import wire
 from qmq.core.ids import NODE_ID
+from qmq.logs import peer_address
 from qmq.tls import peer_identity
 from qmq.transport import IConnection
 
@@ -138,7 +139,7 @@ class LinkProtocol(Protocol):
     def connectionMade(self) -> None:
         peer = self.transport.getPeer()  # type: ignore[union-attr]
         self.peer_host = getattr(peer, "host", "") or ""
-        self.address = f"{self.peer_host}:{getattr(peer, 'port', '')}"
+        self.address = peer_address(peer)
         self.connected_at = self._heard = self.clock.seconds()
         self.transport.registerProducer(self, True)  # type: ignore[union-attr]
         if self.registry is not None:
