@@ -241,13 +241,15 @@ class Node:
         self.test.addCleanup(cleanup)
 
     def wait_listening(self) -> None:
+        """Until its STOMP and HTTP listeners take connections."""
         assert self.process is not None
         deadline = time.monotonic() + START_TIMEOUT
         while True:
             if self.process.poll() is not None:
                 raise AssertionError(f"{self.name} exited with {self.process.returncode}:\n{self.log()}")
             try:
-                socket.create_connection(("127.0.0.1", self.stomp_port), timeout=5).close()
+                for port in (self.stomp_port, self.http_port):
+                    socket.create_connection(("127.0.0.1", port), timeout=5).close()
                 return
             except OSError:
                 if time.monotonic() > deadline:
@@ -460,8 +462,6 @@ class DiscoveryTests(MeshTestCase):
         for node in nodes.values():
             node.wait_listening()
         self.wait_for("b and c linked through what a told", lambda: "c" in b.links() and "b" in c.links())
-        watcher = a.client()
-        watcher.request("SUBSCRIBE", {"id": "w", "destination": "/topic/system.peers", "ack": "auto"})
         on_c = c.client()
         on_c.request("SUBSCRIBE", {"id": "1", "destination": "/topic/d", "ack": "auto"})
         publisher = b.client()
@@ -470,6 +470,10 @@ class DiscoveryTests(MeshTestCase):
         self.assertEqual(counted(on_c.until(b"direct", time.monotonic() + FLOW_TIMEOUT)), {b"direct": 1})
         self.assertGreater(b.links()["c"]["messages_out"], 0)
         self.assertEqual(a.links()["b"]["messages_in"], 0)
+        watcher = a.client()
+        watcher.request("SUBSCRIBE", {"id": "w", "destination": "/topic/system.peers", "ack": "auto"})
+        self.wait_for("a's interest in system.peers at b", lambda: "//amq.topic/system.peers"
+                      in b.links()["a"]["peer_interest"])
         # c going is announced on /topic/system.peers by a, and by b (its
         # announcement reaches a's subscriber over b's link to a).
         c.kill()
