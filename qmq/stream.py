@@ -138,6 +138,7 @@ class StreamConnection(Protocol):
             # The protocol in the format itself: readers of a JSON log match
             # a line by its log_format.
             f"connection open protocol={self.protocol_name} peer={{peer}} session={{session}}",
+            protocol=self.protocol_name,
             peer=self.peer,
             session=self.session.id,
         )
