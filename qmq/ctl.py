@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import base64
 import getpass
+import http.client
 import json
 import os
 import ssl
@@ -33,7 +34,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from typing import IO, Any, NoReturn
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, urlencode, urlsplit
 
 __all__ = ["Client", "CtlError", "main", "main_exit", "parser"]
 
@@ -89,6 +90,8 @@ class Client:
         context: ssl.SSLContext | None = None,
     ) -> None:
         self.url = url.rstrip("/")
+        if urlsplit(self.url).scheme not in ("http", "https") or not urlsplit(self.url).netloc:
+            raise CtlError(f"--url {url!r}: expected http://HOST:PORT or https://HOST:PORT", EXIT_USAGE)
         self.timeout = timeout
         self.context = context
         self.authorization: str | None = None
@@ -124,8 +127,8 @@ class Client:
             raise CtlError(_problem_text(status, e.reason, raw), EXIT_REFUSED) from None
         except urllib.error.URLError as e:
             raise CtlError(f"cannot reach {self.url}: {e.reason}", EXIT_UNREACHABLE) from None
-        except (TimeoutError, OSError) as e:
-            raise CtlError(f"cannot reach {self.url}: {e}", EXIT_UNREACHABLE) from None
+        except (TimeoutError, OSError, http.client.HTTPException) as e:
+            raise CtlError(f"cannot reach {self.url}: {e or type(e).__name__}", EXIT_UNREACHABLE) from None
         return _json(raw, url, status)
 
     def pages(self, path: str, key: str, query: dict[str, Any] | None = None) -> list[Any]:
@@ -448,6 +451,9 @@ def main(
     except KeyboardInterrupt:
         err.write("qmq-ctl: interrupted\n")
         return 130
+    except Exception as e:  # a defect here: still one line, never a traceback
+        err.write(f"qmq-ctl: internal error: {type(e).__name__}: {e}\n")
+        return EXIT_REFUSED
 
 
 def main_exit() -> NoReturn:

@@ -81,13 +81,15 @@ class StreamConnection(Protocol):
         done, else L{None}.
     @cvar protocol_name: the protocol, in log lines.
     @cvar log_namespace: the namespace of its log lines.
-    @cvar log_level: the level of the open and close log lines.
+    @cvar log_level: the level of the open and close log lines: debug, as
+        for every protocol (a line per connection at info would bury the
+        rest of the log, L{qmq.logs}).
     """
 
     session: Any
     protocol_name = "stream"
     log_namespace = __name__
-    log_level = LogLevel.info
+    log_level = LogLevel.debug
 
     def __init__(self, factory: ListenerFactory, peer_host: str = "") -> None:
         self.factory = factory

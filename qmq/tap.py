@@ -49,8 +49,8 @@ class Options(usage.Options):
         "Run QMQ, the Quick Message Queue. Without options it uses its embedded "
         "default configuration: STOMP on 127.0.0.1:61613 and HTTP on "
         "127.0.0.1:15674 (STOMP over WebSocket at /ws and SockJS at /sockjs, the "
-        "HTTP API at /api/v1, the console at /console, metrics at /metrics), "
-        "loopback only; data in ./qmq-data. A listener on another interface "
+        "HTTP API at /api/v1, the console at /console, metrics at /metrics) and "
+        "AMQP 0-9-1 on 127.0.0.1:5672, loopback only; data in ./qmq-data. A listener on another interface "
         "refuses to start until users are configured (--config, docs/security.rst). "
         "SIGTERM or SIGINT stops it gracefully: listeners close first, then every "
         "client gets an ERROR frame."
@@ -111,11 +111,11 @@ The third and the last listen on every interface: users.toml configures users
 
     def opt_listen(self, spec: str) -> None:
         """
-        Listen for PROTOCOL (stomp, or http: WebSocket, SockJS, the HTTP API,
-        the console, metrics) on a Twisted endpoint: PROTOCOL:ENDPOINT, e.g.
+        Listen for PROTOCOL (stomp; http: WebSocket, SockJS, the HTTP API,
+        the console, metrics; amqp: AMQP 0-9-1) on a Twisted endpoint: PROTOCOL:ENDPOINT, e.g.
         stomp:tcp:61613:interface=127.0.0.1:backlog=1024 or
         http:tcp:15674:interface=127.0.0.1. Repeat it for more listeners; when
-        given, it replaces the configuration's listen list (both default
+        given, it replaces the configuration's listen list (all the default
         listeners). ENDPOINT is tcp:, ssl:, unix: or qmqtls: (TLS that can
         require client certificates).
         """

@@ -213,6 +213,8 @@ class ParseTests(SynchronousTestCase):
     def test_invalid(self) -> None:
         self.assertInvalid([], "", "expected an object")
         self.assertInvalid({"queue": []}, "queue", "unknown key")
+        # As the OpenAPI document says: a string (schemathesis found {} accepted).
+        self.assertInvalid({"qmq_version": {}}, "qmq_version", "expected a string")
         self.assertInvalid({"queues": {}}, "queues", "expected an array")
         self.assertInvalid({"queues": [{"vhost": "/"}]}, "queues[0].name", "missing")
         self.assertInvalid({"queues": [{"vhost": "/", "name": "q", "durabel": True}]}, "queues[0].durabel",

@@ -87,6 +87,15 @@ class CommandLineTests(unittest.SynchronousTestCase):
         self.assertEqual(status, ctl.EXIT_USAGE)
         self.assertEqual(err.getvalue(), "qmq-ctl: --user needs --password (or QMQ_CTL_PASSWORD)\n")
 
+    def test_badUrl(self) -> None:
+        for url in ("foo", "ftp://broker", "http://"):
+            err = io.StringIO()
+            status = ctl.main(["--url", url, "list", "queues"], stdout=io.StringIO(), stderr=err,
+                              stdin=io.StringIO())
+            self.assertEqual(status, ctl.EXIT_USAGE, url)
+            self.assertEqual(err.getvalue(),
+                             f"qmq-ctl: --url {url!r}: expected http://HOST:PORT or https://HOST:PORT\n")
+
     def test_environment(self) -> None:
         self.patch(ctl.os, "environ", {"QMQ_CTL_URL": "http://broker:1", "QMQ_CTL_USER": "u",
                                        "QMQ_CTL_PASSWORD": "p", "QMQ_CTL_TOKEN": "t"})

@@ -42,6 +42,7 @@ from zope.interface import implementer
 
 from qmq.cluster import wire
 from qmq.core.ids import NODE_ID
+from qmq.logs import peer_address
 from qmq.tls import peer_identity
 from qmq.transport import IConnection
 
@@ -120,6 +121,8 @@ class LinkProtocol(Protocol):
         #: (vhost, exchange, key) -> (channel, resolved target) of what it received.
         self.targets: dict[tuple[str, str, str], Any] = {}
         self.last_sent: Any = None
+        #: Set once the mesh let it go (L{qmq.cluster.mesh.Mesh.link_down}).
+        self.down = False
         self._reader = wire.FrameReader(mesh.settings.max_frame)
         self.decoder = wire.Decoder()
         self._out: list[bytes] = []
@@ -136,7 +139,7 @@ class LinkProtocol(Protocol):
     def connectionMade(self) -> None:
         peer = self.transport.getPeer()  # type: ignore[union-attr]
         self.peer_host = getattr(peer, "host", "") or ""
-        self.address = f"{self.peer_host}:{getattr(peer, 'port', '')}"
+        self.address = peer_address(peer)
         self.connected_at = self._heard = self.clock.seconds()
         self.transport.registerProducer(self, True)  # type: ignore[union-attr]
         if self.registry is not None:
@@ -212,12 +215,23 @@ class LinkProtocol(Protocol):
             if not isinstance(items, list):
                 raise wire.FrameError("bad sync: no interest list")
             self.mesh.remote_sync(self, {_interest_key(i) for i in items})
+        elif type_ == wire.PEERS:
+            if self.state != "up":
+                raise wire.FrameError("peers before the hello")
+            items = wire.decode_json(payload).get("peers")
+            if not isinstance(items, list) or not all(
+                isinstance(i, list) and len(i) == 2 and all(isinstance(v, str) for v in i) for i in items
+            ):
+                raise wire.FrameError("bad peers: expected [[node, endpoint], ...]")
+            self.mesh.learned(self, items)
         elif type_ == wire.CLOSE:
             value = wire.decode_json(payload)
             reason = str(value.get("reason", ""))[:500]
             self.reason = f"the peer closed: {reason}"
             if value.get("duplicate") or value.get("self"):
                 self.mesh.dialer_standby(self, forever=bool(value.get("self")))
+            elif value.get("refused"):
+                self.mesh.dialer_refused(self)
             log.info("link {link} closed by the peer: {reason}", link=self.describe(), reason=reason)
             self.close(None)
         else:
@@ -257,7 +271,7 @@ class LinkProtocol(Protocol):
                 self.refuse(f"it says it is node {node!r}, and its certificate names {names}")
                 return
         problem = self.mesh.link_up(self)
-        if problem is not None:
+        if problem:
             self.refuse(problem)
 
     # -- output ---------------------------------------------------------------
@@ -273,6 +287,8 @@ class LinkProtocol(Protocol):
     def send_message(self, chunks: list[bytes], size: int) -> None:
         """Queue a message frame (its chunks, C{size} bytes in all), or drop
         it when the link's buffer is full."""
+        if self.state == "closed":
+            return
         if self._out_bytes + size > self.mesh.settings.link_buffer and self._out:
             self.dropped += 1
             now = self.clock.seconds()
@@ -327,7 +343,7 @@ class LinkProtocol(Protocol):
             link=self.describe(),
             reason=reason,
         )
-        self.close(f"refused: {reason}")
+        self.close(f"refused: {reason}", extra={"refused": True})
 
     def close(self, reason: str | None, extra: dict[str, Any] | None = None) -> None:
         """Close for real (see the module docstring); C{reason} goes to the
@@ -343,6 +359,7 @@ class LinkProtocol(Protocol):
         if self._beat is not None and self._beat.active():
             self._beat.cancel()
         self._beat = None
+        self.mesh.link_down(self)
         transport = self.transport
         if transport is None:
             return

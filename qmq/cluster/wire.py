@@ -7,7 +7,7 @@ A link carries frames back to back, each::
     u8  type     one of the constants below
     ... payload
 
-Control frames (hello, interest, close) are small JSON objects; a ping and
+Control frames (hello, interest, sync, peers, close) are small JSON objects; a ping and
 its pong carry the sender's clock as a big-endian double; a message frame
 carries a publish record of the commit log (L{qmq.store.record}, with no
 queue names), so a message crosses a link with everything the core's model
@@ -40,6 +40,7 @@ __all__ = [
     "INTEREST",
     "MESSAGE",
     "PING",
+    "PEERS",
     "PONG",
     "SYNC",
     "VERSION",
@@ -63,8 +64,9 @@ INTEREST = 4
 SYNC = 5
 MESSAGE = 6
 CLOSE = 7
+PEERS = 8
 
-NAMES = {HELLO: "hello", PING: "ping", PONG: "pong", INTEREST: "interest", SYNC: "sync", MESSAGE: "message", CLOSE: "close"}
+NAMES = {HELLO: "hello", PING: "ping", PONG: "pong", INTEREST: "interest", SYNC: "sync", MESSAGE: "message", CLOSE: "close", PEERS: "peers"}
 
 _HEADER = struct.Struct(">IB")
 HEADER_SIZE = _HEADER.size

@@ -349,6 +349,8 @@ def parse(document: object) -> Definitions:
     unknown = sorted(set(doc) - {*SECTIONS, "qmq_version"})
     if unknown:
         raise InvalidDefinitions(unknown[0], f"unknown key (expected one of: {', '.join(SECTIONS)}, qmq_version)")
+    if not isinstance(doc.get("qmq_version", ""), str):
+        raise InvalidDefinitions("qmq_version", "expected a string (the exporting broker's version)")
     count = 0
     parsed: dict[str, Any] = {}
     for section in SECTIONS:

@@ -24,15 +24,23 @@ class TwistdLogTests(unittest.TestCase):
 
     def run_broker(self, *args: str) -> tuple[str, int]:
         """
-        Start the broker, open and close one STOMP connection, stop it.
+        Start the broker, open and close one AMQP and one STOMP connection,
+        stop it.
 
-        @return: its whole output, and the client's local port.
+        @return: its whole output, and the STOMP client's local port.
         """
-        stomp, http = free_port(), free_port()
+        stomp, http, amqp = free_port(), free_port(), free_port()
         process = self.start(
             "--listen", f"stomp:tcp:{stomp}:interface=127.0.0.1",
-            "--listen", f"http:tcp:{http}:interface=127.0.0.1", *args,
+            "--listen", f"http:tcp:{http}:interface=127.0.0.1",
+            "--listen", f"amqp:tcp:{amqp}:interface=127.0.0.1", *args,
         )
+        # AMQP: the protocol header, answered with Connection.Start.
+        raw = self.connect(process, amqp)
+        self.amqp_port = raw.getsockname()[1]
+        raw.sendall(b"AMQP\x00\x00\x09\x01")
+        self.assertEqual(raw.recv(7)[:1], b"\x01")  # a method frame
+        raw.close()
         sock = self.connect(process, stomp)
         client_port = sock.getsockname()[1]
         reader = FrameReader(sock)
@@ -74,6 +82,7 @@ class TwistdLogTests(unittest.TestCase):
         self.assertIn(f"connection open protocol=stomp peer=127.0.0.1:{client_port} session=", log)
         self.assertIn(f"connection closed protocol=stomp peer=127.0.0.1:{client_port} session=", log)
         self.assertIn("stomp connect session=", log)
+        self.assertIn(f"connection open protocol=amqp peer=127.0.0.1:{self.amqp_port} session=", log)
         self.assertIn(f"peer=127.0.0.1:{client_port} version=1.2 vhost=/", log)
         self.assertIn("Starting factory", log)
 
@@ -88,7 +97,8 @@ class TwistdLogTests(unittest.TestCase):
         events = [json.loads(line) for line in log.splitlines() if line.strip()]
         self.assertTrue(events)
         listening = [e for e in events if e.get("log_format") == "{protocol} listening on {address} ({spec})"]
-        self.assertEqual([e["protocol"] for e in listening], ["STOMP", "HTTP"])
-        opened = [e for e in events if str(e.get("log_format", "")).startswith("connection open protocol=stomp")]
-        self.assertEqual([e["peer"] for e in opened], [f"127.0.0.1:{client_port}"])
+        self.assertEqual([e["protocol"] for e in listening], ["STOMP", "HTTP", "AMQP"])
+        opened = [e for e in events if str(e.get("log_format", "")).startswith("connection open protocol=")]
+        self.assertEqual(sorted((e["protocol"], e["peer"]) for e in opened),
+                         [("amqp", f"127.0.0.1:{self.amqp_port}"), ("stomp", f"127.0.0.1:{client_port}")])
         self.assertEqual(opened[0]["log_level"]["name"], "debug")

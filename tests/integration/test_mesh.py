@@ -9,6 +9,7 @@ STOMP clients on raw sockets and watched through C{/api/v1/links}.
     peers list does not name, are refused, each with a logged reason;
   - failure: SIGKILL of a node; the others go on; the node restarted is
     linked again (reconnect with backoff) and gets messages again;
+  - discovery: b and c know only a, and find each other through it;
   - distance: a link through a TCP proxy that delays every chunk by
     L{DELAY} seconds each way (this kernel has no netem): the round trip
     shows in the link's counters, and messages flow exactly once, not one
@@ -205,7 +206,7 @@ class Node:
     def peer_entry(self) -> str:
         return f"ssl:host=127.0.0.1:port={self.peer_port}:node={self.name}"
 
-    def configure(self, peers: list[str]) -> None:
+    def configure(self, peers: list[str], advertise: bool = False) -> None:
         listen = [
             f"stomp:tcp:{self.stomp_port}:interface=127.0.0.1",
             f"peer:ssl:{self.peer_port}:interface=127.0.0.1",
@@ -215,7 +216,8 @@ class Node:
             f'data_dir = "{self.dir / "data"}"\nstore = "memory"\nlisten = {json.dumps(listen)}\n\n'
             f'[cluster]\nnode = "{self.name}"\npeers = {json.dumps(peers)}\n'
             f'ca = "{self.test.ca_pem}"\ncertificate = "{self.dir / "cert.pem"}"\n'
-            f'private_key = "{self.dir / "key.pem"}"\nheartbeat = 0.5\n'
+            f'private_key = "{self.dir / "key.pem"}"\nheartbeat = 1.0\n'
+            + (f'advertise = "ssl:host=127.0.0.1:port={self.peer_port}"\n' if advertise else "")
         )
 
     def start(self) -> None:
@@ -444,3 +446,40 @@ class DistanceTests(MeshTestCase):
         from twisted.python import log  # noqa: PLC0415
 
         log.msg(f"mesh test: 1,001 messages over a link with a {rtt:.0f} ms round trip in {took:.2f} s")
+
+
+class DiscoveryTests(MeshTestCase):
+    def test_one_peer_is_enough(self) -> None:
+        nodes = {n: Node(self, n, self.ca) for n in "abc"}
+        a, b, c = nodes["a"], nodes["b"], nodes["c"]
+        a.configure([], advertise=True)
+        for node in (b, c):
+            node.configure([a.peer_entry()], advertise=True)
+        for node in nodes.values():
+            node.start()
+        for node in nodes.values():
+            node.wait_listening()
+        self.wait_for("b and c linked through what a told", lambda: "c" in b.links() and "b" in c.links())
+        watcher = a.client()
+        watcher.request("SUBSCRIBE", {"id": "w", "destination": "/topic/system.peers", "ack": "auto"})
+        on_c = c.client()
+        on_c.request("SUBSCRIBE", {"id": "1", "destination": "/topic/d", "ack": "auto"})
+        publisher = b.client()
+        self.flowing(publisher, "/topic/d", [on_c])
+        publisher.request("SEND", {"destination": "/topic/d"}, b"direct")
+        self.assertEqual(counted(on_c.until(b"direct", time.monotonic() + FLOW_TIMEOUT)), {b"direct": 1})
+        self.assertGreater(b.links()["c"]["messages_out"], 0)
+        self.assertEqual(a.links()["b"]["messages_in"], 0)
+        # c going is announced on /topic/system.peers by a, and by b (its
+        # announcement reaches a's subscriber over b's link to a).
+        c.kill()
+        got: list[dict[str, Any]] = []
+        deadline = time.monotonic() + FLOW_TIMEOUT
+
+        def announced() -> set[str]:
+            return {e["node"] for e in got if e["peer"] == "c" and e["event"] == "down"}
+
+        while announced() != {"a", "b"}:
+            self.assertLess(time.monotonic(), deadline, f"c's going not announced by a and b: {got}")
+            got += [json.loads(body) for body in watcher.messages(0.5)]
+

@@ -14,6 +14,7 @@ from typing import Any
 
 from qmq.core.message import PROPERTY_NAMES
 from qmq.core.options import MAX_ACK_TIMEOUT, MAX_EPOCH_MS, MAX_PRIORITY, MAX_SPAN_MS
+from qmq.core.policy import QUEUE_ARGUMENTS
 from qmq.web.api.codec import MAX_HEADER_TEXT
 from qmq.web.api.settings import ApiSettings
 
@@ -101,6 +102,8 @@ SCRYPT_HASH = (
     f"\\$(?:(?:{_B}{{4}}){{3,}}(?:{_B}{{2}}==|{_B}{{3}}=)?|{_B}{{11}}=)"
     f"\\$(?:(?:{_B}{{4}}){{6,}}(?:{_B}{{2}}==|{_B}{{3}}=)?|{_B}{{20}}(?:{_B}{{2}}==|{_B}{{3}}=))$"
 )
+#: A permission's pattern: a regular expression ({user} stands for the user's name).
+PATTERN = {"type": "string", "format": "regex", "default": ""}
 #: A receipt handle, TOKEN.TAG (qmq.web.api.frontend.parse_handle).
 HANDLE = {"type": "string", "maxLength": 128, "pattern": "^.+\\.[0-9]{1,18}$",
           "description": "A receipt handle from a receive (TOKEN.TAG)."}
@@ -433,8 +436,8 @@ def _schemas(s: ApiSettings) -> dict:
             "properties": {
                 "durable": {"type": "boolean", "default": True},
                 "auto_delete": {"type": "boolean", "default": False},
-                "arguments": {"type": "object", "description": "x-max-length, x-max-length-bytes, x-overflow, "
-                              "x-expires, x-delivery-limit (as in STOMP and the configuration)."},
+                "arguments": {"type": "object", "description": ", ".join(QUEUE_ARGUMENTS)
+                              + " (as in STOMP and the configuration)."},
             },
         },
         "Exchange": {
@@ -531,8 +534,7 @@ def _schemas(s: ApiSettings) -> dict:
             "additionalProperties": False,
             "description": "Regular expressions searched for in resource names; empty (the default) allows "
             "nothing; {user} stands for the user's name.",
-            "properties": {"configure": {"type": "string", "default": ""}, "write": {"type": "string", "default": ""},
-                           "read": {"type": "string", "default": ""}},
+            "properties": {"configure": PATTERN, "write": PATTERN, "read": PATTERN},
         },
         "Page": {
             "type": "object",
@@ -834,7 +836,7 @@ def document(s: ApiSettings | None = None) -> dict:
 
 def _definitions() -> tuple[dict, dict]:
     """C{/api/v1/definitions} (L{qmq.web.api.definitions}): its paths and schemas."""
-    name = {"type": "string", "minLength": 1}
+    name = NAME
     arguments = {"type": "object", "default": {}}
     item = {"type": "object", "additionalProperties": False}
     schemas = {
@@ -848,16 +850,15 @@ def _definitions() -> tuple[dict, dict]:
                 "qmq_version": {"type": "string", "description": "The exporting broker's version."},
                 "users": {"type": "array", "items": {**item, "required": ["name"], "properties": {
                     "name": name,
-                    "password_hash": {"type": ["string", "null"], "description": "The scrypt hash; null: no "
-                                      "password login."},
+                    "password_hash": {"type": ["string", "null"], "pattern": SCRYPT_HASH,
+                                      "description": "The scrypt hash; null: no password login."},
                     "certificate_names": {"type": "array", "items": name, "default": []}}}},
                 "vhosts": {"type": "array", "items": {**item, "required": ["name"], "properties": {"name": name}}},
                 "permissions": {"type": "array", "items": {**item, "required": ["vhost", "user"], "properties": {
-                    "vhost": name, "user": name, "configure": {"type": "string", "default": ""},
-                    "write": {"type": "string", "default": ""}, "read": {"type": "string", "default": ""}}}},
+                    "vhost": name, "user": name, "configure": PATTERN, "write": PATTERN, "read": PATTERN}}},
                 "exchanges": {"type": "array", "items": {**item, "required": ["vhost", "name", "type"],
                                                          "properties": {
-                    "vhost": name, "name": name, "type": {"enum": ["direct", "fanout", "topic", "headers"]},
+                    "vhost": name, "name": EXCHANGE_NAME, "type": {"enum": ["direct", "fanout", "topic", "headers"]},
                     "durable": {"type": "boolean", "default": True},
                     "auto_delete": {"type": "boolean", "default": False}}}},
                 "queues": {"type": "array", "items": {**item, "required": ["vhost", "name"], "properties": {
@@ -867,7 +868,7 @@ def _definitions() -> tuple[dict, dict]:
                                                         "properties": {
                     "vhost": name, "source": name, "destination": name,
                     "destination_type": {"enum": ["queue", "exchange"], "default": "queue"},
-                    "routing_key": {"type": "string", "default": ""}, "arguments": arguments}}},
+                    "routing_key": {**KEY, "default": ""}, "arguments": arguments}}},
             },
         },
         "DefinitionsImported": {

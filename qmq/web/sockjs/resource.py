@@ -328,8 +328,7 @@ class SockJSWebSocketProtocol(WebSocketServerProtocol):
         service: SockJSService = self.factory.service
         peer = self.transport.getPeer()
         host = getattr(peer, "host", "") or ""
-        port = getattr(peer, "port", "")
-        name = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        name = peer_address(peer)
         refusal = service.refusal(host)
         if refusal is not None:
             if not self.raw:
