@@ -135,9 +135,9 @@ class StreamConnection(Protocol):
         factory.registry.add(self, factory.listener)
         _logger(self.log_namespace).emit(
             self.log_level,
-            # The protocol in the format itself: readers of a JSON log match
-            # a line by its log_format.
-            f"connection open protocol={self.protocol_name} peer={{peer}} session={{session}}",
+            # One format for every protocol (a JSON log's reader matches the
+            # line by it), the protocol a field of its own.
+            "connection open protocol={protocol} peer={peer} session={session}",
             protocol=self.protocol_name,
             peer=self.peer,
             session=self.session.id,
@@ -153,7 +153,8 @@ class StreamConnection(Protocol):
     def _handshake_timeout(self) -> None:
         self._handshake = None
         _logger(self.log_namespace).info(
-            f"tls handshake timeout protocol={self.protocol_name} peer={{peer}} session={{session}}",
+            "tls handshake timeout protocol={protocol} peer={peer} session={session}",
+            protocol=self.protocol_name,
             peer=self.peer,
             session=self.session.id,
         )
@@ -172,8 +173,8 @@ class StreamConnection(Protocol):
         factory.registry.remove(self)
         _logger(self.log_namespace).emit(
             self.log_level,
-            f"connection closed protocol={self.protocol_name} peer={{peer}} session={{session}} "
-            "reason={reason}",
+            "connection closed protocol={protocol} peer={peer} session={session} reason={reason}",
+            protocol=self.protocol_name,
             peer=self.peer,
             session=self.session.id,
             reason=reason.getErrorMessage() if reason is not None else "",
@@ -218,8 +219,9 @@ class StreamConnection(Protocol):
     def _grace_over(self) -> None:
         self._grace = None
         _logger(self.log_namespace).info(
-            f"connection aborted after the close grace protocol={self.protocol_name} "
-            "peer={peer} session={session}",
+            "connection aborted after the close grace protocol={protocol} peer={peer} "
+            "session={session}",
+            protocol=self.protocol_name,
             peer=self.peer,
             session=self.session.id,
         )

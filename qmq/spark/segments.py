@@ -30,8 +30,6 @@ from typing import Any
 
 import pyarrow as pa
 
-from qmq.store.record import _NAME as NAME  # noqa: E402 - the record format's own structs
-from qmq.store.record import _PUBLISH as PUBLISH  # noqa: E402
 from qmq.store.record import (
     FLAG_HEADERS_JSON,
     FLAG_HEADERS_PAIRS,
@@ -52,6 +50,8 @@ from qmq.store.record import (
     decode_settle,
     decode_topology,
 )
+from qmq.store.record import NAME_STRUCT as NAME
+from qmq.store.record import PUBLISH_STRUCT as PUBLISH
 from qmq.store.segment import HEADER_SIZE, SegmentReader, list_segments, read_segment
 
 #: Rows per record batch.

@@ -150,6 +150,12 @@ _PROPERTY_INDEX = {name: i for i, name in enumerate(PROPERTY_NAMES)}
 # A queue name in a publish record: its length, then its UTF-8 bytes.
 _NAME = struct.Struct("<H")
 
+#: The publish payload's fixed part and a queue name's length, public for
+#: readers of the format outside the store (L{qmq.spark.segments} reads
+#: segment files itself).
+PUBLISH_STRUCT = _PUBLISH
+NAME_STRUCT = _NAME
+
 # Settle payload: id, reason, vhost length, queue length; then the names,
 # then (version 2, a queue with retention) the time the message is kept
 # until.
