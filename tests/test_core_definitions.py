@@ -184,6 +184,17 @@ class ConflictTests(DefinitionsTestCase):
         self.assertEqual(target.auth.users["admin"].password, HASH)
         self.assertEqual(target.auth.users["eve"].password, other)
 
+    def test_badPattern(self) -> None:
+        """A pattern that is not a regular expression: checked before
+        anything changes, naming the key."""
+        target = self.broker()
+        e = self.assertRaises(InvalidDefinitions, import_definitions, target, parse(
+            {"queues": [{"vhost": "/", "name": "fresh"}],
+             "permissions": [{"vhost": "/", "user": "admin", "read": "("}]}))
+        self.assertEqual(e.item, "permissions[0].read")
+        self.assertIn("not a regular expression", e.message)
+        self.assertNotIn("fresh", target.default_vhost.queues)
+
     def test_usersWithoutAuthentication(self) -> None:
         target = self.broker(users=False)
         e = self.assertRaises(DefinitionConflict, import_definitions, target,
@@ -222,11 +233,12 @@ class ParseTests(SynchronousTestCase):
         self.assertInvalid({"exchanges": [{"vhost": "/", "name": "e", "type": "x"}]}, "exchanges[0].type",
                            "expected one of direct, fanout, topic, headers")
         self.assertInvalid({"users": [{"name": "u", "password_hash": "plain"}]}, "users[0].password_hash", "")
-        self.assertInvalid({"permissions": [{"vhost": "/", "user": "u", "read": "("}]}, "permissions[0].read",
-                           "not a regular expression")
         self.assertInvalid({"bindings": [{"vhost": "/", "source": "e", "destination": "q",
                                           "destination_type": "topic"}]},
                            "bindings[0].destination_type", "expected one of queue, exchange")
+
+    def test_version(self) -> None:
+        self.assertInvalid({"qmq_version": {}}, "qmq_version", "expected a string")
 
     def test_defaults(self) -> None:
         defs = parse({"qmq_version": "0.1", "queues": [{"vhost": "/", "name": "q"}]})

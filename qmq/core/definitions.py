@@ -34,6 +34,7 @@ core's (L{Management}).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -258,6 +259,22 @@ def _name(value: object, item: str) -> str:
     return value
 
 
+#: Most characters of a user name (the HTTP API's users endpoints say the same).
+MAX_USER_NAME = 128
+
+
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+
+
+def _user(value: object, item: str) -> str:
+    # What the OpenAPI document says (a user exported came from the
+    # configuration or PUT /api/v1/users, which ask for more).
+    value = _name(value, item)
+    if len(value) > MAX_USER_NAME or _CONTROL.search(value):
+        raise InvalidDefinitions(item, f"a user name is 1 to {MAX_USER_NAME} characters, no control character")
+    return value
+
+
 def _boolean(value: object, item: str) -> bool:
     if not isinstance(value, bool):
         raise InvalidDefinitions(item, f"expected true or false, got {_shown(value)}")
@@ -311,10 +328,10 @@ def _shown(value: object) -> str:
 #: Each section's item: key -> (checker, required).
 _ITEMS: dict[str, tuple[type, dict[str, tuple[_Check, bool]]]] = {
     "users": (UserDefinition, {
-        "name": (_name, True), "password_hash": (_hash, False), "certificate_names": (_names, False),
+        "name": (_user, True), "password_hash": (_hash, False), "certificate_names": (_names, False),
     }),
     "permissions": (PermissionDefinition, {
-        "vhost": (_name, True), "user": (_name, True), "configure": (_string, False),
+        "vhost": (_name, True), "user": (_user, True), "configure": (_string, False),
         "write": (_string, False), "read": (_string, False),
     }),
     "exchanges": (ExchangeDefinition, {
@@ -349,6 +366,8 @@ def parse(document: object) -> Definitions:
     unknown = sorted(set(doc) - {*SECTIONS, "qmq_version"})
     if unknown:
         raise InvalidDefinitions(unknown[0], f"unknown key (expected one of: {', '.join(SECTIONS)}, qmq_version)")
+    if "qmq_version" in doc:
+        _string(doc["qmq_version"], "qmq_version")
     count = 0
     parsed: dict[str, Any] = {}
     for section in SECTIONS:
@@ -386,17 +405,12 @@ def parse(document: object) -> Definitions:
                         raise InvalidDefinitions(f"{where}.{key}", "missing")
                     continue
                 values[key] = check(raw[key], f"{where}.{key}")
-            item = cls(**values)
-            if section == "permissions":
-                _check_patterns(item, where)
-            out.append(item)
+            out.append(cls(**values))
         parsed[section] = tuple(out)
     return Definitions(**parsed)
 
 
 def _check_patterns(p: PermissionDefinition, where: str) -> None:
-    import re  # noqa: PLC0415
-
     from qmq.auth.permissions import compile_pattern  # noqa: PLC0415
 
     for key in ("configure", "write", "read"):
@@ -453,6 +467,8 @@ def _plan(broker: Any, defs: Definitions) -> _Plan:
         vhost_of(item, p.vhost)
         if auth is None:
             raise DefinitionConflict(item, "authentication is off on this broker, so it keeps no permissions")
+        # Regular expressions, which no schema of the document can check.
+        _check_patterns(p, f"permissions[{i}]")
         if p.user not in auth.users and p.user not in imported_users:
             raise DefinitionConflict(item, f"no user {p.user!r} on this broker or in the document")
         have = auth.permission(p.vhost, p.user)

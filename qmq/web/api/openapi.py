@@ -814,6 +814,7 @@ def document(s: ApiSettings | None = None) -> dict:
 def _definitions() -> tuple[dict, dict]:
     """C{/api/v1/definitions} (L{qmq.web.api.definitions}): its paths and schemas."""
     name = {"type": "string", "minLength": 1}
+    user = {"type": "string", "minLength": 1, "maxLength": 128, "pattern": NAME["pattern"]}
     arguments = {"type": "object", "default": {}}
     item = {"type": "object", "additionalProperties": False}
     schemas = {
@@ -826,27 +827,28 @@ def _definitions() -> tuple[dict, dict]:
             "properties": {
                 "qmq_version": {"type": "string", "description": "The exporting broker's version."},
                 "users": {"type": "array", "items": {**item, "required": ["name"], "properties": {
-                    "name": name,
-                    "password_hash": {"type": ["string", "null"], "description": "The scrypt hash; null: no "
+                    "name": user,
+                    "password_hash": {"type": ["string", "null"], "pattern": SCRYPT_HASH,
+                                      "description": "The scrypt hash (as qmq-passwd prints it); null: no "
                                       "password login."},
                     "certificate_names": {"type": "array", "items": name, "default": []}}}},
                 "vhosts": {"type": "array", "items": {**item, "required": ["name"], "properties": {"name": name}}},
                 "permissions": {"type": "array", "items": {**item, "required": ["vhost", "user"], "properties": {
-                    "vhost": name, "user": name, "configure": {"type": "string", "default": ""},
+                    "vhost": name, "user": user, "configure": {"type": "string", "default": ""},
                     "write": {"type": "string", "default": ""}, "read": {"type": "string", "default": ""}}}},
                 "exchanges": {"type": "array", "items": {**item, "required": ["vhost", "name", "type"],
                                                          "properties": {
-                    "vhost": name, "name": name, "type": {"enum": ["direct", "fanout", "topic", "headers"]},
+                    "vhost": name, "name": EXCHANGE_NAME, "type": {"enum": ["direct", "fanout", "topic", "headers"]},
                     "durable": {"type": "boolean", "default": True},
                     "auto_delete": {"type": "boolean", "default": False}}}},
                 "queues": {"type": "array", "items": {**item, "required": ["vhost", "name"], "properties": {
-                    "vhost": name, "name": name, "durable": {"type": "boolean", "default": True},
+                    "vhost": name, "name": NAME, "durable": {"type": "boolean", "default": True},
                     "auto_delete": {"type": "boolean", "default": False}, "arguments": arguments}}},
                 "bindings": {"type": "array", "items": {**item, "required": ["vhost", "source", "destination"],
                                                         "properties": {
-                    "vhost": name, "source": name, "destination": name,
+                    "vhost": name, "source": EXCHANGE_NAME, "destination": NAME,
                     "destination_type": {"enum": ["queue", "exchange"], "default": "queue"},
-                    "routing_key": {"type": "string", "default": ""}, "arguments": arguments}}},
+                    "routing_key": {**KEY, "default": ""}, "arguments": arguments}}},
             },
         },
         "DefinitionsImported": {
