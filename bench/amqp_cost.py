@@ -18,8 +18,10 @@ message (publish in, deliver out, ack in).
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import struct
+import sys
 import time
 from typing import Any
 
@@ -157,13 +159,58 @@ def stomp_run(number: int, batch: int, ack: bool) -> float:
     return t
 
 
+def new_queues_run(number: int, batch: int) -> float:
+    """CPU seconds for C{number} queue.declare + queue.bind + queue.delete."""
+    import amqp_load
+    from twisted.internet.address import IPv4Address
+    from twisted.internet.task import Clock
+    from twisted.internet.testing import StringTransport
+
+    from qmq.amqp.protocol import AmqpFactory
+    from qmq.core.broker import Broker
+
+    clock = Clock()
+    clock.advance(time.time())
+    broker = Broker(clock)
+    factory = AmqpFactory(broker, clock=clock)
+    from pamqp import commands, frame
+
+    from qmq.amqp.codec import PROTOCOL_HEADER
+
+    proto = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40003))
+    transport = StringTransport()
+    proto.makeConnection(transport)
+    proto.dataReceived(
+        PROTOCOL_HEADER
+        + frame.marshal(commands.Connection.StartOk({}, "PLAIN", "\0guest\0guest"), 0)
+        + frame.marshal(commands.Connection.TuneOk(2047, 131072, 0), 0)
+        + frame.marshal(commands.Connection.Open("/"), 0)
+        + frame.marshal(commands.Channel.Open(), 1)
+    )
+    reads = [b"".join(amqp_load.queue_ops(f"nq.{i}.{j}") for j in range(batch)) for i in range(number // batch)]
+    transport.clear()
+    t0 = time.process_time()
+    for data in reads:
+        proto.dataReceived(data)
+        clock.advance(0)
+        transport.clear()
+    t = time.process_time() - t0
+    assert not broker.default_vhost.queues, "queues left"
+    broker.stop_timers()
+    return t
+
+
 SCENARIOS = {
     "amqp-ack": lambda n, b: amqp_run(n, b, True, False),
     "amqp-autoack": lambda n, b: amqp_run(n, b, False, False),
     "amqp-confirm": lambda n, b: amqp_run(n, b, True, True),
     "stomp-ack": lambda n, b: stomp_run(n, b, True),
     "stomp-auto": lambda n, b: stomp_run(n, b, False),
+    "amqp-new-queue": new_queues_run,
 }
+
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # amqp_load's frames
 
 
 def main() -> None:

@@ -120,6 +120,24 @@ class Wire:
         self.until(lambda f: f[1] == ok_index)
 
 
+def _method(class_method: bytes, args: bytes) -> bytes:
+    payload = class_method + args
+    return HEAD.pack(1, 1, len(payload)) + payload + b"\xce"
+
+
+def queue_ops(name: str) -> bytes:
+    """queue.declare, queue.bind to amq.topic and queue.delete of C{name},
+    built with struct (pamqp's encoder per operation would be the limit)."""
+    q = name.encode()
+    sq = bytes((len(q),)) + q
+    no_args = b"\x00\x00\x00\x00"
+    return (
+        _method(b"\x00\x32\x00\x0a", b"\x00\x00" + sq + b"\x00" + no_args)
+        + _method(b"\x00\x32\x00\x14", b"\x00\x00" + sq + b"\x09amq.topic" + sq + b"\x00" + no_args)
+        + _method(b"\x00\x32\x00\x28", b"\x00\x00" + sq + b"\x00")
+    )
+
+
 def publish_frame(exchange: str, key: str, body: bytes, persistent: bool) -> bytes:
     props = commands.Basic.Properties(delivery_mode=2 if persistent else None)
     return (m(commands.Basic.Publish(exchange=exchange, routing_key=key))
@@ -210,9 +228,7 @@ def queue_maker(addr: tuple[str, int], counts: Any, index: int, stop: Any, windo
         while inflight < window:
             name = f"nq.{pid}.{serial}"
             serial += 1
-            chunk.append(m(commands.Queue.Declare(queue=name, auto_delete=False))
-                         + m(commands.Queue.Bind(queue=name, exchange="amq.topic", routing_key=name))
-                         + m(commands.Queue.Delete(queue=name)))
+            chunk.append(queue_ops(name))
             inflight += 1
         wire.sock.sendall(b"".join(chunk))
         try:

@@ -135,7 +135,9 @@ class StreamConnection(Protocol):
         factory.registry.add(self, factory.listener)
         _logger(self.log_namespace).emit(
             self.log_level,
-            "connection open protocol={protocol} peer={peer} session={session}",
+            # The protocol in the format itself: readers of a JSON log match
+            # a line by its log_format.
+            f"connection open protocol={self.protocol_name} peer={{peer}} session={{session}}",
             protocol=self.protocol_name,
             peer=self.peer,
             session=self.session.id,
@@ -151,8 +153,10 @@ class StreamConnection(Protocol):
     def _handshake_timeout(self) -> None:
         self._handshake = None
         _logger(self.log_namespace).info(
-                 "tls handshake timeout protocol={protocol} peer={peer} session={session}",
-                 protocol=self.protocol_name, peer=self.peer, session=self.session.id)
+            f"tls handshake timeout protocol={self.protocol_name} peer={{peer}} session={{session}}",
+            peer=self.peer,
+            session=self.session.id,
+        )
         # Nothing can have been sent over TLS yet: there is nothing to flush.
         self.abort()
 
@@ -168,8 +172,8 @@ class StreamConnection(Protocol):
         factory.registry.remove(self)
         _logger(self.log_namespace).emit(
             self.log_level,
-            "connection closed protocol={protocol} peer={peer} session={session} reason={reason}",
-            protocol=self.protocol_name,
+            f"connection closed protocol={self.protocol_name} peer={{peer}} session={{session}} "
+            "reason={reason}",
             peer=self.peer,
             session=self.session.id,
             reason=reason.getErrorMessage() if reason is not None else "",
@@ -214,9 +218,11 @@ class StreamConnection(Protocol):
     def _grace_over(self) -> None:
         self._grace = None
         _logger(self.log_namespace).info(
-                 "connection aborted after the close grace protocol={protocol} peer={peer} "
-                 "session={session}", protocol=self.protocol_name, peer=self.peer,
-                 session=self.session.id)
+            f"connection aborted after the close grace protocol={self.protocol_name} "
+            "peer={peer} session={session}",
+            peer=self.peer,
+            session=self.session.id,
+        )
         self.abort()
 
     def pause_reading(self) -> None:

@@ -160,7 +160,7 @@ class HandshakeTests(AmqpTestCase):
         capabilities = start.server_properties["capabilities"]
         for name in ("publisher_confirms", "exchange_exchange_bindings", "basic.nack",
                      "consumer_cancel_notify", "connection.blocked", "authentication_failure_close",
-                     "per_consumer_qos"):
+                     "per_consumer_qos", "direct_reply_to"):
             self.assertIs(capabilities[name], True, name)
         self.assertEqual(start.server_properties["product"], "QMQ")
         self.assertEqual(start.mechanisms.split(), ["PLAIN", "AMQPLAIN"])
@@ -223,10 +223,15 @@ class HandshakeTests(AmqpTestCase):
         self.assertFalse(c.open)
 
     def test_close_without_close_ok(self) -> None:
-        """A client that does not answer connection.close is closed after the grace."""
+        """A client that does not answer connection.close is closed after
+        the listener's close grace."""
+        self.registry = ConnectionRegistry(ConnectionSettings(close_grace=7.0), clock=self.clock)
+        self.factory = AmqpFactory(self.broker, self.settings, clock=self.clock, registry=self.registry)
         c = self.client()
         c.session.shutdown()
-        self.clock.advance(ConnectionSettings().close_grace + 0.1)
+        self.clock.advance(6.9)
+        self.assertTrue(c.open)
+        self.clock.advance(0.2)
         self.assertFalse(c.open)
 
     def test_handshake_deadline(self) -> None:
@@ -518,6 +523,9 @@ class MessageTests(AmqpTestCase):
         self.assertTrue(m.persistent)
         self.assertEqual(m.priority, 4)
         self.assertEqual(m.expires, m.timestamp + 60)
+        # Typed headers from another frontend keep their values: a float
+        # goes out as a double, a big integer as a long long.
+        m.headers = {**m.headers, "d": 0.1, "big": 1 << 40}
         self.vhost.queues["q"].requeue([m])
         c.send(commands.Basic.Get(queue="q", no_ack=True), 1)
         [(method, props, body)] = self.deliveries(c)
@@ -529,6 +537,8 @@ class MessageTests(AmqpTestCase):
         self.assertEqual((props.delivery_mode, props.priority, props.expiration), (2, 4, "60000"))
         self.assertEqual(props.headers["bin"], bytearray(b"\x00\xff"))
         self.assertEqual(props.headers["nested"], {"k": [1, "two"]})
+        self.assertEqual((props.headers["d"], props.headers["big"], props.headers["f"]), (0.1, 1 << 40, 1.5))
+        self.assertEqual((props.headers["b"], props.headers["n"], props.headers["i"]), (True, None, 7))
         self.assertEqual(int(props.timestamp.timestamp()), int(m.timestamp))
 
     def test_consume_ack_nack(self) -> None:
@@ -805,3 +815,112 @@ class TransportTests(AmqpTestCase):
         self.clock.advance(0)
         [deliver] = [v for _, v in c.read() if isinstance(v, commands.Basic.Deliver)]
         self.assertEqual(deliver.routing_key, "\u00e9" * 127)
+
+    def test_deeply_nested_table(self) -> None:
+        """A field table nested deeper than the decoder can follow is a
+        syntax error (502), in a method's arguments and in a content
+        header's headers, not an internal error."""
+        nested = b"F\x00\x00\x00\x00"
+        for _ in range(3000):
+            nested = b"F" + len(b"\x01k" + nested).to_bytes(4, "big") + b"\x01k" + nested
+        table = len(b"\x01k" + nested).to_bytes(4, "big") + b"\x01k" + nested
+        c = self.client()
+        c.channel()
+        # queue.declare: ticket, queue "q", bits, arguments.
+        payload = b"\x00\x32\x00\x0a" + b"\x00\x00" + b"\x01q" + b"\x00" + table
+        c.raw(b"\x01\x00\x01" + len(payload).to_bytes(4, "big") + payload + b"\xce")
+        close = c.close_error(commands.Connection.Close)
+        self.assertEqual(close.reply_code, 502)
+        c = self.client()
+        c.channel()
+        c.raw(frame.marshal(commands.Basic.Publish(routing_key="q"), 1))
+        props = b"\x20\x00" + table  # the headers flag, then the table
+        payload = b"\x00\x3c\x00\x00" + (1).to_bytes(8, "big") + props
+        c.raw(b"\x02\x00\x01" + len(payload).to_bytes(4, "big") + payload + b"\xce")
+        self.assertEqual(c.close_error(commands.Connection.Close).reply_code, 502)
+
+    def test_interleaved_channels(self) -> None:
+        """Content frames of two channels may interleave (AMQP 0-9-1 4.2.6):
+        each channel assembles its own message."""
+        self.vhost.declare_queue("q")
+        c = self.client(frame_max=4096)
+        c.channel(1)
+        c.channel(2)
+
+        def parts(channel: int, body: bytes) -> list[bytes]:
+            return [frame.marshal(commands.Basic.Publish(routing_key="q"), channel),
+                    frame.marshal(header.ContentHeader(0, len(body), commands.Basic.Properties(app_id=str(channel))),
+                                  channel),
+                    frame.marshal(ContentBody(body[:3000]), channel),
+                    frame.marshal(ContentBody(body[3000:]), channel)]
+
+        one, two = parts(1, b"1" * 5000), parts(2, b"2" * 6000)
+        c.raw(b"".join(a + b for a, b in zip(one, two, strict=True)))
+        got = sorted((m.properties["app_id"], m.body) for m in self.vhost.queues["q"].messages())
+        self.assertEqual(got, [("1", b"1" * 5000), ("2", b"2" * 6000)])
+
+    def test_permissions_changed(self) -> None:
+        """A user's permissions changed while connected (the HTTP API's
+        refresh: Channel.set_user) apply to the next publish, even to a
+        target the channel had resolved."""
+
+        class User:
+            name = owner = account = "u"
+            destinations = None
+            expires = None
+
+            def __init__(self, writable: bool) -> None:
+                self.writable = writable
+
+            def can(self, operation: str, vhost: str, name: str, path: str) -> bool:
+                return self.writable or operation != "write"
+
+        self.vhost.declare_queue("q")
+        c = self.client()
+        c.session.user = User(True)
+        c.channel()
+        c.publish("", "q", b"allowed")
+        self.assertEqual(len(self.vhost.queues["q"]), 1)
+        c.session.channels[1].core.set_user(User(False))
+        c.publish("", "q", b"refused")
+        self.assertEqual(c.close_error().reply_code, 403)
+        self.assertEqual(len(self.vhost.queues["q"]), 1)
+
+
+class DirectReplyTests(AmqpTestCase):
+    def test_rpc(self) -> None:
+        """RabbitMQ's direct reply-to: the requester consumes the
+        pseudo-queue with no-ack, its request's reply-to names its reply
+        queue, the responder publishes there by that name."""
+        self.vhost.declare_queue("rpc")
+        requester = self.client()
+        requester.channel()
+        requester.send(commands.Basic.Consume(queue="amq.rabbitmq.reply-to", no_ack=True), 1)
+        tag = requester.expect(commands.Basic.ConsumeOk).consumer_tag
+        requester.publish("", "rpc", b"ping", reply_to="amq.rabbitmq.reply-to", correlation_id="1")
+        request = self.vhost.queues["rpc"].get()
+        reply_to = request.properties["reply_to"]
+        self.assertTrue(reply_to.startswith("amq.rabbitmq.reply-to."), reply_to)
+        responder = self.client()
+        responder.channel()
+        responder.publish("", reply_to, b"pong", correlation_id="1")
+        self.clock.advance(0)
+        frames = [v for _, v in requester.read()]
+        [deliver] = [v for v in frames if isinstance(v, commands.Basic.Deliver)]
+        self.assertEqual((deliver.consumer_tag, deliver.routing_key), (tag, reply_to))
+        self.assertIn(ContentBody(b"pong").value, [v.value for v in frames if isinstance(v, ContentBody)])
+        # The reply queue is the requester's connection's: it goes with it.
+        requester.send(commands.Connection.Close(200, "", 0, 0))
+        self.assertNotIn(reply_to, self.vhost.queues)
+
+    def test_refusals(self) -> None:
+        c = self.client()
+        c.channel()
+        c.publish("", "anywhere", b"x", reply_to="amq.rabbitmq.reply-to")
+        close = c.close_error()
+        self.assertEqual(close.reply_code, 406)
+        self.assertIn("fast reply consumer does not exist", close.reply_text)
+        c.send(commands.Channel.CloseOk(), 1)
+        c.channel()
+        c.send(commands.Basic.Consume(queue="amq.rabbitmq.reply-to"), 1)
+        self.assertEqual(c.close_error().reply_code, 406)

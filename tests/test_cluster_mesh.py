@@ -112,7 +112,12 @@ class InterestTests(SynchronousTestCase):
         self.assertEqual(bodies(on_b), [m.body for m in sent])
         self.assertEqual(bodies(on_c), [m.body for m in sent])
         got = on_c.got[3][1]
-        self.assertEqual((got.id, got.headers, got.properties), (sent[3].id, {"h": "v"}, {"correlation_id": "c"}))
+        self.assertEqual((got.headers, got.properties, got.timestamp), ({"h": "v"}, {"correlation_id": "c"}, sent[3].timestamp))
+        # Each node stamps what it receives with ids of its own, increasing.
+        ids = [m.id for _, m in on_c.got]
+        self.assertEqual(ids, sorted(ids))
+        self.assertGreaterEqual(ids[0], net["c"].broker.message_ids.first)
+        self.assertEqual(net["c"].broker.message_ids.last, ids[-1])
         a = net["a"]
         self.assertEqual(a.link_to(net["b"]).messages_out, 10)
         self.assertEqual(a.link_to(net["c"]).messages_out, 10)
@@ -240,6 +245,24 @@ class LinkTests(SynchronousTestCase):
         net["a"].publish("t", b"one")
         net.settle()
         self.assertEqual(bodies(on_b), [b"one"])
+        # The closed link bound nothing: one binding for b's one interest.
+        self.assertEqual(net["a"].mesh.own, {("/", "amq.topic", "t"): 1})
+        self.assertEqual(net["a"].mesh.all_links, {a_dialed})
+
+    def test_closing_link_takes_nothing(self) -> None:
+        """A link being closed is let go at once: its peer's bindings go
+        before its transport does, and nothing more is queued on it."""
+        net = Net("a", "b")
+        out, _ = net.connect("a", "b")
+        net["b"].subscribe("/topic/t")
+        net.settle()
+        self.assertEqual(net["a"].mesh.own, {("/", "amq.topic", "t"): 1})
+        out.close("test")
+        self.assertEqual(net["a"].mesh.own, {})
+        self.assertEqual(net["a"].mesh.links, {})
+        net["a"].publish("t", b"late")
+        self.assertEqual(out.messages_out, 0)
+        net.settle()
 
     def test_self(self) -> None:
         """A peer entry that reaches this node itself is closed."""
@@ -267,6 +290,39 @@ class LinkTests(SynchronousTestCase):
         out, inbound = net.connect("b", "c")
         self.assertEqual(inbound.state, "closed")
         self.assertIn("not one of cluster.peers", inbound.reason)
+
+    def test_refused_dialer_waits(self) -> None:
+        """A dialer the peer refused waits 2, then 4 seconds... before it
+        dials again (Twisted's backoff starts again with each connection
+        made), and a link up resets it."""
+
+        class Dialer:
+            running = True
+            starts = 0
+
+            def stopService(self) -> None:
+                self.running = False
+
+            def startService(self) -> None:
+                self.running = True
+                self.starts += 1
+
+        net = Net("a")
+        net.nodes["c"] = Node("c", net.clock, peers=("tcp:host=127.0.0.1:port=1:node=x",))
+        dialer = Dialer()
+        for wait in (2.0, 4.0):
+            out = LinkProtocol(net["a"].mesh, True, None, dialer)
+            inbound = LinkProtocol(net["c"].mesh, False)
+            net.pumps.append(iosim.connect(inbound, iosim.FakeTransport(inbound, True), out,
+                                           iosim.FakeTransport(out, False), greet=False, clock=net.clock))
+            net.settle()
+            self.assertIn("refused", out.reason)
+            self.assertFalse(dialer.running)
+            net.clock.advance(wait - 0.5)
+            self.assertFalse(dialer.running)
+            net.clock.advance(0.5)
+            self.assertTrue(dialer.running)
+        self.assertEqual(net["a"].mesh._refusals, {dialer: 2})
 
     def test_bad_version_and_garbage(self) -> None:
         net = Net("a")
@@ -327,6 +383,43 @@ class LinkTests(SynchronousTestCase):
         net.settle()
         self.assertEqual(net["b"].link_to(net["a"]).messages_in, out.messages_out)
 
+    def test_registered_and_shut_down(self) -> None:
+        """An accepted link is counted in the connection registry (its
+        caps, the broker's shutdown): the shutdown closes it, saying why."""
+        from qmq.cluster.mesh import LinkFactory  # noqa: PLC0415
+        from qmq.connections import ConnectionRegistry, ConnectionSettings  # noqa: PLC0415
+
+        net = Net("a")
+        registry = ConnectionRegistry(ConnectionSettings(), net.clock)
+        link = LinkFactory(net["a"].mesh, registry, "peer:tcp:0").buildProtocol(None)
+        assert link is not None
+        link.makeConnection(iosim.FakeTransport(link, isServer=True))
+        self.assertEqual(list(registry.connections("peer:tcp:0")), [link])
+        registry.shutdown("broker shutting down", 1.0)
+        self.assertEqual(link.reason, "broker shutting down")
+        self.assertIn(b"broker shutting down", link.transport.getOutBuffer())  # type: ignore[union-attr]
+        link.connectionLost(None)
+        self.assertEqual(list(registry.connections()), [])
+
+    def test_metrics(self) -> None:
+        """/metrics shows each link up, by peer."""
+        from types import SimpleNamespace  # noqa: PLC0415
+
+        from qmq.web.metrics import BrokerCollector  # noqa: PLC0415
+
+        net = Net("a", "b")
+        net.full_mesh()
+        net["b"].subscribe("/topic/x")
+        net.settle()
+        net["a"].broker.mesh = net["a"].mesh  # as mesh_of sets it
+        net["a"].publish("x", b"abc")
+        net.settle()
+        families = {f.name: f for f in BrokerCollector(SimpleNamespace(broker=net["a"].broker)).collect()}
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in families["qmq_link_messages"].samples}
+        self.assertEqual(samples[("qmq_link_messages_total", (("direction", "out"), ("peer", "b")))], 1)
+        self.assertEqual(samples[("qmq_link_messages_total", (("direction", "in"), ("peer", "b")))], 0)
+        self.assertEqual([s.value for s in families["qmq_link_up"].samples], [1])
+
     def test_snapshot(self) -> None:
         net = Net("a", "b")
         net.full_mesh()
@@ -340,3 +433,57 @@ class LinkTests(SynchronousTestCase):
         self.assertEqual(link["messages_out"], 1)
         self.assertGreater(link["bytes_out"], 3)
         self.assertEqual(link["peer_interest"], ["//amq.topic/x"])
+
+
+class DiscoveryTests(SynchronousTestCase):
+    def test_one_peer_is_enough(self) -> None:
+        """b and c each know only a: a tells each of the other (their
+        advertised endpoints), each dials the other, and the mesh is
+        full."""
+        net = Net("a")
+        for i, name in enumerate("bc"):
+            net.nodes[name] = Node(name, net.clock, advertise=f"tcp:host=127.0.0.1:port={7001 + i}")
+        dialed: dict[str, list[Any]] = {"b": [], "c": []}
+        for name in "bc":
+            net[name].mesh.dial = dialed[name].append  # type: ignore[method-assign]
+        net.connect("b", "a")
+        net.connect("c", "a")
+        self.assertEqual([(p.node, p.port) for p in dialed["c"]], [("b", 7001)])
+        self.assertEqual([(p.node, p.port) for p in dialed["b"]], [("c", 7002)])
+        self.assertEqual(net["a"].mesh.known, {"b": "tcp:host=127.0.0.1:port=7001", "c": "tcp:host=127.0.0.1:port=7002"})
+        # What the dialers would do: b dials c; a message from b to c goes direct.
+        net.connect("b", "c")
+        on_c = net["c"].subscribe("/topic/d")
+        net.settle()
+        net["b"].publish("d", b"direct")
+        net.settle()
+        self.assertEqual(bodies(on_c), [b"direct"])
+        self.assertEqual(net["b"].link_to(net["c"]).messages_out, 1)
+        self.assertEqual(net["a"].link_to(net["c"]).messages_in, 0)
+
+    def test_learned_checked(self) -> None:
+        """What a peer tells is checked: no tcp: endpoint without
+        allow_plaintext, nothing that is not an endpoint, not this node."""
+        net = Net("a", "b")
+        out, _ = net.connect("a", "b")
+        dialed: list[Any] = []
+        net["a"].mesh.dial = dialed.append  # type: ignore[method-assign]
+        net["a"].mesh.settings = ClusterSettings(allow_plaintext=False)
+        net["a"].mesh.learned(out, [["x", "tcp:host=h:port=1"], ["y", "unix:/x"], ["a", "ssl:host=h:port=1"]])
+        self.assertEqual((dialed, net["a"].mesh.known), ([], {}))
+
+    def test_announced(self) -> None:
+        """Links up and down are announced on /topic/system.peers."""
+        import json  # noqa: PLC0415
+
+        net = Net("a", "b")
+        watcher = net["a"].subscribe("/topic/system.peers")
+        out, _ = net.connect("a", "b")
+        out.close("test")
+        net.settle()
+        got = [json.loads(m.body) for _, m in watcher.got]
+        self.assertEqual(
+            [(e["node"], e["peer"], e["event"], e["links"]) for e in got],
+            [("a", "b", "up", ["b"]), ("a", "b", "down", [])],
+        )
+

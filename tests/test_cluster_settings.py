@@ -141,6 +141,15 @@ class ClusterConfigTests(unittest.TestCase):
         )
         self.assertIsInstance(service.listeners[0].endpoint, TCP4ServerEndpoint)  # type: ignore[attr-defined]
 
+    def test_exposure(self) -> None:
+        """peer:ssl: may listen on every interface without users (mutual TLS
+        authenticates); peer:tcp: may not, even with allow_plaintext."""
+        service = self.build(self.files.toml(), "peer:ssl:0")
+        self.assertEqual(len(service.listeners), 1)  # type: ignore[attr-defined]
+        with self.assertRaises(ConfigError) as caught:
+            self.build("[cluster]\nallow_plaintext = true\n", "peer:tcp:0")
+        self.assertIn("not only on loopback", str(caught.exception))
+
     def test_no_mesh_without_peers(self) -> None:
         service = self.build("", "stomp:tcp:0:interface=127.0.0.1")
         self.assertIsNone(getattr(service.broker, "mesh", None))  # type: ignore[attr-defined]

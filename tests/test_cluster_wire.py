@@ -35,9 +35,10 @@ class MessageCodecTests(SynchronousTestCase):
         delivery time, ack timeout."""
         original = sample()
         chunks = wire.encode_message(b"/", original)
-        frames = wire.FrameReader(1 << 20).feed(b"".join(chunks))
+        buffer, frames = wire.FrameReader(1 << 20).feed(b"".join(chunks))
         self.assertEqual(len(frames), 1)
-        type_, payload = frames[0]
+        type_, start, end = frames[0]
+        payload = buffer[start:end]
         self.assertEqual(type_, wire.MESSAGE)
         vhost, message = wire.decode_message(payload)
         self.assertEqual(vhost, "/")
@@ -63,8 +64,8 @@ class MessageCodecTests(SynchronousTestCase):
         message = Message(1, "e", "k", None, body)
         chunks = wire.encode_message(b"/", message)
         self.assertIs(chunks[-1], body)
-        _, payload = wire.FrameReader(1 << 20).feed(b"".join(chunks))[0]
-        self.assertEqual(wire.decode_message(payload)[1].body, body)
+        buffer, [(_, start, end)] = wire.FrameReader(1 << 20).feed(b"".join(chunks))
+        self.assertEqual(wire.decode_message(buffer, start, end)[1].body, body)
 
     def test_damaged(self) -> None:
         """A damaged record fails its checksum; a frame that is no record is refused."""
@@ -82,11 +83,42 @@ class FrameReaderTests(SynchronousTestCase):
         reader = wire.FrameReader(1024)
         got = []
         for i in range(len(data)):
-            got += reader.feed(data[i : i + 1])
+            buffer, frames = reader.feed(data[i : i + 1])
+            got += [(t, buffer[a:b]) for t, a, b in frames]
         self.assertEqual([t for t, _ in got], [wire.HELLO, wire.PING])
         self.assertEqual(wire.decode_json(got[0][1]), {"node": "a", "version": 1})
         self.assertEqual(wire.decode_clock(got[1][1]), 2.5)
         self.assertEqual(reader.buffered, 0)
+
+    def test_large_frame_in_pieces(self) -> None:
+        """A frame that comes in many reads is held once it started, and
+        whole once its last byte came; what follows it is kept."""
+        big = wire.frame(wire.MESSAGE, b"y" * 100_000) + wire.encode_clock(wire.PING, 1.0)[:3]
+        reader = wire.FrameReader(1 << 20)
+        done = []
+        for i in range(0, len(big), 4096):
+            buffer, frames = reader.feed(big[i : i + 4096])
+            done += [buffer[a:b] for _, a, b in frames]
+        self.assertEqual(done, [b"y" * 100_000])
+        self.assertEqual(reader.buffered, 3)
+        buffer, frames = reader.feed(wire.encode_clock(wire.PING, 1.0)[3:])
+        self.assertEqual([(t, wire.decode_clock(buffer[a:b])) for t, a, b in frames], [(wire.PING, 1.0)])
+        self.assertEqual(reader.buffered, 0)
+
+    def test_repeats_shared(self) -> None:
+        """A link's decoder gives a stream's repeated headers and
+        properties as one dict each (checked once by the core)."""
+        decoder = wire.Decoder()
+        got = []
+        for _ in range(3):
+            m = sample()
+            m.headers = {"a": "b"}
+            payload = b"".join(wire.encode_message(b"/", m))[wire.HEADER_SIZE :]
+            got.append(decoder.decode(payload, 0, len(payload))[1])
+        self.assertIs(got[0].headers, got[2].headers)
+        self.assertIs(got[0].properties, got[2].properties)
+        self.assertIs(got[0].routing_key, got[1].routing_key)
+        self.assertEqual(got[2].headers, {"a": "b"})
 
     def test_too_large(self) -> None:
         """A frame announcing more than the limit is refused at its header,

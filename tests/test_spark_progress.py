@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 from twisted.trial import unittest
 
+from qmq.spark import jobs
 from qmq.spark.jobs import chart_series
 from qmq.spark.progress import Progress, StageWatch
 
@@ -110,3 +111,23 @@ class ChartSeriesTests(unittest.TestCase):
         self.assertEqual(sorted(series), ["/queue/big", "/queue/q3", "/queue/q4"])
         self.assertEqual(left, ["/queue/q0", "/queue/q1", "/queue/q2"])
         self.assertEqual(series["/queue/q3"]["messages"], [4])
+
+
+class MainTests(unittest.TestCase):
+    def test_no_console_bar(self) -> None:
+        """The jobs turn Spark's console progress bar off: their own lines
+        take its place on standard error."""
+        asked = []
+
+        class Stop(Exception):
+            pass
+
+        def session(master: str, app: str, **conf: str) -> None:
+            asked.append((master, app, conf))
+            raise Stop()
+
+        self.patch(jobs, "session", session)
+        self.assertRaises(Stop, jobs.main, ["--master", "local[1]", "report", "--path", "d",
+                                            "--out", "o"])
+        self.assertEqual(asked, [("local[1]", "qmq-report",
+                                  {"spark.ui.showConsoleProgress": "false"})])

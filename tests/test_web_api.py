@@ -822,6 +822,11 @@ class AuthTests(AuthSetup):
         self.assertEqual(doc["settled"], 1)
         code, _, _, _ = yield self.call("GET", "/api/v1/connections", headers=alice)
         self.assertEqual(code, 200)
+        # The mesh's links are admins' too (none here: no mesh).
+        code, _, _, _ = yield self.call("GET", "/api/v1/links", headers=bob)
+        self.assertEqual(code, 403)
+        code, _, _, doc = yield self.call("GET", "/api/v1/links", headers=alice)
+        self.assertEqual((code, doc["links"]), (200, []))
 
     @defer.inlineCallbacks
     def test_bearer_token(self) -> None:

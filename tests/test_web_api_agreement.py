@@ -23,7 +23,7 @@ Q = "/api/v1/vhosts/{vhost}/queues/{queue}"
 
 
 def _validator(schema: dict) -> Any:
-    return jsonschema_rs.Draft202012Validator({**schema, "components": DOC["components"]})
+    return jsonschema_rs.Draft202012Validator({**schema, "components": DOC["components"]}, validate_formats=True)
 
 
 def document_accepts(method: str, template: str, path: dict, query: dict, body: Any) -> bool:
@@ -81,6 +81,10 @@ CASES: list[tuple[str, str, dict, dict, Any]] = [
     ("post", Q + "/messages", {"queue": "orders"}, {}, {"body": "!!", "encoding": "base64"}),
     ("post", Q + "/messages", {"queue": "orders"}, {}, {"body": "x", "headers": {"a\x02": "1"}}),
     ("post", Q + "/messages", {"queue": "orders"}, {}, {"body": "x", "expires": 1e17}),
+    # definitions (found once the resource landed)
+    ("post", "/api/v1/definitions", {}, {}, {"qmq_version": {}}),
+    ("post", "/api/v1/definitions", {}, {}, {"users": [{"name": "u", "password_hash": "plain"}]}),
+    ("post", "/api/v1/definitions", {}, {}, {"permissions": [{"vhost": "/", "user": "u", "read": "("}]}),
 ]
 
 

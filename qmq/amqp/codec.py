@@ -32,7 +32,7 @@ import decimal
 import struct
 from typing import Any
 
-from pamqp import commands, encode, frame
+from pamqp import commands, frame
 
 from qmq.core.errors import PreconditionFailed
 from qmq.core.message import Message
@@ -51,7 +51,6 @@ __all__ = [
     "deliver_frames",
     "from_table",
     "method_frame",
-    "to_table",
 ]
 
 FRAME_METHOD = 1
@@ -150,30 +149,42 @@ def _from_value(value: Any) -> Any:
     return str(value)
 
 
-def to_table(headers: dict) -> dict:
-    """The model's headers as a table pamqp can encode (bytes ->
-    bytearray, its byte-array type; an integer over 64 bits as text)."""
-    return {str(k): _to_value(v) for k, v in headers.items()}
-
-
-def _to_value(value: Any) -> Any:
-    cls = value.__class__
-    if cls is bytes:
-        return bytearray(value)
-    if cls is int and not -(1 << 63) <= value < (1 << 63):
-        return str(value)
-    if cls is dict:
-        return {str(k): _to_value(v) for k, v in value.items()}
-    if cls is list or cls is tuple:
-        return [_to_value(v) for v in value]
-    if value is None or cls in (str, int, float, bool):
-        return value
-    return str(value)
-
-
 def encode_table(headers: dict) -> bytes:
-    """A field table, its length first."""
-    return encode.field_table(to_table(headers))
+    """A field table, its length first (RabbitMQ's types: a float is a
+    double, C{d}; pamqp's encoder writes a single-precision C{f}, which
+    would change a typed header's value on the way out)."""
+    body = b"".join(short(str(k)) + _encode_value(v) for k, v in headers.items())
+    return struct.pack(">I", len(body)) + body
+
+
+_DOUBLE = struct.Struct(">d")
+
+
+def _encode_value(value: Any) -> bytes:
+    cls = value.__class__
+    if cls is str:
+        data = value.encode()
+        return b"S" + struct.pack(">I", len(data)) + data
+    if cls is bool:
+        return b"t\x01" if value else b"t\x00"
+    if cls is int:
+        if -(1 << 31) <= value < (1 << 31):
+            return b"I" + struct.pack(">i", value)
+        if -(1 << 63) <= value < (1 << 63):
+            return b"l" + struct.pack(">q", value)
+        return _encode_value(str(value))
+    if cls is float:
+        return b"d" + _DOUBLE.pack(value)
+    if value is None:
+        return b"V"
+    if cls is bytes or cls is bytearray:
+        return b"x" + struct.pack(">I", len(value)) + bytes(value)
+    if cls is dict:
+        return b"F" + encode_table(value)
+    if cls is list or cls is tuple:
+        body = b"".join(_encode_value(v) for v in value)
+        return b"A" + struct.pack(">I", len(body)) + body
+    return _encode_value(str(value))
 
 
 # -- in: a content header's properties ----------------------------------------------
@@ -188,9 +199,10 @@ class Decoded:
     @ivar persistent: delivery-mode 2.
     @ivar priority: 0 to 9 (AMQP's 10 to 255 count as 9).
     @ivar ttl: the expiration, text as sent, or None.
+    @ivar direct_reply: C{reply-to} is C{amq.rabbitmq.reply-to}.
     """
 
-    __slots__ = ("properties", "headers", "persistent", "priority", "ttl")
+    __slots__ = ("properties", "headers", "persistent", "priority", "ttl", "direct_reply")
 
     def __init__(self, properties: dict | None, headers: dict | None, persistent: bool,
                  priority: int, ttl: str | None) -> None:
@@ -199,6 +211,8 @@ class Decoded:
         self.persistent = persistent
         self.priority = priority
         self.ttl = ttl
+        #: reply-to names RabbitMQ's direct reply-to pseudo-queue.
+        self.direct_reply = properties is not None and properties.get("reply_to") == "amq.rabbitmq.reply-to"
 
     def expires(self, now: float) -> float:
         """When a message published now expires (0.0: never).
@@ -233,8 +247,8 @@ def decode_properties(payload: bytes) -> Decoded:
             break
     try:
         header.unmarshal(flags, payload[pos:])
-    except (struct.error, TypeError, KeyError, IndexError) as e:
-        raise ValueError(f"malformed property list: {e}") from None
+    except (struct.error, TypeError, KeyError, IndexError, RecursionError) as e:
+        raise ValueError(f"malformed property list: {str(e)[:100]}") from None
     properties = None
     for attribute, name in _TEXT_PROPERTIES:
         value = getattr(header, attribute)

@@ -143,8 +143,11 @@ CAPABILITIES = {
     "authentication_failure_close": True,
     "per_consumer_qos": True,
     "consumer_priorities": False,
-    "direct_reply_to": False,
+    "direct_reply_to": True,
 }
+
+#: RabbitMQ's direct reply-to pseudo-queue (an RPC client's replies).
+DIRECT_REPLY_TO = "amq.rabbitmq.reply-to"
 
 #: Output buffered past this many bytes is written at once.
 FLUSH_THRESHOLD = 256 * 1024
@@ -157,6 +160,7 @@ _session_ids = itertools.count(1)
 _PUBLISH = commands.Basic.Publish.index
 _PUBLISH_IDS = struct.pack(">I", _PUBLISH)
 _ACK = commands.Basic.Ack.index
+_ACK_IDS = struct.pack(">I", _ACK)
 _ACK_ARGS = struct.Struct(">QB")
 _TAG = struct.Struct(">QB")
 #: A content header frame's header and the start of its payload.
@@ -246,6 +250,19 @@ class AmqpConsumer(Consumer):
         self.amqp.consumer_cancelled(self)
 
 
+class _CoreChannel(Channel):
+    """The core channel of an AMQP channel: when the user's permissions
+    change (L{Channel.set_user}, an administrator's change through the
+    HTTP API), what the AMQP channel resolved under the old ones goes too."""
+
+    amqp: AmqpChannel | None = None
+
+    def forget_targets(self) -> None:
+        amqp = self.amqp
+        if amqp is not None:
+            amqp.forget_resolved(self.user)
+
+
 class AmqpChannel:
     """One AMQP channel of a session: its core channel and its state.
 
@@ -257,10 +274,11 @@ class AmqpChannel:
     def __init__(self, session: AmqpSession, number: int) -> None:
         self.session = session
         self.number = number
-        self.core = Channel(
+        self.core = _CoreChannel(
             session.broker, session.vhost, session.owner, user=session.user, protocol="amqp",
             connection=session.connection,
         )
+        self.core.amqp = self
         self.management = Management(session.vhost, session.user, session.owner)
         self.closing = False
         self.flow = True
@@ -274,8 +292,8 @@ class AmqpChannel:
         self.received = 0
         self.content_started = 0.0
         # The last content header's property bytes and their decoding.
-        self._last_raw: bytes | None = None
-        self._last_decoded: Decoded | None = None
+        self.last_raw: bytes | None = None
+        self.last_decoded: Decoded | None = None
         # Publisher confirms: the next sequence number (0: not in confirm mode).
         self.confirm = False
         self.next_seq = 1
@@ -288,10 +306,22 @@ class AmqpChannel:
         self.tx: list[tuple] | None = None
         self.tx_bytes = 0
         self.consumers: dict[str, AmqpConsumer] = {}
+        # RabbitMQ's direct reply-to: this channel's reply queue once it
+        # consumes the pseudo-queue, and the last properties rewritten for it.
+        self.reply_queue: str | None = None
+        self._reply_props: tuple = (None, None)
         # (exchange, routing key) -> the core's resolved publish target.
         self._targets: dict[tuple[str, str], Any] = {}
         # basic.publish payloads -> their (exchange, routing key, mandatory).
         self._publish_args: dict[bytes, tuple[str, str, bool]] = {}
+
+    def forget_resolved(self, user: Any) -> None:
+        """The user's permissions changed (now C{user}): the publish
+        targets resolved under the old ones go, and topology is asked
+        about the new ones."""
+        self._targets.clear()
+        self.management.user = user
+        self.session.user = user
 
     # -- output ----------------------------------------------------------------------
 
@@ -328,7 +358,7 @@ class AmqpChannel:
             if len(payload) != 9:
                 raise ConnectionError_(SYNTAX_ERROR, "malformed basic.ack", index)
             tag, bits = _ACK_ARGS.unpack(payload)
-            self._settle(tag, bool(bits & 1), True, False)
+            self.settle(tag, bool(bits & 1), True, False)
             return
         handler = _HANDLERS.get(index)
         if handler is None:
@@ -354,20 +384,20 @@ class AmqpChannel:
         if class_id != 60:
             raise ConnectionError_(FRAME_ERROR, f"content header of class {class_id}, expected 60")
         raw = payload[12:]
-        decoded = self._last_decoded if raw == self._last_raw else None
+        decoded = self.last_decoded if raw == self.last_raw else None
         if decoded is None:
             try:
                 decoded = decode_properties(raw)
-            except (ValueError, pamqp_exceptions.UnmarshalingException) as e:
-                raise ConnectionError_(SYNTAX_ERROR, f"malformed content header: {e}") from None
+            except (ValueError, RecursionError, pamqp_exceptions.UnmarshalingException) as e:
+                raise ConnectionError_(SYNTAX_ERROR, f"malformed content header: {str(e)[:100]}") from None
             try:
                 check_user_id(decoded.properties, self.core.user)
             except AccessRefused as e:
                 self.publishing = None
                 self.session.core_error(self, e, _PUBLISH)
                 return
-            self._last_raw = raw
-            self._last_decoded = decoded
+            self.last_raw = raw
+            self.last_decoded = decoded
         limit = self.session.settings.max_message_size
         if size > limit:
             self.publishing = None
@@ -379,7 +409,7 @@ class AmqpChannel:
         self.decoded = decoded
         self.body_size = size
         if size == 0:
-            self._publish(b"")
+            self.publish_content(b"")
             return
         self.session.content_started(self)
 
@@ -403,7 +433,7 @@ class AmqpChannel:
                 body = payload
             self.received = 0
             self.session.content_done(self)
-            self._publish(body)
+            self.publish_content(body)
             return
         self.parts.append(payload)
         self.received = received
@@ -449,7 +479,8 @@ class AmqpChannel:
         cache[bytes(payload)] = publishing
         return publishing
 
-    def _publish(self, body: bytes) -> None:
+    def publish_content(self, body: bytes) -> None:
+        """The content of the basic.publish being assembled is complete: publish it."""
         exchange, key, mandatory = self.publishing  # type: ignore[misc]
         decoded = self.decoded
         self.publishing = None
@@ -457,6 +488,12 @@ class AmqpChannel:
         core = self.core
         message = core.make_message(exchange, key, decoded.headers, body, decoded.persistent)  # type: ignore[union-attr]
         message.properties = decoded.properties  # type: ignore[union-attr]
+        if decoded.direct_reply:  # type: ignore[union-attr]
+            try:
+                message.properties = self._direct_reply(decoded)  # type: ignore[arg-type]
+            except BrokerError as e:
+                self.session.core_error(self, e, _PUBLISH)
+                return
         if decoded.priority:  # type: ignore[union-attr]
             message.priority = decoded.priority  # type: ignore[union-attr]
         try:
@@ -468,6 +505,35 @@ class AmqpChannel:
             self._route(exchange, key, mandatory, message)
         except BrokerError as e:
             self.session.core_error(self, e, _PUBLISH)
+
+    def _direct_reply(self, decoded: Decoded) -> dict | None:
+        """The properties of a publish whose C{reply-to} is RabbitMQ's
+        direct reply-to pseudo-queue: named after this channel's reply
+        queue (remembered per decoding: a requester's messages share it).
+        @raise PreconditionFailed: the channel has no reply consumer."""
+        properties = decoded.properties
+        if self.reply_queue is None or self.reply_queue not in self.core.vhost.queues:
+            raise PreconditionFailed(
+                f"fast reply consumer does not exist: consume from {DIRECT_REPLY_TO!r} with no-ack "
+                "on this channel before publishing with that reply-to")
+        last = self._reply_props
+        if last[0] is not properties:
+            last = self._reply_props = (properties, {**properties, "reply_to": self.reply_queue})  # type: ignore[dict-item]
+        return last[1]
+
+    def _consume_direct_reply(self, args: Any) -> str:
+        """basic.consume of the direct reply-to pseudo-queue: this channel's
+        reply queue, exclusive to the connection and made now (the
+        configure permission on its name, as STOMP's temporary queues)."""
+        if not args.no_ack:
+            raise PreconditionFailed("reply consumer cannot acknowledge: consume "
+                                     f"{DIRECT_REPLY_TO!r} with no-ack")
+        if self.reply_queue is not None and self.reply_queue in self.core.vhost.queues:
+            raise PreconditionFailed(f"this channel already consumes {DIRECT_REPLY_TO!r}")
+        name = f"{DIRECT_REPLY_TO}.{self.core.token}"
+        self.core.declare_queue(name, durable=False, exclusive=True, auto_delete=True)
+        self.reply_queue = name
+        return name
 
     def _route(self, exchange: str, key: str, mandatory: bool, message: Message) -> Any:
         """Publish C{message}; return the durability waiter (or None)."""
@@ -607,7 +673,7 @@ class AmqpChannel:
                 if waiter is not None:
                     waiters.append(waiter)
             else:
-                self._settle(op[1], op[2], op[3], op[4], held=True)
+                self.settle(op[1], op[2], op[3], op[4], held=True)
             if self.closing:
                 return
         if not waiters:
@@ -818,7 +884,10 @@ class AmqpChannel:
             raise NotAllowed(f"attempt to reuse consumer tag {tag!r}")
         consumer = AmqpConsumer(self, bool(args.no_ack))
         consumer.paused = True  # nothing before consume-ok
-        queue = self._queue_name(args.queue)
+        if args.queue == DIRECT_REPLY_TO:
+            queue = self._consume_direct_reply(args)
+        else:
+            queue = self._queue_name(args.queue)
         tag = self.core.consume(consumer, queue, tag=tag or "", exclusive=bool(args.exclusive))
         consumer.set_tag(tag)
         self.consumers[tag] = consumer
@@ -858,7 +927,8 @@ class AmqpChannel:
             message,
         )
 
-    def _settle(self, tag: int, multiple: bool, ack: bool, requeue: bool, held: bool = False) -> None:
+    def settle(self, tag: int, multiple: bool, ack: bool, requeue: bool, held: bool = False) -> None:
+        """basic.ack, nack or reject of C{tag} (held in a transaction, else the core's settle)."""
         if self.tx is not None and not held:
             try:
                 self._check_tag(tag, multiple)
@@ -884,13 +954,13 @@ class AmqpChannel:
             raise PreconditionFailed(f"unknown delivery tag {tag}", "unknown delivery tag")
 
     def basic_nack(self, args: Any) -> None:
-        self._settle(args.delivery_tag, bool(args.multiple), False, bool(args.requeue))
+        self.settle(args.delivery_tag, bool(args.multiple), False, bool(args.requeue))
 
     def basic_reject(self, args: Any) -> None:
-        self._settle(args.delivery_tag, False, False, bool(args.requeue))
+        self.settle(args.delivery_tag, False, False, bool(args.requeue))
 
     def basic_ack(self, args: Any) -> None:  # a client without the fast path's layout
-        self._settle(args.delivery_tag, bool(args.multiple), True, False)
+        self.settle(args.delivery_tag, bool(args.multiple), True, False)
 
     def basic_recover(self, args: Any) -> None:
         if not args.requeue:
@@ -916,8 +986,9 @@ def _decode_method(index: int, payload: bytes) -> Any:
     method = commands.INDEX_MAPPING[index]()
     try:
         method.unmarshal(payload)
-    except (struct.error, ValueError, TypeError, KeyError, IndexError) as e:
-        raise ConnectionError_(SYNTAX_ERROR, f"malformed {method.name}: {e}", index) from None
+    except (struct.error, ValueError, TypeError, KeyError, IndexError, RecursionError) as e:
+        # A field table nested past the interpreter's depth is malformed too.
+        raise ConnectionError_(SYNTAX_ERROR, f"malformed {method.name}: {str(e)[:100]}", index) from None
     return method
 
 
@@ -1106,6 +1177,15 @@ class AmqpSession:
                 raise ConnectionError_(FRAME_ERROR, "frame does not end with 0xCE")
             payload = data[pos + 7 : end]
             pos = end + 1
+            if ftype == FRAME_METHOD and size == 13 and payload[:4] == _ACK_IDS and self.state == _OPEN_DONE:
+                # basic.ack, the other per-message frame: settled here.
+                channel = channels.get(number)
+                if channel is not None and channel.publishing is None and not channel.closing:
+                    tag, bits = _ACK_ARGS.unpack_from(payload, 4)
+                    channel.settle(tag, bool(bits & 1), True, False)
+                    if self.closed:
+                        return
+                    continue
             if ftype == FRAME_METHOD and payload[:4] == _PUBLISH_IDS and self._held is None:
                 # The common publish: its content header (with the
                 # channel's last property bytes) and one body frame in
@@ -1116,7 +1196,7 @@ class AmqpSession:
                     channel is not None
                     and channel.publishing is None
                     and not channel.closing
-                    and channel._last_raw is not None
+                    and channel.last_raw is not None
                     and n - pos >= 7
                 ):
                     t2, c2, s2 = unpack(data, pos)
@@ -1136,12 +1216,12 @@ class AmqpSession:
                             and s2 + 8 <= self._read_max
                             and be < n
                             and data[be] == 0xCE
-                            and data[pos + 19 : he] == channel._last_raw
+                            and data[pos + 19 : he] == channel.last_raw
                         ):
                             pos = be + 1
                             channel.basic_publish(payload[4:])
-                            channel.decoded = channel._last_decoded
-                            channel._publish(data[bp + 7 : be])
+                            channel.decoded = channel.last_decoded
+                            channel.publish_content(data[bp + 7 : be])
                             if self.closed:
                                 return
                             continue

@@ -77,13 +77,31 @@ class LinkProtocol(Protocol):
     @ivar refused: messages from the peer the core refused (an exchange
         gone, a full queue).
     @ivar rtt: the last round-trip time measured, seconds, or None.
+    @ivar protocol_name: what the connection registry's counts call it.
     @ivar remote: what the peer wants: (vhost, exchange, key) -> the
         consumer bound for it here, or None while it cannot be bound (no
         such exchange yet).
     """
 
-    def __init__(self, mesh: Mesh, outbound: bool, peer: Peer | None = None, dialer: Any = None) -> None:
+    protocol_name = "peer"
+
+    def __init__(
+        self,
+        mesh: Mesh,
+        outbound: bool,
+        peer: Peer | None = None,
+        dialer: Any = None,
+        registry: Any = None,
+        listener: str = "",
+    ) -> None:
+        """
+        @param outbound: this node dialed it (C{peer} and C{dialer} say how).
+        @param registry: the connection registry an accepted link is
+            counted in (caps, the broker's shutdown), with its listener's name.
+        """
         self.mesh = mesh
+        self.registry = registry
+        self.listener = listener
         self.clock = mesh.clock
         self.outbound = outbound
         self.peer = peer
@@ -100,8 +118,13 @@ class LinkProtocol(Protocol):
         self.up_at: float | None = None
         self.remote: dict[tuple[str, str, str], Any] = {}
         self.channels: dict[str, Any] = {}
+        #: (vhost, exchange, key) -> (channel, resolved target) of what it received.
+        self.targets: dict[tuple[str, str, str], Any] = {}
         self.last_sent: Any = None
+        #: Set once the mesh let it go (L{qmq.cluster.mesh.Mesh.link_down}).
+        self.down = False
         self._reader = wire.FrameReader(mesh.settings.max_frame)
+        self.decoder = wire.Decoder()
         self._out: list[bytes] = []
         self._out_bytes = 0
         self._paused = False
@@ -119,6 +142,8 @@ class LinkProtocol(Protocol):
         self.address = peer_address(peer)
         self.connected_at = self._heard = self.clock.seconds()
         self.transport.registerProducer(self, True)  # type: ignore[union-attr]
+        if self.registry is not None:
+            self.registry.add(self, self.listener)
         self.send(wire.encode_json(wire.HELLO, {"node": self.mesh.node, "version": wire.VERSION}))
         self._beat = self.clock.callLater(self.mesh.settings.heartbeat, self._tick)
 
@@ -146,23 +171,31 @@ class LinkProtocol(Protocol):
         batcher = self.mesh.broker.batcher
         batcher.hold()
         try:
-            for type_, payload in self._reader.feed(data):
-                self._frame(type_, payload)
+            buffer, frames = self._reader.feed(data)
+            for type_, start, end in frames:
+                self._frame(type_, buffer, start, end)
                 if self.state == "closed":
                     return
         except wire.FrameError as e:
             self.close(f"protocol error: {e}")
+        except Exception:
+            # A bug here must not leave a link half-handled: say so, and
+            # start again (the dialer reconnects, interest is re-sent).
+            log.failure("link {link}: a frame could not be handled", link=self.describe())
+            self.close("internal error")
         finally:
             batcher.release()
 
-    def _frame(self, type_: int, payload: bytes) -> None:
+    def _frame(self, type_: int, buffer: bytes, start: int, end: int) -> None:
         if type_ == wire.MESSAGE:
             if self.state != "up":
                 raise wire.FrameError("a message before the hello")
             self.messages_in += 1
-            self.bytes_in += len(payload) + 5
-            self.mesh.received(self, payload)
-        elif type_ == wire.PING:
+            self.bytes_in += end - start + wire.HEADER_SIZE
+            self.mesh.received(self, *self.decoder.decode(buffer, start, end))
+            return
+        payload = buffer[start:end]
+        if type_ == wire.PING:
             self.send(wire.encode_clock(wire.PONG, wire.decode_clock(payload)))
         elif type_ == wire.PONG:
             self.rtt = max(0.0, self.clock.seconds() - wire.decode_clock(payload))
@@ -182,12 +215,23 @@ class LinkProtocol(Protocol):
             if not isinstance(items, list):
                 raise wire.FrameError("bad sync: no interest list")
             self.mesh.remote_sync(self, {_interest_key(i) for i in items})
+        elif type_ == wire.PEERS:
+            if self.state != "up":
+                raise wire.FrameError("peers before the hello")
+            items = wire.decode_json(payload).get("peers")
+            if not isinstance(items, list) or not all(
+                isinstance(i, list) and len(i) == 2 and all(isinstance(v, str) for v in i) for i in items
+            ):
+                raise wire.FrameError("bad peers: expected [[node, endpoint], ...]")
+            self.mesh.learned(self, items)
         elif type_ == wire.CLOSE:
             value = wire.decode_json(payload)
             reason = str(value.get("reason", ""))[:500]
             self.reason = f"the peer closed: {reason}"
             if value.get("duplicate") or value.get("self"):
                 self.mesh.dialer_standby(self, forever=bool(value.get("self")))
+            elif value.get("refused"):
+                self.mesh.dialer_refused(self)
             log.info("link {link} closed by the peer: {reason}", link=self.describe(), reason=reason)
             self.close(None)
         else:
@@ -206,6 +250,11 @@ class LinkProtocol(Protocol):
             return
         self.node = node
         if node == self.mesh.node:
+            if self.outbound:
+                log.info(
+                    "mesh: {peer} is this node itself: not dialed again",
+                    peer=self.peer.text if self.peer is not None else self.address,
+                )
             self.mesh.dialer_standby(self, forever=True)
             self.close("this is a link to this node itself", extra={"self": True})
             return
@@ -222,7 +271,7 @@ class LinkProtocol(Protocol):
                 self.refuse(f"it says it is node {node!r}, and its certificate names {names}")
                 return
         problem = self.mesh.link_up(self)
-        if problem is not None:
+        if problem:
             self.refuse(problem)
 
     # -- output ---------------------------------------------------------------
@@ -238,6 +287,8 @@ class LinkProtocol(Protocol):
     def send_message(self, chunks: list[bytes], size: int) -> None:
         """Queue a message frame (its chunks, C{size} bytes in all), or drop
         it when the link's buffer is full."""
+        if self.state == "closed":
+            return
         if self._out_bytes + size > self.mesh.settings.link_buffer and self._out:
             self.dropped += 1
             now = self.clock.seconds()
@@ -292,7 +343,7 @@ class LinkProtocol(Protocol):
             link=self.describe(),
             reason=reason,
         )
-        self.close(f"refused: {reason}")
+        self.close(f"refused: {reason}", extra={"refused": True})
 
     def close(self, reason: str | None, extra: dict[str, Any] | None = None) -> None:
         """Close for real (see the module docstring); C{reason} goes to the
@@ -308,6 +359,7 @@ class LinkProtocol(Protocol):
         if self._beat is not None and self._beat.active():
             self._beat.cancel()
         self._beat = None
+        self.mesh.link_down(self)
         transport = self.transport
         if transport is None:
             return
@@ -327,6 +379,8 @@ class LinkProtocol(Protocol):
             transport.abortConnection()  # type: ignore[attr-defined]
 
     def connectionLost(self, reason: Any = None) -> None:
+        if self.registry is not None:
+            self.registry.remove(self)
         was = self.state
         self.state = "closed"
         if self._beat is not None and self._beat.active():

@@ -28,8 +28,9 @@ Messages:
     A publish on this node reaches a link's consumers like any subscriber;
     a link sends one message once however many of its keys match (it
     remembers the last message it sent). A message that comes in from a
-    link is published on the core through the link's channel, with its id,
-    while L{Mesh.inbound} names it: every L{LinkConsumer} skips it, so a
+    link is published on the core through the link's channel, with an id
+    of this node's (ids are unique per node only, and the store needs its
+    own increasing), while L{Mesh.inbound} names it: every L{LinkConsumer} skips it, so a
     message received from a link is never sent on to another link. In a
     full mesh that is loop-free and duplicate-free: the publishing node
     sends to each interested peer directly, exactly once.
@@ -46,6 +47,14 @@ Links, and the tie-break:
     When every entry of C{peers} names its node (C{node=}), a node that is
     not one of them is refused.
 
+Discovery:
+    A link that comes up carries a peers frame each way: the sender with
+    its C{advertise} endpoint and every node it learned of. A node told of
+    one it neither links to nor dials dials it (L{learned}) and passes the
+    news on to its other peers. Links going up and down are announced on
+    C{/topic/system.peers}. A dialer its peer refused waits 2, 4, ... 60
+    seconds (L{dialer_refused}).
+
 What is not guaranteed (docs/cluster.rst): messages cross a link at most
 once (in flight when a link drops, they are lost); interest takes a round
 trip to reach a peer, so a publish right after a remote SUBSCRIBE may miss
@@ -54,6 +63,7 @@ it; no ordering between messages from different nodes.
 
 from __future__ import annotations
 
+import json
 import random
 from typing import Any
 
@@ -69,6 +79,7 @@ from qmq.core.channel import Channel
 from qmq.core.consumer import Consumer
 from qmq.core.errors import BrokerError
 from qmq.core.events import Observer
+from qmq.core.ids import NODE_ID
 
 __all__ = ["LinkConsumer", "LinkFactory", "Mesh", "mesh_of"]
 
@@ -84,6 +95,20 @@ MAX_DELAY = 30.0
 PROPAGATED_TYPES = ("direct", "fanout", "topic")
 
 Key = tuple[str, str, str]
+
+#: Most seconds a refused dialer waits before it dials again.
+REFUSED_DELAY = 60.0
+
+#: Most nodes learned from peers (L{Mesh.learned}).
+MAX_LEARNED = 64
+
+#: Where links up and down are announced: C{/topic/system.peers}.
+ANNOUNCE_EXCHANGE = "amq.topic"
+ANNOUNCE_KEY = "system.peers"
+
+#: Most (vhost, exchange, key) a link keeps resolved for what it receives
+#: (then it forgets them all).
+TARGET_CACHE_SIZE = 1000
 
 
 class LinkConsumer(Consumer):
@@ -115,6 +140,9 @@ class LinkConsumer(Consumer):
 class LinkFactory(Factory):
     """Makes the links of a C{peer:} listener (inbound) or of a dialer."""
 
+    # A dialer's factory starts and stops with every attempt: no log line each.
+    noisy = False
+
     def __init__(
         self,
         mesh: Mesh,
@@ -135,23 +163,7 @@ class LinkFactory(Factory):
             refused = self.registry.admit(self.listener, getattr(addr, "host", "") or "")
             if refused is not None:
                 return None
-        link = LinkProtocol(self.mesh, False)
-        if self.registry is not None:
-            registry, listener = self.registry, self.listener
-            made = link.connectionMade
-            lost = link.connectionLost
-
-            def connectionMade() -> None:
-                made()
-                registry.add(link, listener)
-
-            def connectionLost(reason: Any = None) -> None:
-                registry.remove(link)
-                lost(reason)
-
-            link.connectionMade = connectionMade  # type: ignore[method-assign]
-            link.connectionLost = connectionLost  # type: ignore[method-assign]
-        return link
+        return LinkProtocol(self.mesh, False, registry=self.registry, listener=self.listener)
 
 
 class Mesh(Service, Observer):
@@ -181,10 +193,18 @@ class Mesh(Service, Observer):
         if settings.ca and settings.certificate and settings.private_key:
             self.credentials = Credentials.load(settings)
         self.dialers: list[ClientService] = []
+        #: Nodes a dialer targets by name (C{node=}: configured or learned).
+        self.dialed: set[str] = {p.node for p in self.peers if p.node}
+        #: node -> the endpoint it advertised (learned from peers, L{learned}).
+        self.known: dict[str, str] = {}
+        self._announcer: Channel | None = None
         self._standby: dict[ClientService, str] = {}
+        # Dialers whose peer refused them: how many times in a row.
+        self._refusals: dict[ClientService, int] = {}
         self._stop_observing: Any = None
         self._encoded: tuple[Any, str, list[bytes], int] | None = None
         self._vhost_bytes: dict[str, bytes] = {}
+        self._next_id = broker.message_ids.__next__
 
     # -- the service ----------------------------------------------------------
 
@@ -196,22 +216,27 @@ class Mesh(Service, Observer):
             for (exchange, key), count in (events.interest.items() if events is not None else ()):
                 self.bindings_changed(vhost.name, exchange, key, count)
         for peer in self.peers:
-            factory = LinkFactory(self, peer=peer)
-            endpoint = client_endpoint(self.clock, peer, self.credentials)
-            dialer = ClientService(
-                endpoint,
-                factory,
-                retryPolicy=backoffPolicy(INITIAL_DELAY, MAX_DELAY, 2.0, jitter=random.random),
-                clock=self.clock,
-            )
-            factory.dialer = dialer
-            self.dialers.append(dialer)
-            dialer.startService()
+            self.dial(peer)
         log.info(
             "mesh: node {node} dials {count} peer(s)",
             node=self.node,
             count=len(self.peers),
         )
+
+    def dial(self, peer: Peer) -> None:
+        """Dial C{peer} until this node stops (Twisted's L{ClientService}:
+        again after each loss, with backoff and jitter)."""
+        factory = LinkFactory(self, peer=peer)
+        endpoint = client_endpoint(self.clock, peer, self.credentials)
+        dialer = ClientService(
+            endpoint,
+            factory,
+            retryPolicy=backoffPolicy(INITIAL_DELAY, MAX_DELAY, 2.0, jitter=random.random),
+            clock=self.clock,
+        )
+        factory.dialer = dialer
+        self.dialers.append(dialer)
+        dialer.startService()
 
     def stopService(self) -> Any:
         super().stopService()
@@ -225,28 +250,50 @@ class Mesh(Service, Observer):
         self._standby.clear()
         for link in list(self.all_links):
             link.close("node shutting down")
+        if self._announcer is not None:
+            self._announcer.close()
+            self._announcer = None
         return None
 
     # -- links ----------------------------------------------------------------
 
     def link_up(self, link: LinkProtocol) -> str | None:
         """C{link}'s peer said hello and passed the link's checks: keep it
-        (telling it all of this node's interest), or say why not."""
+        (telling it all of this node's interest), or say why not (C{""}: it
+        was a second link to a linked node, closed already)."""
         node = link.node
-        if not link.outbound and self.listed is not None and node not in self.listed:
-            return f"node {node!r} is not one of cluster.peers (every entry names its node)"
+        if not link.outbound and self.listed is not None and node not in self.listed and node not in self.known:
+            return (
+                f"node {node!r} is not one of cluster.peers (every entry names its node), "
+                "and no peer told of it"
+            )
         other = self.links.get(node)
         if other is not None and other.state == "up":
             keep_dialer = min(self.node, node)
             mine = (self.node if link.outbound else node) == keep_dialer
             theirs = (self.node if other.outbound else node) == keep_dialer
             if theirs and not mine:
+                log.info(
+                    "mesh: link {link} is a second link to {node}: closed, the one dialed by "
+                    "{dialer} is kept",
+                    link=link.describe(),
+                    node=node,
+                    dialer=keep_dialer,
+                )
                 link.close(
                     f"duplicate link: the link dialed by {keep_dialer!r} is kept",
                     extra={"duplicate": True},
                 )
                 self.dialer_standby(link)
                 return ""
+            log.info(
+                "mesh: link {link} replaces {other} (the one dialed by {dialer} is kept)",
+                link=link.describe(),
+                other=other.describe(),
+                dialer=keep_dialer,
+            )
+            # Registered first, so that the old link going is no link down.
+            self.links[node] = link
             other.close(
                 f"duplicate link: the link dialed by {keep_dialer!r} is kept"
                 if mine and not theirs
@@ -260,27 +307,55 @@ class Mesh(Service, Observer):
         link.up_at = self.clock.seconds()
         self.all_links.add(link)
         link.send(wire.encode_json(wire.SYNC, {"interest": sorted(list(k) for k in self.local)}))
+        peers = self._peers()
+        if peers:
+            link.send(wire.encode_json(wire.PEERS, {"peers": peers}))
         log.info("mesh: link {link} up", link=link.describe())
+        self._announce(node, "up")
         return None
 
     def link_down(self, link: LinkProtocol) -> None:
-        """C{link} is gone: what its peer wanted goes; a waiting dialer to
-        that node starts again."""
+        """C{link} is closing or gone (called once): what its peer wanted
+        goes at once (nothing more is routed to it); a waiting dialer to that
+        node starts again."""
+        if link.down:
+            return
+        link.down = True
         self.all_links.discard(link)
         for key in list(link.remote):
             self._unbind(link, key)
         for channel in link.channels.values():
             channel.close()
         link.channels.clear()
+        link.targets.clear()
         node = link.node
         if node and self.links.get(node) is link:
             del self.links[node]
             log.info("mesh: link {link} down: {reason}", link=link.describe(), reason=link.reason)
+            self._announce(node, "down")
             if self.running:
                 for dialer, target in list(self._standby.items()):
                     if target == node:
                         del self._standby[dialer]
                         dialer.startService()
+
+    def dialer_refused(self, link: LinkProtocol) -> None:
+        """The peer refused C{link} (it is up to the peer's operator, or
+        the peer learns of this node later): its dialer waits 2, 4, ...
+        up to L{REFUSED_DELAY} seconds before it dials again, instead of
+        Twisted's backoff, which a connection that was made resets."""
+        dialer = link.dialer
+        if dialer is None or not link.outbound:
+            return
+        n = self._refusals[dialer] = self._refusals.get(dialer, 0) + 1
+        if dialer.running:
+            dialer.stopService()
+
+        def again() -> None:
+            if self.running and not dialer.running and dialer not in self._standby:
+                dialer.startService()
+
+        self.clock.callLater(min(REFUSED_DELAY, 2.0**n), again)
 
     def dialer_standby(self, link: LinkProtocol, forever: bool = False) -> None:
         """C{link}'s dialer waits: until the kept link to its node goes, or
@@ -292,6 +367,68 @@ class Mesh(Service, Observer):
             dialer.stopService()
         if not forever:
             self._standby[dialer] = link.node
+
+    # -- discovery ------------------------------------------------------------
+
+    def _peers(self) -> list[list[str]]:
+        """What this node tells a peer of the mesh: itself (with
+        C{advertise}) and the nodes it learned of."""
+        peers = [[self.node, self.settings.advertise]] if self.settings.advertise else []
+        return peers + [[n, ep] for n, ep in sorted(self.known.items())]
+
+    def learned(self, link: LinkProtocol, items: list[list[str]]) -> None:
+        """C{link}'s peer told of nodes and how to dial them: dial those
+        this node neither links to nor dials (at most L{MAX_LEARNED}), and
+        tell the other peers what is new."""
+        changed = False
+        for node, text in items:
+            if node == self.node or self.known.get(node) == text:
+                continue
+            if not NODE_ID.match(node) or len(self.known) >= MAX_LEARNED:
+                continue
+            try:
+                peer = parse_peer(text if "node=" in text else f"{text}:node={node}")
+            except ValueError as e:
+                log.warn("mesh: {link} told of node {node} at {text!r}, which is no endpoint: {error}",
+                         link=link.describe(), node=node, text=text, error=str(e))
+                continue
+            if peer.node != node or (peer.kind == "tcp" and not self.settings.allow_plaintext) or (
+                peer.kind == "ssl" and self.credentials is None
+            ):
+                continue
+            self.known[node] = text
+            changed = True
+            if node not in self.links and node not in self.dialed and self.running:
+                self.dialed.add(node)
+                log.info("mesh: {link} told of node {node} at {text}: dialing it", link=link.describe(),
+                         node=node, text=text)
+                self.dial(peer)
+        if changed:
+            frame = wire.encode_json(wire.PEERS, {"peers": self._peers()})
+            for other in self.links.values():
+                if other is not link:
+                    other.send(frame)
+
+    def _announce(self, peer: str, event: str) -> None:
+        """Tell this node's clients (and, through the links, those of every
+        node that subscribes) that a link went up or down: a JSON message
+        to C{/topic/system.peers} in the default virtual host."""
+        vhost = self.broker.default_vhost
+        if vhost is None or ANNOUNCE_EXCHANGE not in vhost.exchanges:
+            return
+        channel = self._announcer
+        if channel is None:
+            channel = self._announcer = Channel(self.broker, vhost, f"peer:{self.node}", protocol="peer")
+        body = json.dumps(
+            {"node": self.node, "peer": peer, "event": event, "links": sorted(self.links)},
+            separators=(",", ":"),
+        ).encode()
+        message = channel.make_message(ANNOUNCE_EXCHANGE, ANNOUNCE_KEY, None, body)
+        message.properties = {"content_type": "application/json"}
+        try:
+            channel.publish(ANNOUNCE_EXCHANGE, ANNOUNCE_KEY, message)
+        except BrokerError as e:
+            log.warn("mesh: cannot announce a link on system.peers: {error}", error=e.message)
 
     # -- interest -------------------------------------------------------------
 
@@ -332,6 +469,9 @@ class Mesh(Service, Observer):
 
     def remote_sync(self, link: LinkProtocol, keys: set[Key]) -> None:
         """The peer of C{link} wants C{keys} and nothing else."""
+        if link.outbound:
+            # The peer took the link (it syncs only then): not refused.
+            self._refusals.pop(link.dialer, None)
         for key in list(link.remote):
             if key not in keys:
                 self._unbind(link, key)
@@ -410,24 +550,38 @@ class Mesh(Service, Observer):
             encoded = self._encoded = (message, vhost, chunks, sum(map(len, chunks)))
         link.send_message(encoded[2], encoded[3])
 
-    def received(self, link: LinkProtocol, payload: bytes) -> None:
+    def received(self, link: LinkProtocol, vhost_name: str, message: Any) -> None:
         """A message from C{link}'s peer: published here, for this node's
-        subscribers only."""
-        vhost_name, message = wire.decode_message(payload)
-        vhost = self.broker.vhosts.get(vhost_name)
-        if vhost is None:
-            link.refused += 1
-            return
-        channel = self._channel(link, vhost)
+        subscribers only (through the link's channel, each exchange + key
+        resolved once, as STOMP's SEND does)."""
+        targets = link.targets
+        k = (vhost_name, message.exchange, message.routing_key)
+        found = targets.get(k)
+        if found is None or found[1][4].deleted:
+            vhost = self.broker.vhosts.get(vhost_name)
+            if vhost is None:
+                link.refused += 1
+                return
+            channel = self._channel(link, vhost)
+            try:
+                found = (channel, channel.target(message.exchange, message.routing_key))
+            except BrokerError:
+                link.refused += 1
+                return
+            if len(targets) >= TARGET_CACHE_SIZE:
+                targets.clear()
+            targets[k] = found
+        # An id of this node's (docs/cluster.rst): the sender's may meet
+        # this node's own, and the store needs them increasing.
+        message.id = self._next_id()
         self.inbound = message
         try:
-            published = channel.publish(message.exchange, message.routing_key, message)
+            durable = found[0].publish_target(found[1], message)
         except BrokerError:
             link.refused += 1
             return
         finally:
             self.inbound = None
-        durable = published.durable
         if durable is not None:
             durable.addErrback(
                 lambda f: log.failure("mesh: a message from {link} was not stored", f, link=link.describe())

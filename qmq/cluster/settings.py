@@ -62,6 +62,15 @@ def _check_peers(value: list[object]) -> tuple[str, ...]:
     return tuple(peers)
 
 
+def _check_advertise(value: str) -> str:
+    if not value:
+        return value
+    from qmq.cluster.endpoints import parse_peer  # noqa: PLC0415
+
+    parse_peer(value)
+    return value
+
+
 def _pem(kind: str) -> Any:
     def check(value: str) -> str:
         if not value:
@@ -86,6 +95,9 @@ class ClusterSettings:
     @ivar private_key: this node's private key (PEM, unencrypted).
     @ivar allow_plaintext: allow C{tcp:} peers and C{peer:tcp:} listeners
         (no TLS, no authentication of the peer: tests only).
+    @ivar advertise: how other nodes dial this one (a client endpoint
+        string, as in C{peers}), told to every peer: a node that knows one
+        peer of a mesh learns the others and joins them; empty: not told.
     @ivar heartbeat: seconds between heart-beats on a link; a link that
         hears nothing for three of them is closed.
     @ivar max_frame: most bytes one link frame may hold (a message with
@@ -109,6 +121,13 @@ class ClusterSettings:
     certificate: str = field(default="", metadata={"parse": _pem("certificates")})
     private_key: str = field(default="", metadata={"parse": _pem("private key")})
     allow_plaintext: bool = False
+    advertise: str = field(
+        default="",
+        metadata={
+            "parse": _check_advertise,
+            "expected": "a client endpoint string (\"ssl:host=H:port=P\") or \"\"",
+        },
+    )
     heartbeat: float = field(default=5.0, metadata={"min": 0.1, "max": 3600})
     max_frame: int = field(default=16 * 1024 * 1024, metadata={"min": 1024})
     link_buffer: int = field(default=64 * 1024 * 1024, metadata={"min": 65536})

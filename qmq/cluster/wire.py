@@ -7,12 +7,14 @@ A link carries frames back to back, each::
     u8  type     one of the constants below
     ... payload
 
-Control frames (hello, interest, close) are small JSON objects; a ping and
-its pong carry the sender's clock as a big-endian double; a message frame
+Control frames (hello, interest, sync, peers, close) are small JSON
+objects; a ping and its pong carry the sender's clock as a big-endian double; a message frame
 carries a publish record of the commit log (L{qmq.store.record}, with no
 queue names), so a message crosses a link with everything the core's model
-holds: its id, exchange and routing key, properties, typed headers, body,
-priority, expiry, delivery time, ack timeout and persistence. The record's
+holds: exchange and routing key, properties, typed headers, body,
+timestamp, priority, expiry, delivery time, ack timeout and persistence
+(and the sender's id, which the receiving node replaces with one of its
+own: L{qmq.cluster.mesh}). The record's
 own frame (length, type, CRC) is kept: a damaged record is refused.
 
 Why not STOMP frames: STOMP's headers are text, and the core's typed
@@ -40,6 +42,7 @@ __all__ = [
     "INTEREST",
     "MESSAGE",
     "PING",
+    "PEERS",
     "PONG",
     "SYNC",
     "VERSION",
@@ -63,8 +66,9 @@ INTEREST = 4
 SYNC = 5
 MESSAGE = 6
 CLOSE = 7
+PEERS = 8
 
-NAMES = {HELLO: "hello", PING: "ping", PONG: "pong", INTEREST: "interest", SYNC: "sync", MESSAGE: "message", CLOSE: "close"}
+NAMES = {HELLO: "hello", PING: "ping", PONG: "pong", INTEREST: "interest", SYNC: "sync", MESSAGE: "message", CLOSE: "close", PEERS: "peers"}
 
 _HEADER = struct.Struct(">IB")
 HEADER_SIZE = _HEADER.size
@@ -130,66 +134,123 @@ def encode_message(vhost: bytes, message: Message) -> list[bytes]:
     ]
 
 
-def decode_message(payload: bytes) -> tuple[str, Message]:
-    """The virtual host's name and the message in a message frame.
+def decode_message(payload: bytes, start: int = 0, end: int | None = None) -> tuple[str, Message]:
+    """The virtual host's name and the message in a message frame's
+    payload, C{payload[start:end]} (L{Decoder} does the same faster).
 
     @raise FrameError: it is not a whole, undamaged publish record.
     """
-    if len(payload) < record.FRAME_SIZE:
-        raise FrameError("bad message frame: too short")
-    length, type_, crc = record.FRAME.unpack_from(payload)
-    if type_ != record.RECORD_PUBLISH or length != len(payload) - record.FRAME_SIZE:
-        raise FrameError("bad message frame: not a publish record")
-    body = memoryview(payload)[record.FRAME_SIZE :]
-    if record.record_crc(type_, body) != crc:
-        raise FrameError("bad message frame: checksum")
-    try:
-        fields = record.decode_publish_fields(payload, record.FRAME_SIZE, len(payload))
-    except record.RecordError as e:
-        raise FrameError(f"bad message frame: {e}") from None
-    (mid, ts, expiry, prio, flags, vhost, exchange, key, headers, _, body_bytes, extra) = fields
-    message = Message(
-        mid, exchange, key, headers, bytes(body_bytes), ts, bool(flags & record.FLAG_PERSISTENT), prio, expiry
-    )
-    if extra is not None:
-        message.properties, message.deliver_at, message.ack_timeout = extra
-    return vhost, message
+    return Decoder().decode(payload, start, len(payload) if end is None else end, check=True)
+
+
+class Decoder:
+    """Decodes one link's message frames.
+
+    The record's own frame is checked (its type and length) and, with
+    C{check}, its CRC (a link leaves integrity to TCP and TLS, and does not
+    pay it per message). A link's messages repeat their exchange, routing
+    key, headers and properties: the last of each is reused when the same
+    comes again, so a publisher's stream shares one headers dict (which
+    nothing changes once published, L{qmq.core.message}) and the core checks
+    it and the routing key once (L{qmq.core.channel.Channel.publish}).
+    """
+
+    __slots__ = ("_strings", "_model")
+
+    def __init__(self) -> None:
+        self._strings: dict[str, str] = {}
+        self._model: tuple[Any, Any, Any] = (None, None, None)
+
+    def decode(self, data: bytes, start: int, end: int, check: bool = False) -> tuple[str, Message]:
+        head = start + record.FRAME_SIZE
+        if end - start < record.FRAME_SIZE:
+            raise FrameError("bad message frame: too short")
+        length, type_, crc = record.FRAME.unpack_from(data, start)
+        if type_ != record.RECORD_PUBLISH or length != end - head:
+            raise FrameError("bad message frame: not a publish record")
+        if check and record.record_crc(type_, memoryview(data)[head:end]) != crc:
+            raise FrameError("bad message frame: checksum")
+        try:
+            fields = record.decode_publish_fields(data, head, end)
+        except record.RecordError as e:
+            raise FrameError(f"bad message frame: {e}") from None
+        (mid, ts, expiry, prio, flags, vhost, exchange, key, headers, _, body, extra) = fields
+        strings = self._strings
+        if len(strings) > 4096:
+            strings.clear()
+        exchange = strings.setdefault(exchange, exchange)
+        key = strings.setdefault(key, key)
+        message = Message(mid, exchange, key, headers, body, ts, bool(flags & record.FLAG_PERSISTENT), prio, expiry)
+        if headers is not None or extra is not None:
+            last_headers, last_properties, _ = self._model
+            if headers is not None and headers == last_headers:
+                message.headers = last_headers
+            properties = None
+            if extra is not None:
+                properties, message.deliver_at, message.ack_timeout = extra
+                if properties is not None and properties == last_properties:
+                    properties = last_properties
+                message.properties = properties
+            self._model = (message.headers, properties, None)
+        return vhost, message
 
 
 class FrameReader:
     """Whole frames out of a byte stream (see the module docstring).
+
+    A read that holds whole frames is parsed where it is (no copy); the
+    tail of a frame still arriving is kept in chunks, joined once the frame
+    is whole (a large frame is copied once, not once per read).
 
     @ivar max_frame: most bytes a frame may announce.
     """
 
     def __init__(self, max_frame: int) -> None:
         self.max_frame = max_frame
-        self._buffer = bytearray()
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self._need = 0
 
     @property
     def buffered(self) -> int:
         """Bytes held for a frame not yet whole."""
-        return len(self._buffer)
+        return self._size
 
-    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
-        """The frames completed by C{data}, as C{(type, payload)}.
+    def feed(self, data: bytes) -> tuple[bytes, list[tuple[int, int, int]]]:
+        """The frames completed by C{data}: the bytes they are in, and each
+        frame as C{(type, start, end)} of its payload in them.
 
         @raise FrameError: a frame announces more than C{max_frame}, or none.
         """
-        buffer = self._buffer
-        buffer += data
+        if self._chunks:
+            self._chunks.append(data)
+            self._size += len(data)
+            if self._size < self._need:
+                return b"", []
+            buffer = b"".join(self._chunks)
+            self._chunks = []
+            self._size = 0
+        else:
+            buffer = data
         frames = []
         pos = 0
         end = len(buffer)
+        unpack = _HEADER.unpack_from
+        limit = self.max_frame
+        need = HEADER_SIZE
         while end - pos >= HEADER_SIZE:
-            length, type_ = _HEADER.unpack_from(buffer, pos)
-            if length < 1 or length > self.max_frame:
-                raise FrameError(f"a frame of {length} bytes (at most {self.max_frame})")
+            length, type_ = unpack(buffer, pos)
+            if length < 1 or length > limit:
+                raise FrameError(f"a frame of {length} bytes (at most {limit})")
             stop = pos + 4 + length
             if stop > end:
+                need = 4 + length
                 break
-            frames.append((type_, bytes(buffer[pos + HEADER_SIZE : stop])))
+            frames.append((type_, pos + HEADER_SIZE, stop))
             pos = stop
-        if pos:
-            del buffer[:pos]
-        return frames
+        if pos < end:
+            rest = buffer[pos:]
+            self._chunks = [rest]
+            self._size = len(rest)
+            self._need = need
+        return buffer, frames

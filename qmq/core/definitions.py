@@ -262,7 +262,6 @@ def _name(value: object, item: str) -> str:
 #: Most characters of a user name (the HTTP API's users endpoints say the same).
 MAX_USER_NAME = 128
 
-
 _CONTROL = re.compile("[\x00-\x1f\x7f]")
 
 
@@ -366,8 +365,8 @@ def parse(document: object) -> Definitions:
     unknown = sorted(set(doc) - {*SECTIONS, "qmq_version"})
     if unknown:
         raise InvalidDefinitions(unknown[0], f"unknown key (expected one of: {', '.join(SECTIONS)}, qmq_version)")
-    if "qmq_version" in doc:
-        _string(doc["qmq_version"], "qmq_version")
+    if not isinstance(doc.get("qmq_version", ""), str):
+        raise InvalidDefinitions("qmq_version", "expected a string (the exporting broker's version)")
     count = 0
     parsed: dict[str, Any] = {}
     for section in SECTIONS:
@@ -405,12 +404,17 @@ def parse(document: object) -> Definitions:
                         raise InvalidDefinitions(f"{where}.{key}", "missing")
                     continue
                 values[key] = check(raw[key], f"{where}.{key}")
-            out.append(cls(**values))
+            item = cls(**values)
+            if section == "permissions":
+                _check_patterns(item, where)
+            out.append(item)
         parsed[section] = tuple(out)
     return Definitions(**parsed)
 
 
 def _check_patterns(p: PermissionDefinition, where: str) -> None:
+    import re  # noqa: PLC0415
+
     from qmq.auth.permissions import compile_pattern  # noqa: PLC0415
 
     for key in ("configure", "write", "read"):
@@ -467,8 +471,6 @@ def _plan(broker: Any, defs: Definitions) -> _Plan:
         vhost_of(item, p.vhost)
         if auth is None:
             raise DefinitionConflict(item, "authentication is off on this broker, so it keeps no permissions")
-        # Regular expressions, which no schema of the document can check.
-        _check_patterns(p, f"permissions[{i}]")
         if p.user not in auth.users and p.user not in imported_users:
             raise DefinitionConflict(item, f"no user {p.user!r} on this broker or in the document")
         have = auth.permission(p.vhost, p.user)

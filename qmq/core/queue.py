@@ -78,7 +78,7 @@ from qmq.core.policy import (
     OVERFLOW_POLICIES,
     QueuePolicy,
 )
-from qmq.core.timers import QueueTimers
+from qmq.core.timers import CONSUMED, QueueTimers
 
 if TYPE_CHECKING:
     from twisted.internet.interfaces import IDelayedCall
@@ -90,6 +90,7 @@ if TYPE_CHECKING:
 # The policy names are re-exported for the modules that still import them
 # from here (their home is qmq.core.policy).
 __all__ = [
+    "CONSUMED",
     "DEAD_LETTER_REASONS",
     "DISCARD_REASONS",
     "Queue",
@@ -394,10 +395,11 @@ class Queue(QueueTimers):
     def publish(self, message: Message) -> bool | None:
         """Deliver C{message} to a ready consumer or keep it in order.
 
-        @return: None, or True when the queue did not take the message (it
-            could never fit, it had expired already; a duplicate, for
-            L{qmq.core.guarantee}): then the store is not told of it for
-            this queue.
+        @return: None, or a true value when the queue did not keep the
+            message (it could never fit, it had expired already; a
+            duplicate, for L{qmq.core.guarantee}; L{CONSUMED}: a consumer
+            that does not ack took it at once): then the store is not told
+            of it for this queue.
 
         A message whose expiry time has passed is discarded (dead-lettered
         as C{expired}); one whose delivery time has not come waits, out of
@@ -435,6 +437,8 @@ class Queue(QueueTimers):
                             self._arm_ack(c, message)
                     else:
                         c.deliver(message, self)
+                        # Gone for good (nobody acks it): nothing to keep.
+                        return CONSUMED
                     return
         size = len(message.body)
         policy = self.policy
@@ -754,6 +758,10 @@ class Queue(QueueTimers):
                     self._arm_ack(c, message)
             else:
                 c.deliver(message, self)
+                if message.persistent and self.store is not None:
+                    # Delivered to a consumer that does not ack: it left
+                    # the queue for good, as an ack says (the store kept it).
+                    self.store.settle(self, message, "ack")
 
     def _drain_next_turn(self) -> None:
         """Go on draining on the next reactor turn (once, however often asked)."""

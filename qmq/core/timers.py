@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import itertools
 from heapq import heapify, heappop, heappush
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from qmq.core.errors import ResourceLimit
 
@@ -53,6 +53,25 @@ _NEVER = float("inf")
 # A tie-breaker for heap entries with equal times, so that the heaps never
 # compare messages or consumers.
 _timer_order = itertools.count()
+
+
+class _Consumed:
+    """L{CONSUMED}'s class: true, as every "not kept" answer of publish."""
+
+    __slots__ = ()
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return "CONSUMED"
+
+
+#: What L{qmq.core.queue.Queue.publish} returns for a message a consumer that does not ack
+#: took at once: the queue keeps nothing of it, so a publish does not store
+#: it for this queue, and a message the store kept already (a delayed one
+#: whose time came) is settled by the caller.
+CONSUMED: Any = _Consumed()
 
 
 class QueueTimers:
@@ -113,7 +132,10 @@ class QueueTimers:
                 self._bytes += len(message.body)
             else:
                 try:
-                    self.publish(message)
+                    if self.publish(message) is CONSUMED and message.persistent:
+                        # Kept by the store while it waited; gone now.
+                        if self.store is not None:
+                            self.store.settle(self, message, "ack")
                 except ResourceLimit:
                     # Full, and refusing publishes: it cannot wait any more.
                     self._discard(message, "maxlen")

@@ -449,7 +449,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     progress = Progress(args.job, args.progress)
-    spark = session(_master(args.master), f"qmq-{args.job}")
+    # The job's own progress lines replace Spark's console bar (which would
+    # draw over them on the same terminal).
+    spark = session(_master(args.master), f"qmq-{args.job}",
+                    **{"spark.ui.showConsoleProgress": "false"})
     if args.job == "archive":
         n = archive(spark, args, progress)
         print(f"archived {n} new row(s) into {args.out}")

@@ -207,6 +207,33 @@ class BrokerCollector:
         st = GaugeMetricFamily("qmq_store_failed", "1 while the store cannot write (persistent publishes held).")
         st.add_metric([], 1 if failure else 0)
         yield st
+        # Without a mesh the link families are there, with no series.
+        mesh = getattr(broker, "mesh", None)
+        yield from _link_families(mesh.snapshot() if mesh is not None else [])
+
+
+def _link_families(links: list[dict[str, Any]]) -> Iterator[Any]:
+    """The mesh's links to other nodes (L{qmq.cluster.mesh.Mesh.snapshot}), by peer."""
+    up = GaugeMetricFamily("qmq_link_up", "1 for each link up to another node of the mesh.", labels=["peer"])
+    rtt = GaugeMetricFamily("qmq_link_rtt_seconds", "A link's last heart-beat round trip.", labels=["peer"])
+    messages = CounterMetricFamily("qmq_link_messages", "Messages over a link, by peer and direction (in, out).",
+                                   labels=["peer", "direction"])
+    sent = CounterMetricFamily("qmq_link_bytes", "Bytes of message frames over a link, by peer and direction.",
+                               labels=["peer", "direction"])
+    dropped = CounterMetricFamily("qmq_link_messages_dropped", "Messages dropped for a peer that did not read.",
+                                  labels=["peer"])
+    for link in links:
+        if link["state"] != "up":
+            continue
+        peer = link["node"]
+        up.add_metric([peer], 1)
+        if link["rtt_ms"] is not None:
+            rtt.add_metric([peer], link["rtt_ms"] / 1000)
+        for direction in ("in", "out"):
+            messages.add_metric([peer, direction], link[f"messages_{direction}"])
+            sent.add_metric([peer, direction], link[f"bytes_{direction}"])
+        dropped.add_metric([peer], link["dropped"])
+    yield from (up, rtt, messages, sent, dropped)
 
 
 #: Every family of the exposition and its type, as the parser names them
@@ -243,6 +270,11 @@ FAMILIES: dict[str, str] = {
     "qmq_disk_alarm_raised": "counter",
     "qmq_store_failed": "gauge",
     "qmq_fsync_seconds": "histogram",
+    "qmq_link_up": "gauge",
+    "qmq_link_rtt_seconds": "gauge",
+    "qmq_link_messages": "counter",
+    "qmq_link_bytes": "counter",
+    "qmq_link_messages_dropped": "counter",
 }
 
 

@@ -7,8 +7,9 @@
 // sockjs-binary, sockjs-services, qmqjs, qmqjs-reconnect, qmqjs-transaction, chat, tasks,
 // cross-site-form (which takes --evil URL: a page of another site) or
 // console (which takes --admin USER:PASSWORD, --user USER:PASSWORD and
-// --queue NAME: a queue the test filled) or console-open (the console of a
-// broker without authentication); BASE_URL
+// --queue NAME: a queue the test filled), console-manage (--admin and
+// --token JWT: the console's forms and token login) or console-open (the
+// console of a broker without authentication); BASE_URL
 // the broker's http(s)://127.0.0.1:PORT/. Over HTTPS, --spki gives the base64
 // SHA-256 of the test server certificate's public key, which Chromium is
 // told to accept (--ignore-certificate-errors-spki-list): nothing else is
@@ -275,6 +276,117 @@ const scenarios = {
       && attempts.every((a) => a.status === 403 || a.status === 415)
       && JSON.stringify(received) === JSON.stringify(["a", "b", "c"]);
     return { ok, published, attempts, received };
+  },
+
+  // The console's forms and its token login. A user who is no admin logs
+  // in with a token (--token, a JWT of the virtual host) and reads the
+  // overview's totals, which count every queue (the test made more than one
+  // page of the listing); the admin (--admin) makes an exchange, a queue
+  // with arguments (max length, TTL, dead-letter exchange) and a binding
+  // through the forms, at desktop width; then every tab, its forms open, is
+  // checked at phone width for horizontal overflow.
+  async "console-manage"(context) {
+    const [adminName, adminPassword] = option("--admin").split(":");
+    const token = option("--token");
+    const overflow = {};
+    const measure = async (page, who) => {
+      for (const tab of ["overview", "queues", "exchanges", "connections", "users"]) {
+        if (!(await page.locator(`#tabs a[data-tab=${tab}]`).isVisible())) continue;
+        await page.click(`#tabs a[data-tab=${tab}]`);
+        await page.locator(`#${tab}`).waitFor({ timeout: STEP });
+        for (const details of await page.locator(`#${tab} details`).all()) {
+          await details.evaluate((d) => { d.open = true; });
+        }
+        const width = await page.evaluate(() => [document.documentElement.scrollWidth, window.innerWidth]);
+        if (width[0] > width[1]) overflow[`${who}/${tab}`] = width;
+      }
+    };
+    // The token login, at phone width.
+    const viewer = await open(context, "/console/");
+    await viewer.setViewportSize({ width: 390, height: 844 });
+    await viewer.locator("#login-form").waitFor({ timeout: STEP });
+    await viewer.check("#login-mode-token");
+    const passwordShown = await viewer.locator("#login-user").isVisible();
+    await viewer.fill("#login-token", token);
+    await viewer.click("#login-form button[type=submit]");
+    await viewer.locator("#tabs").waitFor({ timeout: STEP });
+    const tokenUser = await viewer.locator("#user").innerText();
+    const tokenTabs = await viewer.locator("#tabs a:visible").allInnerTexts();
+    const card = (name) => viewer.locator(`#cards .card[data-card="${name}"] b`);
+    await card("queues").waitFor({ timeout: STEP });
+    const cards = { queues: await card("queues").innerText(), ready: await card("ready").innerText() };
+    const cardNote = await viewer.locator("#cards p.note").count();
+    if (screenshots) await viewer.screenshot({ path: join(screenshots, "console-token-phone.png") });
+    await measure(viewer, "token");
+
+    // The admin's forms, at desktop width.
+    const page = await open(context, "/console/");
+    await page.setViewportSize({ width: 1200, height: 820 });
+    await page.locator("#login-form").waitFor({ timeout: STEP });
+    await page.fill("#login-user", adminName);
+    await page.fill("#login-password", adminPassword);
+    await page.click("#login-form button[type=submit]");
+    await page.locator("#tabs").waitFor({ timeout: STEP });
+    const flashes = [];
+    const flashed = async (text) => {
+      await page.locator("#flash", { hasText: text }).waitFor({ timeout: STEP });
+      flashes.push(await page.locator("#flash").innerText());
+    };
+    await page.click("#tabs a[data-tab=exchanges]");
+    await page.click("#exchange-new summary");
+    await page.fill("#exchange-name", "console-ex");
+    await page.selectOption("#exchange-type", "topic");
+    await page.click("#exchange-form button[type=submit]");
+    await flashed("Created the exchange console-ex");
+    await page.locator('#exchange-table tr[data-name="console-ex"]').waitFor({ timeout: STEP });
+    await page.click("#tabs a[data-tab=queues]");
+    await page.click("#queue-new summary");
+    await page.fill("#queue-name", "console-made");
+    await page.fill("#queue-max-length", "10");
+    await page.selectOption("#queue-overflow", "reject-publish");
+    await page.fill("#queue-ttl", "60000");
+    await page.fill("#queue-dlx", "console-ex");
+    await page.fill("#queue-dlk", "dead");
+    await page.click("#queue-form button[type=submit]");
+    await flashed("Created the queue console-made");
+    // Past the first pages of the listing (the bulk queues come first): the
+    // next page, then the filter finds it.
+    await page.locator("#queues-next").click();
+    await page.locator("#queues-count", { hasText: /^501/ }).waitFor({ timeout: STEP });
+    const paged = await page.locator("#queues-count").innerText();
+    await page.fill("#queue-filter", "console-");
+    await page.locator("#queue-filter").dispatchEvent("change");
+    await page.locator('#queue-table tr[data-name="console-made"]').waitFor({ timeout: STEP });
+    // The same again: the broker has it, as declared.
+    await page.fill("#queue-name", "console-made");
+    await page.fill("#queue-max-length", "10");
+    await page.selectOption("#queue-overflow", "reject-publish");
+    await page.fill("#queue-ttl", "60000");
+    await page.fill("#queue-dlx", "console-ex");
+    await page.fill("#queue-dlk", "dead");
+    await page.click("#queue-form button[type=submit]");
+    await flashed("already exists");
+    await page.click("#tabs a[data-tab=exchanges]");
+    await page.click("#binding-new summary");
+    await page.locator('#binding-exchange option[value="console-ex"]').waitFor({ state: "attached", timeout: STEP });
+    await page.selectOption("#binding-exchange", "console-ex");
+    await page.fill("#binding-queue", "console-made");
+    await page.fill("#binding-key", "orders.#");
+    await page.click("#binding-form button[type=submit]");
+    await flashed("Created the binding of console-made to console-ex");
+    const binding = page.locator("#binding-table tr", { hasText: "orders.#" });
+    await binding.waitFor({ timeout: STEP });
+    const bound = await binding.locator("td").allInnerTexts();
+    if (screenshots) await page.screenshot({ path: join(screenshots, "console-forms-desktop.png"), fullPage: true });
+    await page.setViewportSize({ width: 390, height: 844 });
+    await measure(page, "admin");
+    await page.click("#tabs a[data-tab=queues]");
+    if (screenshots) await page.screenshot({ path: join(screenshots, "console-forms-phone.png") });
+    const errors = [...viewer.errors, ...page.errors].filter((e) => !e.startsWith("Failed to load resource"));
+    const ok = !passwordShown && Object.keys(overflow).length === 0 && errors.length === 0
+      && !tokenTabs.includes("Users") && flashes.length === 4;
+    return { ok, password_shown: passwordShown, token_user: tokenUser, token_tabs: tokenTabs, cards,
+      card_note: cardNote, flashes, paged, bound, overflow, errors };
   },
 
   // The console of a broker without authentication: no login, every tab;

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
+import time
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +188,37 @@ class PikaBlockingTests(AmqpBrokerCase):
         self.assertEqual(out["405"][0], 405)
         self.assertEqual(out["406"], (406, "PRECONDITION_FAILED - unknown delivery tag 42"))
         self.assertEqual(out["406 args"][0], 406)
+
+    @defer.inlineCallbacks
+    def test_direct_reply_to(self) -> Any:
+        """RPC over RabbitMQ's direct reply-to, as pika's docs do it."""
+
+        def scenario() -> tuple:
+            requester = pika.BlockingConnection(self.params())
+            ch = requester.channel()
+            ch.queue_declare("rpc")
+            replies = []
+            ch.basic_consume("amq.rabbitmq.reply-to", lambda c, m, p, b: replies.append((p.correlation_id, b)),
+                             auto_ack=True)
+            ch.basic_publish("", "rpc", b"ping",
+                             pika.BasicProperties(reply_to="amq.rabbitmq.reply-to", correlation_id="7"))
+            responder = pika.BlockingConnection(self.params())
+            rch = responder.channel()
+            method, props, body = None, None, None
+            deadline = time.monotonic() + TIMEOUT
+            while method is None and time.monotonic() < deadline:
+                method, props, body = rch.basic_get("rpc", auto_ack=True)
+            rch.basic_publish("", props.reply_to, body.replace(b"i", b"o"),
+                              pika.BasicProperties(correlation_id=props.correlation_id))
+            while not replies and time.monotonic() < deadline:
+                requester.process_data_events(time_limit=0.2)
+            responder.close()
+            requester.close()
+            return replies, props.reply_to
+
+        replies, reply_to = yield deferToThread(scenario)
+        self.assertEqual(replies, [("7", b"pong")])
+        self.assertTrue(reply_to.startswith("amq.rabbitmq.reply-to."))
 
     @defer.inlineCallbacks
     def test_heartbeats(self) -> Any:

@@ -10,12 +10,22 @@ connections; and checks at phone width (390x844) that no tab overflows
 horizontally. It takes screenshots (desktop and phone) into a temporary
 directory (C{QMQ_SCREENSHOTS}, when set, keeps them: the ones in
 docs/images/ were made so).
+
+C{console-manage} (L{ConsoleManageTests}): a user who is no admin logs in
+with a token (a JWT signed with the virtual host's key) at phone width and
+reads the overview's totals over 1,100 queues (more than one page of the
+listing: the console walks every page); the admin makes an exchange, a
+queue with arguments (max length, overflow, TTL, dead-letter exchange and
+key) and a binding through the console's forms, pages through the queues
+and finds the new one by its prefix; the broker has them as declared; every
+tab with its forms open fits at phone width.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,15 +44,25 @@ ADMIN = ("admin", "Adm1n-console")
 ALICE = ("alice", "al1ce-console")
 QUEUE = "orders"
 DEPTH = 7
+#: Queues of one message each made for the totals: more than one page of
+#: the console's listing (500) and of its walk's pages (1,000 a page is the
+#: walk's; 1,100 needs two).
+BULK = 1100
+#: The token key of the virtual host "/" (HS256: at least 32 bytes).
+TOKEN_KEY = b"console-token-key-0123456789abcdef"
 
 
-class ConsoleTests(unittest.TestCase):
-    """The console, clicked through by an admin and by a user."""
+class ConsoleBroker(unittest.TestCase):
+    """A broker with authentication on (an admin, a user, a token key) and
+    an C{http:} and a STOMP listener, for the console's scenarios."""
 
     skip = missing()
 
     def setUp(self) -> Any:
         data = Path(self.mktemp())
+        data.mkdir(parents=True)
+        key = data.parent / "token.key"
+        key.write_bytes(TOKEN_KEY)
         settings = config.load_string(
             'listen = ["http:tcp:0:interface=127.0.0.1", "stomp:tcp:0:interface=127.0.0.1"]\n'
             f"data_dir = {json.dumps(str(data))}\n"
@@ -51,6 +71,7 @@ class ConsoleTests(unittest.TestCase):
             f"[users.alice]\npassword = \"{hash_password(ALICE[1], 4)}\"\n"
             '[vhosts."/".permissions.admin]\nconfigure = ".*"\nwrite = ".*"\nread = ".*"\n'
             '[vhosts."/".permissions.alice]\nconfigure = ".*"\nwrite = ".*"\nread = ".*"\n'
+            f'[vhosts."/".tokens]\nalgorithm = "HS256"\nkey_file = {json.dumps(str(key))}\nread = ".*"\n'
         )
         self.service = make_service(settings, reactor)
         self.service.startService()
@@ -75,6 +96,11 @@ class ConsoleTests(unittest.TestCase):
             listener.wait_on_receipt()
         finally:
             conn.disconnect()
+
+
+
+class ConsoleTests(ConsoleBroker):
+    """The console, clicked through by an admin and by a user."""
 
     @defer.inlineCallbacks
     def test_console(self) -> Any:
@@ -107,3 +133,64 @@ class ConsoleTests(unittest.TestCase):
         # The queue is empty in the broker itself, not only on the page.
         queue = self.service.broker.vhosts["/"].queues[QUEUE]
         self.assertEqual(len(queue), 0)
+
+
+class ConsoleManageTests(ConsoleBroker):
+    """The console's forms (a queue with arguments, an exchange, a binding),
+    its token login, and totals over more queues than one listing page."""
+
+    def bulk(self) -> None:
+        """BULK queues of one persistent message each, over STOMP (in a thread)."""
+        conn = stomp.Connection([("127.0.0.1", self.stomp_port)], heartbeats=(0, 0))
+        listener = stomp.listener.WaitingListener("bulk")
+        conn.set_listener("wait", listener)
+        conn.connect(*ADMIN, wait=True)
+        try:
+            for i in range(BULK):
+                headers = {"receipt": "bulk"} if i == BULK - 1 else {}
+                conn.send(f"/queue/bulk-{i:04d}", "x", headers=headers)
+            listener.wait_on_receipt()
+        finally:
+            conn.disconnect()
+
+    @defer.inlineCallbacks
+    def test_console_manage(self) -> Any:
+        import jwt  # noqa: PLC0415
+
+        yield deferToThread(self.bulk)
+        token = jwt.encode({"sub": "viewer", "exp": int(time.time()) + 600}, TOKEN_KEY, algorithm="HS256")
+        shots = str(Path(os.environ.get("QMQ_SCREENSHOTS") or self.mktemp()).resolve())
+        Path(shots).mkdir(parents=True, exist_ok=True)
+        args = [str(BROWSER / "run.mjs"), "console-manage", self.base, "--screenshots", shots,
+                "--admin", ":".join(ADMIN), "--token", token]
+        d = getProcessOutputAndValue(NODE, args, env=dict(os.environ), path=str(BROWSER))
+        d.addTimeout(TIMEOUT, reactor)
+        out, err, code = yield d
+        lines = out.decode("utf-8", "replace").strip().splitlines()
+        try:
+            result = json.loads(lines[-1])
+        except (IndexError, ValueError):
+            self.fail(f"no result from run.mjs (exit {code}): {err.decode()[-2000:]}")
+        if code == 3:
+            raise unittest.SkipTest(result["error"])
+        self.assertTrue(result.get("ok"), json.dumps(result)[:3000])
+        # The token's subject, no admin tab; the totals of every queue.
+        self.assertEqual(result["token_user"], "viewer")
+        self.assertEqual(result["token_tabs"], ["Overview", "Queues", "Exchanges"])
+        self.assertEqual(result["cards"], {"queues": f"{BULK:,}", "ready": f"{BULK:,}"})
+        self.assertEqual(result["card_note"], 0)
+        self.assertEqual(result["overflow"], {})
+        self.assertEqual(result["bound"][:3], ["console-ex", "console-made", "orders.#"])
+        self.assertEqual(result["paged"], f"501–1,000 of {BULK + 1:,} queues")
+        # What the forms made is in the broker.
+        vhost = self.service.broker.vhosts["/"]
+        self.assertEqual(vhost.exchanges["console-ex"].type, "topic")
+        queue = vhost.queues["console-made"]
+        self.assertTrue(queue.durable)
+        self.assertEqual(queue.arguments, {"x-max-length": 10, "x-overflow": "reject-publish",
+                                           "x-message-ttl": 60000, "x-dead-letter-exchange": "console-ex",
+                                           "x-dead-letter-routing-key": "dead"})
+        bindings = [(target.name, key) for target, key, _ in vhost.exchanges["console-ex"].bindings()]
+        self.assertIn(("console-made", "orders.#"), bindings)
+        for name in ("console-token-phone.png", "console-forms-desktop.png", "console-forms-phone.png"):
+            self.assertTrue((Path(shots) / name).stat().st_size > 0, name)

@@ -6,6 +6,7 @@ only an administrator calls (C{http_api.admins}; each handler starts with
 C{_require_admin} or C{_auth}, which checks it):
 
     /api/v1/connections -> the broker's connection registry: list, close
+    /api/v1/links -> the mesh's links to other nodes (L{qmq.cluster.mesh})
     /api/v1/users -> the authenticator's users (L{qmq.auth}): list, show,
       create or change (a password is hashed in a thread), delete (the
       user's open connections close, as RabbitMQ does)
@@ -95,6 +96,14 @@ class AdminMixin:
                 }
             )
         return json_response({"connections": rows, **meta})
+
+    def h_list_links(self, request: Request) -> Response:
+        """This node's links to the other nodes of its mesh, with their
+        counters (an empty list without a mesh)."""
+        self._require_admin(request)
+        mesh = getattr(self.broker, "mesh", None)
+        links = mesh.snapshot() if mesh is not None else []
+        return json_response({"node": self.broker.node, "links": links})
 
     def h_close_connection(self, request: Request, connection: str) -> Response:
         self._require_admin(request)

@@ -14,6 +14,7 @@ from typing import Any
 
 from qmq.core.message import PROPERTY_NAMES
 from qmq.core.options import MAX_ACK_TIMEOUT, MAX_EPOCH_MS, MAX_PRIORITY, MAX_SPAN_MS
+from qmq.core.policy import QUEUE_ARGUMENTS
 from qmq.web.api.codec import MAX_HEADER_TEXT
 from qmq.web.api.settings import ApiSettings
 
@@ -101,6 +102,8 @@ SCRYPT_HASH = (
     f"\\$(?:(?:{_B}{{4}}){{3,}}(?:{_B}{{2}}==|{_B}{{3}}=)?|{_B}{{11}}=)"
     f"\\$(?:(?:{_B}{{4}}){{6,}}(?:{_B}{{2}}==|{_B}{{3}}=)?|{_B}{{20}}(?:{_B}{{2}}==|{_B}{{3}}=))$"
 )
+#: A permission's pattern: a regular expression ({user} stands for the user's name).
+PATTERN = {"type": "string", "format": "regex", "default": ""}
 #: A receipt handle, TOKEN.TAG (qmq.web.api.frontend.parse_handle).
 HANDLE = {"type": "string", "maxLength": 128, "pattern": "^.+\\.[0-9]{1,18}$",
           "description": "A receipt handle from a receive (TOKEN.TAG)."}
@@ -433,8 +436,8 @@ def _schemas(s: ApiSettings) -> dict:
             "properties": {
                 "durable": {"type": "boolean", "default": True},
                 "auto_delete": {"type": "boolean", "default": False},
-                "arguments": {"type": "object", "description": "x-max-length, x-max-length-bytes, x-overflow, "
-                              "x-expires, x-delivery-limit (as in STOMP and the configuration)."},
+                "arguments": {"type": "object", "description": ", ".join(QUEUE_ARGUMENTS)
+                              + " (as in STOMP and the configuration)."},
             },
         },
         "Exchange": {
@@ -474,6 +477,22 @@ def _schemas(s: ApiSettings) -> dict:
             "required": ["id", "protocol", "peer", "user"],
             "properties": {"id": {"type": "string"}, "protocol": {"type": "string"}, "peer": {"type": "string"},
                            "user": {"type": "string"}},
+        },
+        "Link": {
+            "type": "object",
+            "description": "A link to another node of the mesh, with its counters.",
+            "required": ["node", "direction", "address", "state", "messages_out", "bytes_out",
+                         "messages_in", "bytes_in", "dropped", "refused", "buffered_bytes", "peer_interest"],
+            "properties": {
+                "node": {"type": "string"}, "direction": {"type": "string", "enum": ["in", "out"]},
+                "address": {"type": "string"}, "state": {"type": "string"},
+                "up_seconds": {"type": ["number", "null"]}, "rtt_ms": {"type": ["number", "null"]},
+                "messages_out": {"type": "integer"}, "bytes_out": {"type": "integer"},
+                "messages_in": {"type": "integer"}, "bytes_in": {"type": "integer"},
+                "dropped": {"type": "integer"}, "refused": {"type": "integer"},
+                "buffered_bytes": {"type": "integer"},
+                "peer_interest": {"type": "array", "items": {"type": "string"}},
+            },
         },
         "User": {
             "type": "object",
@@ -515,8 +534,7 @@ def _schemas(s: ApiSettings) -> dict:
             "additionalProperties": False,
             "description": "Regular expressions searched for in resource names; empty (the default) allows "
             "nothing; {user} stands for the user's name.",
-            "properties": {"configure": {"type": "string", "default": ""}, "write": {"type": "string", "default": ""},
-                           "read": {"type": "string", "default": ""}},
+            "properties": {"configure": PATTERN, "write": PATTERN, "read": PATTERN},
         },
         "Page": {
             "type": "object",
@@ -755,6 +773,11 @@ def document(s: ApiSettings | None = None) -> dict:
             "Close a connection", _ok({"type": "object", "required": ["closed"],
                                        "properties": {"closed": {"type": "string"}}}), 404,
             params=[_path_param("connection", "The id from the listing.")], tag="management")},
+        "/api/v1/links": {"get": _op(
+            "List the mesh's links", _ok({"type": "object", "required": ["node", "links"], "properties": {
+                "node": {"type": "string"}, "links": {"type": "array", "items": _ref("Link")}}}),
+            tag="management", description="This node's links to the other nodes of its mesh "
+            "(docs/cluster.rst); an empty list without one. " + ADMIN_ONLY)},
         "/api/v1/users": {"get": _op("List users", _ok(_list("users", "User")), 400, params=_paging(s),
                                      tag="users", description=ADMIN_ONLY)},
         "/api/v1/users/{user}": {
@@ -813,8 +836,9 @@ def document(s: ApiSettings | None = None) -> dict:
 
 def _definitions() -> tuple[dict, dict]:
     """C{/api/v1/definitions} (L{qmq.web.api.definitions}): its paths and schemas."""
-    name = {"type": "string", "minLength": 1}
-    user = {"type": "string", "minLength": 1, "maxLength": 128, "pattern": NAME["pattern"]}
+    name = NAME
+    # A user's name: the core's import takes at most 128 characters.
+    user = {**NAME, "maxLength": 128}
     arguments = {"type": "object", "default": {}}
     item = {"type": "object", "additionalProperties": False}
     schemas = {
@@ -834,8 +858,7 @@ def _definitions() -> tuple[dict, dict]:
                     "certificate_names": {"type": "array", "items": name, "default": []}}}},
                 "vhosts": {"type": "array", "items": {**item, "required": ["name"], "properties": {"name": name}}},
                 "permissions": {"type": "array", "items": {**item, "required": ["vhost", "user"], "properties": {
-                    "vhost": name, "user": user, "configure": {"type": "string", "default": ""},
-                    "write": {"type": "string", "default": ""}, "read": {"type": "string", "default": ""}}}},
+                    "vhost": name, "user": user, "configure": PATTERN, "write": PATTERN, "read": PATTERN}}},
                 "exchanges": {"type": "array", "items": {**item, "required": ["vhost", "name", "type"],
                                                          "properties": {
                     "vhost": name, "name": EXCHANGE_NAME, "type": {"enum": ["direct", "fanout", "topic", "headers"]},

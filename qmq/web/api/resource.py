@@ -159,6 +159,7 @@ class ApiResource(HealthHandlers, TopologyMixin, AdminMixin, DefinitionsMixin, R
         ("DELETE", ("v1", "vhosts", "{vhost}", "bindings"), "delete_binding"),
         ("GET", ("v1", "connections"), "list_connections"),
         ("DELETE", ("v1", "connections", "{connection}"), "close_connection"),
+        ("GET", ("v1", "links"), "list_links"),
         ("GET", ("v1", "users"), "list_users"),
         ("GET", ("v1", "users", "{user}"), "get_user"),
         ("PUT", ("v1", "users", "{user}"), "put_user"),

@@ -8,12 +8,20 @@
 // (the site's guard, qmq/web/guard.py, refuses anything a form could send),
 // and goes to this page's own origin. Nothing is loaded from elsewhere: the
 // charts are drawn on <canvas> here.
+//
+// A user logs in with a password (HTTP Basic) or with a token of the virtual
+// host (a JWT, sent as a bearer token). Queues, exchanges and bindings are
+// made through the API's own PUT and POST, as a program would.
 
 const HISTORY = 60; // points per chart: five minutes at the default refresh (5 s)
 const LIST_LIMIT = 500;
+// The overview's totals walk every page of the queue listing (at most
+// WALK_PAGES pages of WALK_LIMIT queues: a bounded walk).
+const WALK_LIMIT = 1000;
+const WALK_PAGES = 100;
 
 const state = {
-  auth: null, // "Basic ..." or null (authentication off)
+  auth: null, // "Basic ..." or "Bearer ...", or null (authentication off)
   user: "",
   vhost: "/",
   vhosts: [],
@@ -24,6 +32,7 @@ const state = {
   poll: 5000, // ms between readings (the refresh selector)
   samples: [], // {t, counters: {kind: {protocol: n}}, memory, watermark, disk, diskLimit}
   browse: null, // {queue, cursor, start, end}
+  queueOffset: 0, // the Queues tab's page (offset into the listing)
 };
 
 const $ = (id) => document.getElementById(id);
@@ -59,6 +68,19 @@ function bytes(n) {
   return `${n.toFixed(i ? 1 : 0)} ${units[i]}`;
 }
 
+// The subject of a JWT, for the header (the broker checks the token; the
+// page only shows whom it names).
+function tokenSubject(token) {
+  try {
+    const part = token.split(".")[1].replace(/-/g, "+").replace(/_/g, "/");
+    const text = atob(part + "=".repeat((4 - (part.length % 4)) % 4));
+    const bytes = Uint8Array.from(text, (c) => c.charCodeAt(0));
+    return String(JSON.parse(new TextDecoder().decode(bytes)).sub || "token");
+  } catch {
+    return "token";
+  }
+}
+
 function basic(user, password) {
   const raw = new TextEncoder().encode(`${user}:${password}`);
   let text = "";
@@ -76,7 +98,7 @@ class ApiError extends Error {
 
 // One request to the broker. body undefined: no body and no Content-Type;
 // otherwise JSON. Answers the parsed JSON (or text, for /metrics).
-async function call(method, path, body, { text = false } = {}) {
+async function call(method, path, body, { text = false, status = false } = {}) {
   const headers = { Accept: text ? "text/plain" : "application/json" };
   if (state.auth) headers.Authorization = state.auth;
   const init = { method, headers, credentials: "omit", cache: "no-store", redirect: "error" };
@@ -90,7 +112,8 @@ async function call(method, path, body, { text = false } = {}) {
     try { doc = await response.json(); } catch { /* not JSON */ }
     throw new ApiError(response.status, doc);
   }
-  return text ? response.text() : response.json();
+  const answer = await (text ? response.text() : response.json());
+  return status ? [response.status, answer] : answer;
 }
 
 function flash(message, error = false) {
@@ -112,8 +135,16 @@ function failed(e) {
 
 async function start() {
   $("login-form").addEventListener("submit", (e) => { e.preventDefault(); login(); });
+  for (const radio of document.querySelectorAll("input[name=login-mode]")) {
+    radio.addEventListener("change", loginMode);
+  }
   $("logout").addEventListener("click", () => logout(""));
-  $("vhost").addEventListener("change", () => { state.vhost = $("vhost").value; state.samples = []; show(state.tab); });
+  $("vhost").addEventListener("change", () => {
+    state.vhost = $("vhost").value;
+    state.samples = [];
+    state.queueOffset = 0;
+    show(state.tab);
+  });
   $("refresh").addEventListener("change", () => { state.poll = Number($("refresh").value); show(state.tab); });
   window.addEventListener("hashchange", () => show(location.hash.slice(1)));
   bindForms();
@@ -136,17 +167,31 @@ function showLogin(error) {
   $("login-error").hidden = !error;
 }
 
+// Password or token: only the chosen mode's fields are shown and required.
+function loginMode() {
+  const mode = $("login-mode-token").checked ? "token" : "password";
+  for (const label of document.querySelectorAll("#login-form [data-mode]")) {
+    const on = label.dataset.mode === mode;
+    label.hidden = !on;
+    for (const input of label.querySelectorAll("input, textarea")) input.required = on;
+  }
+}
+
 async function login() {
-  const user = $("login-user").value;
-  const auth = basic(user, $("login-password").value);
+  const token = $("login-mode-token").checked ? $("login-token").value.trim() : null;
+  const user = token ? tokenSubject(token) : $("login-user").value;
+  const auth = token ? `Bearer ${token}` : basic(user, $("login-password").value);
   const vhost = $("login-vhost").value || "/";
   $("login-error").hidden = true;
   try {
     await enter(auth, user, vhost);
     $("login-password").value = "";
+    $("login-token").value = "";
   } catch (e) {
     state.auth = null;
-    const why = e instanceof ApiError && e.status === 401 ? "Wrong user name or password."
+    const why = e instanceof ApiError && e.status === 401
+      ? (token ? "The token was refused (expired, or not signed with this virtual host's key)."
+        : "Wrong user name or password.")
       : e instanceof ApiError && e.status === 403 ? `${user} may not use the virtual host ${vhost}.`
       : String(e.message || e);
     showLogin(why);
@@ -190,6 +235,7 @@ function logout(message) {
   state.metrics = null;
   state.samples = [];
   $("login-password").value = "";
+  $("login-token").value = "";
   flash(message, Boolean(message));
   showLogin("");
 }
@@ -262,9 +308,33 @@ function first(metrics, ...names) {
   return null;
 }
 
+// Every queue the user may read, page by page (offset and next_offset, as
+// the API pages every listing), bounded by WALK_PAGES. Answers
+// {queues, total}; total counts them all even when the walk stopped early.
+async function walkQueues() {
+  const queues = [];
+  let offset = 0;
+  let total = 0;
+  let limit = WALK_LIMIT;
+  for (let pages = 0; pages < WALK_PAGES && offset !== null; pages++) {
+    let page;
+    try {
+      page = await call("GET", vpath(`/queues?limit=${limit}&offset=${offset}`));
+    } catch (e) {
+      // A broker whose http_api.max_list is below WALK_LIMIT: smaller pages.
+      if (e instanceof ApiError && e.status === 400 && limit > 100 && pages === 0) { limit = 100; pages--; continue; }
+      throw e;
+    }
+    queues.push(...page.queues);
+    total = page.total ?? queues.length;
+    offset = page.next_offset ?? null;
+  }
+  return { queues, total };
+}
+
 async function loadOverview() {
   const [queues, health, metrics] = await Promise.all([
-    call("GET", vpath(`/queues?limit=${LIST_LIMIT}`)),
+    walkQueues(),
     call("GET", "/api/v1/health").catch((e) => (e instanceof ApiError && e.status === 503 ? e.doc : null)),
     state.metrics === false ? null : call("GET", "/metrics", undefined, { text: true }).then(parseMetrics, (e) => {
       // Only admins and monitors (http_api.admins, http_api.monitors) may read it: ask once.
@@ -302,7 +372,7 @@ async function loadOverview() {
   $("cards").replaceChildren(...cards.map(([label, value, digits]) =>
     el("div", { class: "card", "data-card": label }, el("b", {}, fmt(value, digits)), el("span", {}, label))));
   if (queues.total > qs.length) {
-    $("cards").append(el("p", { class: "note" }, `Messages, consumers and rates: the first ${fmt(qs.length)} queues.`));
+    $("cards").append(el("p", { class: "note" }, `Messages, consumers and rates: the first ${fmt(qs.length)} queues of ${fmt(queues.total)}.`));
   }
   // GET /api/v1/health: each readiness check, and the alarms holding publishers back.
   const checks = (health && health.checks) || {};
@@ -430,9 +500,14 @@ function plot(canvas, series, unit) {
 
 async function loadQueues() {
   const prefix = $("queue-filter").value;
-  const page = await call("GET", vpath(`/queues?limit=${LIST_LIMIT}${prefix ? `&prefix=${enc(prefix)}` : ""}`));
+  const page = await call("GET", vpath(
+    `/queues?limit=${LIST_LIMIT}&offset=${state.queueOffset}${prefix ? `&prefix=${enc(prefix)}` : ""}`));
   const qs = page.queues;
-  $("queues-count").textContent = page.total > qs.length ? `${qs.length} of ${fmt(page.total)} queues` : `${qs.length} queues`;
+  const from = state.queueOffset;
+  $("queues-count").textContent = page.total > qs.length
+    ? `${fmt(from + (qs.length ? 1 : 0))}–${fmt(from + qs.length)} of ${fmt(page.total)} queues` : `${qs.length} queues`;
+  $("queues-previous").hidden = from === 0;
+  $("queues-next").hidden = page.next_offset === null || page.next_offset === undefined;
   $("queue-table").replaceChildren(table([
     { label: "Name", value: (q) => q.name, key: "name" },
     { label: "Ready", value: (q) => q.messages_ready, num: true, key: "ready" },
@@ -526,6 +601,13 @@ async function loadExchanges() {
     { label: "", cls: "actions", value: (x) => (x.name === "" || x.name.startsWith("amq.") ? [] :
       [button("Delete", () => act(`Delete the exchange ${x.name}?`, "DELETE", vpath(`/exchanges/${enc(x.name)}`), loadExchanges), true)]) },
   ], exchanges.exchanges, "No exchange you may read."));
+  const select = $("binding-exchange");
+  const chosen = select.value;
+  select.replaceChildren(...exchanges.exchanges.filter((x) => x.name !== "").map((x) =>
+    el("option", { value: x.name, selected: x.name === chosen }, x.name)));
+  call("GET", vpath(`/queues?limit=${LIST_LIMIT}`)).then((page) => {
+    $("binding-queues").replaceChildren(...page.queues.map((q) => el("option", { value: q.name })));
+  }, () => {});
   $("binding-table").replaceChildren(table([
     { label: "Exchange", value: (b) => b.exchange || "(default)" },
     { label: "Queue", value: (b) => b.queue },
@@ -591,9 +673,77 @@ async function loadUsers() {
   ], permissions.permissions, "No permission."));
 }
 
+// The queue arguments the form sets (docs/http-api.rst, as in STOMP and the
+// configuration): only those filled in.
+function queueArguments() {
+  const args = {};
+  const number = (id, name) => {
+    const text = $(id).value.trim();
+    if (text !== "") args[name] = Number(text);
+  };
+  const string = (id, name) => {
+    const text = $(id).value.trim();
+    if (text !== "") args[name] = text;
+  };
+  number("queue-max-length", "x-max-length");
+  number("queue-max-bytes", "x-max-length-bytes");
+  string("queue-overflow", "x-overflow");
+  number("queue-ttl", "x-message-ttl");
+  number("queue-expires", "x-expires");
+  string("queue-dlx", "x-dead-letter-exchange");
+  string("queue-dlk", "x-dead-letter-routing-key");
+  number("queue-max-priority", "x-max-priority");
+  number("queue-delivery-limit", "x-delivery-limit");
+  return args;
+}
+
+// PUT or POST a declaration; says whether it was made or already there.
+async function declare(path, body, what, reload, method = "PUT") {
+  try {
+    const [status] = await call(method, path, body, { status: true });
+    flash(status === 201 ? `Created ${what}.` : `${what} already exists, as declared.`);
+    await reload();
+    return true;
+  } catch (e) { failed(e); return false; }
+}
+
 function bindForms() {
+  $("queue-form").addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const name = $("queue-name").value;
+    const body = { durable: $("queue-durable").checked, auto_delete: $("queue-auto-delete").checked,
+      arguments: queueArguments() };
+    if (await declare(vpath(`/queues/${enc(name)}`), body, `the queue ${name}`, loadQueues)) $("queue-form").reset();
+  });
+  $("exchange-form").addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const name = $("exchange-name").value;
+    const body = { type: $("exchange-type").value, durable: $("exchange-durable").checked,
+      auto_delete: $("exchange-auto-delete").checked };
+    if (await declare(vpath(`/exchanges/${enc(name)}`), body, `the exchange ${name}`, loadExchanges)) {
+      $("exchange-form").reset();
+    }
+  });
+  $("binding-form").addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const body = { exchange: $("binding-exchange").value, queue: $("binding-queue").value,
+      routing_key: $("binding-key").value };
+    const what = `the binding of ${body.queue} to ${body.exchange} (${body.routing_key || "no key"})`;
+    if (await declare(vpath("/bindings"), body, what, loadExchanges, "POST")) {
+      $("binding-queue").value = "";
+      $("binding-key").value = "";
+    }
+  });
   $("queues-refresh").addEventListener("click", () => loadQueues().catch(failed));
-  $("queue-filter").addEventListener("change", () => loadQueues().catch(failed));
+  $("queue-filter").addEventListener("change", () => { state.queueOffset = 0; loadQueues().catch(failed); });
+  $("queues-previous").addEventListener("click", () => {
+    state.queueOffset = Math.max(0, state.queueOffset - LIST_LIMIT);
+    loadQueues().catch(failed);
+  });
+  $("queues-next").addEventListener("click", () => {
+    state.queueOffset += LIST_LIMIT;
+    loadQueues().catch(failed);
+  });
   $("connections-refresh").addEventListener("click", () => loadConnections().catch(failed));
   $("browse-scan").addEventListener("click", () => scan(false));
   $("browse-more").addEventListener("click", () => scan(true));
