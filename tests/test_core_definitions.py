@@ -226,9 +226,15 @@ class ParseTests(SynchronousTestCase):
         self.assertInvalid({"users": [{"name": "u", "password_hash": "plain"}]}, "users[0].password_hash", "")
         self.assertInvalid({"permissions": [{"vhost": "/", "user": "u", "read": "("}]}, "permissions[0].read",
                            "not a regular expression")
+        self.assertInvalid({"users": [{"name": "a\x01"}]}, "users[0].name", "no control character")
+        self.assertInvalid({"permissions": [{"vhost": "/", "user": "u" * 129}]}, "permissions[0].user",
+                           "1 to 128 characters")
         self.assertInvalid({"bindings": [{"vhost": "/", "source": "e", "destination": "q",
                                           "destination_type": "topic"}]},
                            "bindings[0].destination_type", "expected one of queue, exchange")
+
+    def test_version(self) -> None:
+        self.assertInvalid({"qmq_version": {}}, "qmq_version", "expected a string")
 
     def test_defaults(self) -> None:
         defs = parse({"qmq_version": "0.1", "queues": [{"vhost": "/", "name": "q"}]})

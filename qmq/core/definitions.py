@@ -34,6 +34,7 @@ core's (L{Management}).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -258,6 +259,21 @@ def _name(value: object, item: str) -> str:
     return value
 
 
+#: Most characters of a user name (the HTTP API's users endpoints say the same).
+MAX_USER_NAME = 128
+
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+
+
+def _user(value: object, item: str) -> str:
+    # What the OpenAPI document says (a user exported came from the
+    # configuration or PUT /api/v1/users, which ask for more).
+    value = _name(value, item)
+    if len(value) > MAX_USER_NAME or _CONTROL.search(value):
+        raise InvalidDefinitions(item, f"a user name is 1 to {MAX_USER_NAME} characters, no control character")
+    return value
+
+
 def _boolean(value: object, item: str) -> bool:
     if not isinstance(value, bool):
         raise InvalidDefinitions(item, f"expected true or false, got {_shown(value)}")
@@ -311,10 +327,10 @@ def _shown(value: object) -> str:
 #: Each section's item: key -> (checker, required).
 _ITEMS: dict[str, tuple[type, dict[str, tuple[_Check, bool]]]] = {
     "users": (UserDefinition, {
-        "name": (_name, True), "password_hash": (_hash, False), "certificate_names": (_names, False),
+        "name": (_user, True), "password_hash": (_hash, False), "certificate_names": (_names, False),
     }),
     "permissions": (PermissionDefinition, {
-        "vhost": (_name, True), "user": (_name, True), "configure": (_string, False),
+        "vhost": (_name, True), "user": (_user, True), "configure": (_string, False),
         "write": (_string, False), "read": (_string, False),
     }),
     "exchanges": (ExchangeDefinition, {

@@ -837,6 +837,8 @@ def document(s: ApiSettings | None = None) -> dict:
 def _definitions() -> tuple[dict, dict]:
     """C{/api/v1/definitions} (L{qmq.web.api.definitions}): its paths and schemas."""
     name = NAME
+    # A user's name: the core's import takes at most 128 characters.
+    user = {**NAME, "maxLength": 128}
     arguments = {"type": "object", "default": {}}
     item = {"type": "object", "additionalProperties": False}
     schemas = {
@@ -849,24 +851,25 @@ def _definitions() -> tuple[dict, dict]:
             "properties": {
                 "qmq_version": {"type": "string", "description": "The exporting broker's version."},
                 "users": {"type": "array", "items": {**item, "required": ["name"], "properties": {
-                    "name": name,
+                    "name": user,
                     "password_hash": {"type": ["string", "null"], "pattern": SCRYPT_HASH,
-                                      "description": "The scrypt hash; null: no password login."},
+                                      "description": "The scrypt hash (as qmq-passwd prints it); null: no "
+                                      "password login."},
                     "certificate_names": {"type": "array", "items": name, "default": []}}}},
                 "vhosts": {"type": "array", "items": {**item, "required": ["name"], "properties": {"name": name}}},
                 "permissions": {"type": "array", "items": {**item, "required": ["vhost", "user"], "properties": {
-                    "vhost": name, "user": name, "configure": PATTERN, "write": PATTERN, "read": PATTERN}}},
+                    "vhost": name, "user": user, "configure": PATTERN, "write": PATTERN, "read": PATTERN}}},
                 "exchanges": {"type": "array", "items": {**item, "required": ["vhost", "name", "type"],
                                                          "properties": {
                     "vhost": name, "name": EXCHANGE_NAME, "type": {"enum": ["direct", "fanout", "topic", "headers"]},
                     "durable": {"type": "boolean", "default": True},
                     "auto_delete": {"type": "boolean", "default": False}}}},
                 "queues": {"type": "array", "items": {**item, "required": ["vhost", "name"], "properties": {
-                    "vhost": name, "name": name, "durable": {"type": "boolean", "default": True},
+                    "vhost": name, "name": NAME, "durable": {"type": "boolean", "default": True},
                     "auto_delete": {"type": "boolean", "default": False}, "arguments": arguments}}},
                 "bindings": {"type": "array", "items": {**item, "required": ["vhost", "source", "destination"],
                                                         "properties": {
-                    "vhost": name, "source": name, "destination": name,
+                    "vhost": name, "source": EXCHANGE_NAME, "destination": NAME,
                     "destination_type": {"enum": ["queue", "exchange"], "default": "queue"},
                     "routing_key": {**KEY, "default": ""}, "arguments": arguments}}},
             },
