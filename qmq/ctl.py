@@ -61,6 +61,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "users": ("name", "password", "certificate_names", "source", "admin"),
     "vhosts": ("name", "queues", "exchanges"),
     "permissions": ("vhost", "user", "configure", "write", "read"),
+    "links": ("node", "direction", "state", "rtt_ms", "messages_out", "messages_in", "dropped"),
 }
 
 
@@ -221,9 +222,10 @@ def cmd_list(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
         "users": "/api/v1/users",
         "permissions": "/api/v1/permissions",
     }.get(what)
-    if what == "vhosts":
-        doc = client.request("GET", "/api/v1/vhosts")
-        rows = doc.get("vhosts", []) if isinstance(doc, dict) else []
+    if what in ("vhosts", "links"):
+        # Not paged: every virtual host, every link of this node's mesh.
+        doc = client.request("GET", f"/api/v1/{what}")
+        rows = doc.get(what, []) if isinstance(doc, dict) else []
     else:
         rows = client.pages(path, what)
     _out(args, rows, table(rows, COLUMNS[what]), out)
@@ -365,7 +367,7 @@ def parser() -> argparse.ArgumentParser:
     def command(name: str, help: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, parents=[common], help=help)
 
-    ls = command("list", "list queues, exchanges, bindings, connections, users, vhosts or permissions")
+    ls = command("list", "list queues, exchanges, bindings, connections, users, vhosts, permissions or links")
     ls.add_argument("what", choices=tuple(COLUMNS))
     purge = command("purge", "purge queue NAME: drop its ready messages")
     purge.add_argument("kind", choices=("queue",))

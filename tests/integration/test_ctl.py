@@ -101,6 +101,10 @@ class CtlTests(unittest.TestCase):
         self.assertIn("events", self.ok(url, "list", "exchanges"))
         self.assertRegex(self.ok(url, "list", "bindings"), r"events\s+orders\s+order\.#")
         self.assertRegex(self.ok(url, "list", "vhosts"), r"/\s+1\s+5")
+        # A broker without a mesh has no links: the table's head alone.
+        self.assertEqual(self.ok(url, "list", "links").split(),
+                         ["node", "direction", "state", "rtt_ms", "messages_out", "messages_in", "dropped"])
+        self.assertEqual(json.loads(self.ok(url, "--json", "list", "links")), [])
         self.assertRegex(self.ok(url, "list", "users"), r"admin\s+yes\s+config\s+yes")
 
         # A STOMP client: listed, its message purged, then closed by id.
