@@ -143,7 +143,7 @@ const scenarios = {
     const measure = async (page, who) => {
       for (const [tab, content] of [["overview", "#cards .card"], ["queues", "#queue-table > *"],
         ["exchanges", "#exchange-table > *"], ["connections", "#connection-table > *"],
-        ["users", "#user-table > *"]]) {
+        ["links", "#link-table > *"], ["users", "#user-table > *"]]) {
         if (!(await page.locator(`#tabs a[data-tab=${tab}]`).isVisible())) continue;
         await page.click(`#tabs a[data-tab=${tab}]`);
         await page.locator(`#${tab} ${content}`).first().waitFor({ timeout: STEP });
@@ -211,6 +211,7 @@ const scenarios = {
     const errors = [...page.errors, ...other.errors].filter((e) => !e.startsWith("Failed to load resource"));
     const ok = depth[0] === browsed.length.toString() && depth[1] === "0" && adminSeesUsers
       && adminTabs.includes("Users") && !userTabs.includes("Users") && !userTabs.includes("Connections")
+      && adminTabs.includes("Links") && !userTabs.includes("Links")
       && !userSeesUsers && userCharts === 0 && Object.keys(overflow).length === 0 && errors.length === 0;
     return { ok, depth, browsed, admin_sees_users: adminSeesUsers, admin_tabs: adminTabs, user_charts: userCharts,
       user_tabs: userTabs, user_sees_users: userSeesUsers, overflow, errors };
@@ -290,7 +291,7 @@ const scenarios = {
     const token = option("--token");
     const overflow = {};
     const measure = async (page, who) => {
-      for (const tab of ["overview", "queues", "exchanges", "connections", "users"]) {
+      for (const tab of ["overview", "queues", "exchanges", "connections", "links", "users"]) {
         if (!(await page.locator(`#tabs a[data-tab=${tab}]`).isVisible())) continue;
         await page.click(`#tabs a[data-tab=${tab}]`);
         await page.locator(`#${tab}`).waitFor({ timeout: STEP });

@@ -247,6 +247,7 @@ const TABS = {
   queues: { load: loadQueues, poll: true },
   exchanges: { load: loadExchanges },
   connections: { load: loadConnections, admin: true, poll: true },
+  links: { load: loadLinks, admin: true, poll: true },
   users: { load: loadUsers, admin: true },
 };
 
@@ -645,6 +646,24 @@ async function loadConnections() {
   ], page.connections, "No connection."));
 }
 
+// -- links to the other nodes of a mesh (admins) ------------------------------------------------
+
+async function loadLinks() {
+  const doc = await call("GET", "/api/v1/links");
+  $("links-node").textContent = `node ${doc.node}: ${fmt(doc.links.length)} link(s)`;
+  $("link-table").replaceChildren(table([
+    { label: "Node", value: (l) => l.node },
+    { label: "Direction", value: (l) => l.direction },
+    { label: "Address", value: (l) => l.address },
+    { label: "State", value: (l) => l.state, key: "state" },
+    { label: "RTT ms", value: (l) => l.rtt_ms, num: true, digits: 1 },
+    { label: "Msgs out", value: (l) => l.messages_out, num: true },
+    { label: "Msgs in", value: (l) => l.messages_in, num: true },
+    { label: "Dropped", value: (l) => l.dropped, num: true },
+    { label: "Peer interest", value: (l) => l.peer_interest.join(" ") },
+  ], doc.links, "No link: this node is not in a mesh, or no peer is up (docs/cluster.rst)."));
+}
+
 // -- users and permissions (admins) -------------------------------------------------------------
 
 async function loadUsers() {
@@ -745,6 +764,7 @@ function bindForms() {
     loadQueues().catch(failed);
   });
   $("connections-refresh").addEventListener("click", () => loadConnections().catch(failed));
+  $("links-refresh").addEventListener("click", () => loadLinks().catch(failed));
   $("browse-scan").addEventListener("click", () => scan(false));
   $("browse-more").addEventListener("click", () => scan(true));
   $("browse-close").addEventListener("click", closeBrowse);
