@@ -1,5 +1,5 @@
 """docs/http-api.rst: every curl example runs as written, in order, against
-a fresh broker (its address put in for 127.0.0.1:8080), and prints what the
+a fresh broker (its address put in for 127.0.0.1:15674), and prints what the
 page says (receipt handles and cursors are the broker's own)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from qmq.core.ids import MessageIds
 from tests.web_api_helpers import ApiSiteMixin
 
 PAGE = Path(__file__).parent.parent / "docs" / "http-api.rst"
-DOC_ADDRESS = "127.0.0.1:8080"
+DOC_ADDRESS = "127.0.0.1:15674"
 DOC_TOKEN = "qmq-3f9a1c07.10apws3z0g1.Zt3kQ1nA"
 #: The node id of the page's message ids.
 DOC_NODE = "qmq-3f9a1c07"
