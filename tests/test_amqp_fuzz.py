@@ -25,12 +25,14 @@ from pamqp import commands, frame, header
 from pamqp.body import ContentBody
 from twisted.logger import globalLogPublisher
 
-from tests.test_amqp_session import AmqpTestCase
+from qmq.amqp.codec import PROTOCOL_HEADER
+from tests.test_amqp_session import AmqpTestCase, Client
 
 #: The reply codes AMQP 0-9-1 defines for connection.close.
 REPLY_CODES = {320, 402, 403, 404, 405, 406, 501, 502, 503, 504, 505, 506, 530, 540, 541}
 
-_channels = st.integers(0, 5) | st.integers(0, 65535)
+#: Mostly channel 1 (opened before the input) and its neighbours.
+_channels = st.one_of(st.just(1), st.just(1), st.integers(0, 3), st.integers(0, 65535))
 
 
 def _raw_frame(ftype: int, channel: int, payload: bytes, end: int) -> bytes:
@@ -46,10 +48,10 @@ raw_frames = st.builds(
 )
 
 _short = st.text(alphabet="abcxyz.-_", max_size=8)
+_queue = st.sampled_from(["q", "amq.q", ""]) | _short
 _tag = st.integers(0, 2**63 - 1) | st.integers(0, 5)
 
-methods = st.one_of(
-    st.builds(commands.Channel.Open),
+channel_methods = st.one_of(
     st.builds(commands.Channel.Close, st.integers(0, 600), _short, st.integers(0, 90), st.integers(0, 90)),
     st.builds(commands.Channel.CloseOk),
     st.builds(commands.Channel.Flow, st.booleans()),
@@ -59,17 +61,17 @@ methods = st.one_of(
     st.builds(commands.Basic.Nack, delivery_tag=_tag, multiple=st.booleans(), requeue=st.booleans()),
     st.builds(commands.Basic.Reject, delivery_tag=_tag, requeue=st.booleans()),
     st.builds(commands.Basic.Qos, prefetch_count=st.integers(0, 65535)),
-    st.builds(commands.Basic.Consume, queue=_short, consumer_tag=_short, no_ack=st.booleans(),
+    st.builds(commands.Basic.Consume, queue=_queue, consumer_tag=_short, no_ack=st.booleans(),
               exclusive=st.booleans()),
     st.builds(commands.Basic.Cancel, consumer_tag=_short),
-    st.builds(commands.Basic.Get, queue=_short, no_ack=st.booleans()),
+    st.builds(commands.Basic.Get, queue=_queue, no_ack=st.booleans()),
     st.builds(commands.Basic.Recover, requeue=st.booleans()),
-    st.builds(commands.Queue.Declare, queue=_short, passive=st.booleans(), durable=st.just(False),
+    st.builds(commands.Queue.Declare, queue=_queue, passive=st.booleans(), durable=st.just(False),
               exclusive=st.booleans(), auto_delete=st.booleans()),
-    st.builds(commands.Queue.Bind, queue=_short, exchange=st.sampled_from(["amq.direct", "amq.topic", "x"]),
+    st.builds(commands.Queue.Bind, queue=_queue, exchange=st.sampled_from(["amq.direct", "amq.topic", "x"]),
               routing_key=_short),
-    st.builds(commands.Queue.Purge, queue=_short),
-    st.builds(commands.Queue.Delete, queue=_short),
+    st.builds(commands.Queue.Purge, queue=_queue),
+    st.builds(commands.Queue.Delete, queue=_queue),
     st.builds(commands.Exchange.Declare, exchange=_short, exchange_type=st.sampled_from(["direct", "fanout", "zz"]),
               passive=st.booleans()),
     st.builds(commands.Exchange.Delete, exchange=_short),
@@ -77,10 +79,22 @@ methods = st.one_of(
     st.builds(commands.Tx.Select),
     st.builds(commands.Tx.Commit),
     st.builds(commands.Tx.Rollback),
+)
+
+methods = st.one_of(
+    channel_methods,
+    st.builds(commands.Channel.Open),
     st.builds(commands.Connection.Close, st.integers(0, 600), _short, st.integers(0, 90), st.integers(0, 90)),
     st.builds(commands.Connection.CloseOk),
     st.builds(commands.Connection.TuneOk, st.integers(0, 3000), st.integers(0, 200000), st.integers(0, 100)),
     st.builds(commands.Connection.Open, _short),
+    st.builds(commands.Connection.Open, st.just("/")),
+    st.builds(
+        commands.Connection.StartOk,
+        st.just({}),
+        st.sampled_from(["PLAIN", "AMQPLAIN", "EXTERNAL", "X"]),
+        st.sampled_from(["\0guest\0guest", "", "\0\0", "xx"]),
+    ),
 )
 
 
@@ -113,7 +127,16 @@ def publishes(draw: Any) -> bytes:
     )
 
 
+# Valid methods weigh most: garbage ends a connection at once, and the
+# interesting states (consumers, unacked deliveries, transactions, content
+# in progress) are reached only by sequences of methods.
+_methods_on_1 = channel_methods.map(lambda m: frame.marshal(m, 1))
 pieces = st.one_of(
+    _methods_on_1,
+    _methods_on_1,
+    _methods_on_1,
+    method_frames(),
+    publishes(),
     st.binary(max_size=30),
     raw_frames,
     method_frames(),
@@ -127,7 +150,7 @@ pieces = st.one_of(
 @st.composite
 def inputs(draw: Any) -> list[bytes]:
     """Pieces joined, then cut at random points into reads."""
-    data = b"".join(draw(st.lists(pieces, max_size=12)))
+    data = b"".join(draw(st.lists(pieces, max_size=16)))
     cuts = sorted(draw(st.lists(st.integers(0, len(data)), max_size=6)))
     out, start = [], 0
     for cut in cuts + [len(data)]:
@@ -160,9 +183,15 @@ class HostileInputTests(AmqpTestCase):
         globalLogPublisher.addObserver(self.events.append)
         self.addCleanup(globalLogPublisher.removeObserver, self.events.append)
 
-    def check(self, reads: list[bytes]) -> None:
+    def check(self, reads: list[bytes], opened: bool = True) -> None:
         del self.events[:]
-        c = self.client()
+        if opened:
+            c = self.client()
+            c.channel(1)
+        else:
+            c = Client(self.factory)
+            c.raw(PROTOCOL_HEADER)
+            c.expect(commands.Connection.Start)
         for data in reads:
             c.raw(data)
         frames = c.read()
@@ -171,7 +200,7 @@ class HostileInputTests(AmqpTestCase):
         client_closed = any(n == 0 and isinstance(v, commands.Connection.CloseOk) for n, v in frames)
         for close in closes:
             self.assertIn(close.reply_code, REPLY_CODES, close)
-        if not closes and c.open and not c.session.closed and not c.session._buffer:
+        if opened and not closes and c.open and not c.session.closed and not c.session._buffer:
             # Still usable: a fresh channel opens.
             number = next(n for n in range(1, 100) if n not in c.session.channels)
             c.send(commands.Channel.Open(), number)
@@ -203,3 +232,11 @@ class HostileInputTests(AmqpTestCase):
     @example([_OPEN1[:-1] + b"\x00"])
     def test_hostile_input(self, reads: list[bytes]) -> None:
         self.check(reads)
+
+    @settings(max_examples=150, deadline=None)
+    @given(inputs())
+    @example([frame.marshal(commands.Connection.Open("/"), 0)])
+    @example([_OPEN1])
+    def test_hostile_handshake(self, reads: list[bytes]) -> None:
+        """The same before connection.open-ok (after the protocol header)."""
+        self.check(reads, opened=False)
