@@ -983,7 +983,11 @@ class AmqpChannel:
 
 
 def _decode_method(index: int, payload: bytes) -> Any:
-    method = commands.INDEX_MAPPING[index]()
+    cls = commands.INDEX_MAPPING.get(index)
+    if cls is None:
+        # Not a method of AMQP 0-9-1 (on channel 0, where nothing filtered it).
+        raise ConnectionError_(COMMAND_INVALID, f"unknown method {_class_method(index)}", index)
+    method = cls()
     try:
         method.unmarshal(payload)
     except (struct.error, ValueError, TypeError, KeyError, IndexError, RecursionError) as e:
@@ -1377,8 +1381,6 @@ class AmqpSession:
             self.send0(commands.Connection.CloseOk())
             self.flush()
             self._finish("client closed")
-        elif index == commands.Connection.CloseOk.index:
-            self._finish("close-ok")
         elif index in (commands.Connection.Blocked.index, commands.Connection.Unblocked.index):
             pass  # a client's own alarms: nothing for the broker to do
         else:
