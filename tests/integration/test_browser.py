@@ -260,7 +260,7 @@ class BrowserMixin:
         (it gets an ERROR, then the close). With authentication:
         L{tests.integration.test_console}."""
         result = yield self.scenario("console-open")
-        self.assertEqual(result["tabs"], ["Overview", "Queues", "Exchanges", "Connections", "Users"])  # type: ignore[attr-defined]
+        self.assertEqual(result["tabs"], ["Overview", "Queues", "Exchanges", "Connections", "Links", "Users"])  # type: ignore[attr-defined]
         self.assertEqual(result["closed"][0], 1000)  # type: ignore[attr-defined]
 
     @defer.inlineCallbacks
