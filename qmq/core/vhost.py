@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.logger import Logger
 
-from qmq.core.errors import AccessRefused, BrokerError, NotFound, PreconditionFailed
+from qmq.core.errors import AccessRefused, BrokerError, NotAllowed, NotFound, PreconditionFailed
 from qmq.core.events import Events, Observer, observe
 from qmq.core.exchange import EXCHANGE_CLASSES, EXCHANGE_TYPES, Exchange, TopicExchange
 from qmq.core.expiry import ExpiryWheel
@@ -43,6 +43,7 @@ from qmq.core.names import MAX_NAME_BYTES, check_binding_key, check_exchange, ch
 from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX
 from qmq.core.policy import DEFAULT_POLICY, QueuePolicy
 from qmq.core.queue import Queue
+from qmq.core.remote import RemoteQueue
 from qmq.core.store import ScanPage
 
 if TYPE_CHECKING:
@@ -325,6 +326,17 @@ class VirtualHost:
             raise PreconditionFailed("a queue needs a name")
         if validate:
             check_queue(name)
+        broker = self.broker
+        if (
+            broker is not None
+            and broker.homes is not None
+            and exclusive_owner is None
+            and not (backlog or subscription or policy is not None)
+        ):
+            home = broker.homes.home(self.name, name, arguments)
+            if home is not None:
+                # Its home is another node: a stand-in (qmq.core.remote).
+                return self._add_stand_in(name, home, arguments)
         if on_demand and policy is None and not (backlog or subscription or arguments):
             # The common case, a client naming a new queue (a million of
             # them in a row, at worst): the virtual host's defaults, whose
@@ -372,6 +384,25 @@ class VirtualHost:
             store.declare_queue(self, queue)
         if self.events is not None:
             self.events.queue_declared(queue)
+        return queue
+
+    def stand_in(self, name: str) -> Queue | None:
+        """The stand-in of queue C{name} when its home is another node
+        (made now: a publish to it names it), else None (L{qmq.core.remote})."""
+        broker = self.broker
+        homes = broker.homes if broker is not None else None
+        if homes is None or name in self.queues:
+            return self.queues.get(name) if homes is not None else None
+        home = homes.home(self.name, name, None)
+        if home is None:
+            return None
+        check_queue(name)
+        return self._add_stand_in(name, home, None)
+
+    def _add_stand_in(self, name: str, home: str, arguments: dict | None) -> Queue:
+        assert self.broker is not None
+        queue = RemoteQueue(self, name, home, self.broker.homes, arguments)
+        self.queues[name] = queue
         return queue
 
     def _durable_store(self, queue: Queue) -> MessageStore | None:
@@ -506,6 +537,12 @@ class VirtualHost:
         q = self.queue(queue)
         if not exchange:
             raise AccessRefused("the default exchange cannot be bound")
+        if q.remote is not None:
+            raise NotAllowed(
+                f"Queue {queue!r} lives on node {q.home!r} (docs/cluster.rst): bind it there; "
+                "exchanges route to a queue on its home node only.",
+                "bind of a remote queue",
+            )
         ex = self.exchange(exchange)
         if validate:
             check_binding_key(routing_key, ex)

@@ -30,6 +30,7 @@ from qmq.core.errors import (
     ResourceLocked,
 )
 from qmq.core.names import InvalidName
+from qmq.core.remote import Unavailable
 from qmq.stomp.destinations import DestinationError
 
 PROBLEM_TYPE = "application/problem+json"
@@ -106,6 +107,7 @@ def bad_request(detail: str, code: str = "bad-parameter") -> Problem:
 _BROKER_ERRORS: tuple[tuple[type[BrokerError], int, str], ...] = (
     (DestinationError, 400, "bad-destination"),
     (InvalidName, 400, "invalid-name"),
+    (Unavailable, 503, "home-unavailable"),
     (NotFound, 404, "not-found"),
     (AccessRefused, 403, "access-refused"),
     (ResourceLocked, 409, "resource-locked"),
