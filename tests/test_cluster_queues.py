@@ -327,3 +327,36 @@ class ConsumeTests(SynchronousTestCase):
         self.assertEqual(on_a.got, [])
         ch.resume()
         self.assertEqual(on_a.bodies(), [b"m"])
+
+
+class PlaceExistingTests(SynchronousTestCase):
+    def test_configured_queues_become_stand_ins(self) -> None:
+        """Queues declared before the mesh starts (the configuration, on
+        every node): those homed elsewhere become stand-ins, bindings gone;
+        one holding messages stays, with a warning; those homed here stay."""
+        from twisted.internet.task import Clock  # noqa: PLC0415
+
+        from qmq.cluster.mesh import Mesh  # noqa: PLC0415
+        from qmq.cluster.settings import ClusterSettings  # noqa: PLC0415
+        from qmq.core.broker import Broker  # noqa: PLC0415
+
+        clock = Clock()
+        broker = Broker(clock, node="a")
+        vhost = broker.default_vhost
+        members = ["a", "b"]
+        away, full = [f"q{i}" for i in range(1000) if rendezvous("/", f"q{i}", members) == "b"][:2]
+        here = next(f"h{i}" for i in range(1000) if rendezvous("/", f"h{i}", members) == "a")
+        for name in (away, full, here):
+            vhost.declare_queue(name)
+        vhost.bind(away, "amq.topic", "k")
+        vhost.publish(broker.new_message("", full, None, b"kept"))
+        mesh = Mesh(broker, ClusterSettings(allow_plaintext=True, peers=("tcp:host=127.0.0.1:port=1:node=b",)), clock)
+        mesh.startService()
+        self.addCleanup(mesh.stopService)
+        self.assertIsInstance(vhost.queues[away], RemoteQueue)
+        self.assertEqual(vhost.queues[away].home, "b")
+        self.assertEqual(list(vhost.exchanges["amq.topic"].route("k", None)), [])
+        self.assertNotIsInstance(vhost.queues[full], RemoteQueue)
+        self.assertEqual(len(vhost.queues[full]), 1)
+        self.assertNotIsInstance(vhost.queues[here], RemoteQueue)
+        self.flushLoggedErrors()

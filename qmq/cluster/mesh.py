@@ -223,6 +223,7 @@ class Mesh(Service, Observer):
     def startService(self) -> None:
         super().startService()
         self.broker.homes = self.queues
+        self.queues.place_existing()
         self._stop_observing = self.broker.observe(self, replay=False)
         for vhost in self.broker.vhosts.values():
             events = vhost.events

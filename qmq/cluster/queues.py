@@ -133,6 +133,43 @@ class RemoteQueues:
         home = self.placement.home(vhost, name, arguments)
         return None if home == self.mesh.node else home
 
+    def place_existing(self) -> None:
+        """When the mesh starts: each queue made before it (declared in the
+        configuration or by definitions on every node) whose home is
+        another node becomes a stand-in, with its bindings gone (they
+        are its home's: the home's binding is interest that brings
+        messages published here to it). One that holds messages or has
+        consumers stays here, with a warning: its messages are not moved."""
+        for vhost in list(self.mesh.broker.vhosts.values()):
+            for name, queue in list(vhost.queues.items()):
+                if (
+                    queue.remote is not None
+                    or queue.exclusive_owner is not None
+                    or queue.subscription
+                    or name.startswith(LOCAL_PREFIXES)
+                ):
+                    continue
+                try:
+                    home = self.home(vhost.name, name, queue.arguments)
+                except BrokerError as e:
+                    log.warn("mesh: queue {queue!r}: {error}", queue=name, error=e.message)
+                    continue
+                if home is None:
+                    continue
+                if len(queue) or queue.delayed_count or queue.consumers:
+                    log.warn(
+                        "mesh: queue {queue!r} of virtual host {vhost!r} holds {count} messages on "
+                        "this node, and its home is node {home!r}: it stays here (its clients here "
+                        "use it) until it is deleted; move its messages with a shovel",
+                        queue=name,
+                        vhost=vhost.name,
+                        count=len(queue),
+                        home=home,
+                    )
+                    continue
+                vhost.delete_queue(name)
+                vhost.declare_queue(name, arguments=queue.arguments)  # the stand-in
+
     @contextmanager
     def here(self) -> Iterator[None]:
         """Queues made meanwhile live on this node (what a peer sends here
