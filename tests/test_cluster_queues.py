@@ -183,6 +183,25 @@ class ForwardTests(SynchronousTestCase):
         with self.assertRaises(NotAllowed):
             channel(net, "a").get(q)
 
+    def test_home_named_by_argument_or_defaults(self) -> None:
+        """x-home-node (a SUBSCRIBE header's argument, as STOMP passes it)
+        wins over the hash; so does the virtual host's queue_defaults."""
+        net = self.net
+        q = homed(net, "b", "pin")
+        ch = channel(net, "a")
+        ch.subscribe(Recorder(ch), "/queue/" + q, arguments={"x-home-node": "c"})
+        self.assertEqual(net["a"].broker.default_vhost.queues[q].home, "c")
+        net.settle()
+        self.assertIn(q, net["c"].broker.default_vhost.queues)
+        self.assertNotIn(q, net["b"].broker.default_vhost.queues)
+        vhost = net["a"].broker.default_vhost
+        vhost.set_queue_defaults({"x-home-node": "c"})
+        other = homed(net, "b", "dflt")
+        send(net, "a", other, b"x")
+        self.assertEqual(vhost.queues[other].home, "c")
+        with self.assertRaises(PreconditionFailed):
+            ch.subscribe(Recorder(ch), "/queue/bad", arguments={"x-home-node": "a/b"})
+
     def test_private_queues_stay_local(self) -> None:
         """amq. and durable. queues, exclusive ones: on their client's node."""
         net = self.net

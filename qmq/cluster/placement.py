@@ -30,8 +30,7 @@ import hashlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from qmq.core.errors import PreconditionFailed
-from qmq.core.ids import NODE_ID
+from qmq.core.policy import QUEUE_ARGUMENTS
 
 __all__ = ["HOME_ARGUMENT", "Placement", "rendezvous"]
 
@@ -61,21 +60,18 @@ def rendezvous(vhost: str, name: str, members: Iterable[str]) -> str:
 
 def home_argument(arguments: Mapping[str, Any] | None) -> str | None:
     """The node named by C{x-home-node} in C{arguments} (or C{home-node}),
-    or None.
+    or None; read by the core's own parser of queue arguments
+    (L{qmq.core.policy.QUEUE_ARGUMENTS}), as every frontend reads it.
 
     @raise PreconditionFailed: the value is not a node id.
     """
     if not arguments:
         return None
-    value = arguments.get(HOME_ARGUMENT, arguments.get(HOME_ARGUMENT[2:]))
-    if value is None:
-        return None
-    if not isinstance(value, str) or not NODE_ID.match(value):
-        raise PreconditionFailed(
-            f"{HOME_ARGUMENT} must be a node id (1 to 32 letters, digits, '_' or '-'), got {value!r}",
-            f"invalid {HOME_ARGUMENT}",
-        )
-    return value
+    for key in (HOME_ARGUMENT, HOME_ARGUMENT[2:]):
+        value = arguments.get(key)
+        if value is not None:
+            return QUEUE_ARGUMENTS[HOME_ARGUMENT].parse(key, value)  # type: ignore[no-any-return]
+    return None
 
 
 class Placement:

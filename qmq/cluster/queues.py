@@ -130,6 +130,12 @@ class RemoteQueues:
     def home(self, vhost: str, name: str, arguments: dict[str, Any] | None) -> str | None:
         if self._here or name.startswith(LOCAL_PREFIXES):
             return None
+        if not arguments:
+            # The virtual host's queue_defaults may name a home for all.
+            v = self.mesh.broker.vhosts.get(vhost)
+            pinned = v.queue_defaults.home_node if v is not None else None
+            if pinned is not None:
+                return None if pinned == self.mesh.node else pinned
         home = self.placement.home(vhost, name, arguments)
         return None if home == self.mesh.node else home
 
