@@ -379,3 +379,22 @@ class PlaceExistingTests(SynchronousTestCase):
         self.assertEqual(len(vhost.queues[full]), 1)
         self.assertNotIsInstance(vhost.queues[here], RemoteQueue)
         self.flushLoggedErrors()
+
+
+class ConfirmDeadlineTests(SynchronousTestCase):
+    def test_unconfirmed_fails_after_the_deadline(self) -> None:
+        """A home that never confirms (its store stuck): the publish fails
+        after CONFIRM_TIMEOUT, at a heart-beat; the link stays up."""
+        from qmq.cluster.queues import CONFIRM_TIMEOUT  # noqa: PLC0415
+
+        net = Net("a", "b", heartbeat=5.0)
+        net.full_mesh()
+        q = homed(net, "b")
+        net["b"].mesh.queues.forwarded = lambda *args: None  # type: ignore[method-assign]
+        answer = send(net, "a", q, b"x")
+        for _ in range(int(CONFIRM_TIMEOUT / 5) + 2):
+            net.clock.advance(5)
+            net.settle()
+        f = self.failureResultOf(answer, Unavailable)
+        self.assertIn("did not confirm the message within 60 s", f.getErrorMessage())
+        self.assertIn("b", net["a"].mesh.links)

@@ -172,6 +172,8 @@ class LinkProtocol(Protocol):
                 self.close(f"nothing heard from the peer for {silent:.1f} s (heart-beats)")
                 return
             self.send(wire.encode_clock(wire.PING, now))
+            if self.pending:
+                self.mesh.queues.expire(self, now)
         self._beat = self.clock.callLater(self.mesh.settings.heartbeat, self._tick)
 
     def dataReceived(self, data: bytes) -> None:

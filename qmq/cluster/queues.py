@@ -61,6 +61,12 @@ ACK, REQUEUE, DROP = 0, 1, 2
 #: queues, durable subscriptions).
 LOCAL_PREFIXES = ("amq.", DURABLE_SUBSCRIPTION_PREFIX)
 
+#: Seconds a forwarded publish waits for its confirm before it fails.
+CONFIRM_TIMEOUT = 60.0
+#: Most forwarded publishes one link waits confirms for; past it a publish
+#: to a queue homed over that link is refused.
+MAX_UNCONFIRMED = 100_000
+
 #: The core's refusals by reply code, for a failed confirm.
 _ERRORS: dict[int, type[BrokerError]] = {404: NotFound, 406: PreconditionFailed, 506: ResourceLimit}
 
@@ -201,6 +207,12 @@ class RemoteQueues:
 
     def forward(self, queue: RemoteQueue, message: Message) -> Deferred:
         link = self._link(queue)
+        if len(link.pending) >= MAX_UNCONFIRMED:
+            raise Unavailable(
+                f"Node {queue.home!r}, home of queue {queue.name!r}, has not confirmed "
+                f"{len(link.pending)} messages yet: the message was not published; try again later.",
+                "home node busy",
+            )
         seq = link.next_seq
         link.next_seq = seq + 1
         vhost = queue.vhost.name  # type: ignore[union-attr]
@@ -216,7 +228,7 @@ class RemoteQueues:
                 "link to the home node full",
             )
         d: Deferred = Deferred()
-        link.pending[seq] = d
+        link.pending[seq] = (d, self.mesh.clock.seconds() + CONFIRM_TIMEOUT)
         return d
 
     def open(self, queue: RemoteQueue, consumer: Consumer) -> None:
@@ -313,16 +325,35 @@ class RemoteQueues:
         if not isinstance(ok, list):
             raise wire.FrameError("bad confirm: no ok list")
         for seq in ok:
-            d = pending.pop(seq, None) if isinstance(seq, int) else None
-            if d is not None:
-                d.callback(None)
+            entry = pending.pop(seq, None) if isinstance(seq, int) else None
+            if entry is not None:
+                entry[0].callback(None)
         for item in value.get("failed") or ():
             if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], int)):
                 raise wire.FrameError("bad confirm: failed items are [seq, code, text]")
-            d = pending.pop(item[0], None)
-            if d is not None:
+            entry = pending.pop(item[0], None)
+            if entry is not None:
                 cls = _ERRORS.get(item[1], BrokerError)
-                d.errback(cls(f"node {link.node!r} refused it: {str(item[2])[:500]}", "refused by the home node"))
+                entry[0].errback(
+                    cls(f"node {link.node!r} refused it: {str(item[2])[:500]}", "refused by the home node")
+                )
+
+    def expire(self, link: LinkProtocol, now: float) -> None:
+        """Forwards unconfirmed past L{CONFIRM_TIMEOUT} fail (the link's
+        heart-beat asks): their publishers hear it, and may send again."""
+        pending = link.pending
+        while pending:
+            seq, (d, deadline) = next(iter(pending.items()))
+            if deadline > now:
+                return
+            del pending[seq]
+            d.errback(
+                Unavailable(
+                    f"Node {link.node!r} did not confirm the message within {CONFIRM_TIMEOUT:g} s: "
+                    "it may or may not be there; send it again.",
+                    "no confirm from the home node",
+                )
+            )
 
     def _cancelled(self, link: LinkProtocol, value: dict[str, Any]) -> None:
         sub = self._subs.get(_int(value.get("id")))
@@ -441,7 +472,7 @@ class RemoteQueues:
         later acks of it go nowhere). The home side's consumers go with
         the link's channels (L{qmq.cluster.mesh.Mesh.link_down})."""
         pending, link.pending = link.pending, {}
-        for d in pending.values():
+        for d, _ in pending.values():
             d.errback(
                 Unavailable(
                     f"The link to node {link.node!r} went down before it confirmed the message "
