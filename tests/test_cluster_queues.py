@@ -313,6 +313,19 @@ class ConsumeTests(SynchronousTestCase):
         net.settle()
         self.assertEqual((len(home), len(home.consumers[0].unacked)), (0, 0))
 
+    def test_ack_then_cancel_in_one_turn(self) -> None:
+        """An ack and the consumer's cancel in the same turn: the ack is
+        not overtaken (the home would give the message back)."""
+        net, q = self.net, self.q
+        on_a = consume(net, "a", q)
+        send(net, "b", q, b"m")
+        net.settle()
+        ch = channel(net, "a")
+        ch.settle(on_a.got[0][0])
+        ch.unsubscribe(on_a)
+        net.settle()
+        self.assertEqual((len(self.home_queue()), self.home_queue().consumers), (0, ()))
+
     def test_consumer_leaves_gives_back(self) -> None:
         """Unsubscribing (or the client's channel closing) gives back on the
         home what it held."""

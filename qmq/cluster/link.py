@@ -317,6 +317,10 @@ class LinkProtocol(Protocol):
         """Queue a control frame (sent at the end of the reactor turn)."""
         if self.state == "closed":
             return
+        if self._confirms or self._failures or self._settles:
+            # Settles first: a cancel after them must not overtake them
+            # (the home would give back what they ack).
+            self._controls()
         self._out.append(data)
         self._out_bytes += len(data)
         self._want_flush()

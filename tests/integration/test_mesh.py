@@ -196,6 +196,7 @@ class Node:
         self.dir = test.workdir / name
         self.dir.mkdir()
         self.stomp_port, self.peer_port, self.http_port = free_port(), free_port(), free_port()
+        self.amqp_port = free_port()
         leaf = ca.issue_cert(name, "127.0.0.1")
         leaf.cert_chain_pems[0].write_to_path(str(self.dir / "cert.pem"))
         leaf.private_key_pem.write_to_path(str(self.dir / "key.pem"))
@@ -211,6 +212,7 @@ class Node:
             f"stomp:tcp:{self.stomp_port}:interface=127.0.0.1",
             f"peer:ssl:{self.peer_port}:interface=127.0.0.1",
             f"http:tcp:{self.http_port}:interface=127.0.0.1",
+            f"amqp:tcp:{self.amqp_port}:interface=127.0.0.1",
         ]
         (self.dir / "qmq.toml").write_text(
             f'data_dir = "{self.dir / "data"}"\nstore = "{store}"\nlisten = {json.dumps(listen)}\n\n'

@@ -5,6 +5,8 @@ used by STOMP clients on raw sockets.
   - a queue homed on b, consumed from a with acks, fed by SENDs on c that
     are receipted once b has them; the SUBSCRIBE's RECEIPT and the HTTP
     API name the home;
+  - AMQP (publisher confirms, basic.consume with acks) and HTTP on the
+    same queue; with the home down, HTTP 503 and AMQP 404 naming it;
   - a consumer on a holding unacked messages when a is SIGKILLed: b has
     them back, and a consumer on c gets them;
   - the home killed (SIGKILL) and restarted under receipted persistent
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.error
 import urllib.request
 from typing import Any
 
@@ -137,6 +140,59 @@ class RemoteQueueTests(MeshTestCase):
         subscribe(on_c, q)
         self.assertEqual(sorted(take(on_c, 50)), sorted(bodies))
         self.wait_for("all acked on b", lambda: queue_view(b, q)["messages"] == 0)
+
+
+class FrontendTests(MeshTestCase):
+    def test_amqp_and_http(self) -> None:
+        """The same queue over AMQP and HTTP: publishes with confirms on
+        a and HTTP 201s on c reach b's queue; an AMQP consumer on c gets
+        them; with b down, the HTTP publish is a 503 problem and the AMQP
+        one closes the channel with 404, naming the home."""
+        import pika  # noqa: PLC0415
+
+        nodes = self.nodes("a", "b", "c")
+        a, b, c = nodes["a"], nodes["b"], nodes["c"]
+        self.wait_for("the mesh settled", lambda: settled(nodes))
+        q = homed("b", ["a", "b", "c"], "amqp")
+        params = pika.ConnectionParameters("127.0.0.1", a.amqp_port, connection_attempts=3)
+        on_a = pika.BlockingConnection(params)
+        self.addCleanup(lambda: on_a.is_open and on_a.close())
+        channel = on_a.channel()
+        channel.confirm_delivery()
+        channel.queue_declare(q)
+        for i in range(20):
+            channel.basic_publish("", q, b"amqp%d" % i, pika.BasicProperties(delivery_mode=2))
+        url = f"http://127.0.0.1:{c.http_port}/api/v1/vhosts/%2F/queues/{q}/messages"
+        request = urllib.request.Request(url, data=b'{"body": "http", "persistent": true}', headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as r:
+            self.assertEqual(r.status, 201)
+        self.assertEqual(queue_view(b, q)["messages"], 21)
+        on_c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", c.amqp_port))
+        self.addCleanup(lambda: on_c.is_open and on_c.close())
+        consumer = on_c.channel()
+        consumer.basic_qos(prefetch_count=5)
+        got: list[bytes] = []
+        for method, _, body in consumer.consume(q, inactivity_timeout=5):
+            self.assertIsNotNone(method, f"only {len(got)} messages came")
+            got.append(body)
+            consumer.basic_ack(method.delivery_tag)
+            if len(got) == 21:
+                break
+        consumer.cancel()
+        self.assertEqual(got, [b"amqp%d" % i for i in range(20)] + [b"http"])
+        self.wait_for("all acked on b", lambda: queue_view(b, q)["messages"] == 0)
+
+        b.kill()
+        self.wait_for("c noticed", lambda: "b" not in c.links() and "b" not in a.links())
+        with self.assertRaises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(request, timeout=10)
+        problem = json.load(e.exception)
+        self.assertEqual((e.exception.code, problem["code"]), (503, "home-unavailable"))
+        self.assertIn("lives on node 'b'", problem["detail"])
+        with self.assertRaises(pika.exceptions.ChannelClosedByBroker) as closed:
+            channel.basic_publish("", q, b"lost", pika.BasicProperties(delivery_mode=2))
+        self.assertEqual(closed.exception.reply_code, 404)
+        self.assertIn("lives on node 'b'", closed.exception.reply_text)
 
 
 class KillHomeTests(MeshTestCase):
