@@ -173,6 +173,30 @@ class ForwardTests(SynchronousTestCase):
         self.net.settle()
         return d
 
+    def test_stand_in_lookup(self) -> None:
+        """VirtualHost.stand_in: a stand-in for a name homed elsewhere, made
+        once; None for a name homed here, a local queue, or no valid name
+        (a default-exchange publish to it stays unroutable)."""
+        net = self.net
+        vhost = net["a"].broker.default_vhost
+        away, here = homed(net, "b", "s"), homed(net, "a", "s")
+        made = vhost.stand_in(away)
+        self.assertIsInstance(made, RemoteQueue)
+        self.assertIs(vhost.stand_in(away), made)
+        self.assertIsNone(vhost.stand_in(here))
+        self.assertNotIn(here, vhost.queues)
+        vhost.declare_queue(here)
+        self.assertIsNone(vhost.stand_in(here))
+        self.assertIsNone(vhost.stand_in(""))
+        self.assertIsNone(vhost.stand_in("x" * 1000))
+        ch = channel(net, "a")
+        self.assertEqual(ch.publish("", "", ch.make_message("", "", None, b"x")).routed, 0)
+        # Definitions are the home's to export.
+        from qmq.core.definitions import export_definitions  # noqa: PLC0415
+
+        names = [q["name"] for q in export_definitions(net["a"].broker)["queues"]]
+        self.assertEqual((away in names, here in names), (False, True))
+
     def test_bind_and_get_refused(self) -> None:
         net, q = self.net, self.q
         send(net, "a", q, b"x")

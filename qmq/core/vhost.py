@@ -389,14 +389,20 @@ class VirtualHost:
     def stand_in(self, name: str) -> Queue | None:
         """The stand-in of queue C{name} when its home is another node
         (made now: a publish to it names it), else None (L{qmq.core.remote})."""
+        existing = self.queues.get(name)
+        if existing is not None:
+            return existing if existing.remote is not None else None
         broker = self.broker
         homes = broker.homes if broker is not None else None
-        if homes is None or name in self.queues:
-            return self.queues.get(name) if homes is not None else None
-        home = homes.home(self.name, name, None)
+        if homes is None or not name:
+            return None
+        try:
+            check_queue(name)
+            home = homes.home(self.name, name, None)
+        except BrokerError:
+            return None  # no queue can have that name: unroutable, as before
         if home is None:
             return None
-        check_queue(name)
         return self._add_stand_in(name, home, None)
 
     def _add_stand_in(self, name: str, home: str, arguments: dict | None) -> Queue:

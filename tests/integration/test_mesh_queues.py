@@ -182,6 +182,22 @@ class FrontendTests(MeshTestCase):
         self.assertEqual(got, [b"amqp%d" % i for i in range(20)] + [b"http"])
         self.wait_for("all acked on b", lambda: queue_view(b, q)["messages"] == 0)
 
+        # HTTP receive (a long poll) and ack on a, of what HTTP sent on c.
+        with urllib.request.urlopen(request, timeout=10) as r:
+            self.assertEqual(r.status, 201)
+        base = f"http://127.0.0.1:{a.http_port}/api/v1/vhosts/%2F/queues/{q}"
+        with urllib.request.urlopen(urllib.request.Request(base + "/receive?max=5&wait=5", method="POST"),
+                                    timeout=10) as r:
+            received = json.load(r)["messages"]
+        self.assertEqual([m["body"] for m in received], ["http"])
+        ack = urllib.request.Request(
+            base + "/ack", data=json.dumps({"handles": [received[0]["handle"]]}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(ack, timeout=10) as r:
+            self.assertEqual(json.load(r), {"settled": 1, "unknown": []})
+        self.wait_for("acked on b", lambda: queue_view(b, q)["messages"] == 0)
+
         b.kill()
         self.wait_for("c noticed", lambda: "b" not in c.links() and "b" not in a.links())
         with self.assertRaises(urllib.error.HTTPError) as e:
