@@ -173,6 +173,42 @@ class ForwardTests(SynchronousTestCase):
         self.net.settle()
         return d
 
+    def test_arguments_reach_the_home(self) -> None:
+        """A queue declared with arguments on a node that is not its home
+        (AMQP's queue.declare): the home makes it with them, now or when
+        the link comes up; one it has with other arguments is kept, and
+        the disagreement logged."""
+        net = self.net
+        q = homed(net, "b", "args")
+        channel(net, "a").declare_queue(q, arguments={"x-max-length": 3, "x-overflow": "reject-publish"})
+        net.settle()
+        home = net["b"].broker.default_vhost.queues[q]
+        self.assertEqual(home.policy.max_length, 3)
+        for i in range(3):
+            send(net, "a", q, b"%d" % i)
+        answer = send(net, "a", q, b"full")
+        net.settle()
+        self.assertEqual(self.failureResultOf(answer).value.code, 506)
+        # Other arguments on c: b keeps its own (and logs it).
+        from twisted.logger import globalLogPublisher  # noqa: PLC0415
+
+        logged: list[str] = []
+        observer = lambda event: logged.append(str(event.get("log_format", "")))  # noqa: E731
+        globalLogPublisher.addObserver(observer)
+        self.addCleanup(globalLogPublisher.removeObserver, observer)
+        channel(net, "c").declare_queue(q, arguments={"x-max-length": 5})
+        net.settle()
+        self.assertEqual(home.policy.max_length, 3)
+        self.assertTrue(any("declared queue {queue!r} here" in line for line in logged), logged)
+        # Declared while b is not linked: told when the link is up.
+        later = homed(net, "b", "later")
+        net["a"].link_to(net["b"]).close("test")
+        net.settle()
+        channel(net, "a").declare_queue(later, arguments={"x-max-priority": 5})
+        self.assertNotIn(later, net["b"].broker.default_vhost.queues)
+        net.connect("a", "b")
+        self.assertEqual(net["b"].broker.default_vhost.queues[later].policy.max_priority, 5)
+
     def test_stand_in_lookup(self) -> None:
         """VirtualHost.stand_in: a stand-in for a name homed elsewhere, made
         once; None for a name homed here, a local queue, or no valid name

@@ -505,7 +505,9 @@ class LinkProtocol(Protocol):
 
 
 #: The control frames of queues across nodes (L{qmq.cluster.queues}).
-_QUEUE_FRAMES = frozenset((wire.CONFIRM, wire.CONSUME, wire.SETTLE, wire.CANCEL, wire.CANCELLED))
+_QUEUE_FRAMES = frozenset(
+    (wire.CONFIRM, wire.CONSUME, wire.SETTLE, wire.CANCEL, wire.CANCELLED, wire.DECLARE)
+)
 
 
 def _interest_key(value: Any) -> tuple[str, str, str]:

@@ -130,6 +130,8 @@ class RemoteQueues:
         self._tags: dict[Any, tuple[_Sub, int, LinkProtocol]] = {}
         self._here = False
         self._vhost_bytes: dict[str, bytes] = {}
+        #: Stand-ins made with arguments (told to their home at each link up).
+        self._declared: dict[tuple[str, str], RemoteQueue] = {}
 
     # -- Homes: what the core asks ------------------------------------------------
 
@@ -201,6 +203,53 @@ class RemoteQueues:
                 "home node unavailable",
             )
         return link
+
+    def declared(self, queue: RemoteQueue) -> None:
+        """Tell the home the arguments a stand-in was declared with (now,
+        and whenever the link comes up again), so that the queue is made
+        there with them."""
+        self._declared[(queue.vhost.name, queue.name)] = queue  # type: ignore[union-attr]
+        link = self.mesh.links.get(queue.home)
+        if link is not None and link.state == "up":
+            self._declare(link, queue)
+
+    def _declare(self, link: LinkProtocol, queue: RemoteQueue) -> None:
+        try:
+            data = wire.encode_json(
+                wire.DECLARE,
+                {"vhost": queue.vhost.name, "queue": queue.name, "arguments": queue.arguments},  # type: ignore[union-attr]
+            )
+        except (TypeError, ValueError) as e:
+            log.warn(
+                "mesh: queue {queue!r}: its arguments cannot be sent to its home {home}: {error}",
+                queue=queue.name,
+                home=queue.home,
+                error=str(e),
+            )
+            return
+        link.send(data)
+
+    def _declare_here(self, link: LinkProtocol, value: dict[str, Any]) -> None:
+        """A peer made a stand-in of a queue homed here, with arguments:
+        made here with them (or checked against those it has)."""
+        vhost_name, name, arguments = value.get("vhost"), value.get("queue"), value.get("arguments")
+        if not (isinstance(vhost_name, str) and isinstance(name, str) and isinstance(arguments, dict)):
+            raise wire.FrameError("bad declare: vhost, queue and arguments expected")
+        mesh = self.mesh
+        vhost = mesh.broker.vhosts.get(vhost_name)
+        try:
+            if vhost is None:
+                raise NotFound(f"no virtual host {vhost_name!r} on node {mesh.node!r}")
+            with self.here():
+                mesh._channel(link, vhost).named_queue(name, "configure", arguments=arguments)
+        except BrokerError as e:
+            log.warn(
+                "mesh: node {node} declared queue {queue!r} here with arguments {arguments}: {error}",
+                node=link.node,
+                queue=name,
+                arguments=arguments,
+                error=e.message,
+            )
 
     def reachable(self, queue: RemoteQueue) -> None:
         self._link(queue)
@@ -312,6 +361,8 @@ class RemoteQueues:
             self._confirmed(link, value)
         elif type_ == wire.CONSUME:
             self._consume_here(link, value)
+        elif type_ == wire.DECLARE:
+            self._declare_here(link, value)
         elif type_ == wire.CANCEL:
             consumer = link.homed.pop(_int(value.get("id")), None)
             if consumer is not None and consumer.channel is not None and not consumer.channel.closed:
@@ -461,7 +512,13 @@ class RemoteQueues:
     # -- links ----------------------------------------------------------------------
 
     def link_up(self, link: LinkProtocol) -> None:
-        """Consumers of queues homed on C{link}'s peer consume there (again)."""
+        """Stand-ins declared with arguments are declared there, and
+        consumers of queues homed on C{link}'s peer consume there (again)."""
+        for key, queue in list(self._declared.items()):
+            if queue.deleted:
+                del self._declared[key]
+            elif queue.home == link.node:
+                self._declare(link, queue)
         for sub in list(self._subs.values()):
             if sub.queue.home == link.node and sub.link is not link:
                 self._consume(link, sub)

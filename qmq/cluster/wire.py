@@ -42,6 +42,7 @@ __all__ = [
     "CLOSE",
     "CONFIRM",
     "CONSUME",
+    "DECLARE",
     "DELIVER",
     "FORWARD",
     "HELLO",
@@ -82,6 +83,7 @@ DELIVER = 12  # u32 consumer id, u64 delivery tag, u32 delivery count, then a me
 SETTLE = 13  # JSON: {"s": [[id, tag, outcome], ...]}: 0 ack, 1 requeue, 2 drop
 CANCEL = 14  # JSON: {"id": n}: the consumer goes (its unacked messages go back)
 CANCELLED = 15  # JSON: {"id": n, "code": c, "reason": text}: the home ended it
+DECLARE = 16  # JSON: {"vhost": v, "queue": q, "arguments": {...}}: declared on another node
 
 NAMES = {
     HELLO: "hello",
@@ -99,6 +101,7 @@ NAMES = {
     SETTLE: "settle",
     CANCEL: "cancel",
     CANCELLED: "cancelled",
+    DECLARE: "declare",
 }
 
 _HEADER = struct.Struct(">IB")

@@ -75,6 +75,9 @@ class Homes(Protocol):
         @raise PreconditionFailed: a bad placement argument.
         """
 
+    def declared(self, queue: RemoteQueue) -> None:
+        """A stand-in was made with arguments: its home should have them."""
+
     def reachable(self, queue: RemoteQueue) -> None:
         """@raise Unavailable: the home of C{queue} is not reachable now."""
 

@@ -409,6 +409,8 @@ class VirtualHost:
         assert self.broker is not None
         queue = RemoteQueue(self, name, home, self.broker.homes, arguments)
         self.queues[name] = queue
+        if arguments:
+            self.broker.homes.declared(queue)
         return queue
 
     def _durable_store(self, queue: Queue) -> MessageStore | None:
