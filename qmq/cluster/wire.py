@@ -226,7 +226,7 @@ class Decoder:
         message = Message(mid, exchange, key, headers, body, ts, bool(flags & record.FLAG_PERSISTENT), prio, expiry)
         if headers is not None or extra is not None:
             last_headers, last_properties, _ = self._model
-            if headers is not None and headers == last_headers:
+            if headers is not None and headers == last_headers and _same_types(headers, last_headers):
                 message.headers = last_headers
             properties = None
             if extra is not None:
@@ -236,6 +236,13 @@ class Decoder:
                 message.properties = properties
             self._model = (message.headers, properties, None)
         return vhost, message
+
+
+def _same_types(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Equal header dicts are the same only with values of the same types
+    (C{1 == True == 1.0}, and a STOMP receiver reads C{1}, C{true} or
+    C{1.0})."""
+    return all(v.__class__ is b[k].__class__ for k, v in a.items())
 
 
 class FrameReader:
