@@ -308,6 +308,12 @@ class ConsumeTests(SynchronousTestCase):
         ch.settle(0, multiple=True)
         net.settle()
         self.assertEqual((len(remote.unacked), len(home)), (0, 0))
+        self.assertEqual(net["b"].link_to(net["a"]).snapshot()["peer_consumers"], 1)
+        answer = send(net, "c", q, b"later")
+        self.assertEqual(net["c"].link_to(net["b"]).snapshot()["unconfirmed"], 1)
+        net.settle()
+        self.successResultOf(answer)
+        self.assertEqual(net["c"].link_to(net["b"]).snapshot()["unconfirmed"], 0)
 
     def test_window_is_the_prefetch(self) -> None:
         """A consumer with prefetch 2: the home hands out 2 at a time; acks

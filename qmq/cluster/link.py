@@ -501,6 +501,8 @@ class LinkProtocol(Protocol):
             "refused": self.refused,
             "buffered_bytes": self._out_bytes,
             "peer_interest": sorted("/".join(k) for k in self.remote),
+            "unconfirmed": len(self.pending),
+            "peer_consumers": len(self.homed),
         }
 
 

@@ -495,6 +495,10 @@ def _schemas(s: ApiSettings) -> dict:
                 "dropped": {"type": "integer"}, "refused": {"type": "integer"},
                 "buffered_bytes": {"type": "integer"},
                 "peer_interest": {"type": "array", "items": {"type": "string"}},
+                "unconfirmed": {"type": "integer", "description": "Publishes forwarded to queues homed on "
+                                "the peer, waiting for its confirm."},
+                "peer_consumers": {"type": "integer", "description": "The peer's consumers of queues homed "
+                                   "on this node."},
             },
         },
         "User": {
