@@ -477,3 +477,30 @@ class ConfirmDeadlineTests(SynchronousTestCase):
         f = self.failureResultOf(answer, Unavailable)
         self.assertIn("did not confirm the message within 60 s", f.getErrorMessage())
         self.assertIn("b", net["a"].mesh.links)
+
+
+class BackpressureTests(SynchronousTestCase):
+    def test_full_link_pauses_the_remote_consumer(self) -> None:
+        """The home's link to the consumer's node is not read: deliveries
+        stop once its buffer is full (the rest wait in the queue, none is
+        dropped), and go on when it drains."""
+        net = Net("a", "b", link_buffer=65536)
+        net.full_mesh()
+        q = homed(net, "b")
+        on_a = consume(net, "a", q, ack=False)
+        net.settle()
+        to_a = net["b"].link_to(net["a"])
+        to_a.pauseProducing()
+        for _ in range(200):
+            send(net, "b", q, b"x" * 1000)
+        net.clock.advance(0)
+        home = net["b"].broker.default_vhost.queues[q]
+        self.assertEqual(to_a.dropped, 0)
+        self.assertGreater(len(home), 100)
+        self.assertLess(to_a.snapshot()["buffered_bytes"], 65536 + 2000)
+        to_a.resumeProducing()
+        for _ in range(50):
+            net.settle()
+            net.clock.advance(0)
+        self.assertEqual(len(on_a.got), 200)
+        self.assertEqual(len(home), 0)

@@ -127,6 +127,8 @@ class LinkProtocol(Protocol):
         self.next_seq = 1
         #: The peer's consumers of queues homed here, by the peer's id.
         self.homed: dict[int, Any] = {}
+        #: Those of them paused while the link's buffer is full.
+        self.held_back: set[Any] = set()
         # Confirms, failures and settles to send, one frame each per turn.
         self._confirms: list[int] = []
         self._failures: list[list[Any]] = []
@@ -341,14 +343,21 @@ class LinkProtocol(Protocol):
         self._settles.append([sub, tag, outcome])
         self._want_flush()
 
-    def send_message(self, chunks: list[bytes], size: int) -> bool:
+    @property
+    def full(self) -> bool:
+        """Whether the link's buffer holds C{link_buffer} bytes or more."""
+        return self._out_bytes >= self.mesh.settings.link_buffer
+
+    def send_message(self, chunks: list[bytes], size: int, force: bool = False) -> bool:
         """Queue a message frame (its chunks, C{size} bytes in all), or drop
-        it when the link's buffer is full.
+        it when the link's buffer is full (unless C{force}: a delivery to a
+        consumer of a queue, bounded by its window and paused when the
+        buffer is full, L{qmq.cluster.queues}).
 
         @return: whether it was queued."""
         if self.state == "closed":
             return False
-        if self._out_bytes + size > self.mesh.settings.link_buffer and self._out:
+        if not force and self._out_bytes + size > self.mesh.settings.link_buffer and self._out:
             self.dropped += 1
             now = self.clock.seconds()
             if self._dropped_logged is None or now - self._dropped_logged >= DROP_LOG_INTERVAL:
@@ -397,6 +406,8 @@ class LinkProtocol(Protocol):
         out, self._out = self._out, []
         self._out_bytes = 0
         self.transport.writeSequence(out)
+        if self.held_back and not self._paused:
+            self.mesh.queues.unblock(self)
 
     # IPushProducer: the transport's write buffer is full, or drained.
     def pauseProducing(self) -> None:

@@ -337,9 +337,21 @@ class RemoteQueues:
         if name is None:
             name = self._vhost_bytes[vhost] = vhost.encode()
         chunks = wire.encode_message(name, message, wire.DELIVER, wire.DELIVERY.pack(sub, tag, message.delivery_count))
-        # The window bounds what is out to a consumer; a full link buffer
-        # leaves it unacked here, given back when the link goes.
-        link.send_message(chunks, sum(map(len, chunks)))
+        # Never dropped (the window bounds what is out to a consumer): when
+        # the link's buffer is full, the consumer pauses until it drains.
+        link.send_message(chunks, sum(map(len, chunks)), force=True)
+        if link.full:
+            consumer = link.homed.get(sub)
+            if consumer is not None:
+                consumer.paused = True
+                link.held_back.add(consumer)
+
+    def unblock(self, link: LinkProtocol) -> None:
+        """C{link}'s buffer was written out: its paused consumers go on."""
+        held, link.held_back = link.held_back, set()
+        for consumer in held:
+            if consumer.channel is not None and not consumer.channel.closed and link.homed.get(consumer.sub) is consumer:
+                consumer.resume()
 
     def delivered(self, link: LinkProtocol, sub_id: int, tag: int, message: Message) -> None:
         """A deliver frame: hand it to the consumer of the stand-in."""
@@ -538,6 +550,7 @@ class RemoteQueues:
                 )
             )
         link.homed.clear()
+        link.held_back.clear()
         for sub in self._subs.values():
             if sub.link is link:
                 sub.link = None
