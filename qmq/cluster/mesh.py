@@ -55,10 +55,17 @@ Discovery:
     C{/topic/system.peers}. A dialer its peer refused waits 2, 4, ... 60
     seconds (L{dialer_refused}).
 
-What is not guaranteed (docs/cluster.rst): messages cross a link at most
-once (in flight when a link drops, they are lost); interest takes a round
-trip to reach a peer, so a publish right after a remote SUBSCRIBE may miss
-it; no ordering between messages from different nodes.
+Queues across nodes:
+    Each queue lives on one home node; the core's stand-in of a queue homed
+    elsewhere (L{qmq.core.remote}) reaches it through L{queues}, a
+    L{qmq.cluster.queues.RemoteQueues} (the broker's C{homes} while the
+    mesh runs), placed by L{qmq.cluster.placement}.
+
+What is not guaranteed (docs/cluster.rst): fan-out messages cross a link
+at most once (in flight when a link drops, they are lost); queues across
+nodes are at least once (confirmed publishes, acked deliveries); interest
+takes a round trip to reach a peer, so a publish right after a remote
+SUBSCRIBE may miss it; no ordering between messages from different nodes.
 """
 
 from __future__ import annotations
