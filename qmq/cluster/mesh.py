@@ -504,7 +504,8 @@ class Mesh(Service, Observer):
             if key not in link.remote:
                 self._bind(link, key)
 
-    def _channel(self, link: LinkProtocol, vhost: Any) -> Channel:
+    def channel_for(self, link: LinkProtocol, vhost: Any) -> Channel:
+        """The channel of C{link} in C{vhost} (made on first use)."""
         channel = link.channels.get(vhost.name)
         if channel is None:
             channel = link.channels[vhost.name] = Channel(
@@ -521,7 +522,7 @@ class Mesh(Service, Observer):
         own = self.own
         own[key] = own.get(key, 0) + 1
         try:
-            self._channel(link, vhost).consume(consumer, exchange=key[1], pattern=key[2], live=True)
+            self.channel_for(link, vhost).consume(consumer, exchange=key[1], pattern=key[2], live=True)
         except BrokerError as e:
             own[key] -= 1
             log.warn(
@@ -586,7 +587,7 @@ class Mesh(Service, Observer):
             if vhost is None:
                 link.refused += 1
                 return
-            channel = self._channel(link, vhost)
+            channel = self.channel_for(link, vhost)
             try:
                 found = (channel, channel.target(message.exchange, message.routing_key))
             except BrokerError:

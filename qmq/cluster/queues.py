@@ -241,7 +241,7 @@ class RemoteQueues:
             if vhost is None:
                 raise NotFound(f"no virtual host {vhost_name!r} on node {mesh.node!r}")
             with self.here():
-                mesh._channel(link, vhost).named_queue(name, "configure", arguments=arguments)
+                mesh.channel_for(link, vhost).named_queue(name, "configure", arguments=arguments)
         except BrokerError as e:
             log.warn(
                 "mesh: node {node} declared queue {queue!r} here with arguments {arguments}: {error}",
@@ -464,7 +464,7 @@ class RemoteQueues:
             vhost = mesh.broker.vhosts.get(vhost_name)
             if vhost is None:
                 raise NotFound(f"no virtual host {vhost_name!r} on node {mesh.node!r}")
-            channel = mesh._channel(link, vhost)
+            channel = mesh.channel_for(link, vhost)
             name = message.routing_key
             queue = vhost.queues.get(name)
             if queue is None:
@@ -505,7 +505,7 @@ class RemoteQueues:
             vhost = mesh.broker.vhosts.get(vhost_name)
             if vhost is None:
                 raise NotFound(f"no virtual host {vhost_name!r} on node {mesh.node!r}")
-            channel = mesh._channel(link, vhost)
+            channel = mesh.channel_for(link, vhost)
             if name not in vhost.queues:
                 with self.here():
                     channel.named_queue(name)
