@@ -414,6 +414,19 @@ class ConsumeTests(SynchronousTestCase):
         self.assertEqual(on_a.cancels, 1)
         self.assertEqual(net["a"].broker.default_vhost.queues[q].consumers, ())
 
+    def test_exclusive_consumer_across_nodes(self) -> None:
+        """An exclusive consumer (AMQP's) is exclusive on the home: a
+        consumer on another node is refused there, and cancelled here."""
+        net, q = self.net, self.q
+        ch = channel(net, "a")
+        first = Recorder(ch)
+        ch.consume(first, ch.declare_queue(q).name, exclusive=True)
+        net.settle()
+        second = consume(net, "c", q)
+        net.settle()
+        self.assertEqual((first.cancels, second.cancels), (0, 1))
+        self.assertEqual(len(self.home_queue().consumers), 1)
+
     def test_paused_consumer_holds(self) -> None:
         """A paused consumer's deliveries wait on the stand-in until it resumes."""
         net, q = self.net, self.q

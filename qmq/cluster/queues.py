@@ -298,7 +298,13 @@ class RemoteQueues:
         link.send(
             wire.encode_json(
                 wire.CONSUME,
-                {"id": sub.id, "vhost": sub.queue.vhost.name, "queue": sub.queue.name, "window": window},  # type: ignore[union-attr]
+                {
+                    "id": sub.id,
+                    "vhost": sub.queue.vhost.name,  # type: ignore[union-attr]
+                    "queue": sub.queue.name,
+                    "window": window,
+                    "exclusive": consumer.exclusive,
+                },
             )
         )
 
@@ -516,7 +522,7 @@ class RemoteQueues:
                     "the nodes' memberships differ (name every node in cluster.peers)"
                 )
             link.homed[sub] = consumer
-            channel.consume(consumer, name)
+            channel.consume(consumer, name, exclusive=value.get("exclusive") is True)
         except BrokerError as e:
             link.homed.pop(sub, None)
             link.send(wire.encode_json(wire.CANCELLED, {"id": sub, "code": e.code, "reason": e.message}))

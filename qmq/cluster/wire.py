@@ -78,7 +78,7 @@ PEERS = 8
 # Queues across nodes (qmq.cluster.queues).
 FORWARD = 9  # u64 sequence number, then a message (a publish to the queue on its home)
 CONFIRM = 10  # JSON: {"ok": [seq, ...], "failed": [[seq, code, text], ...]}
-CONSUME = 11  # JSON: {"id": n, "vhost": v, "queue": q, "window": w}
+CONSUME = 11  # JSON: {"id": n, "vhost": v, "queue": q, "window": w, "exclusive": b}
 DELIVER = 12  # u32 consumer id, u64 delivery tag, u32 delivery count, then a message
 SETTLE = 13  # JSON: {"s": [[id, tag, outcome], ...]}: 0 ack, 1 requeue, 2 drop
 CANCEL = 14  # JSON: {"id": n}: the consumer goes (its unacked messages go back)
