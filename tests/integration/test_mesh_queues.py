@@ -15,7 +15,8 @@ used by STOMP clients on raw sockets.
     are refused with an ERROR, never receipted;
   - a link through the delaying proxy: a thousand messages consumed from
     the far node, and a thousand receipted SENDs to it, without one round
-    trip each.
+    trip each; then the link cut (the proxy closed) while the far consumer
+    holds unacked messages: they are back in the queue at once.
 """
 
 from __future__ import annotations
@@ -317,5 +318,16 @@ class DistantQueueTests(MeshTestCase):
             f"mesh queue test: rtt {rtt:.0f} ms; 1,000 consumed across in {consumed:.2f} s, "
             f"1,000 receipted SENDs across in {sent:.2f} s"
         )
+
+        # The link cut (the proxy goes) while b's consumer holds 30
+        # unacked: a has them back at once, ready for another consumer.
+        send_receipted(a.client(), f"/queue/{q}", [b"h%d" % i for i in range(30)])
+        self.assertEqual(len(take(on_b, 30, ack=False)), 30)
+        self.assertEqual(queue_view(a, q)["messages_unacknowledged"], 30)
+        proxy.close()
+        self.wait_for("a has them back", lambda: queue_view(a, q)["messages_ready"] == 30)
+        local = a.client()
+        subscribe(local, q, ack="auto")
+        self.assertEqual(sorted(take(local, 30, ack=False)), sorted(b"h%d" % i for i in range(30)))
 
 
