@@ -11,7 +11,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from qmq.cluster.placement import Placement, rendezvous
 from qmq.core.channel import Channel
-from qmq.core.errors import NotAllowed, PreconditionFailed
+from qmq.core.errors import PreconditionFailed
 from qmq.core.remote import RemoteQueue, Unavailable, home_of
 from tests.test_cluster_mesh import Net
 from tests.test_core_channel import Recorder
@@ -237,10 +237,10 @@ class ForwardTests(SynchronousTestCase):
         net, q = self.net, self.q
         send(net, "a", q, b"x")
         vhost = net["a"].broker.default_vhost
-        with self.assertRaises(NotAllowed) as e:
+        with self.assertRaises(PreconditionFailed) as e:
             vhost.bind(q, "amq.topic", "k")
         self.assertIn("lives on node 'b'", e.exception.message)
-        with self.assertRaises(NotAllowed):
+        with self.assertRaises(PreconditionFailed):
             channel(net, "a").get(q)
 
     def test_home_named_by_argument_or_defaults(self) -> None:

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from twisted.logger import Logger
 
-from qmq.core.errors import NotAllowed, NotFound
+from qmq.core.errors import NotFound, PreconditionFailed
 from qmq.core.queue import Queue
 
 if TYPE_CHECKING:
@@ -157,14 +157,14 @@ class RemoteQueue(Queue):
         return False
 
     def get(self) -> Message | None:
-        raise NotAllowed(
+        raise PreconditionFailed(
             f"Queue {self.name!r} lives on node {self.home!r}: consume it from here, or "
             "get from it on its home node.",
             "get of a remote queue",
         )
 
     def purge(self) -> int:
-        raise NotAllowed(
+        raise PreconditionFailed(
             f"Queue {self.name!r} lives on node {self.home!r}: purge it there.",
             "purge of a remote queue",
         )

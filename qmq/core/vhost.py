@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.logger import Logger
 
-from qmq.core.errors import AccessRefused, BrokerError, NotAllowed, NotFound, PreconditionFailed
+from qmq.core.errors import AccessRefused, BrokerError, NotFound, PreconditionFailed
 from qmq.core.events import Events, Observer, observe
 from qmq.core.exchange import EXCHANGE_CLASSES, EXCHANGE_TYPES, Exchange, TopicExchange
 from qmq.core.expiry import ExpiryWheel
@@ -546,7 +546,7 @@ class VirtualHost:
         if not exchange:
             raise AccessRefused("the default exchange cannot be bound")
         if q.remote is not None:
-            raise NotAllowed(
+            raise PreconditionFailed(
                 f"Queue {queue!r} lives on node {q.home!r} (docs/cluster.rst): bind it there; "
                 "exchanges route to a queue on its home node only.",
                 "bind of a remote queue",
