@@ -517,3 +517,60 @@ class BackpressureTests(SynchronousTestCase):
             net.clock.advance(0)
         self.assertEqual(len(on_a.got), 200)
         self.assertEqual(len(home), 0)
+
+
+class StoredConfirmTests(SynchronousTestCase):
+    """The home's store answers persistent publishes with one waiter per
+    group commit (as the commit log does): forwards confirm when it fires,
+    fail when it fails, and pass its result on to whoever else waits."""
+
+    def setUp(self) -> None:
+        from tests.test_core_channel import FakeStore  # noqa: PLC0415
+
+        class GroupStore(FakeStore):
+            group: Deferred | None = None
+
+            def publish(self, vhost: Any, message: Any, queues: Any) -> Deferred:
+                self.calls.append(("publish", (vhost, message, list(queues))))
+                if self.group is None:
+                    self.group = Deferred()
+                return self.group
+
+        self.net = Net("a", "b")
+        self.net.full_mesh()
+        self.store = GroupStore()
+        broker = self.net["b"].broker
+        broker.store = self.store  # type: ignore[assignment]
+        self.q = homed(self.net, "b")
+        broker.default_vhost.declare_queue(self.q)
+
+    def sent(self) -> tuple[Deferred, Deferred, Deferred]:
+        answers = [send(self.net, "a", self.q, b"%d" % i, persistent=True) for i in range(2)]
+        self.net.settle()
+        waiter = self.store.group
+        assert waiter is not None
+        self.store.group = None
+        return answers[0], answers[1], waiter
+
+    def test_confirmed_when_stored(self) -> None:
+        first, second, waiter = self.sent()
+        self.assertFalse(first.called or second.called)
+        others: list[Any] = []
+        waiter.addCallback(others.append)
+        waiter.callback("stored")
+        self.net.settle()
+        self.successResultOf(first)
+        self.successResultOf(second)
+        self.assertEqual(others, ["stored"])
+
+    def test_failed_when_not_stored(self) -> None:
+        first, second, waiter = self.sent()
+        others: list[Any] = []
+        waiter.addErrback(others.append)
+        waiter.errback(OSError("disk gone"))
+        self.net.settle()
+        for answer in (first, second):
+            f = self.failureResultOf(answer)
+            self.assertIn("not stored: disk gone", f.getErrorMessage())
+        self.assertEqual(len(others), 1)
+        self.assertIsInstance(others[0].value, OSError)

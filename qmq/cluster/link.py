@@ -129,6 +129,12 @@ class LinkProtocol(Protocol):
         self.homed: dict[int, Any] = {}
         #: Those of them paused while the link's buffer is full.
         self.held_back: set[Any] = set()
+        #: (vhost, queue) -> (channel, target) of what the peer forwards here.
+        self.queue_targets: dict[tuple[str, str], Any] = {}
+        #: The store's waiter the last forwards here wait on, and their
+        #: sequence numbers (confirmed together when it fires).
+        self.group_waiter: Any = None
+        self.group: list[int] | None = None
         # Confirms, failures and settles to send, one frame each per turn.
         self._confirms: list[int] = []
         self._failures: list[list[Any]] = []

@@ -352,6 +352,7 @@ class Mesh(Service, Observer):
             channel.close()
         link.channels.clear()
         link.targets.clear()
+        link.queue_targets.clear()
         node = link.node
         if node and self.links.get(node) is link:
             del self.links[node]

@@ -61,6 +61,9 @@ ACK, REQUEUE, DROP = 0, 1, 2
 #: queues, durable subscriptions).
 LOCAL_PREFIXES = ("amq.", DURABLE_SUBSCRIPTION_PREFIX)
 
+#: Most queues one link keeps resolved for what it forwards here.
+TARGET_CACHE_SIZE = 1000
+
 #: Seconds a forwarded publish waits for its confirm before it fails.
 CONFIRM_TIMEOUT = 60.0
 #: Most forwarded publishes one link waits confirms for; past it a publish
@@ -464,37 +467,71 @@ class RemoteQueues:
     # -- frames to the home ---------------------------------------------------------
 
     def forwarded(self, link: LinkProtocol, seq: int, vhost_name: str, message: Message) -> None:
-        """A publish forwarded by a peer to a queue homed here."""
-        mesh = self.mesh
+        """A publish forwarded by a peer to a queue homed here: published
+        through the link's channel (each queue resolved once per link, as
+        STOMP's SEND resolves a destination), confirmed once it is as
+        durable as the store makes it."""
+        targets = link.queue_targets
+        key = (vhost_name, message.routing_key)
+        found = targets.get(key)
         try:
-            vhost = mesh.broker.vhosts.get(vhost_name)
-            if vhost is None:
-                raise NotFound(f"no virtual host {vhost_name!r} on node {mesh.node!r}")
-            channel = mesh.channel_for(link, vhost)
-            name = message.routing_key
-            queue = vhost.queues.get(name)
-            if queue is None:
-                with self.here():
-                    queue = channel.named_queue(name, "write")
-            if queue.remote is not None:
-                raise NotFound(
-                    f"node {mesh.node!r} places queue {name!r} on node {queue.home!r}: "
-                    "the nodes' memberships differ (name every node in cluster.peers)"
-                )
-            message.id = next(mesh.broker.message_ids)
-            durable = channel.publish_target((queue, None, "", name, queue), message)
+            if found is None or found[1][4].deleted:
+                found = self._resolve(link, vhost_name, message.routing_key)
+                if len(targets) >= TARGET_CACHE_SIZE:
+                    targets.clear()
+                targets[key] = found
+            message.id = next(self.mesh.broker.message_ids)
+            durable = found[0].publish_target(found[1], message)
         except BrokerError as e:
             link.refused += 1
             link.fail(seq, e.code, e.message)
             return
         if durable is None:
             link.confirm(seq)
-            return
+        elif durable is link.group_waiter:
+            # The store's group commit: one waiter for the turn's publishes.
+            link.group.append(seq)  # type: ignore[union-attr]
+        else:
+            group = link.group = [seq]
+            link.group_waiter = durable
+            durable.addCallbacks(self._stored, self._not_stored, callbackArgs=(link, group), errbackArgs=(link, group))
 
-        def failed(f: Any) -> None:
-            link.fail(seq, 541, f"not stored: {f.getErrorMessage()}")
+    def _resolve(self, link: LinkProtocol, vhost_name: str, name: str) -> tuple[Any, Any]:
+        """(the link's channel, the target) of queue C{name} homed here."""
+        mesh = self.mesh
+        vhost = mesh.broker.vhosts.get(vhost_name)
+        if vhost is None:
+            raise NotFound(f"no virtual host {vhost_name!r} on node {mesh.node!r}")
+        channel = mesh.channel_for(link, vhost)
+        queue = vhost.queues.get(name)
+        if queue is None:
+            with self.here():
+                queue = channel.named_queue(name, "write")
+        if queue.remote is not None:
+            raise NotFound(
+                f"node {mesh.node!r} places queue {name!r} on node {queue.home!r}: "
+                "the nodes' memberships differ (name every node in cluster.peers)"
+            )
+        return channel, (queue, None, "", name, queue)
 
-        durable.addCallbacks(lambda _: link.confirm(seq), failed)
+    @staticmethod
+    def _stored(result: Any, link: LinkProtocol, group: list[int]) -> Any:
+        # Returns its result unchanged: the store's waiter may be shared.
+        if link.group is group:
+            link.group = link.group_waiter = None
+        for seq in group:
+            link.confirm(seq)
+        return result
+
+    @staticmethod
+    def _not_stored(failure: Any, link: LinkProtocol, group: list[int]) -> Any:
+        # Passed on: the waiter may be shared with other publishers.
+        if link.group is group:
+            link.group = link.group_waiter = None
+        text = f"not stored: {failure.getErrorMessage()}"
+        for seq in group:
+            link.fail(seq, 541, text)
+        return failure
 
     def _consume_here(self, link: LinkProtocol, value: dict[str, Any]) -> None:
         sub = _int(value.get("id"))
