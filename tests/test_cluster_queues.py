@@ -574,3 +574,24 @@ class StoredConfirmTests(SynchronousTestCase):
             self.assertIn("not stored: disk gone", f.getErrorMessage())
         self.assertEqual(len(others), 1)
         self.assertIsInstance(others[0].value, OSError)
+
+    def test_fan_out_passes_a_store_failure_on(self) -> None:
+        """A message from a link shares the store's waiter with local
+        publishers: its failure still reaches them (logged once)."""
+        net = self.net
+        vhost = net["b"].broker.default_vhost
+        vhost.declare_queue("sub", arguments={"x-home-node": "b"})
+        vhost.bind("sub", "amq.topic", "k")
+        net.settle()
+        ch = channel(net, "a")
+        for _ in range(2):
+            message = ch.make_message("amq.topic", "k", None, b"x", persistent=True)
+            ch.publish("amq.topic", "k", message)
+        net.settle()
+        waiter = self.store.group
+        assert waiter is not None
+        others: list[Any] = []
+        waiter.addErrback(others.append)
+        waiter.errback(OSError("disk gone"))
+        self.assertEqual(len(others), 1)
+        self.assertEqual(len(self.flushLoggedErrors(OSError)), 1)

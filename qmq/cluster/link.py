@@ -121,6 +121,8 @@ class LinkProtocol(Protocol):
         #: (vhost, exchange, key) -> (channel, resolved target) of what it received.
         self.targets: dict[tuple[str, str, str], Any] = {}
         self.last_sent: Any = None
+        #: The store's waiter the last message received was published with.
+        self.last_waiter: Any = None
         #: Queues across nodes (L{qmq.cluster.queues}), this node's side:
         #: forwarded publishes waiting for the peer's confirm, by sequence.
         self.pending: dict[int, Any] = {}

@@ -609,15 +609,22 @@ class Mesh(Service, Observer):
         finally:
             self.inbound = None
         if durable is not None:
-            durable.addErrback(
-                lambda f: log.failure("mesh: a message from {link} was not stored", f, link=link.describe())
-            )
+            if durable is not link.last_waiter:
+                # Once per waiter (the store's group commit shares one), and
+                # the failure passed on to the others waiting on it.
+                link.last_waiter = durable
+                durable.addErrback(_not_stored, link)
 
     # -- what the management API shows ----------------------------------------
 
     def snapshot(self) -> list[dict[str, Any]]:
         """Every connected link, and each configured peer not linked."""
         return [link.snapshot() for link in sorted(self.all_links, key=lambda lk: lk.node)]
+
+
+def _not_stored(failure: Any, link: LinkProtocol) -> Any:
+    log.failure("mesh: messages from {link} were not stored", failure, link=link.describe())
+    return failure
 
 
 def mesh_of(broker: Any, settings: Any, clock: Any) -> Mesh:
