@@ -419,9 +419,8 @@ def _schemas(s: ApiSettings) -> dict:
                 "messages": {"type": "integer"}, "messages_ready": {"type": "integer"},
                 "messages_unacknowledged": {"type": "integer"}, "ready_bytes": {"type": "integer"},
                 "consumers": {"type": "integer"}, "dropped": {"type": "integer"},
-                "home": {"type": ["string", "null"], "description": "In a mesh, the node the queue lives on "
-                         "(on another node, this is its stand-in: its counts are the home's to give); null "
-                         "outside a mesh."},
+                "home": {"type": "string", "description": "In a mesh only: the node the queue lives on "
+                         "(on another node, this is its stand-in: its counts are the home's to give)."},
                 "message_stats": {
                     "type": "object",
                     "description": "Messages routed to the queue (publish) and handed out by it over every "

@@ -51,7 +51,7 @@ class TopologyMixin:
 
     def _queue_doc(self, fe_name: str, q: Queue) -> dict:
         unacked = sum(len(c.unacked) for c in q.consumers)
-        return {
+        doc = {
             "name": q.name,
             "vhost": fe_name,
             "durable": q.durable,
@@ -65,9 +65,12 @@ class TopologyMixin:
             "consumers": len(q.consumers),
             "dropped": q.dropped,
             "message_stats": self._message_stats(fe_name, q),
-            # In a mesh, the node it lives on (docs/cluster.rst); else null.
-            "home": home_of(q),
         }
+        home = home_of(q)
+        if home is not None:
+            # In a mesh, the node it lives on (docs/cluster.rst).
+            doc["home"] = home
+        return doc
 
     def _message_stats(self, vhost: str, q: Queue) -> dict:
         """A queue's publish and deliver counts and rates. A rate is the
