@@ -471,13 +471,16 @@ class Channel:
         must exist.
 
         @raise NotFound: no such exchange or queue.
-        @raise AccessRefused: no write permission on it.
+        @raise AccessRefused: no write permission on it, or an internal
+            exchange (only other exchanges route into one).
         """
         if not exchange:
             queue = self.vhost.queue(routing_key)
             self._may_write("", routing_key)
             return (queue, None, "", routing_key, queue)
         ex = self.vhost.exchange(exchange)
+        if ex.internal:
+            raise _internal(ex, self.vhost)
         check_routing_key(routing_key, ex)
         if self.user is not None:
             self._may_write(exchange, routing_key)
@@ -490,14 +493,17 @@ class Channel:
         C{basic.publish}), atomically: a bounded queue that refuses it
         means no queue has it.
 
-        A message that reaches nothing is dropped, and counted as published
-        unless C{mandatory} (the frontend returns it: C{routed} is 0).
+        A message the exchange routes nowhere goes to its alternate
+        exchange if it has one (L{VirtualHost.expand}), and counts as
+        routed when that takes it. A message that reaches nothing is
+        dropped, and counted as published unless C{mandatory} (the frontend
+        returns it: C{routed} is 0).
 
         @return: L{Published}: the routed count, and the durability Deferred
             or None.
         @raise NotFound: no such exchange.
         @raise AccessRefused: no write permission on the exchange (or, for
-            the default exchange, on the queue).
+            the default exchange, on the queue), or an internal exchange.
         @raise ResourceLimit: a bounded queue refused it.
         @raise PreconditionFailed: the routing key breaks a limit.
         @raise InvalidName: a header name or value breaks a rule.
@@ -509,13 +515,15 @@ class Channel:
         vhost = self.vhost
         if exchange:
             ex = vhost.exchange(exchange)
+            if ex.internal:
+                raise _internal(ex, vhost)
             if routing_key is not self._checked_key:
                 check_routing_key(routing_key, ex)
                 self._checked_key = routing_key
             if self.user is not None and (exchange, routing_key) not in self._writable:
                 self._may_write(exchange, routing_key)
             targets = ex.route(routing_key, message.headers)
-            if ex.e2e:
+            if ex.e2e or (not targets and ex.alternate is not None):
                 targets = vhost.expand(ex, targets, routing_key, message.headers)
         else:
             if routing_key not in self._writable:
@@ -578,7 +586,7 @@ class Channel:
             return None
         exchange = target[1]
         targets = exchange.route(message.routing_key, message.headers)
-        if exchange.e2e:
+        if exchange.e2e or (not targets and exchange.alternate is not None):
             targets = self.vhost.expand(exchange, targets, message.routing_key, message.headers)
         return self.vhost.publish_to(targets, message)
 
@@ -1243,6 +1251,15 @@ class Channel:
         self.forget_targets()
         if self._own_connection:
             self.connection.close()
+
+
+def _internal(exchange: Exchange, vhost: VirtualHost) -> AccessRefused:
+    """The refusal of a publish to an internal exchange (RabbitMQ's words),
+    whichever frontend asked: only other exchanges route into it."""
+    return AccessRefused(
+        f"cannot publish to internal exchange {exchange.name!r} in vhost {vhost.name!r}",
+        "access refused (internal exchange)",
+    )
 
 
 def _buffer_policy(consumer: Consumer) -> QueuePolicy | None:
