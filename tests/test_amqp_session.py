@@ -471,6 +471,38 @@ class ChannelTests(AmqpTestCase):
         c.send(commands.Exchange.Declare(exchange="e9", passive=True), 1)
         self.assertEqual(c.close_error().reply_code, 404)
 
+    def test_internal_exchange(self) -> None:
+        """exchange.declare internal=true: a publish to it closes the channel
+        403 with RabbitMQ's text; an exchange bound to it routes into it; a
+        redeclare with another internal flag is 406."""
+        c = self.client()
+        c.channel()
+        c.send(commands.Exchange.Declare(exchange="in", exchange_type="fanout", internal=True), 1)
+        c.expect(commands.Exchange.DeclareOk)
+        c.send(commands.Exchange.Declare(exchange="front", exchange_type="direct"), 1)
+        c.expect(commands.Exchange.DeclareOk)
+        c.send(commands.Exchange.Bind(destination="in", source="front", routing_key="k"), 1)
+        c.expect(commands.Exchange.BindOk)
+        c.send(commands.Queue.Declare(queue="q"), 1)
+        c.expect(commands.Queue.DeclareOk)
+        c.send(commands.Queue.Bind(queue="q", exchange="in"), 1)
+        c.expect(commands.Queue.BindOk)
+        c.publish("front", "k", b"through")
+        self.assertEqual(len(self.vhost.queues["q"]), 1)
+        c.publish("in", "k", b"straight")
+        close = c.close_error()
+        self.assertEqual(
+            (close.reply_code, close.reply_text),
+            (403, "ACCESS_REFUSED - cannot publish to internal exchange 'in' in vhost '/'"),
+        )
+        self.assertEqual(len(self.vhost.queues["q"]), 1)
+        c.send(commands.Channel.CloseOk(), 1)
+        c.channel()
+        c.send(commands.Exchange.Declare(exchange="in", exchange_type="fanout"), 1)
+        close = c.close_error()
+        self.assertEqual(close.reply_code, 406)
+        self.assertIn("inequivalent arg 'internal'", close.reply_text)
+
     def test_delete_purge(self) -> None:
         c = self.client()
         c.channel()
@@ -580,6 +612,32 @@ class MessageTests(AmqpTestCase):
         c.channel()
         c.send(commands.Basic.Get(queue="q"), 1)
         c.expect(commands.Basic.GetEmpty)
+
+    def test_alternate_exchange(self) -> None:
+        """alternate-exchange: an unroutable mandatory publish goes there and
+        is not returned; with nothing bound there it is returned."""
+        c = self.client()
+        c.channel()
+        c.send(commands.Exchange.Declare(exchange="ae", exchange_type="fanout"), 1)
+        c.expect(commands.Exchange.DeclareOk)
+        c.send(commands.Exchange.Declare(exchange="main", exchange_type="direct",
+                                         arguments={"alternate-exchange": "ae"}), 1)
+        c.expect(commands.Exchange.DeclareOk)
+        c.send(commands.Queue.Declare(queue="caught"), 1)
+        c.expect(commands.Queue.DeclareOk)
+        c.send(commands.Queue.Bind(queue="caught", exchange="ae"), 1)
+        c.expect(commands.Queue.BindOk)
+        c.publish("main", "nowhere", b"caught", mandatory=True)
+        self.assertEqual(self.deliveries(c), [])
+        self.assertEqual(len(self.vhost.queues["caught"]), 1)
+        c.send(commands.Queue.Unbind(queue="caught", exchange="ae"), 1)
+        c.expect(commands.Queue.UnbindOk)
+        c.publish("main", "nowhere", b"lost", mandatory=True)
+        [(method, _, body)] = self.deliveries(c)
+        self.assertEqual((method.reply_code, body), (312, b"lost"))
+        c.send(commands.Exchange.Declare(exchange="bad", exchange_type="direct",
+                                         arguments={"alternate-exchange": 5}), 1)
+        self.assertEqual(c.close_error().reply_code, 406)
 
     def test_mandatory_return(self) -> None:
         c = self.client()

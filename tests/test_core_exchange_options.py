@@ -70,7 +70,7 @@ class InternalTests(CoreTestCase):
         self.vhost.declare_exchange("in", "topic", internal=True)
         e = self.assertRaises(PreconditionFailed, self.vhost.declare_exchange, "in", "topic")
         self.assertEqual(
-            e.message, "inequivalent arg 'internal' for exchange 'in' in vhost '/': received false but current is true"
+            e.message, "inequivalent arg 'internal' for exchange 'in' in vhost '/': received 'false' but current is 'true'"
         )
         self.vhost.declare_exchange("out", "topic")
         self.assertRaises(PreconditionFailed, self.vhost.declare_exchange, "out", "topic", internal=True)

@@ -738,10 +738,9 @@ class AmqpChannel:
             if name:
                 self.core.vhost.exchange(name)
         else:
-            if args.internal:
-                raise ConnectionError_(NOT_IMPLEMENTED, "internal exchanges are not supported",
-                                       commands.Exchange.Declare.index)
-            self.management.declare_exchange(name, args.exchange_type, bool(args.durable), bool(args.auto_delete))
+            # The core's: internal, alternate-exchange (write on it), equivalence.
+            self.management.declare_exchange(name, args.exchange_type, bool(args.durable), bool(args.auto_delete),
+                                             bool(args.internal), from_table(args.arguments))
         if not args.nowait:
             self.send(commands.Exchange.DeclareOk())
 

@@ -116,7 +116,7 @@ def _shown(value: object) -> str:
     if value is None:
         return "none"
     if isinstance(value, bool):
-        return "true" if value else "false"
+        return "'true'" if value else "'false'"
     return repr(value)
 
 
