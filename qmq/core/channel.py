@@ -478,13 +478,25 @@ class Channel:
             queue = self.vhost.queue(routing_key)
             self._may_write("", routing_key)
             return (queue, None, "", routing_key, queue)
-        ex = self.vhost.exchange(exchange)
-        if ex.internal:
-            raise _internal(ex, self.vhost)
+        ex = self.publishable_exchange(exchange)
         check_routing_key(routing_key, ex)
         if self.user is not None:
             self._may_write(exchange, routing_key)
         return (None, ex, exchange, routing_key, ex)
+
+    def publishable_exchange(self, name: str) -> Exchange:
+        """Exchange C{name}, which a client may publish to: every frontend's
+        resolution of a publish (L{target}, L{publish}, STOMP's
+        destinations) asks this.
+
+        @raise NotFound: there is none.
+        @raise AccessRefused: it is internal (only other exchanges route
+            into it), whatever the permissions.
+        """
+        ex = self.vhost.exchange(name)
+        if ex.internal:
+            raise _internal(ex, self.vhost)
+        return ex
 
     def publish(
         self, exchange: str, routing_key: str, message: Message, mandatory: bool = False

@@ -145,6 +145,8 @@ class TopologyMixin:
             "type": ex.type,
             "durable": ex.durable,
             "auto_delete": ex.auto_delete,
+            "internal": ex.internal,
+            "arguments": ex.arguments or {},
             "bindings": ex.binding_count,
         }
 
@@ -171,10 +173,22 @@ class TopologyMixin:
 
     def h_put_exchange(self, request: Request, vhost: str, exchange: str) -> Response:
         mgmt = self._management(request, vhost)
-        doc = _object_body(request, {"type": (str,), "durable": (bool,), "auto_delete": (bool,)}, ("type",))
+        doc = _object_body(
+            request,
+            {"type": (str,), "durable": (bool,), "auto_delete": (bool,), "internal": (bool,), "arguments": (dict,)},
+            ("type",),
+        )
         if doc["type"] not in EXCHANGE_TYPES:
             raise bad_request(f"'type' must be one of {', '.join(EXCHANGE_TYPES)}")
-        ex, made = mgmt.declare_exchange(exchange, doc["type"], doc.get("durable", True), doc.get("auto_delete", False))
+        # internal and alternate-exchange (write on it) are the core's to check.
+        ex, made = mgmt.declare_exchange(
+            exchange,
+            doc["type"],
+            doc.get("durable", True),
+            doc.get("auto_delete", False),
+            doc.get("internal", False),
+            doc.get("arguments") or None,
+        )
         return json_response(self._exchange_doc(vhost, ex), 201 if made else 200)
 
     def h_delete_exchange(self, request: Request, vhost: str, exchange: str) -> Response:
