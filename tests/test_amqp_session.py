@@ -606,6 +606,28 @@ class MessageTests(AmqpTestCase):
         # Closing the channel gave its unacked deliveries back.
         self.assertEqual(len(self.vhost.queues["q"]), 2)
 
+    def test_cancel_keeps_unacked(self) -> None:
+        """After basic.cancel the consumer's unacked deliveries are still the
+        channel's, as in RabbitMQ: they ack and nack by tag (kombu's suite
+        acks after cancelling), and the rest go back when the channel closes."""
+        self.vhost.declare_queue("q")
+        c = self.client()
+        c.channel()
+        for i in range(3):
+            c.publish("", "q", b"m%d" % i)
+        c.send(commands.Basic.Consume(queue="q", consumer_tag="t"), 1)
+        got = [m.delivery_tag for m, _, _ in self.deliveries(c)]
+        self.assertEqual(len(got), 3)
+        c.send(commands.Basic.Cancel("t"), 1)
+        c.expect(commands.Basic.CancelOk)
+        c.send(commands.Basic.Ack(got[0]), 1)
+        c.send(commands.Basic.Nack(got[1], requeue=True), 1)
+        self.assertEqual(c.read(), [])
+        self.assertEqual(len(self.vhost.queues["q"]), 1)
+        c.send(commands.Channel.Close(200, "bye", 0, 0), 1)
+        c.expect(commands.Channel.CloseOk)
+        self.assertEqual(sorted(m.body for m in self.vhost.queues["q"].messages()), [b"m1", b"m2"])
+
     def test_get_empty(self) -> None:
         self.vhost.declare_queue("q")
         c = self.client()
@@ -753,6 +775,25 @@ class MessageTests(AmqpTestCase):
         self.clock.advance(0)
         cancel = c.expect(commands.Basic.Cancel)
         self.assertEqual(cancel.consumer_tag, "t")
+
+    def test_cancel_notification_after_delete_ok(self) -> None:
+        """A queue.delete of the client's own consumed queue: delete-ok
+        first, then basic.cancel, as RabbitMQ orders them (py-amqp raises on
+        a cancel it did not expect while waiting for the delete-ok; kombu's
+        suite found it)."""
+        self.vhost.declare_queue("q")
+        c = self.client()
+        c.channel()
+        c.channel(2)
+        c.send(commands.Basic.Consume(queue="q", consumer_tag="t"), 1)
+        c.send(commands.Basic.Consume(queue="q", consumer_tag="u"), 2)
+        c.read()
+        c.send(commands.Queue.Delete(queue="q"), 1)
+        self.clock.advance(0)
+        self.assertEqual(
+            [(n, type(m).__name__, getattr(m, "consumer_tag", None)) for n, m in c.read()],
+            [(1, "DeleteOk", None), (1, "Cancel", "t"), (2, "Cancel", "u")],
+        )
 
     def test_blocked(self) -> None:
         """A publish under a memory alarm: the message is taken, reading

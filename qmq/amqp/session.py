@@ -844,6 +844,21 @@ class AmqpChannel:
             self.send(commands.Queue.PurgeOk(count))
 
     def queue_delete(self, args: Any) -> None:
+        """queue.delete: its consumers' basic.cancel notifications follow the
+        delete-ok, as RabbitMQ sends them (py-amqp, kombu's transport,
+        raises on a cancel of a consumer it did not expect while it waits
+        for the delete-ok)."""
+        session = self.session
+        session.held_cancels = held = []
+        try:
+            self._queue_delete(args)
+        finally:
+            session.held_cancels = None
+            for channel, tag in held:
+                if not channel.closing:
+                    channel.send(commands.Basic.Cancel(tag, True))
+
+    def _queue_delete(self, args: Any) -> None:
         name = self._queue_name(args.queue)
         vhost = self.core.vhost
         queue = vhost.queues.get(name)
@@ -902,7 +917,8 @@ class AmqpChannel:
         tag = args.consumer_tag
         consumer = self.consumers.pop(tag, None)
         if consumer is not None:
-            self.core.cancel(tag)
+            # Its unacked deliveries stay the channel's (RabbitMQ's rule).
+            self.core.cancel(tag, keep_unacked=True)
         # An unknown tag is not an error (AMQP 0-9-1: the cancel is idempotent).
         if not args.nowait:
             self.send(commands.Basic.CancelOk(tag))
@@ -912,7 +928,11 @@ class AmqpChannel:
         if self.consumers.pop(consumer.tag, None) is None or self.closing:
             return
         if self.session.client_capabilities.get("consumer_cancel_notify"):
-            self.send(commands.Basic.Cancel(consumer.tag, True))
+            held = self.session.held_cancels
+            if held is not None:
+                held.append((self, consumer.tag))
+            else:
+                self.send(commands.Basic.Cancel(consumer.tag, True))
 
     def basic_get(self, args: Any) -> None:
         got = self.core.get(self._queue_name(args.queue), not args.no_ack)
@@ -1056,6 +1076,9 @@ class AmqpSession:
         self.channel_max = settings.channel_max
         self.heartbeat = 0
         self.client_capabilities: dict[str, Any] = {}
+        #: The basic.cancel notifications a queue.delete of this connection
+        #: caused, held until its delete-ok is sent (None: not deleting).
+        self.held_cancels: list[tuple[AmqpChannel, str]] | None = None
         self.channels: dict[int, AmqpChannel] = {}
         self.connection = Connection()
         self.vhost: Any = None

@@ -778,14 +778,35 @@ class Channel:
         consumer.budget = self.backlog_budget
         self.consumers.add(consumer)
 
-    def cancel(self, tag: str) -> Consumer:
+    def cancel(self, tag: str, keep_unacked: bool = False) -> Consumer:
         """Cancel the consumer tagged C{tag} (AMQP's C{basic.cancel}): see
-        L{unsubscribe}. @raise NotFound: no consumer has that tag here."""
+        L{unsubscribe}.
+
+        @param keep_unacked: its unacknowledged deliveries stay the
+            channel's, to be settled by their tags (or given back when the
+            channel closes), as AMQP 0-9-1 and RabbitMQ keep them; without
+            it they go back to the queue now (STOMP's UNSUBSCRIBE).
+        @raise NotFound: no consumer has that tag here."""
         consumer = self.consumer_tags.get(tag)
         if consumer is None:
             raise NotFound(f"No consumer is tagged {tag!r} on this channel.", "unknown consumer tag")
+        if keep_unacked and consumer.unacked and consumer.queue is not None:
+            self._keep_unacked(consumer, consumer.queue)
         self.unsubscribe(consumer)
         return consumer
+
+    def _keep_unacked(self, consumer: Consumer, queue: Queue) -> None:
+        """Hand C{consumer}'s unacked deliveries to the channel's getter of
+        C{queue} (what L{get}'s deliveries wait on): their tags settle there,
+        and the channel's own window still counts them until then."""
+        getter = self._getter(queue)
+        owners = self.owners
+        for tag, message in consumer.unacked.items():
+            getter.unacked[tag] = message
+            owners[tag] = getter
+        consumer.unacked.clear()
+        if self._windows:
+            self._windows.pop(consumer, None)
 
     def unsubscribe(self, consumer: Consumer, delete_durable: bool = False) -> None:
         """Detach C{consumer}: its unacked messages go back to their queue; a
@@ -1117,17 +1138,22 @@ class Channel:
         message = q.get()
         if message is None:
             return None
-        getter = self._getters.get(q)
-        if getter is None:
-            getter = self._getters[q] = _Getter(True, None, self)
-            getter.channel = self
-            getter.queue = q
+        getter = self._getter(q)
         if ack:
             tag = self.track(getter, message)
         else:
             tag = next(self._tags)
             q.ack(getter, message)
         return Got(tag, message, len(q))
+
+    def _getter(self, queue: Queue) -> _Getter:
+        """The channel's getter of C{queue}, made on first use."""
+        getter = self._getters.get(queue)
+        if getter is None:
+            getter = self._getters[queue] = _Getter(True, None, self)
+            getter.channel = self
+            getter.queue = queue
+        return getter
 
     # -- exchange to exchange ----------------------------------------------------
 
