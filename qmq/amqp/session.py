@@ -1508,13 +1508,12 @@ class AmqpSession:
         if self.closed:
             return
         self.transport.resume_reading()
-        from qmq.auth import AuthError  # noqa: PLC0415
+        from qmq.auth import login_refusal  # noqa: PLC0415
 
-        e = failure.value
-        if isinstance(e, AuthError):
-            self.connection_error(ACCESS_REFUSED, e.message, commands.Connection.Open.index)
+        refusal = login_refusal(failure, self.id)
+        if refusal is not None:
+            self.connection_error(ACCESS_REFUSED, refusal.message, commands.Connection.Open.index)
         else:
-            log.failure("authentication failed in session {session}", failure, session=self.id)
             self.connection_error(INTERNAL_ERROR, "the broker failed to check the credentials; see its log")
 
     def _expired(self) -> None:
