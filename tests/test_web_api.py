@@ -230,7 +230,7 @@ class ErrorTests(ApiTestCase):
             self.expect(400, "bad-destination", "POST", "/api/v1/vhosts/%2F/messages", {"body": "x", "destination": "nowhere"}),
             self.expect(400, "bad-destination", "POST", "/api/v1/vhosts/%2F/messages", {"body": "x", "destination": "/control/memory"}),
             self.expect(400, "bad-parameter", "POST", "/api/v1/vhosts/%2F/messages", {"body": "x"}),
-            self.expect(404, "not-found", "POST", "/api/v1/vhosts/%2F/exchanges/nope/messages", {"body": "x"}),
+            self.expect(404, "unknown-exchange", "POST", "/api/v1/vhosts/%2F/exchanges/nope/messages", {"body": "x"}),
         ])
 
     def test_unknown_things(self) -> defer.Deferred:

@@ -34,7 +34,13 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.logger import Logger
 
-from qmq.core.errors import AccessRefused, BrokerError, NotFound, PreconditionFailed
+from qmq.core.errors import (
+    AccessRefused,
+    BrokerError,
+    NoSuchExchange,
+    NoSuchQueue,
+    PreconditionFailed,
+)
 from qmq.core.events import Events, Observer, observe
 from qmq.core.exchange import (
     ALTERNATE_EXCHANGE,
@@ -290,7 +296,7 @@ class VirtualHost:
         try:
             return self.exchanges[name]
         except KeyError:
-            raise NotFound(f"no exchange {name!r} in virtual host {self.name!r}") from None
+            raise NoSuchExchange(f"no exchange {name!r} in virtual host {self.name!r}") from None
 
     def delete_exchange(self, name: str) -> None:
         """Delete an exchange and its bindings."""
@@ -437,7 +443,7 @@ class VirtualHost:
         try:
             return self.queues[name]
         except KeyError:
-            raise NotFound(f"no queue {name!r} in virtual host {self.name!r}") from None
+            raise NoSuchQueue(f"no queue {name!r} in virtual host {self.name!r}") from None
 
     def delete_queue(self, name: str) -> int:
         """Delete a queue and its bindings; return how many ready messages went with it."""

@@ -24,6 +24,8 @@ from typing import Any
 from qmq.core.errors import (
     AccessRefused,
     BrokerError,
+    NoSuchExchange,
+    NoSuchQueue,
     NotFound,
     PreconditionFailed,
     ResourceLimit,
@@ -106,6 +108,8 @@ def bad_request(detail: str, code: str = "bad-parameter") -> Problem:
 _BROKER_ERRORS: tuple[tuple[type[BrokerError], int, str], ...] = (
     (DestinationError, 400, "bad-destination"),
     (InvalidName, 400, "invalid-name"),
+    (NoSuchQueue, 404, "unknown-queue"),
+    (NoSuchExchange, 404, "unknown-exchange"),
     (NotFound, 404, "not-found"),
     (AccessRefused, 403, "access-refused"),
     (ResourceLocked, 409, "resource-locked"),
