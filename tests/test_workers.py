@@ -342,7 +342,13 @@ class WorkerTests(unittest.TestCase):
         """Worker 1 of 3 listens on DIR/w1.sock and dials w2 only (each pair
         has one dialer: the lower index)."""
         service, reactor, agent = self.build(WorkerRole(1, 3, "/r"))
-        self.assertEqual([lst.spec for lst in service.listeners][-1], "peer:unix:/r/w1.sock")
+        self.assertEqual(
+            [lst.spec for lst in service.listeners][-2:], ["peer:unix:/r/w1.sock", "http:unix:/r/w1.http"]
+        )
+        metrics = service.broker.worker_metrics
+        self.assertEqual(metrics.paths, {"w0": "/r/w0.http", "w2": "/r/w2.http"})
+        self.assertTrue(metrics.is_private("http:unix:/r/w1.http"))
+        self.assertFalse(metrics.is_private("http:tcp:15674"))
         mesh = service.broker.mesh
         self.assertIsInstance(mesh, Mesh)
         self.assertIs(mesh.parent, service)
@@ -351,7 +357,7 @@ class WorkerTests(unittest.TestCase):
         service.startService()
         self.addCleanup(service.stopService)
         self.assertEqual([c[0] for c in reactor.unixClients], ["/r/w2.sock"])
-        self.assertEqual(reactor.unixServers[0][0], "/r/w1.sock")
+        self.assertEqual([u[0] for u in reactor.unixServers], ["/r/w1.sock", "/r/w1.http"])
         self.assertEqual(link_path("/r", 2), "/r/w2.sock")
 
     def test_lastDialsNone(self) -> None:

@@ -51,6 +51,7 @@ __all__ = [
     "attach_worker",
     "link_path",
     "parse_role",
+    "site_socket",
     "worker_data_dir",
     "worker_node",
     "worker_settings",
@@ -110,6 +111,11 @@ def link_path(directory: str, index: int) -> str:
     return os.path.join(directory, f"w{index}.sock")
 
 
+def site_socket(directory: str, index: int) -> str:
+    """Where worker C{index} serves its own site (its metrics) to the others."""
+    return os.path.join(directory, f"w{index}.http")
+
+
 def worker_settings(settings: Settings, role: WorkerRole) -> Settings:
     """The settings of worker C{role.index}: its data directory and node id.
 
@@ -145,6 +151,23 @@ def attach_worker(service: Any, role: WorkerRole, reactor: Any, lifeline: bool =
     factory = LinkFactory(mesh, service.connections, spec)
     service.add_listener(Listener("peer", spec, UNIXServerEndpoint(reactor, path, mode=0o600, wantPID=True), factory))
     base = service.settings.section("cluster").node.rpartition("-w")[0]
+    # Its own site on a private socket: the others ask it for its metrics
+    # there (qmq.workers.metrics).
+    from qmq.service import PROTOCOLS  # noqa: PLC0415
+    from qmq.workers.metrics import WorkerMetrics  # noqa: PLC0415
+
+    site_path = site_socket(role.directory, role.index)
+    site_spec = f"http:unix:{site_path}"
+    site = PROTOCOLS["http"](broker, service.settings, reactor, service.connections, site_spec)
+    service.add_listener(
+        Listener("http", site_spec, UNIXServerEndpoint(reactor, site_path, mode=0o600, wantPID=True), site)
+    )
+    broker.worker_metrics = WorkerMetrics(
+        reactor,
+        worker_node(base, role.index),
+        site_spec,
+        {worker_node(base, j): site_socket(role.directory, j) for j in range(role.count) if j != role.index},
+    )
     peers = [
         Peer(
             text=f"unix:path={link_path(role.directory, j)}:node={worker_node(base, j)}",

@@ -178,6 +178,19 @@ class WorkersTests(WorkersCase):
         self.assertEqual(on, {"w0", "w1"})
         self.assertTrue(self.linked({"w0", "w1"}))
 
+    def test_metricsForAll(self) -> None:
+        """/metrics, whichever worker answers, has both workers' series."""
+        answered = set()
+        for _ in range(10):
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/metrics", timeout=10) as r:
+                text = r.read().decode()
+            for worker in ("w0", "w1"):
+                self.assertIn(f'qmq_worker_up{{worker="{worker}"}} 1', text)
+                self.assertIn(f'process_cpu_seconds_total{{worker="{worker}"}}', text)
+            self.assertEqual(text.count("# TYPE process_cpu_seconds_total "), 1)
+            answered.add(self.links()["node"])
+        self.assertEqual(answered, {"w0", "w1"})
+
     def test_topicExactlyOnce(self) -> None:
         """Subscribers on both workers, publishers on both: every message
         reaches every subscriber exactly once."""
