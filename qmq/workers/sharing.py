@@ -16,8 +16,9 @@ worker with C{adoptStreamConnection}): docs/workers.rst has the
 measurement. In short, C{SO_REUSEPORT} costs nothing per connection (no
 extra process on the path, no descriptor passing), keeps working while the
 supervisor is busy or restarting a worker, and spreads connections by a
-hash of their addresses: 100 connections over 2 workers landed 53/47
-(L{bench.workers_spread}).
+hash of their addresses: 100 connections over 2 workers landed between
+44/56 and 50/50, where one shared socket gave up to 69/31 in a burst
+(C{bench/workers_spread.py}).
 
 A port cannot be shared when it is not known before binding: port 0 is
 refused (each worker would get a port of its own), and so is a C{unix:}
