@@ -429,3 +429,25 @@ class TapTests(unittest.TestCase):
         self.assertIn("--workers: expected an integer from 1 to 64", str(e))
         e = self.assertRaises(usage.UsageError, self.parse, "--worker", "3:2:/x")
         self.assertIn("--worker: expected INDEX:COUNT:DIR", str(e))
+
+
+class PlacementTests(unittest.TestCase):
+    """L{home_index}: a stable hash of virtual host and name."""
+
+    def test_stable(self) -> None:
+        from qmq.workers.placement import WorkerPlacement, home_index  # noqa: PLC0415
+
+        # Pinned: a change would move every queue's home (and its messages' log).
+        self.assertEqual([home_index("/", f"q{i}", 2) for i in range(8)], [home_index("/", f"q{i}", 2) for i in range(8)])
+        self.assertEqual(home_index("/", "orders", 2), __import__("zlib").crc32(b"/\x00orders") % 2)
+        self.assertNotEqual(
+            {home_index("/", "x", 7), home_index("other", "x", 7), home_index("/", "y", 7)}, {home_index("/", "x", 7)}
+        )
+        self.assertEqual(home_index("/", "anything", 1), 0)
+        self.assertRaises(ValueError, home_index, "/", "q", 0)
+        counts = [0, 0]
+        for i in range(1000):
+            counts[home_index("/", f"queue-{i}", 2)] += 1
+        self.assertTrue(430 <= counts[0] <= 570, counts)
+        placement = WorkerPlacement(["w0", "w1"])
+        self.assertEqual(placement.home("/", "orders"), ["w0", "w1"][home_index("/", "orders", 2)])
