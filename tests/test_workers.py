@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -438,8 +439,9 @@ class PlacementTests(unittest.TestCase):
         from qmq.workers.placement import WorkerPlacement, home_index  # noqa: PLC0415
 
         # Pinned: a change would move every queue's home (and its messages' log).
-        self.assertEqual([home_index("/", f"q{i}", 2) for i in range(8)], [home_index("/", f"q{i}", 2) for i in range(8)])
-        self.assertEqual(home_index("/", "orders", 2), __import__("zlib").crc32(b"/\x00orders") % 2)
+        self.assertEqual([home_index("/", f"q{i}", 2) for i in range(8)], [1, 1, 1, 1, 0, 0, 0, 0])
+        self.assertEqual((home_index("/", "orders", 3), home_index("v", "orders", 3)), (2, 1))
+        self.assertEqual(home_index("/", "orders", 2), zlib.crc32(b"/\x00orders") % 2)
         self.assertNotEqual(
             {home_index("/", "x", 7), home_index("other", "x", 7), home_index("/", "y", 7)}, {home_index("/", "x", 7)}
         )
