@@ -165,6 +165,9 @@ class SupervisorTests(unittest.TestCase):
         self.assertEqual(self.fatal, ["worker w1 exited with status 1 before it was ready (its log says why)"])
         self.assertEqual(self.clock.getDelayedCalls(), [])
         self.assertEqual(len(self.spawn.calls), 2)
+        end(self.spawn.last(0), 1)  # the other, ending too: no second on_fatal
+        self.assertEqual(len(self.fatal), 1)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
 
     def test_stopInOrder(self) -> None:
         """SIGTERM to every worker; the stop fires once all ended; no

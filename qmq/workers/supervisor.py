@@ -211,6 +211,8 @@ class Supervisor(Service):
         if index not in self._ever_ready:
             message = f"worker w{index} {what} before it was ready (its log says why)"
             log.critical("QMQ supervisor: {message}; stopping", message=message)
+            # Once: the others, stopped next, end before they were ready too.
+            self._stopping = True
             if self.on_fatal is not None:
                 self.on_fatal(message)
             return

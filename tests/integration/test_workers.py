@@ -291,3 +291,28 @@ class LifeTests(WorkersCase):
             self.assertIn(f"worker {worker} stopped", text)
         self.assertIn("QMQ supervisor: stopped", text)
         self.assertEqual(text.count("QMQ stopped"), 2)
+
+
+class FatalStartTests(unittest.TestCase):
+    timeout = 120
+
+    def test_portZero(self) -> None:
+        """A listener the workers cannot share (port 0): the worker says why
+        and the supervisor exits with status 1 instead of restarting it."""
+        directory = Path(self.mktemp()).resolve()
+        directory.mkdir(parents=True)
+        result = subprocess.run(
+            twistd_command()
+            + ["-n", "--pidfile=", "qmq", "--data-dir", str(directory / "data"), "--workers", "2",
+               "--listen", "stomp:tcp:0:interface=127.0.0.1"],
+            cwd=directory,
+            env=environment(),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=100,
+        )
+        output = result.stdout.decode(errors="replace") + result.stderr.decode(errors="replace")
+        self.assertEqual(result.returncode, 1, output)
+        self.assertIn("port 0 cannot be shared by workers", output)
+        self.assertIn("before it was ready", output)
+        self.assertNotIn("started again", output)
