@@ -207,8 +207,12 @@ class WorkersTests(WorkersCase):
         for s in subscribers:
             got: list[bytes] = []
             deadline = time.monotonic() + FLOW_TIMEOUT
+            # The two publishers' messages interleave: read until both
+            # markers came (each publisher's stream is ordered).
             for worker in publishers:
-                got += s.until(f"{worker}-end".encode(), deadline)
+                marker = f"{worker}-end".encode()
+                if marker not in got:
+                    got += s.until(marker, deadline)
             counts = counted(got)
             counts.pop(b"probe", None)
             self.assertEqual(len(counts), 2 * (MESSAGES + 1), worker_of(s))
