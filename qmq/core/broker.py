@@ -276,9 +276,13 @@ class Broker:
         self.message_ids = MessageIds.starting(
             getattr(self.clock, "seconds", float)(), recovery.next_message_id, self.node
         )
-        for vhost_name, name, type_, auto_delete in recovery.exchanges:
+        for vhost_name, name, type_, auto_delete, *more in recovery.exchanges:
             _warn_kept("exchange name", name, vhost_name, True)
-            self.add_vhost(vhost_name).declare_exchange(name, type_, True, auto_delete, validate=False)
+            options = (more[0] if more else None) or {}
+            self.add_vhost(vhost_name).declare_exchange(
+                name, type_, True, auto_delete, validate=False,
+                internal=bool(options.get("internal")), arguments=options.get("arguments"),
+            )
         gone = []
         kept = recovery.messages
         entries = recovery.queues

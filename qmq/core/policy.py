@@ -37,6 +37,7 @@ from typing import Any
 
 from qmq.core.errors import PreconditionFailed
 from qmq.core.names import InvalidName, problem
+from qmq.core.options import MAX_PRIORITY
 
 OVERFLOW_POLICIES = ("drop-head", "reject-publish")
 #: The overflow of a subscriber's own queue when the subscriber stated a
@@ -67,7 +68,8 @@ class QueuePolicy:
     @ivar delivery_limit: most times a message may be given back; past it the
         message is discarded or dead-lettered (C{x-delivery-limit}), or None.
     @ivar max_priority: the highest message priority the queue honours
-        (C{x-max-priority}, 1 to 9), or None for a plain FIFO queue.
+        (C{x-max-priority}, 1 to 255 as in RabbitMQ, kept as at most 9:
+        a message's priority is 0 to 9), or None for a plain FIFO queue.
     @ivar message_ttl: milliseconds a message may wait in the queue
         (C{x-message-ttl}), or None.
     @ivar ack_timeout: milliseconds a consumer may hold a message unacked
@@ -223,6 +225,18 @@ def _integer_argument(minimum: int, maximum: int | None = None) -> Callable[[str
     return parse
 
 
+#: The largest C{x-max-priority} accepted (RabbitMQ's).
+MAX_PRIORITY_ARGUMENT = 255
+
+
+def _max_priority_argument(argument: str, value: object) -> int:
+    # 1 to 255 as in RabbitMQ (kombu and Celery declare 10), but a message's
+    # priority is 0 to 9 (qmq.core.options.MAX_PRIORITY): levels above 9
+    # would never be used, and each costs the queue a FIFO.
+    n = _integer(argument, value, 1, MAX_PRIORITY_ARGUMENT, f"an integer from 1 to {MAX_PRIORITY_ARGUMENT}")
+    return n if n < MAX_PRIORITY else MAX_PRIORITY
+
+
 def _string_argument(argument: str, value: object) -> str:
     if not isinstance(value, str) or len(value) > 255:
         raise PreconditionFailed(f"{argument} must be a string of at most 255 characters, got {value!r}")
@@ -327,7 +341,8 @@ QUEUE_ARGUMENTS: dict[str, QueueArgument] = {
         QueueArgument("x-expires", "expires", _integer_argument(1), "an integer >= 1"),
         QueueArgument("x-delivery-limit", "delivery_limit", _integer_argument(-1), "an integer >= -1"),
         QueueArgument(
-            "x-max-priority", "max_priority", _integer_argument(1, 9), "an integer from 1 to 9"
+            "x-max-priority", "max_priority", _max_priority_argument,
+            f"an integer from 1 to {MAX_PRIORITY_ARGUMENT} (above 9 counts as 9)"
         ),
         QueueArgument(
             "x-message-ttl", "message_ttl", _integer_argument(0, MAX_TIME_MS), "an integer >= 0"

@@ -34,9 +34,22 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.logger import Logger
 
-from qmq.core.errors import AccessRefused, BrokerError, NotFound, PreconditionFailed
+from qmq.core.errors import (
+    AccessRefused,
+    BrokerError,
+    NoSuchExchange,
+    NoSuchQueue,
+    PreconditionFailed,
+)
 from qmq.core.events import Events, Observer, observe
-from qmq.core.exchange import EXCHANGE_CLASSES, EXCHANGE_TYPES, Exchange, TopicExchange
+from qmq.core.exchange import (
+    ALTERNATE_EXCHANGE,
+    EXCHANGE_CLASSES,
+    EXCHANGE_TYPES,
+    Exchange,
+    TopicExchange,
+    alternate_of,
+)
 from qmq.core.expiry import ExpiryWheel
 from qmq.core.guarantee import queue_class_for
 from qmq.core.names import MAX_NAME_BYTES, check_binding_key, check_exchange, check_queue
@@ -103,6 +116,15 @@ def parse_cursor(cursor: object) -> int:
     if match is None:
         raise PreconditionFailed(f"not a scan cursor: {cursor!r}")
     return int(match.group(1), 16)
+
+
+def _shown(value: object) -> str:
+    """A declaration's value as RabbitMQ's equivalence errors show it."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "'true'" if value else "'false'"
+    return repr(value)
 
 
 def _is_time(value: object) -> bool:
@@ -208,13 +230,22 @@ class VirtualHost:
         durable: bool = True,
         auto_delete: bool = False,
         validate: bool = True,
+        internal: bool = False,
+        arguments: Mapping[str, Any] | None = None,
     ) -> Exchange:
         """Create an exchange, or return the existing one if it agrees.
 
+        An exchange declared again must agree on its type, on C{internal}
+        and on its alternate exchange (RabbitMQ's equivalence; durable and
+        auto-delete are the first declaration's).
+
         @param validate: check a new exchange's name (L{qmq.core.names});
             False only for what a store recovered (kept as it was).
-        @raise PreconditionFailed: unknown type, or an existing exchange of
-            another type.
+        @param internal: clients may not publish to it (L{Exchange.internal}).
+        @param arguments: its arguments: C{alternate-exchange} (L{alternate_of});
+            others are kept and mean nothing.
+        @raise PreconditionFailed: unknown type, an existing exchange of
+            another type, internal flag or alternate, or a bad argument.
         @raise InvalidName: the name breaks a rule of L{qmq.core.names}.
         """
         if type not in EXCHANGE_TYPES:
@@ -223,16 +254,33 @@ class VirtualHost:
             )
         if not name:
             raise AccessRefused("the default exchange cannot be declared")
+        alternate = alternate_of(arguments)
         existing = self.exchanges.get(name)
         if existing is not None:
             if existing.type != type:
                 raise PreconditionFailed(
                     f"exchange {name!r} exists with type {existing.type!r}, not {type!r}"
                 )
+            for arg, received, current in (
+                ("internal", bool(internal), existing.internal),
+                (ALTERNATE_EXCHANGE, alternate, existing.alternate),
+            ):
+                if received != current:
+                    # RabbitMQ's words.
+                    raise PreconditionFailed(
+                        f"inequivalent arg {arg!r} for exchange {name!r} in vhost {self.name!r}: "
+                        f"received {_shown(received)} but current is {_shown(current)}",
+                        "inequivalent exchange arguments",
+                    )
             return existing
         if validate:
             check_exchange(name)
         exchange = EXCHANGE_CLASSES[type](name, durable, auto_delete)
+        if internal:
+            exchange.internal = True
+        if arguments:
+            exchange.arguments = dict(arguments)
+            exchange.alternate = alternate
         if isinstance(exchange, TopicExchange) and self.broker is not None:
             limits = self.broker.limits
             exchange.max_words = limits.max_topic_words
@@ -249,7 +297,7 @@ class VirtualHost:
         try:
             return self.exchanges[name]
         except KeyError:
-            raise NotFound(f"no exchange {name!r} in virtual host {self.name!r}") from None
+            raise NoSuchExchange(f"no exchange {name!r} in virtual host {self.name!r}") from None
 
     def delete_exchange(self, name: str) -> None:
         """Delete an exchange and its bindings."""
@@ -434,7 +482,7 @@ class VirtualHost:
         try:
             return self.queues[name]
         except KeyError:
-            raise NotFound(f"no queue {name!r} in virtual host {self.name!r}") from None
+            raise NoSuchQueue(f"no queue {name!r} in virtual host {self.name!r}") from None
 
     def delete_queue(self, name: str) -> int:
         """Delete a queue and its bindings; return how many ready messages went with it."""
@@ -674,19 +722,32 @@ class VirtualHost:
         whose route gave C{targets}, some of which are exchanges: each
         exchange reached routes the same key and headers on, once (a loop
         of bindings ends where it began), and each queue gets one copy.
+
+        An exchange whose own bindings route the publish to nothing hands it
+        to its alternate exchange (C{alternate-exchange}), if that exists,
+        as RabbitMQ does: the publish counts as routed when the alternate
+        routes it. An alternate is an exchange passed through like any other,
+        so a cycle of alternates ends where it began.
+
         At most L{max_exchange_hops} exchanges are passed through."""
         seen = {exchange}
         out: dict[Any, None] = {}
-        pending = [targets]
+        pending = [(exchange, targets)]
         hops = 0
+        exchanges = self.exchanges
         while pending:
-            for t in pending.pop():
+            source, routed = pending.pop()
+            if not routed and source.alternate is not None:
+                alternate = exchanges.get(source.alternate)
+                if alternate is not None:
+                    routed = (alternate,)
+            for t in routed:
                 if t.__class__ in EXCHANGE_CLASSES_SET:
                     if t in seen or hops >= self.max_exchange_hops:
                         continue
                     seen.add(t)
                     hops += 1
-                    pending.append(t.route(routing_key, headers))
+                    pending.append((t, t.route(routing_key, headers)))
                 else:
                     out[t] = None
         return list(out)
@@ -781,7 +842,7 @@ class VirtualHost:
             return (q,) if q is not None else ()
         ex = self.exchange(exchange)
         targets = ex.route(routing_key, headers)
-        if ex.e2e:
+        if ex.e2e or (not targets and ex.alternate is not None):
             return self.expand(ex, targets, routing_key, headers)
         return targets
 

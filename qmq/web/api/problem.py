@@ -24,6 +24,8 @@ from typing import Any
 from qmq.core.errors import (
     AccessRefused,
     BrokerError,
+    NoSuchExchange,
+    NoSuchQueue,
     NotFound,
     PreconditionFailed,
     ResourceLimit,
@@ -108,6 +110,8 @@ _BROKER_ERRORS: tuple[tuple[type[BrokerError], int, str], ...] = (
     (DestinationError, 400, "bad-destination"),
     (InvalidName, 400, "invalid-name"),
     (Unavailable, 503, "home-unavailable"),
+    (NoSuchQueue, 404, "unknown-queue"),
+    (NoSuchExchange, 404, "unknown-exchange"),
     (NotFound, 404, "not-found"),
     (AccessRefused, 403, "access-refused"),
     (ResourceLocked, 409, "resource-locked"),
