@@ -75,6 +75,23 @@ class PlacementTests(SynchronousTestCase):
             placement.home("/", "q", {"x-home-node": "no such/node"})
         self.assertIn("x-home-node must be a node id", e.exception.message)
 
+    def test_another_policy(self) -> None:
+        """Any object with home(vhost, name) places queues (the workers'
+        CRC-32 policy here); x-home-node still wins over it."""
+        from twisted.internet.task import Clock  # noqa: PLC0415
+
+        from qmq.cluster.mesh import Mesh  # noqa: PLC0415
+        from qmq.cluster.settings import ClusterSettings  # noqa: PLC0415
+        from qmq.core.broker import Broker  # noqa: PLC0415
+        from qmq.workers.placement import WorkerPlacement  # noqa: PLC0415
+
+        policy = WorkerPlacement(["w0", "w1", "w2"])
+        mesh = Mesh(Broker(Clock(), node="w0"), ClusterSettings(allow_plaintext=True), Clock(), placement=policy)
+        for i in range(20):
+            expected = policy.home("/", f"q{i}")
+            self.assertEqual(mesh.queues.home("/", f"q{i}", None), None if expected == "w0" else expected)
+        self.assertEqual(mesh.queues.home("/", "q1", {"x-home-node": "w9"}), "w9")
+
     def test_membership_is_configured_not_linked(self) -> None:
         """Named peers count while they are down; so do nodes seen once."""
         net = Net("a", "b", peers=["tcp:host=127.0.0.1:port=1:node=z"])

@@ -186,7 +186,12 @@ class Mesh(Service, Observer):
     @ivar all_links: every link that is connected, up or not.
     """
 
-    def __init__(self, broker: Any, settings: Any, clock: Any) -> None:
+    def __init__(self, broker: Any, settings: Any, clock: Any, placement: Any = None) -> None:
+        """
+        @param placement: the home-node rule of queues (any object with
+            C{home(vhost, name) -> node id}); None: a
+            L{qmq.cluster.placement.Placement} over L{members}.
+        """
         self.broker = broker
         self.settings = settings
         self.clock = clock
@@ -217,7 +222,11 @@ class Mesh(Service, Observer):
         #: Nodes linked since this node started (members of the placement).
         self.seen: set[str] = set()
         #: Queues across nodes: the broker's homes while the mesh runs.
-        self.queues = RemoteQueues(self, Placement(self.node, self.members), settings.remote_window)
+        self.queues = RemoteQueues(
+            self,
+            placement if placement is not None else Placement(self.node, self.members),
+            settings.remote_window,
+        )
 
     def members(self) -> set[str]:
         """The configured membership queues are placed over

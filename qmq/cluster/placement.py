@@ -16,12 +16,14 @@ moved), so a durable queue never changes home because of a restart. A node
 added to the membership takes about 1/n of the queues made without
 C{x-home-node} (rendezvous hashing moves nothing else).
 
-L{Placement} is the policy object: C{home(vhost, name, arguments)} gives
-the node id, C{members()} the membership it hashes over. The mesh gives the
-core a L{Homes} built on it (L{qmq.core.remote}), which says which queues
-are remote. Another policy (worker processes homing each queue on one
-worker) can reuse the class with its own C{members}, or replace it with
-any object that has the same C{home}.
+L{Placement} is the policy object: C{home(vhost, name)} gives the node
+id (C{x-home-node} first, when given C{arguments}), C{members()} the
+membership it hashes over. The mesh's L{qmq.cluster.queues.RemoteQueues}
+(the core's L{qmq.core.remote.Homes}) reads C{x-home-node} and the
+virtual host's defaults itself, then asks the policy's C{home(vhost,
+name)}: another policy (L{qmq.workers.placement.WorkerPlacement}, each
+queue on one worker process) replaces it with any object that has that
+method (C{Mesh(..., placement=...)}).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any
 
 from qmq.core.policy import QUEUE_ARGUMENTS
 
-__all__ = ["HOME_ARGUMENT", "Placement", "rendezvous"]
+__all__ = ["HOME_ARGUMENT", "Placement", "home_argument", "rendezvous"]
 
 #: The queue argument that names a queue's home node.
 HOME_ARGUMENT = "x-home-node"

@@ -40,7 +40,7 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
 from qmq.cluster import wire
-from qmq.cluster.placement import Placement
+from qmq.cluster.placement import home_argument
 from qmq.core.consumer import UNLIMITED, Consumer
 from qmq.core.errors import BrokerError, NotFound, PreconditionFailed, ResourceLimit
 from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX
@@ -117,12 +117,13 @@ class _Sub:
 class RemoteQueues:
     """The mesh's L{qmq.core.remote.Homes} (see the module docstring).
 
-    @ivar placement: the home-node rule.
+    @ivar placement: the home-node rule: C{home(vhost, name) -> node id}
+        (L{qmq.cluster.placement.Placement}, or another policy's).
     @ivar window: most deliveries a remote consumer may hold unacked
         (C{[cluster] remote_window}).
     """
 
-    def __init__(self, mesh: Mesh, placement: Placement, window: int) -> None:
+    def __init__(self, mesh: Mesh, placement: Any, window: int) -> None:
         self.mesh = mesh
         self.placement = placement
         self.window = window
@@ -141,13 +142,15 @@ class RemoteQueues:
     def home(self, vhost: str, name: str, arguments: dict[str, Any] | None) -> str | None:
         if self._here or name.startswith(LOCAL_PREFIXES):
             return None
-        if not arguments:
-            # The virtual host's queue_defaults may name a home for all.
+        # x-home-node, else the virtual host's queue_defaults may name a
+        # home for all; else the placement's rule (any object with
+        # home(vhost, name): Placement, qmq.workers.placement's).
+        home = home_argument(arguments)
+        if home is None:
             v = self.mesh.broker.vhosts.get(vhost)
-            pinned = v.queue_defaults.home_node if v is not None else None
-            if pinned is not None:
-                return None if pinned == self.mesh.node else pinned
-        home = self.placement.home(vhost, name, arguments)
+            home = v.queue_defaults.home_node if v is not None else None
+        if home is None:
+            home = self.placement.home(vhost, name)
         return None if home == self.mesh.node else home
 
     def place_existing(self) -> None:
