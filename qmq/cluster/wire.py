@@ -17,6 +17,11 @@ timestamp, priority, expiry, delivery time, ack timeout and persistence
 own: L{qmq.cluster.mesh}). The record's
 own frame (length, type, CRC) is kept: a damaged record is refused.
 
+Queues across nodes (L{qmq.cluster.queues}, version 2) add a forward frame
+(a sequence number, then a message record) and a deliver frame (consumer
+id, delivery tag, delivery count, then a record), and JSON control frames:
+confirm, consume, settle, cancel, cancelled and declare (see the constants).
+
 Why not STOMP frames: STOMP's headers are text, and the core's typed
 headers and properties would need an encoding of their own on top; the
 commit log's record already is that encoding, tested and versioned.
