@@ -102,16 +102,18 @@ class HomeConsumer(Consumer):
 
 
 class _Sub:
-    """A consumer of a stand-in, as its home knows it: an id, and the link
-    it was opened on (None while the home is not linked)."""
+    """A consumer of a stand-in, as its home knows it: an id, the link it
+    was opened on (None while the home is not linked), and what it holds
+    unsettled (message -> the home's delivery tag)."""
 
-    __slots__ = ("id", "queue", "consumer", "link")
+    __slots__ = ("id", "queue", "consumer", "link", "tags")
 
     def __init__(self, id: int, queue: RemoteQueue, consumer: Consumer) -> None:
         self.id = id
         self.queue = queue
         self.consumer = consumer
         self.link: LinkProtocol | None = None
+        self.tags: dict[Any, int] = {}
 
 
 class RemoteQueues:
@@ -130,8 +132,8 @@ class RemoteQueues:
         self._subs: dict[int, _Sub] = {}
         self._by_consumer: dict[Consumer, _Sub] = {}
         self._next_sub = 1
-        #: message (delivered here from a home) -> (its sub, the home's tag, the link).
-        self._tags: dict[Any, tuple[_Sub, int, LinkProtocol]] = {}
+        #: message (delivered here from a home) -> its sub.
+        self._held: dict[Any, _Sub] = {}
         self._here = False
         self._vhost_bytes: dict[str, bytes] = {}
         #: Stand-ins made with arguments (told to their home at each link up).
@@ -326,19 +328,21 @@ class RemoteQueues:
 
     def _forget(self, sub: _Sub) -> None:
         """Forget the home's tags of what C{sub} holds (given back there)."""
-        tags = self._tags
-        for message in [m for m, entry in tags.items() if entry[0] is sub]:
-            del tags[message]
+        held = self._held
+        for message in sub.tags:
+            held.pop(message, None)
+        sub.tags = {}
 
     def settle(self, queue: RemoteQueue, messages: list[Message], ack: bool, requeue: bool) -> None:
         outcome = ACK if ack else REQUEUE if requeue else DROP
-        tags = self._tags
+        held = self._held
         for message in messages:
-            entry = tags.pop(message, None)
-            if entry is None:
+            sub = held.pop(message, None)
+            if sub is None:
                 continue  # given back on the home already (its link went)
-            sub, tag, link = entry
-            if link.state == "up" and sub.link is link:
+            tag = sub.tags.pop(message)
+            link = sub.link
+            if link is not None and link.state == "up":
                 link.settle(sub.id, tag, outcome)
 
     # -- frames from the home -------------------------------------------------------
@@ -372,9 +376,11 @@ class RemoteQueues:
             link.settle(sub_id, tag, REQUEUE)  # it went meanwhile: the home gives it back
             return
         message.id = next(self.mesh.broker.message_ids)
-        self._tags[message] = (sub, tag, link)
+        self._held[message] = sub
+        sub.tags[message] = tag
         if not sub.queue.from_home(sub.consumer, message):
-            self._tags.pop(message, None)
+            self._held.pop(message, None)
+            sub.tags.pop(message, None)
             link.settle(sub_id, tag, REQUEUE)
 
     def control(self, link: LinkProtocol, type_: int, value: dict[str, Any]) -> None:
