@@ -9,6 +9,7 @@ from typing import Any
 from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase
 
+from qmq.cluster import wire
 from qmq.cluster.placement import Placement, rendezvous
 from qmq.core.channel import Channel
 from qmq.core.errors import PreconditionFailed
@@ -612,3 +613,28 @@ class StoredConfirmTests(SynchronousTestCase):
         waiter.errback(OSError("disk gone"))
         self.assertEqual(len(others), 1)
         self.assertEqual(len(self.flushLoggedErrors(OSError)), 1)
+
+
+class BadFrameTests(SynchronousTestCase):
+    def test_bad_queue_frames_close_the_link(self) -> None:
+        """A malformed frame of queues across nodes closes the link with a
+        protocol error naming it (the dialer reconnects)."""
+        cases = [
+            (wire.encode_json(wire.SETTLE, {"s": "x"}), "bad settle"),
+            (wire.encode_json(wire.SETTLE, {"s": [[1, "t", 0]]}), "bad settle"),
+            (wire.encode_json(wire.CONFIRM, {"ok": 3}), "bad confirm"),
+            (wire.encode_json(wire.CONFIRM, {"ok": [], "failed": [["x"]]}), "bad confirm"),
+            (wire.encode_json(wire.CONSUME, {"id": 1, "vhost": "/", "queue": "q", "window": 0}), "bad consume"),
+            (wire.encode_json(wire.CANCEL, {"id": "1"}), "an integer id"),
+            (wire.encode_json(wire.DECLARE, {"vhost": "/", "queue": "q"}), "bad declare"),
+            (wire.frame(wire.FORWARD, b"\x00\x01"), "bad forward"),
+            (wire.frame(wire.DELIVER, b"\x00"), "bad deliver"),
+            (wire.frame(wire.FORWARD, wire.SEQ.pack(1) + b"junk"), "bad message frame"),
+        ]
+        for data, expected in cases:
+            net = Net("a", "b")
+            out, _ = net.connect("a", "b")
+            out.dataReceived(data)
+            self.assertEqual(out.state, "closed", expected)
+            self.assertIn(expected, out.reason)
+            self.assertIn("protocol error", out.reason)
