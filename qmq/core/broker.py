@@ -193,6 +193,9 @@ class Broker:
         self.max_unfinished_bytes = self.limits.max_unfinished_bytes
         #: Gives free heap memory back to the OS (L{release_memory}); None: never.
         self.trim: Callable[[], object] | None = trim_heap
+        #: Where queues live in a mesh (L{qmq.core.remote.Homes}), set by
+        #: the mesh; None: every queue lives here.
+        self.homes: Any = None
         self._trim_call: Any = None
 
     @property

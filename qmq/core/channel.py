@@ -477,7 +477,11 @@ class Channel:
             exchange (only other exchanges route into one).
         """
         if not exchange:
-            queue = self.vhost.queue(routing_key)
+            queue = self.vhost.queues.get(routing_key)
+            if queue is None and self.broker.homes is not None:
+                queue = self.vhost.stand_in(routing_key)
+            if queue is None:
+                queue = self.vhost.queue(routing_key)  # raises NotFound
             self._may_write("", routing_key)
             return (queue, None, "", routing_key, queue)
         ex = self.publishable_exchange(exchange)
@@ -543,6 +547,12 @@ class Channel:
             if routing_key not in self._writable:
                 self._may_write("", routing_key)
             queue = vhost.queues.get(routing_key)
+            if queue is None and self.broker.homes is not None:
+                # A queue whose home is another node may exist there only.
+                queue = vhost.stand_in(routing_key)
+            if queue is not None and queue.remote is not None:
+                self.published += 1
+                return Published(1, queue.remote.forward(queue, message))
             targets = (queue,) if queue is not None else ()
         if not targets and mandatory:
             return Published(0, None)
@@ -593,6 +603,10 @@ class Channel:
         self.published += 1
         queue = target[0]
         if queue is not None:
+            if queue.remote is not None:
+                # Its home is another node (qmq.core.remote): the confirm
+                # of the home is the durability Deferred.
+                return queue.remote.forward(queue, message)
             # VirtualHost.publish_to for one queue, inlined (the hot path).
             dropped = queue.publish(message)
             if message.persistent and queue.store is not None and not dropped:
@@ -743,6 +757,8 @@ class Channel:
         """Attach C{consumer} to C{queue} (checked: exclusivity), under the
         channel's prefetch for consumers made now (L{qos})."""
         self._check_exclusive(queue)
+        if queue.remote is not None:
+            queue.remote.reachable(queue)
         consumers = queue.consumers
         if consumers and (exclusive or consumers[0].exclusive):
             raise AccessRefused(

@@ -147,9 +147,11 @@ class Definitions:
 
 
 def _is_own_queue(queue: Any) -> bool:
-    """A queue the broker makes itself, left out of definitions."""
+    """A queue the broker makes itself, left out of definitions (a
+    stand-in of a queue homed on another node too: its home exports it)."""
     return (
         queue.exclusive_owner is not None
+        or queue.remote is not None
         or queue.name.startswith("amq.")
         or queue.name.startswith(DURABLE_SUBSCRIPTION_PREFIX)
     )

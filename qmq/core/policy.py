@@ -91,6 +91,8 @@ class QueuePolicy:
     @ivar fsync: the commit log's fsync policy for this queue's publishes
         (C{x-fsync}: C{"always"}, C{"interval"}, C{"never"}), or None for
         the virtual host's or the store's.
+    @ivar home_node: in a mesh, the node the queue lives on (C{x-home-node};
+        docs/cluster.rst), or None for the placement's hash.
     @ivar bounded: whether C{max_length} or C{max_bytes} is set (derived; the
         publish path reads this one flag).
     @ivar length_room: C{max_length}, or a number no queue reaches (derived:
@@ -118,6 +120,7 @@ class QueuePolicy:
     dedup_max_ids: int = 10_000
     retention: int | None = None
     fsync: str | None = None
+    home_node: str | None = None
     bounded: bool = field(init=False, repr=False, compare=False)
     length_room: int = field(init=False, repr=False, compare=False)
     bytes_room: int = field(init=False, repr=False, compare=False)
@@ -270,6 +273,16 @@ def _fsync_argument(argument: str, value: object) -> str:
     return value  # type: ignore[return-value]
 
 
+def _home_argument(argument: str, value: object) -> str:
+    from qmq.core.ids import NODE_ID  # noqa: PLC0415
+
+    if not isinstance(value, str) or not NODE_ID.match(value):
+        raise PreconditionFailed(
+            f"{argument} must be a node id (1 to 32 letters, digits, '_' or '-'), got {value!r}"
+        )
+    return value
+
+
 def _retention_argument(argument: str, value: object) -> int | None:
     # Seconds; 0 is none.
     return _integer(argument, value, 0, MAX_TIME_MS // 1000, _EXPECTED[0]) or None
@@ -371,6 +384,7 @@ QUEUE_ARGUMENTS: dict[str, QueueArgument] = {
         QueueArgument(
             "x-fsync", "fsync", _fsync_argument, "one of " + ", ".join(FSYNC_POLICIES)
         ),
+        QueueArgument("x-home-node", "home_node", _home_argument, "a node id (docs/cluster.rst)"),
     )
 }
 

@@ -39,6 +39,7 @@ from qmq.core.errors import (
     BrokerError,
     NoSuchExchange,
     NoSuchQueue,
+    NotAllowed,
     PreconditionFailed,
 )
 from qmq.core.events import Events, Observer, observe
@@ -56,6 +57,7 @@ from qmq.core.names import MAX_NAME_BYTES, check_binding_key, check_exchange, ch
 from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX
 from qmq.core.policy import DEFAULT_POLICY, QueuePolicy
 from qmq.core.queue import Queue
+from qmq.core.remote import RemoteQueue
 from qmq.core.store import ScanPage
 
 if TYPE_CHECKING:
@@ -373,6 +375,17 @@ class VirtualHost:
             raise PreconditionFailed("a queue needs a name")
         if validate:
             check_queue(name)
+        broker = self.broker
+        if (
+            broker is not None
+            and broker.homes is not None
+            and exclusive_owner is None
+            and not (backlog or subscription or policy is not None)
+        ):
+            home = broker.homes.home(self.name, name, arguments)
+            if home is not None:
+                # Its home is another node: a stand-in (qmq.core.remote).
+                return self._add_stand_in(name, home, arguments)
         if on_demand and policy is None and not (backlog or subscription or arguments):
             # The common case, a client naming a new queue (a million of
             # them in a row, at worst): the virtual host's defaults, whose
@@ -420,6 +433,33 @@ class VirtualHost:
             store.declare_queue(self, queue)
         if self.events is not None:
             self.events.queue_declared(queue)
+        return queue
+
+    def stand_in(self, name: str) -> Queue | None:
+        """The stand-in of queue C{name} when its home is another node
+        (made now: a publish to it names it), else None (L{qmq.core.remote})."""
+        existing = self.queues.get(name)
+        if existing is not None:
+            return existing if existing.remote is not None else None
+        broker = self.broker
+        homes = broker.homes if broker is not None else None
+        if homes is None or not name:
+            return None
+        try:
+            check_queue(name)
+            home = homes.home(self.name, name, None)
+        except BrokerError:
+            return None  # no queue can have that name: unroutable, as before
+        if home is None:
+            return None
+        return self._add_stand_in(name, home, None)
+
+    def _add_stand_in(self, name: str, home: str, arguments: dict | None) -> Queue:
+        assert self.broker is not None
+        queue = RemoteQueue(self, name, home, self.broker.homes, arguments)
+        self.queues[name] = queue
+        if arguments:
+            self.broker.homes.declared(queue)
         return queue
 
     def _durable_store(self, queue: Queue) -> MessageStore | None:
@@ -554,6 +594,12 @@ class VirtualHost:
         q = self.queue(queue)
         if not exchange:
             raise AccessRefused("the default exchange cannot be bound")
+        if q.remote is not None:
+            raise NotAllowed(
+                f"Queue {queue!r} lives on node {q.home!r} (docs/cluster.rst): bind it there; "
+                "exchanges route to a queue on its home node only.",
+                "bind of a remote queue",
+            )
         ex = self.exchange(exchange)
         if validate:
             check_binding_key(routing_key, ex)

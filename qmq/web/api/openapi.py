@@ -427,6 +427,9 @@ def _schemas(s: ApiSettings) -> dict:
                 "messages": {"type": "integer"}, "messages_ready": {"type": "integer"},
                 "messages_unacknowledged": {"type": "integer"}, "ready_bytes": {"type": "integer"},
                 "consumers": {"type": "integer"}, "dropped": {"type": "integer"},
+                "home": {"type": ["string", "null"], "description": "In a mesh, the node the queue lives on "
+                         "(on another node, this is its stand-in: its counts are the home's to give); null "
+                         "outside a mesh."},
                 "message_stats": {
                     "type": "object",
                     "description": "Messages routed to the queue (publish) and handed out by it over every "
@@ -505,6 +508,10 @@ def _schemas(s: ApiSettings) -> dict:
                 "dropped": {"type": "integer"}, "refused": {"type": "integer"},
                 "buffered_bytes": {"type": "integer"},
                 "peer_interest": {"type": "array", "items": {"type": "string"}},
+                "unconfirmed": {"type": "integer", "description": "Publishes forwarded to queues homed on "
+                                "the peer, waiting for its confirm."},
+                "peer_consumers": {"type": "integer", "description": "The peer's consumers of queues homed "
+                                   "on this node."},
             },
         },
         "User": {

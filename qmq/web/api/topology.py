@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from qmq.core.exchange import EXCHANGE_TYPES
 from qmq.core.queue import Queue
+from qmq.core.remote import home_of
 from qmq.web.api.params import Response, _arg, _int_arg, _object_body, json_response
 from qmq.web.api.problem import bad_request
 
@@ -65,6 +66,8 @@ class TopologyMixin:
             "consumers": len(q.consumers),
             "dropped": q.dropped,
             "message_stats": self._message_stats(fe_name, q),
+            # In a mesh, the node it lives on (docs/cluster.rst); else null.
+            "home": home_of(q),
         }
 
     def _message_stats(self, vhost: str, q: Queue) -> dict:
