@@ -83,7 +83,8 @@ from qmq.auth.settings import (
 )
 from qmq.cluster.settings import ClusterSettings
 from qmq.connections import ConnectionSettings
-from qmq.core.errors import PreconditionFailed
+from qmq.core.errors import BrokerError, PreconditionFailed
+from qmq.core.exchange import ALTERNATE_EXCHANGE, alternate_of
 from qmq.core.limits import LimitSettings
 from qmq.core.names import problem as name_problem
 from qmq.core.policy import FSYNC_POLICIES, QUEUE_ARGUMENTS, QueueArgument, argument_name
@@ -200,6 +201,9 @@ class ExchangeDeclaration:
     @ivar type: one of L{EXCHANGE_TYPES}.
     @ivar durable: whether it survives a restart.
     @ivar auto_delete: whether it goes away with its last binding.
+    @ivar internal: clients may not publish to it (only other exchanges
+        route into it).
+    @ivar arguments: its arguments (C{alternate-exchange}).
     @ivar origin: where it was declared (C{'FILE: KEY'}), for error messages.
     """
 
@@ -207,6 +211,8 @@ class ExchangeDeclaration:
     type: str
     durable: bool = True
     auto_delete: bool = False
+    internal: bool = False
+    arguments: Mapping[str, Any] = field(default_factory=dict)
     origin: str = field(default="", compare=False, repr=False)
 
 
@@ -402,11 +408,24 @@ def _directory(value: object, key: str) -> Path:
     return Path(value)
 
 
+def _exchange_arguments(value: object, key: str) -> dict[str, Any]:
+    # The core's reading of exchange arguments (alternate-exchange).
+    if not isinstance(value, dict):
+        raise _fail(key, "a table of arguments", value)
+    try:
+        alternate_of(value)
+    except BrokerError as e:
+        raise _fail(f"{key}.{ALTERNATE_EXCHANGE}", "the name of an exchange", value.get(ALTERNATE_EXCHANGE)) from e
+    return dict(value)
+
+
 _EXCHANGE_SCHEMA: _Schema = {
     "name": _name,
     "type": _one_of(EXCHANGE_TYPES),
     "durable": _boolean,
     "auto_delete": _boolean,
+    "internal": _boolean,
+    "arguments": _exchange_arguments,
 }
 _EXCHANGE_REQUIRED = {"name": "a non-empty string", "type": "one of " + ", ".join(EXCHANGE_TYPES)}
 

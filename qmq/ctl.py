@@ -55,7 +55,7 @@ MAX_PAGES = 1000
 #: The columns of each listing's table.
 COLUMNS: dict[str, tuple[str, ...]] = {
     "queues": ("name", "messages_ready", "messages_unacknowledged", "consumers", "durable", "auto_delete"),
-    "exchanges": ("name", "type", "durable", "auto_delete", "bindings"),
+    "exchanges": ("name", "type", "durable", "auto_delete", "internal", "bindings"),
     "bindings": ("exchange", "queue", "routing_key"),
     "connections": ("id", "protocol", "peer", "user"),
     "users": ("name", "password", "certificate_names", "source", "admin"),

@@ -640,7 +640,8 @@ def _declare(broker: Broker, settings: Settings) -> None:
             for ex in vhost_settings.exchanges:
                 origin = ex.origin
                 vhost.declare_exchange(
-                    ex.name, ex.type, durable=ex.durable, auto_delete=ex.auto_delete
+                    ex.name, ex.type, durable=ex.durable, auto_delete=ex.auto_delete,
+                    internal=ex.internal, arguments=dict(ex.arguments) or None,
                 )
             for q in vhost_settings.queues:
                 origin = q.origin

@@ -799,6 +799,29 @@ class ErrorTests(unittest.TestCase):
             'qmq.toml: vhosts."/".exchanges[1].name: "e" is declared twice',
         )
 
+    def test_internal_and_alternate_exchanges(self) -> None:
+        """
+        A configured exchange may be internal and name an alternate; the
+        alternate's value is read by the core's rule (qmq.core.exchange).
+        """
+        settings = config.load_string(
+            '[[vhosts."/".exchanges]]\nname = "caught"\ntype = "fanout"\ninternal = true\n'
+            '[[vhosts."/".exchanges]]\nname = "front"\ntype = "direct"\n'
+            'arguments = {"alternate-exchange" = "caught"}\n',
+            "qmq.toml",
+        )
+        caught, front = settings.vhosts[0].exchanges
+        self.assertEqual((caught.internal, dict(caught.arguments)), (True, {}))
+        self.assertEqual((front.internal, dict(front.arguments)), (False, {"alternate-exchange": "caught"}))
+        self.check(
+            '[[vhosts."/".exchanges]]\nname = "e"\ntype = "topic"\narguments = {"alternate-exchange" = 1}',
+            'qmq.toml: vhosts."/".exchanges[0].arguments.alternate-exchange: expected the name of an exchange, got 1',
+        )
+        self.check(
+            '[[vhosts."/".exchanges]]\nname = "e"\ntype = "topic"\ninternal = "yes"',
+            'qmq.toml: vhosts."/".exchanges[0].internal: expected true or false, got "yes"',
+        )
+
     def test_queues(self) -> None:
         """
         A queue needs a name; its arguments are scalars.

@@ -196,6 +196,26 @@ exchange = "events"
             ["declare exchange events", "declare queue audit", "bind audit events", "recover"],
         )
 
+    def test_internal_and_alternate_declared(self) -> None:
+        """A configured exchange's internal flag and alternate reach the core."""
+        settings = self.settings(
+            """
+store = "memory"
+[[vhosts."/".exchanges]]
+name = "caught"
+type = "fanout"
+internal = true
+[[vhosts."/".exchanges]]
+name = "front"
+type = "direct"
+arguments = {"alternate-exchange" = "caught"}
+"""
+        )
+        service = make_service(settings, self.reactor)
+        exchanges = service.broker.default_vhost.exchanges
+        self.assertTrue(exchanges["caught"].internal)
+        self.assertEqual(exchanges["front"].alternate, "caught")
+
     def test_recovered_into_declared(self) -> None:
         """
         What the store kept comes back: into a declared queue (which keeps

@@ -104,3 +104,22 @@ class DefinitionsApiTests(ApiSiteMixin, unittest.TestCase):
             "POST", "/api/v1/definitions", raw=b"{not json", headers={**ALICE, "Content-Type": "application/json"}
         )
         self.assertEqual(code, 400)
+
+    @defer.inlineCallbacks
+    def test_invalid_arguments_one_verdict(self) -> None:
+        """
+        A queue argument with a bad value gets the same status from a
+        definitions import as from a PUT of the queue (the core's
+        PreconditionFailed, 409), for a new queue and for one that exists.
+        """
+        Q = "/api/v1/vhosts/%2F/queues"
+        for name, arguments in (("fresh", {"x-max-length": -1}), ("fresh", {"x-overflow": "nope"}),
+                                ("orders", {"x-max-length": "abc"})):
+            put, _, _, doc = yield self.call("PUT", f"{Q}/{name}", {"arguments": arguments}, headers=ALICE)
+            imported, _, _, problem = yield self.call(
+                "POST", "/api/v1/definitions", {"queues": [{"vhost": "/", "name": name, "arguments": arguments}]},
+                headers=ALICE,
+            )
+            self.assertEqual((put, imported), (409, 409), (arguments, doc, problem))
+            self.assertIn(next(iter(arguments)), problem["detail"])
+        self.assertNotIn("fresh", self.broker.default_vhost.queues)

@@ -328,8 +328,11 @@ class Broker:
         body: bytes,
         persistent: bool = False,
     ) -> Message:
-        """Build a message stamped with a fresh id and the clock's time
-        (L{qmq.core.channel.Channel.new_message} does the same, inline)."""
+        """Build a message stamped with a fresh id and the clock's time:
+        every message a frontend, a dead letter or a tool makes
+        (L{qmq.core.channel.Channel.make_message} asks this;
+        L{qmq.core.channel.Channel.new_message}, STOMP's publish path, does
+        the same inline)."""
         return Message(
             next(self.message_ids), exchange, routing_key, headers, body, self.clock.seconds(), persistent
         )

@@ -199,8 +199,8 @@ class DeliveryHeaderTests(BrokerTestCase):
         def scenario():
             self.quiet_stomppy()
             self.check_error(
-                lambda c: c.conn.subscribe("/queue/b1", id="s", headers={"x-max-priority": "10"}),
-                "x-max-priority must be an integer from 1 to 9, got '10'",
+                lambda c: c.conn.subscribe("/queue/b1", id="s", headers={"x-max-priority": "256"}),
+                "x-max-priority must be an integer from 1 to 255, got '256'",
             )
             c = self.connected()
             self.subscribe(c, "/queue/b2", "s", **{"x-message-ttl": "1000"})
