@@ -426,6 +426,17 @@ class TapTests(unittest.TestCase):
             ["--listen", "stomp:tcp:61999:interface=127.0.0.1", "--data-dir", data, "--worker", f"1:2:{supervisor.directory}"],
         )
 
+    def test_logFile(self) -> None:
+        """Workers log to the supervisor's standard output, or next to its
+        log file (twistd --logfile, or twistd.log as a daemon)."""
+        self.assertIsNone(plan.log_file_of(None))
+        self.assertIsNone(plan.log_file_of({"nodaemon": True, "logfile": None}))
+        self.assertIsNone(plan.log_file_of({"nodaemon": True, "logfile": "-"}))
+        self.assertEqual(plan.log_file_of({"nodaemon": True, "logfile": "/var/log/qmq.log"}), "/var/log/qmq.log")
+        self.assertEqual(plan.log_file_of({"nodaemon": False, "logfile": None}), "twistd.log")
+        argv = worker_command(1, 2, "/r", ["--config", "q.toml"], "/var/log/qmq.log")
+        self.assertEqual(argv[3:7], ["-n", "--pidfile=", "--logfile=/var/log/qmq.log.w1", "qmq"])
+
     def test_badWorkers(self) -> None:
         from twisted.python import usage  # noqa: PLC0415
 
