@@ -708,7 +708,7 @@ class ErrorTests(unittest.TestCase):
             ),
             "x-expires": ("0", "expected an integer >= 1, got 0"),
             "x-delivery-limit": ("-2", "expected an integer >= -1, got -2"),
-            "x-max-priority": ("10", "expected an integer from 1 to 9, got 10"),
+            "x-max-priority": ("256", "expected an integer from 1 to 255 (above 9 counts as 9), got 256"),
             "message-ttl": ("-1", "expected an integer >= 0, got -1"),
             "x-dead-letter-exchange": ("1", "expected an exchange name, got 1"),
             "x-redelivery-backoff": ("[-1]", "expected a list of delays in milliseconds, got an array"),
