@@ -19,7 +19,9 @@ from a broker on its own, in the order L{qmq.tap} applies it:
        C{DIR/wI.sock} and dials every worker with a higher index, so each
        pair has one dialer and the mesh's tie-break never has to choose.
        Topics and exchanges fan out across workers exactly once, as across
-       hosts (docs/cluster.rst).
+       hosts (docs/cluster.rst); each queue's home is one of the N workers
+       (the mesh's rendezvous placement over C{w0} to C{wN-1}, whatever is
+       linked now), reached from the others through the links.
     4. L{WorkerAgent} talks to the supervisor over two pipes: it writes
        C{ready} on file descriptor L{READY_FD} once its listeners are bound,
        and stops the worker when L{LIFELINE_FD} reaches its end (the
@@ -140,6 +142,7 @@ def attach_worker(service: Any, role: WorkerRole, reactor: Any, lifeline: bool =
     """
     from qmq.cluster.endpoints import Peer  # noqa: PLC0415
     from qmq.cluster.mesh import LinkFactory, mesh_of  # noqa: PLC0415
+    from qmq.cluster.placement import Placement  # noqa: PLC0415
     from qmq.service import Listener  # noqa: PLC0415
 
     broker = service.broker
@@ -179,6 +182,11 @@ def attach_worker(service: Any, role: WorkerRole, reactor: Any, lifeline: bool =
         )
         for j in range(role.index + 1, role.count)
     ]
+    # Queues: each one's home is one worker, by a stable hash of its
+    # virtual host and name over all N workers (not the ones linked now: a
+    # queue does not move while its worker restarts).
+    nodes = [worker_node(base, j) for j in range(role.count)]
+    mesh.queues.placement = Placement(mesh.node, lambda: nodes)
     agent = WorkerAgent(role, mesh, peers, reactor, lifeline)
     agent.setServiceParent(service)
     return agent

@@ -7,10 +7,12 @@ used by STOMP clients on raw sockets (L{tests.integration.test_mesh.Stomp}).
   - topic fan-out across workers, exactly once: subscribers on both
     workers, publishers on both, every message reaches every subscriber
     once;
-  - SIGKILL of a worker under receipted persistent load: the supervisor
-    starts it again, it serves again (clients land on it, its link is up
-    again), and every message it gave a RECEIPT for is in its queue,
-    recovered from its own commit log;
+  - a queue whose home is the other worker (the stable hash of its
+    virtual host and name), produced and consumed with acks from w0;
+  - SIGKILL of a queue's home worker under receipted persistent load from
+    both workers: the supervisor starts it again, it serves again (clients
+    land on it, its link is up again), and every message given a RECEIPT
+    is in the queue, recovered from the worker's own commit log;
   - SIGKILL of the supervisor: no worker outlives it (its lifeline);
     SIGTERM: every worker stops, and the supervisor after them.
 
@@ -218,11 +220,56 @@ class WorkersTests(WorkersCase):
             self.assertEqual(len(counts), 2 * (MESSAGES + 1), worker_of(s))
             self.assertEqual(set(counts.values()), {1}, worker_of(s))
 
+    def test_queueHomedElsewhere(self) -> None:
+        """A queue whose home is w1 (the stable hash of "/" and "h0"),
+        produced and consumed with acks on w0: every message once, acked on
+        its home (nothing left there); what a consumer held unacked when it
+        left comes back, redelivered, to a consumer on the home."""
+        producer = self.client_on("w0")
+        consumer = self.client_on("w0")
+        consumer.receipts += 1
+        consumer.sock.sendall(
+            frame(
+                "SUBSCRIBE",
+                {"destination": "/queue/h0", "id": "1", "ack": "client-individual", "prefetch-count": "20",
+                 "receipt": "sub"},
+            )
+        )
+        command, headers, _ = consumer.read()
+        self.assertEqual((command, headers.get("receipt-id"), headers.get("home")), ("RECEIPT", "sub", "w1"))
+        for i in range(MESSAGES):
+            producer.request("SEND", {"destination": "/queue/h0", "persistent": "true"}, f"m{i}".encode())
+        got = []
+        deadline = time.monotonic() + FLOW_TIMEOUT
+        while len(got) < MESSAGES - 10 and time.monotonic() < deadline:
+            command, headers, body = consumer.read()
+            self.assertEqual(command, "MESSAGE")
+            got.append(body)
+            consumer.sock.sendall(frame("ACK", {"id": headers["ack"]}))
+        held = []
+        while len(got) + len(held) < MESSAGES and time.monotonic() < deadline:
+            command, headers, body = consumer.read()
+            held.append(body)  # not acked
+        self.assertEqual(sorted(got + held), sorted(f"m{i}".encode() for i in range(MESSAGES)))
+        consumer.close()
+        home = self.client_on("w1")
+        home.sock.sendall(frame("SUBSCRIBE", {"destination": "/queue/h0", "id": "1", "ack": "auto"}))
+        again = []
+        while len(again) < len(held) and time.monotonic() < deadline:
+            command, headers, body = home.read()
+            self.assertEqual(headers.get("redelivered"), "true", body)
+            again.append(body)
+        self.assertEqual(sorted(again), sorted(held))
+        self.assertEqual(home.messages(1.0), [])  # the acked ones are gone
+
     def test_killWorker(self) -> None:
-        """SIGKILL of w1 while a producer on it sends persistent messages
-        with receipts: w1 is started again, serves again, and every
-        receipted message is in its queue."""
-        producers = [self.client_on("w1") for _ in range(PRODUCERS)]
+        """SIGKILL of w1, the home of /queue/h0, while producers on both
+        workers send persistent messages to it with receipts: w1 is started
+        again, serves again, and every receipted message is in its queue
+        (recovered from w1's own log), consumed from w0 through the link."""
+        # Half on w1 (its queue, local), half on w0 (forwarded to w1 with a
+        # confirm from its store before each RECEIPT).
+        producers = [self.client_on(("w0", "w1")[i % 2]) for i in range(PRODUCERS)]
         receipted: list[bytes] = []
         stop = threading.Event()
 
@@ -232,7 +279,7 @@ class WorkersTests(WorkersCase):
                 while not stop.is_set():
                     n += 1
                     body = f"{index}-{n}".encode()
-                    producer.request("SEND", {"destination": "/queue/k", "persistent": "true"}, body)
+                    producer.request("SEND", {"destination": "/queue/h0", "persistent": "true"}, body)
                     receipted.append(body)
             except (OSError, ConnectionError, AssertionError):
                 return
@@ -249,8 +296,8 @@ class WorkersTests(WorkersCase):
             self.assertFalse(thread.is_alive())
         self.wait_for("w1 started again", lambda: self.worker_pids()["w1"] != before)
         self.wait_for("w1 linked again", lambda: self.linked({"w0", "w1"}), START_TIMEOUT)
-        consumer = self.client_on("w1")
-        consumer.request("SUBSCRIBE", {"destination": "/queue/k", "id": "1", "ack": "auto"})
+        consumer = self.client_on("w0")  # through the link to the queue's home
+        consumer.request("SUBSCRIBE", {"destination": "/queue/h0", "id": "1", "ack": "auto"})
         deadline = time.monotonic() + FLOW_TIMEOUT
         got: set[bytes] = set()
         while not set(receipted) <= got and time.monotonic() < deadline:
