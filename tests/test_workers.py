@@ -263,6 +263,18 @@ class SettingsTests(unittest.TestCase):
         e = self.assertRaises(ConfigError, worker_settings, long, WorkerRole(1, 2, "/r"))
         self.assertIn("cluster.node", str(e))
 
+    def test_memoryMark(self) -> None:
+        """The memory high-water mark is the broker's: each of N workers
+        gets 1/N of it, in bytes; off stays off."""
+        gib = 1 << 30
+        settings = config.load_string("[limits]\nmemory_high_watermark = 0.4\n")
+        w = worker_settings(settings, WorkerRole(1, 2, "/r"), total=10 * gib)
+        self.assertEqual(w.limits.memory_high_watermark, 2 * gib)
+        settings = config.load_string('[limits]\nmemory_high_watermark = "3GiB"\n')
+        self.assertEqual(worker_settings(settings, WorkerRole(0, 3, "/r"), total=10 * gib).limits.memory_high_watermark, gib)
+        settings = config.load_string('[limits]\nmemory_high_watermark = "off"\n')
+        self.assertEqual(worker_settings(settings, WorkerRole(0, 3, "/r"), total=10 * gib).limits.memory_high_watermark, "off")
+
     def test_refusals(self) -> None:
         """What workers cannot share yet is refused, naming the key."""
         cases = [

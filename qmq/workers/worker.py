@@ -44,6 +44,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from qmq.config import ConfigError, Settings
+from qmq.core.alarm import MIN_MARK, parse_memory_mark, total_memory
 
 __all__ = [
     "LIFELINE_FD",
@@ -118,9 +119,13 @@ def site_socket(directory: str, index: int) -> str:
     return os.path.join(directory, f"w{index}.http")
 
 
-def worker_settings(settings: Settings, role: WorkerRole) -> Settings:
-    """The settings of worker C{role.index}: its data directory and node id.
+def worker_settings(settings: Settings, role: WorkerRole, total: int | None = None) -> Settings:
+    """The settings of worker C{role.index}: its data directory, its node
+    id, and its share of the memory high-water mark (the mark is the whole
+    broker's: each of N workers holds back its publishers at 1/N of it).
 
+    @param total: the memory a fractional mark refers to (L{total_memory}
+        if None).
     @raise ConfigError: C{[cluster] node} is too long to name the workers.
     """
     cluster = settings.section("cluster")
@@ -130,8 +135,18 @@ def worker_settings(settings: Settings, role: WorkerRole) -> Settings:
             "", "cluster.node", f"{cluster.node!r} is too long to name workers ({node!r}: at most 32)"
         )
     others = {**settings.other_sections, "cluster": dataclasses.replace(cluster, node=node)}
+    limits = settings.limits
+    try:
+        mark = parse_memory_mark(limits.memory_high_watermark, total_memory() if total is None else total)
+    except (ValueError, OSError):
+        mark = 0  # the worker's own alarm reports a mark it cannot use
+    if mark:
+        limits = dataclasses.replace(limits, memory_high_watermark=max(MIN_MARK, mark // role.count))
     return dataclasses.replace(
-        settings, data_dir=worker_data_dir(settings.data_dir, role.index), other_sections=others
+        settings,
+        data_dir=worker_data_dir(settings.data_dir, role.index),
+        other_sections=others,
+        limits=limits,
     )
 
 
@@ -249,7 +264,12 @@ class WorkerAgent(Service):
             os.write(READY_FD, f"ready {os.getpid()}\n".encode())
         except OSError as e:
             log.warn("QMQ worker cannot tell the supervisor it is ready: {error}", error=e.strerror or e)
-        os.set_blocking(LIFELINE_FD, False)
+        try:
+            os.set_blocking(LIFELINE_FD, False)
+        except OSError as e:
+            # Started by hand, not by a supervisor: nothing to watch.
+            log.warn("QMQ worker has no lifeline from a supervisor: {error}", error=e.strerror or e)
+            return
         self._reader = _Lifeline(LIFELINE_FD, self._supervisor_gone)
         self.reactor.addReader(self._reader)
 
