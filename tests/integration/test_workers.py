@@ -13,6 +13,8 @@ used by STOMP clients on raw sockets (L{tests.integration.test_mesh.Stomp}).
     both workers: the supervisor starts it again, it serves again (clients
     land on it, its link is up again), and every message given a RECEIPT
     is in the queue, recovered from the worker's own commit log;
+  - a restart with 3 workers keeps the messages sent with 2; one worker on
+    that data directory is refused;
   - SIGKILL of the supervisor: no worker outlives it (its lifeline);
     SIGTERM: every worker stops, and the supervisor after them.
 
@@ -84,8 +86,14 @@ class WorkersCase(unittest.TestCase):
         )
         self.output = (self.dir / "supervisor.log").open("wb")
         self.addCleanup(self.output.close)
+        self.launch(2)
+
+    def launch(self, workers: int) -> None:
+        """Start C{twistd -n qmq --workers N}; wait until every worker answers,
+        linked to another."""
         process = self.process = subprocess.Popen(
-            twistd_command() + ["-n", "--pidfile=", "qmq", "--config", str(self.dir / "qmq.toml"), "--workers", "2"],
+            twistd_command()
+            + ["-n", "--pidfile=", "qmq", "--config", str(self.dir / "qmq.toml"), "--workers", str(workers)],
             cwd=self.dir,
             env=environment(),
             stdin=subprocess.DEVNULL,
@@ -94,17 +102,16 @@ class WorkersCase(unittest.TestCase):
         )
 
         def cleanup() -> None:
+            # The workers stop by themselves when the supervisor is gone
+            # (their lifeline): their pids are not killed here, they may
+            # have been reused.
             if process.poll() is None:
                 process.kill()
                 process.wait(10)
-            for pid in self.worker_pids().values():
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
 
         self.addCleanup(cleanup)
-        self.wait_for("both workers linked", lambda: self.linked({"w0", "w1"}), START_TIMEOUT)
+        names = {f"w{i}" for i in range(workers)}
+        self.wait_for(f"{workers} workers linked", lambda: self.linked(names), START_TIMEOUT)
 
     def log(self) -> str:
         self.output.flush()
@@ -123,14 +130,15 @@ class WorkersCase(unittest.TestCase):
             return json.load(r)
 
     def linked(self, workers: set[str]) -> bool:
-        """Each of C{workers} answered, with its link to the other up."""
+        """Each of C{workers} answered, with its links to the others up."""
         seen: dict[str, bool] = {}
-        for _ in range(40):
+        for _ in range(20 * len(workers)):
             try:
                 answer = self.links()
             except OSError:
                 return False
-            seen[answer["node"]] = any(link["state"] == "up" for link in answer["links"])
+            up = sum(link["state"] == "up" for link in answer["links"])
+            seen[answer["node"]] = up >= len(workers) - 1
             if set(seen) >= workers:
                 break
         return set(seen) >= workers and all(seen[w] for w in workers)
@@ -306,6 +314,38 @@ class WorkersTests(WorkersCase):
         log.msg(f"workers kill test: {len(receipted)} receipted, {len(got)} consumed after the restart, {len(lost)} lost")
         self.assertEqual(lost, [], f"{len(lost)} of {len(receipted)} receipted messages lost")
         self.assertIn("worker w1 ended by signal 9", self.log())
+
+
+class CountChangeTests(WorkersCase):
+    def test_moreWorkersKeepMessages(self) -> None:
+        """Persistent messages sent with 2 workers are all there after a
+        restart with 3; one worker on that data directory is refused,
+        naming how many to run."""
+        producer = self.client()
+        # keep3's home is w1 with 2 workers and with 3, keep0's w0 with both.
+        for queue in ("keep3", "keep0"):
+            for i in range(50):
+                producer.request("SEND", {"destination": f"/queue/{queue}", "persistent": "true"}, f"{queue}-{i}".encode())
+        producer.close()
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(30)
+        single = subprocess.run(
+            twistd_command() + ["-n", "--pidfile=", "qmq", "--config", str(self.dir / "qmq.toml")],
+            cwd=self.dir, env=environment(), stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
+        )  # fmt: skip
+        self.assertEqual(single.returncode, 1)
+        self.assertIn(b"workers.count: the data directory", single.stderr)
+        self.assertIn(b"holds the commit logs of 2 workers", single.stderr)
+        self.launch(3)
+        for queue in ("keep3", "keep0"):
+            consumer = self.client()
+            consumer.request("SUBSCRIBE", {"destination": f"/queue/{queue}", "id": "1", "ack": "auto"})
+            got: list[bytes] = []
+            deadline = time.monotonic() + FLOW_TIMEOUT
+            while len(got) < 50 and time.monotonic() < deadline:
+                got += consumer.messages(1.0)
+            self.assertEqual(sorted(got), sorted(f"{queue}-{i}".encode() for i in range(50)), queue)
+            consumer.close()
 
 
 class LifeTests(WorkersCase):
