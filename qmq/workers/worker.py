@@ -21,7 +21,9 @@ from a broker on its own, in the order L{qmq.tap} applies it:
        Topics and exchanges fan out across workers exactly once, as across
        hosts (docs/cluster.rst); each queue's home is one of the N workers
        (the mesh's rendezvous placement over C{w0} to C{wN-1}, whatever is
-       linked now), reached from the others through the links.
+       linked now), reached from the others through the links; messages
+       of a queue whose home moved (another N) are sent on to it
+       (L{qmq.workers.drain}).
     4. L{WorkerAgent} talks to the supervisor over two pipes: it writes
        C{ready} on file descriptor L{READY_FD} once its listeners are bound,
        and stops the worker when L{LIFELINE_FD} reaches its end (the
@@ -203,6 +205,9 @@ def attach_worker(service: Any, role: WorkerRole, reactor: Any, lifeline: bool =
     nodes = [worker_node(base, j) for j in range(role.count)]
     mesh.queues.placement = Placement(mesh.node, lambda: nodes)
     agent = WorkerAgent(role, mesh, peers, reactor, lifeline)
+    from qmq.workers.drain import Drain  # noqa: PLC0415
+
+    agent.drain = Drain(broker, mesh, reactor)
     agent.setServiceParent(service)
     return agent
 
@@ -246,12 +251,16 @@ class WorkerAgent(Service):
         self.peers = peers
         self.reactor = reactor
         self.lifeline = lifeline
+        #: Moves messages of queues whose home moved (L{qmq.workers.drain}).
+        self.drain: Any = None
         self._reader: _Lifeline | None = None
 
     def startService(self) -> None:
         super().startService()
         for peer in self.peers:
             self.mesh.dial(peer)
+        if self.drain is not None:
+            self.drain.start()
         log.info(
             "QMQ worker {node} ({index} of {count}) ready",
             node=self.mesh.node,
@@ -281,6 +290,8 @@ class WorkerAgent(Service):
 
     def stopService(self) -> None:
         super().stopService()
+        if self.drain is not None:
+            self.drain.stop_all()
         if self._reader is not None:
             self.reactor.removeReader(self._reader)
             self._reader = None

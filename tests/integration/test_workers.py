@@ -319,11 +319,13 @@ class WorkersTests(WorkersCase):
 class CountChangeTests(WorkersCase):
     def test_moreWorkersKeepMessages(self) -> None:
         """Persistent messages sent with 2 workers are all there after a
-        restart with 3; one worker on that data directory is refused,
+        restart with 3, those of a queue whose home moved too (sent on to
+        the new home); one worker on that data directory is refused,
         naming how many to run."""
         producer = self.client()
-        # keep3's home is w1 with 2 workers and with 3, keep0's w0 with both.
-        for queue in ("keep3", "keep0"):
+        # keep3's home is w1 with 2 workers and with 3, keep0's w0 with
+        # both; keep1's moves from w0 to w2 (w0 sends its messages on).
+        for queue in ("keep3", "keep0", "keep1"):
             for i in range(50):
                 producer.request("SEND", {"destination": f"/queue/{queue}", "persistent": "true"}, f"{queue}-{i}".encode())
         producer.close()
@@ -337,8 +339,9 @@ class CountChangeTests(WorkersCase):
         self.assertIn(b"workers.count: the data directory", single.stderr)
         self.assertIn(b"holds the commit logs of 2 workers", single.stderr)
         self.launch(3)
-        for queue in ("keep3", "keep0"):
-            consumer = self.client()
+        # keep1 from w1: through the link to w2, where w0 moved them.
+        for queue, worker in (("keep3", None), ("keep0", None), ("keep1", "w1")):
+            consumer = self.client_on(worker) if worker else self.client()
             consumer.request("SUBSCRIBE", {"destination": f"/queue/{queue}", "id": "1", "ack": "auto"})
             got: list[bytes] = []
             deadline = time.monotonic() + FLOW_TIMEOUT
@@ -346,6 +349,7 @@ class CountChangeTests(WorkersCase):
                 got += consumer.messages(1.0)
             self.assertEqual(sorted(got), sorted(f"{queue}-{i}".encode() for i in range(50)), queue)
             consumer.close()
+        self.assertIn("queue 'keep1' of virtual host '/' has its home on 'w2' now", self.log())
 
 
 class LifeTests(WorkersCase):
