@@ -157,44 +157,46 @@ def attach_worker(service: Any, role: WorkerRole, reactor: Any, lifeline: bool =
 
     @param lifeline: watch the supervisor's pipes (False in tests).
     """
+    # Imported here: a single broker never loads the mesh for this.
     from qmq.cluster.endpoints import Peer  # noqa: PLC0415
     from qmq.cluster.mesh import LinkFactory, mesh_of  # noqa: PLC0415
     from qmq.cluster.placement import Placement  # noqa: PLC0415
-    from qmq.service import Listener  # noqa: PLC0415
+    from qmq.service import PROTOCOLS, Listener  # noqa: PLC0415
+    from qmq.workers.drain import Drain  # noqa: PLC0415
+    from qmq.workers.metrics import WorkerMetrics  # noqa: PLC0415
 
     broker = service.broker
+    base = service.settings.section("cluster").node.rpartition("-w")[0]
+    nodes = [worker_node(base, j) for j in range(role.count)]
     mesh = mesh_of(broker, service.settings, reactor)
     if mesh.parent is None:
         mesh.setServiceParent(service)
+    # Links from the other workers.
     path = link_path(role.directory, role.index)
     spec = f"peer:unix:{path}"
-    factory = LinkFactory(mesh, service.connections, spec)
-    service.add_listener(Listener("peer", spec, UNIXServerEndpoint(reactor, path, mode=0o600, wantPID=True), factory))
-    base = service.settings.section("cluster").node.rpartition("-w")[0]
+    endpoint = UNIXServerEndpoint(reactor, path, mode=0o600, wantPID=True)
+    service.add_listener(Listener("peer", spec, endpoint, LinkFactory(mesh, service.connections, spec)))
     # Its own site on a private socket: the others ask it for its metrics
     # there (qmq.workers.metrics).
-    from qmq.service import PROTOCOLS  # noqa: PLC0415
-    from qmq.workers.metrics import WorkerMetrics  # noqa: PLC0415
-
     site_path = site_socket(role.directory, role.index)
     site_spec = f"http:unix:{site_path}"
     site = PROTOCOLS["http"](broker, service.settings, reactor, service.connections, site_spec)
-    service.add_listener(
-        Listener("http", site_spec, UNIXServerEndpoint(reactor, site_path, mode=0o600, wantPID=True), site)
-    )
+    endpoint = UNIXServerEndpoint(reactor, site_path, mode=0o600, wantPID=True)
+    service.add_listener(Listener("http", site_spec, endpoint, site))
     broker.worker_metrics = WorkerMetrics(
         reactor,
-        worker_node(base, role.index),
+        nodes[role.index],
         site_spec,
-        {worker_node(base, j): site_socket(role.directory, j) for j in range(role.count) if j != role.index},
+        {nodes[j]: site_socket(role.directory, j) for j in range(role.count) if j != role.index},
     )
+    # It dials the workers after it: one dialer per pair.
     peers = [
         Peer(
-            text=f"unix:path={link_path(role.directory, j)}:node={worker_node(base, j)}",
+            text=f"unix:path={link_path(role.directory, j)}:node={nodes[j]}",
             kind="unix",
             host="",
             port=0,
-            node=worker_node(base, j),
+            node=nodes[j],
             endpoint=f"unix:path={link_path(role.directory, j)}:timeout=5",
         )
         for j in range(role.index + 1, role.count)
@@ -202,11 +204,8 @@ def attach_worker(service: Any, role: WorkerRole, reactor: Any, lifeline: bool =
     # Queues: each one's home is one worker, by a stable hash of its
     # virtual host and name over all N workers (not the ones linked now: a
     # queue does not move while its worker restarts).
-    nodes = [worker_node(base, j) for j in range(role.count)]
     mesh.queues.placement = Placement(mesh.node, lambda: nodes)
     agent = WorkerAgent(role, mesh, peers, reactor, lifeline)
-    from qmq.workers.drain import Drain  # noqa: PLC0415
-
     agent.drain = Drain(broker, mesh, reactor)
     agent.setServiceParent(service)
     return agent
