@@ -9,6 +9,8 @@ used by STOMP clients on raw sockets (L{tests.integration.test_mesh.Stomp}).
     once;
   - a queue whose home is the other worker (the stable hash of its
     virtual host and name), produced and consumed with acks from w0;
+  - an exchange and a binding declared in the configuration: publishes on
+    both workers reach the bound queue once each;
   - SIGKILL of a queue's home worker under receipted persistent load from
     both workers: the supervisor starts it again, it serves again (clients
     land on it, its link is up again), and every message given a RECEIPT
@@ -82,7 +84,10 @@ class WorkersCase(unittest.TestCase):
         ]
         (self.dir / "qmq.toml").write_text(
             f'data_dir = "{self.dir / "data"}"\nlisten = {json.dumps(listen)}\n\n'
-            "[cluster]\nheartbeat = 1.0\n\n[workers]\nrestart_delay = 0.2\nstop_timeout = 10.0\n"
+            "[cluster]\nheartbeat = 1.0\n\n[workers]\nrestart_delay = 0.2\nstop_timeout = 10.0\n\n"
+            '[[vhosts."/".exchanges]]\nname = "ex"\ntype = "topic"\n\n'
+            '[[vhosts."/".queues]]\nname = "bound"\n\n'
+            '[[vhosts."/".bindings]]\nqueue = "bound"\nexchange = "ex"\nrouting_key = "k.#"\n'
         )
         self.output = (self.dir / "supervisor.log").open("wb")
         self.addCleanup(self.output.close)
@@ -269,6 +274,23 @@ class WorkersTests(WorkersCase):
             again.append(body)
         self.assertEqual(sorted(again), sorted(held))
         self.assertEqual(home.messages(1.0), [])  # the acked ones are gone
+
+    def test_configuredBinding(self) -> None:
+        """An exchange and a queue bound to it, declared in the
+        configuration: publishes on both workers reach the queue (on its
+        home) once each, consumed from either worker."""
+        publishers = {w: self.client_on(w) for w in ("w0", "w1")}
+        for worker, publisher in publishers.items():
+            for i in range(50):
+                publisher.request("SEND", {"destination": "/exchange/ex/k.x"}, f"{worker}-{i}".encode())
+        # "bound" lives on w1: consumed from w0, through the link.
+        consumer = self.client_on("w0")
+        consumer.request("SUBSCRIBE", {"destination": "/queue/bound", "id": "1", "ack": "auto"})
+        got: list[bytes] = []
+        deadline = time.monotonic() + FLOW_TIMEOUT
+        while len(got) < 100 and time.monotonic() < deadline:
+            got += consumer.messages(1.0)
+        self.assertEqual(sorted(got), sorted(f"{w}-{i}".encode() for w in publishers for i in range(50)))
 
     def test_killWorker(self) -> None:
         """SIGKILL of w1, the home of /queue/h0, while producers on both
