@@ -11,6 +11,8 @@ used by STOMP clients on raw sockets (L{tests.integration.test_mesh.Stomp}).
     virtual host and name), produced and consumed with acks from w0;
   - an exchange and a binding declared in the configuration: publishes on
     both workers reach the bound queue once each;
+  - AMQP (pika): publishes with confirms on several connections, consumed
+    with acks on another;
   - SIGKILL of a queue's home worker under receipted persistent load from
     both workers: the supervisor starts it again, it serves again (clients
     land on it, its link is up again), and every message given a RECEIPT
@@ -77,10 +79,11 @@ class WorkersCase(unittest.TestCase):
     def setUp(self) -> None:
         self.dir = Path(self.mktemp()).resolve()
         self.dir.mkdir(parents=True)
-        self.stomp_port, self.http_port = free_port(), free_port()
+        self.stomp_port, self.http_port, self.amqp_port = free_port(), free_port(), free_port()
         listen = [
             f"stomp:tcp:{self.stomp_port}:interface=127.0.0.1:backlog=1024",
             f"http:tcp:{self.http_port}:interface=127.0.0.1",
+            f"amqp:tcp:{self.amqp_port}:interface=127.0.0.1",
         ]
         (self.dir / "qmq.toml").write_text(
             f'data_dir = "{self.dir / "data"}"\nlisten = {json.dumps(listen)}\n\n'
@@ -291,6 +294,42 @@ class WorkersTests(WorkersCase):
         while len(got) < 100 and time.monotonic() < deadline:
             got += consumer.messages(1.0)
         self.assertEqual(sorted(got), sorted(f"{w}-{i}".encode() for w in publishers for i in range(50)))
+
+    def test_amqp(self) -> None:
+        """AMQP 0-9-1 (pika) on shared listeners: four connections publish
+        with confirms to a durable queue (wherever each landed: most likely
+        some on each worker, the queue's home or not), a fifth consumes
+        with acks: every message once."""
+        import pika  # noqa: PLC0415
+
+        params = pika.ConnectionParameters("127.0.0.1", self.amqp_port, connection_attempts=3)
+
+        def scenario() -> list[bytes]:
+            for n in range(4):
+                conn = pika.BlockingConnection(params)
+                ch = conn.channel()
+                ch.confirm_delivery()
+                ch.queue_declare("amqp-q", durable=True)
+                for i in range(25):
+                    ch.basic_publish("", "amqp-q", f"{n}-{i}".encode(), pika.BasicProperties(delivery_mode=2))
+                conn.close()
+            conn = pika.BlockingConnection(params)
+            ch = conn.channel()
+            ch.basic_qos(prefetch_count=10)
+            got = []
+            for method, _props, body in ch.consume("amqp-q", inactivity_timeout=5):
+                if method is None:
+                    break
+                got.append(body)
+                ch.basic_ack(method.delivery_tag)
+                if len(got) == 100:
+                    break
+            ch.cancel()
+            conn.close()
+            return got
+
+        got = scenario()
+        self.assertEqual(sorted(got), sorted(f"{n}-{i}".encode() for n in range(4) for i in range(25)))
 
     def test_killWorker(self) -> None:
         """SIGKILL of w1, the home of /queue/h0, while producers on both
