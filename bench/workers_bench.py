@@ -15,11 +15,13 @@ separate processes, and prints one JSON line per scenario:
            publisher per worker sharing C{--fanout-messages}; the rate is
            deliveries per second summed over subscribers.
 
-Queues do not cross workers yet (no home worker): each pair's producer and
-consumer are placed on the same worker (connecting again until the
-CONNECTED frame's C{session} names it), pair I on worker I mod N, which is
-what a home-worker rule would do for free. Topics cross workers through
-the links.
+Each queue lives on its home worker (the mesh's placement over the
+workers). The queue scenarios run twice: C{clients: home}, producer and
+consumer placed on the queue's home worker (connecting again until the
+CONNECTED frame's C{session} names it): the best case, nothing crosses a
+link; C{clients: any}, where the kernel puts them: with 2 workers, about
+half of the SENDs and deliveries cross a link. Topics cross workers
+through the links.
 
 Reported: rate (messages or deliveries per second, counted at the
 consumers, from the first SEND to the last message), broker CPU seconds
@@ -52,6 +54,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from procstat import cpu_seconds  # noqa: E402
+
+from qmq.cluster.placement import rendezvous  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Messages per SEND batch (the last one asks for a RECEIPT).
@@ -290,17 +294,24 @@ def main() -> None:
             try:
                 run = f"{workers}-{int(time.time())}"
                 nodes = broker.nodes
-                for scenario, ack in (("queue", False), ("acks", True)):
+                for scenario, ack, placed in (
+                    ("queue", False, "home"), ("acks", True, "home"), ("queue", False, "any"), ("acks", True, "any")
+                ):
                     def pairs(
-                        scenario: str = scenario, ack: bool = ack, broker: Broker = broker, nodes: list = nodes, run: str = run
+                        scenario: str = scenario, ack: bool = ack, placed: str = placed, broker: Broker = broker,
+                        nodes: list = nodes, run: str = run,
                     ) -> tuple[list[subprocess.Popen[str]], str]:
-                        return [
-                            spawn("pair", broker.stomp, nodes[i % len(nodes)] or "-", f"/queue/b-{run}-{scenario}-{i}",
-                                  args.messages, "ack" if ack else "auto")
-                            for i in range(args.pairs)
-                        ], "messages"
+                        procs = []
+                        for i in range(args.pairs):
+                            name = f"b-{run}-{scenario}-{placed}-{i}"
+                            where = "-"
+                            if placed == "home" and nodes != [None]:
+                                where = rendezvous("/", name, nodes)
+                            procs.append(spawn("pair", broker.stomp, where, f"/queue/{name}", args.messages,
+                                               "ack" if ack else "auto"))
+                        return procs, "messages"
 
-                    print(json.dumps(measure(broker, scenario, pairs)), flush=True)
+                    print(json.dumps({**measure(broker, scenario, pairs), "clients": placed}), flush=True)
 
                 def fanout(
                     broker: Broker = broker, nodes: list = nodes, run: str = run

@@ -21,7 +21,9 @@ prints the count per worker, the time until the last name was read, and the
 parent's CPU time (the handoff parent is on the path of every connection).
 
 Run: C{PYTHONPATH=. python bench/workers_spread.py [--connections 100]
-[--workers 2] [--rounds 3]}.
+[--workers 2] [--rounds 3]}; with C{--broker}, the real broker
+(C{twistd qmq --workers N}) and STOMP connections, counted by the worker
+each CONNECTED frame names.
 """
 
 from __future__ import annotations
@@ -144,6 +146,28 @@ def clients(port: int, count: int, burst: bool) -> tuple[Counter[str], float]:
     return names, elapsed
 
 
+def broker_spread(args: argparse.Namespace) -> None:
+    """The real broker's spread: C{--connections} STOMP connections held
+    open at once, counted by the worker their CONNECTED names."""
+    import tempfile  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from workers_bench import Broker, Conn  # noqa: PLC0415
+
+    directory = Path(tempfile.mkdtemp(prefix="qmq-spread-"))
+    broker = Broker(args.workers, directory)
+    try:
+        for _ in range(args.rounds):
+            conns = [Conn(broker.stomp) for _ in range(args.connections)]
+            names = Counter(c.worker for c in conns)
+            print(f"qmq       stomp    {' '.join(f'{k}={v}' for k, v in sorted(names.items()))}")
+            for c in conns:
+                c.sock.close()
+    finally:
+        broker.stop()
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         worker(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
@@ -152,9 +176,15 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=100)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--broker", action="store_true", help="the real broker: twistd qmq --workers N, STOMP connections"
+    )
     args = parser.parse_args()
     import threading  # noqa: PLC0415
 
+    if args.broker:
+        broker_spread(args)
+        return
     for mode in MODES:
         for burst in (True, False):
             for _ in range(args.rounds):

@@ -34,7 +34,7 @@ from qmq import config
 from qmq.config import ConfigError
 from qmq.logs import LEVELS, observer_for_twistd
 from qmq.service import StartupError, make_service
-from qmq.workers.plan import check_single, make_supervisor, workers_wanted
+from qmq.workers.plan import check_single, log_file_of, make_supervisor, workers_wanted
 from qmq.workers.sharing import ReusePortReactor
 from qmq.workers.worker import WorkerRole, attach_worker, parse_role, worker_settings
 
@@ -316,7 +316,8 @@ def _supervisor(options: Any, settings: Any, count: int) -> IService:
         reactor.stop()
 
     arguments = options.worker_arguments() if isinstance(options, Options) else []
-    return make_supervisor(settings, count, arguments, reactor, on_fatal=fatal)
+    log_file = log_file_of(getattr(options, "parent", None))
+    return make_supervisor(settings, count, arguments, reactor, on_fatal=fatal, log_file=log_file)
 
 
 def _exit_now(status: int) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import socket
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +40,9 @@ from qmq.workers.worker import (
     parse_role,
     worker_settings,
 )
+
+#: The homes of queues q0 to q5 of "/" over w0, w1, w2 (pinned).
+HOMES = ["w1", "w1", "w0", "w0", "w1", "w2"]
 
 
 class FakeTransport:
@@ -261,6 +263,18 @@ class SettingsTests(unittest.TestCase):
         e = self.assertRaises(ConfigError, worker_settings, long, WorkerRole(1, 2, "/r"))
         self.assertIn("cluster.node", str(e))
 
+    def test_memoryMark(self) -> None:
+        """The memory high-water mark is the broker's: each of N workers
+        gets 1/N of it, in bytes; off stays off."""
+        gib = 1 << 30
+        settings = config.load_string("[limits]\nmemory_high_watermark = 0.4\n")
+        w = worker_settings(settings, WorkerRole(1, 2, "/r"), total=10 * gib)
+        self.assertEqual(w.limits.memory_high_watermark, 2 * gib)
+        settings = config.load_string('[limits]\nmemory_high_watermark = "3GiB"\n')
+        self.assertEqual(worker_settings(settings, WorkerRole(0, 3, "/r"), total=10 * gib).limits.memory_high_watermark, gib)
+        settings = config.load_string('[limits]\nmemory_high_watermark = "off"\n')
+        self.assertEqual(worker_settings(settings, WorkerRole(0, 3, "/r"), total=10 * gib).limits.memory_high_watermark, "off")
+
     def test_refusals(self) -> None:
         """What workers cannot share yet is refused, naming the key."""
         cases = [
@@ -364,6 +378,24 @@ class WorkerTests(unittest.TestCase):
         self.assertEqual([u[0] for u in reactor.unixServers], ["/r/w1.sock", "/r/w1.http"])
         self.assertEqual(link_path("/r", 2), "/r/w2.sock")
 
+    def test_placement(self) -> None:
+        """A queue's home is one of all N workers, by a stable hash of its
+        virtual host and name: the same on every worker, linked or not;
+        x-home-node still wins."""
+        homes = []
+        for index in range(3):
+            service, reactor, agent = self.build(WorkerRole(index, 3, "/r"))
+            placement = service.broker.mesh.queues.placement
+            self.assertEqual(placement.members(), ["w0", "w1", "w2"])
+            homes.append([placement.home("/", f"q{i}") for i in range(30)])
+            self.assertEqual(placement.home("/", "q0", {"x-home-node": "w2"}), "w2")
+        self.assertEqual(homes[0], homes[1])
+        self.assertEqual(homes[0], homes[2])
+        self.assertEqual(set(homes[0]), {"w0", "w1", "w2"})
+        # Pinned: a change would move queues (and leave their messages in
+        # another worker's log).
+        self.assertEqual(homes[0][:6], HOMES)
+
     def test_lastDialsNone(self) -> None:
         service, reactor, agent = self.build(WorkerRole(2, 3, "/r"))
         self.assertEqual(agent.peers, [])
@@ -426,6 +458,17 @@ class TapTests(unittest.TestCase):
             ["--listen", "stomp:tcp:61999:interface=127.0.0.1", "--data-dir", data, "--worker", f"1:2:{supervisor.directory}"],
         )
 
+    def test_logFile(self) -> None:
+        """Workers log to the supervisor's standard output, or next to its
+        log file (twistd --logfile, or twistd.log as a daemon)."""
+        self.assertIsNone(plan.log_file_of(None))
+        self.assertIsNone(plan.log_file_of({"nodaemon": True, "logfile": None}))
+        self.assertIsNone(plan.log_file_of({"nodaemon": True, "logfile": "-"}))
+        self.assertEqual(plan.log_file_of({"nodaemon": True, "logfile": "/var/log/qmq.log"}), "/var/log/qmq.log")
+        self.assertEqual(plan.log_file_of({"nodaemon": False, "logfile": None}), "twistd.log")
+        argv = worker_command(1, 2, "/r", ["--config", "q.toml"], "/var/log/qmq.log")
+        self.assertEqual(argv[3:7], ["-n", "--pidfile=", "--logfile=/var/log/qmq.log.w1", "qmq"])
+
     def test_badWorkers(self) -> None:
         from twisted.python import usage  # noqa: PLC0415
 
@@ -433,26 +476,3 @@ class TapTests(unittest.TestCase):
         self.assertIn("--workers: expected an integer from 1 to 64", str(e))
         e = self.assertRaises(usage.UsageError, self.parse, "--worker", "3:2:/x")
         self.assertIn("--worker: expected INDEX:COUNT:DIR", str(e))
-
-
-class PlacementTests(unittest.TestCase):
-    """L{home_index}: a stable hash of virtual host and name."""
-
-    def test_stable(self) -> None:
-        from qmq.workers.placement import WorkerPlacement, home_index  # noqa: PLC0415
-
-        # Pinned: a change would move every queue's home (and its messages' log).
-        self.assertEqual([home_index("/", f"q{i}", 2) for i in range(8)], [1, 1, 1, 1, 0, 0, 0, 0])
-        self.assertEqual((home_index("/", "orders", 3), home_index("v", "orders", 3)), (2, 1))
-        self.assertEqual(home_index("/", "orders", 2), zlib.crc32(b"/\x00orders") % 2)
-        self.assertNotEqual(
-            {home_index("/", "x", 7), home_index("other", "x", 7), home_index("/", "y", 7)}, {home_index("/", "x", 7)}
-        )
-        self.assertEqual(home_index("/", "anything", 1), 0)
-        self.assertRaises(ValueError, home_index, "/", "q", 0)
-        counts = [0, 0]
-        for i in range(1000):
-            counts[home_index("/", f"queue-{i}", 2)] += 1
-        self.assertTrue(430 <= counts[0] <= 570, counts)
-        placement = WorkerPlacement(["w0", "w1"])
-        self.assertEqual(placement.home("/", "orders"), ["w0", "w1"][home_index("/", "orders", 2)])

@@ -26,7 +26,14 @@ from qmq.workers.settings import check_count, worker_count
 from qmq.workers.supervisor import Supervisor, worker_command
 from qmq.workers.worker import worker_data_dir
 
-__all__ = ["check_single", "check_workers", "logs_held", "make_supervisor", "workers_wanted"]
+__all__ = [
+    "check_single",
+    "check_workers",
+    "log_file_of",
+    "logs_held",
+    "make_supervisor",
+    "workers_wanted",
+]
 
 log = Logger()
 
@@ -122,15 +129,31 @@ def check_workers(settings: Settings) -> None:
             )
 
 
+def log_file_of(server_options: Any) -> str | None:
+    """Where the supervisor logs, if to a file (twistd's C{--logfile}, or
+    C{twistd.log} when it runs as a daemon): its workers log next to it.
+    None: to standard output, which the workers share."""
+    if server_options is None or not hasattr(server_options, "get"):
+        return None
+    name = server_options.get("logfile")
+    if name == "-":
+        return None
+    if name:
+        return str(name)
+    return None if server_options.get("nodaemon") else "twistd.log"
+
+
 def make_supervisor(
     settings: Settings,
     count: int,
     arguments: list[str],
     reactor: Any,
     on_fatal: Any = None,
+    log_file: str | None = None,
 ) -> Supervisor:
     """The supervisor of C{count} workers (more if the data directory
-    holds more workers' logs), each run with the C{qmq} C{arguments}.
+    holds more workers' logs), each run with the C{qmq} C{arguments}
+    (and logging to C{log_file} with C{.wI} appended, if given).
 
     @raise ConfigError: see L{check_workers}.
     """
@@ -150,7 +173,7 @@ def make_supervisor(
     return Supervisor(
         count,
         settings.section("workers"),
-        lambda index: worker_command(index, count, directory, arguments),
+        lambda index: worker_command(index, count, directory, arguments, log_file),
         directory,
         reactor,
         reactor.spawnProcess,

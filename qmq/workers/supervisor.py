@@ -60,16 +60,21 @@ KILL_WAIT = 5.0
 MAX_STATUS = 256
 
 
-def worker_command(index: int, count: int, directory: str, arguments: list[str]) -> list[str]:
+def worker_command(
+    index: int, count: int, directory: str, arguments: list[str], log_file: str | None = None
+) -> list[str]:
     """The command line of worker C{index}: this interpreter's twistd, in
-    the foreground, without a pid file, with the supervisor's C{qmq}
-    arguments (C{--workers} left out) and C{--worker}."""
+    the foreground, without a pid file, logging to the supervisor's
+    standard output (or, when the supervisor logs to a file, to that name
+    with C{.wI} appended), with the supervisor's C{qmq} arguments
+    (C{--workers} left out) and C{--worker}."""
     return [
         sys.executable,
         "-c",
         "from twisted.scripts.twistd import run; run()",
         "-n",
         "--pidfile=",
+        *([f"--logfile={log_file}.w{index}"] if log_file else []),
         "qmq",
         *arguments,
         "--worker",

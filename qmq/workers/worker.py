@@ -19,7 +19,11 @@ from a broker on its own, in the order L{qmq.tap} applies it:
        C{DIR/wI.sock} and dials every worker with a higher index, so each
        pair has one dialer and the mesh's tie-break never has to choose.
        Topics and exchanges fan out across workers exactly once, as across
-       hosts (docs/cluster.rst).
+       hosts (docs/cluster.rst); each queue's home is one of the N workers
+       (the mesh's rendezvous placement over C{w0} to C{wN-1}, whatever is
+       linked now), reached from the others through the links; messages
+       of a queue whose home moved (another N) are sent on to it
+       (L{qmq.workers.drain}).
     4. L{WorkerAgent} talks to the supervisor over two pipes: it writes
        C{ready} on file descriptor L{READY_FD} once its listeners are bound,
        and stops the worker when L{LIFELINE_FD} reaches its end (the
@@ -42,6 +46,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from qmq.config import ConfigError, Settings
+from qmq.core.alarm import MIN_MARK, parse_memory_mark, total_memory
 
 __all__ = [
     "LIFELINE_FD",
@@ -116,9 +121,13 @@ def site_socket(directory: str, index: int) -> str:
     return os.path.join(directory, f"w{index}.http")
 
 
-def worker_settings(settings: Settings, role: WorkerRole) -> Settings:
-    """The settings of worker C{role.index}: its data directory and node id.
+def worker_settings(settings: Settings, role: WorkerRole, total: int | None = None) -> Settings:
+    """The settings of worker C{role.index}: its data directory, its node
+    id, and its share of the memory high-water mark (the mark is the whole
+    broker's: each of N workers holds back its publishers at 1/N of it).
 
+    @param total: the memory a fractional mark refers to (L{total_memory}
+        if None).
     @raise ConfigError: C{[cluster] node} is too long to name the workers.
     """
     cluster = settings.section("cluster")
@@ -128,8 +137,18 @@ def worker_settings(settings: Settings, role: WorkerRole) -> Settings:
             "", "cluster.node", f"{cluster.node!r} is too long to name workers ({node!r}: at most 32)"
         )
     others = {**settings.other_sections, "cluster": dataclasses.replace(cluster, node=node)}
+    limits = settings.limits
+    try:
+        mark = parse_memory_mark(limits.memory_high_watermark, total_memory() if total is None else total)
+    except (ValueError, OSError):
+        mark = 0  # the worker's own alarm reports a mark it cannot use
+    if mark:
+        limits = dataclasses.replace(limits, memory_high_watermark=max(MIN_MARK, mark // role.count))
     return dataclasses.replace(
-        settings, data_dir=worker_data_dir(settings.data_dir, role.index), other_sections=others
+        settings,
+        data_dir=worker_data_dir(settings.data_dir, role.index),
+        other_sections=others,
+        limits=limits,
     )
 
 
@@ -138,48 +157,56 @@ def attach_worker(service: Any, role: WorkerRole, reactor: Any, lifeline: bool =
 
     @param lifeline: watch the supervisor's pipes (False in tests).
     """
+    # Imported here: a single broker never loads the mesh for this.
     from qmq.cluster.endpoints import Peer  # noqa: PLC0415
     from qmq.cluster.mesh import LinkFactory, mesh_of  # noqa: PLC0415
-    from qmq.service import Listener  # noqa: PLC0415
+    from qmq.cluster.placement import Placement  # noqa: PLC0415
+    from qmq.service import PROTOCOLS, Listener  # noqa: PLC0415
+    from qmq.workers.drain import Drain  # noqa: PLC0415
+    from qmq.workers.metrics import WorkerMetrics  # noqa: PLC0415
 
     broker = service.broker
+    base = service.settings.section("cluster").node.rpartition("-w")[0]
+    nodes = [worker_node(base, j) for j in range(role.count)]
     mesh = mesh_of(broker, service.settings, reactor)
     if mesh.parent is None:
         mesh.setServiceParent(service)
+    # Links from the other workers.
     path = link_path(role.directory, role.index)
     spec = f"peer:unix:{path}"
-    factory = LinkFactory(mesh, service.connections, spec)
-    service.add_listener(Listener("peer", spec, UNIXServerEndpoint(reactor, path, mode=0o600, wantPID=True), factory))
-    base = service.settings.section("cluster").node.rpartition("-w")[0]
+    endpoint = UNIXServerEndpoint(reactor, path, mode=0o600, wantPID=True)
+    service.add_listener(Listener("peer", spec, endpoint, LinkFactory(mesh, service.connections, spec)))
     # Its own site on a private socket: the others ask it for its metrics
     # there (qmq.workers.metrics).
-    from qmq.service import PROTOCOLS  # noqa: PLC0415
-    from qmq.workers.metrics import WorkerMetrics  # noqa: PLC0415
-
     site_path = site_socket(role.directory, role.index)
     site_spec = f"http:unix:{site_path}"
     site = PROTOCOLS["http"](broker, service.settings, reactor, service.connections, site_spec)
-    service.add_listener(
-        Listener("http", site_spec, UNIXServerEndpoint(reactor, site_path, mode=0o600, wantPID=True), site)
-    )
+    endpoint = UNIXServerEndpoint(reactor, site_path, mode=0o600, wantPID=True)
+    service.add_listener(Listener("http", site_spec, endpoint, site))
     broker.worker_metrics = WorkerMetrics(
         reactor,
-        worker_node(base, role.index),
+        nodes[role.index],
         site_spec,
-        {worker_node(base, j): site_socket(role.directory, j) for j in range(role.count) if j != role.index},
+        {nodes[j]: site_socket(role.directory, j) for j in range(role.count) if j != role.index},
     )
+    # It dials the workers after it: one dialer per pair.
     peers = [
         Peer(
-            text=f"unix:path={link_path(role.directory, j)}:node={worker_node(base, j)}",
+            text=f"unix:path={link_path(role.directory, j)}:node={nodes[j]}",
             kind="unix",
             host="",
             port=0,
-            node=worker_node(base, j),
+            node=nodes[j],
             endpoint=f"unix:path={link_path(role.directory, j)}:timeout=5",
         )
         for j in range(role.index + 1, role.count)
     ]
+    # Queues: each one's home is one worker, by a stable hash of its
+    # virtual host and name over all N workers (not the ones linked now: a
+    # queue does not move while its worker restarts).
+    mesh.queues.placement = Placement(mesh.node, lambda: nodes)
     agent = WorkerAgent(role, mesh, peers, reactor, lifeline)
+    agent.drain = Drain(broker, mesh, reactor)
     agent.setServiceParent(service)
     return agent
 
@@ -223,12 +250,16 @@ class WorkerAgent(Service):
         self.peers = peers
         self.reactor = reactor
         self.lifeline = lifeline
+        #: Moves messages of queues whose home moved (L{qmq.workers.drain}).
+        self.drain: Any = None
         self._reader: _Lifeline | None = None
 
     def startService(self) -> None:
         super().startService()
         for peer in self.peers:
             self.mesh.dial(peer)
+        if self.drain is not None:
+            self.drain.start()
         log.info(
             "QMQ worker {node} ({index} of {count}) ready",
             node=self.mesh.node,
@@ -241,7 +272,12 @@ class WorkerAgent(Service):
             os.write(READY_FD, f"ready {os.getpid()}\n".encode())
         except OSError as e:
             log.warn("QMQ worker cannot tell the supervisor it is ready: {error}", error=e.strerror or e)
-        os.set_blocking(LIFELINE_FD, False)
+        try:
+            os.set_blocking(LIFELINE_FD, False)
+        except OSError as e:
+            # Started by hand, not by a supervisor: nothing to watch.
+            log.warn("QMQ worker has no lifeline from a supervisor: {error}", error=e.strerror or e)
+            return
         self._reader = _Lifeline(LIFELINE_FD, self._supervisor_gone)
         self.reactor.addReader(self._reader)
 
@@ -253,6 +289,8 @@ class WorkerAgent(Service):
 
     def stopService(self) -> None:
         super().stopService()
+        if self.drain is not None:
+            self.drain.stop_all()
         if self._reader is not None:
             self.reactor.removeReader(self._reader)
             self._reader = None

@@ -7,10 +7,18 @@ used by STOMP clients on raw sockets (L{tests.integration.test_mesh.Stomp}).
   - topic fan-out across workers, exactly once: subscribers on both
     workers, publishers on both, every message reaches every subscriber
     once;
-  - SIGKILL of a worker under receipted persistent load: the supervisor
-    starts it again, it serves again (clients land on it, its link is up
-    again), and every message it gave a RECEIPT for is in its queue,
-    recovered from its own commit log;
+  - a queue whose home is the other worker (the stable hash of its
+    virtual host and name), produced and consumed with acks from w0;
+  - an exchange and a binding declared in the configuration: publishes on
+    both workers reach the bound queue once each;
+  - AMQP (pika): publishes with confirms on several connections, consumed
+    with acks on another;
+  - SIGKILL of a queue's home worker under receipted persistent load from
+    both workers: the supervisor starts it again, it serves again (clients
+    land on it, its link is up again), and every message given a RECEIPT
+    is in the queue, recovered from the worker's own commit log;
+  - a restart with 3 workers keeps the messages sent with 2; one worker on
+    that data directory is refused;
   - SIGKILL of the supervisor: no worker outlives it (its lifeline);
     SIGTERM: every worker stops, and the supervisor after them.
 
@@ -71,19 +79,29 @@ class WorkersCase(unittest.TestCase):
     def setUp(self) -> None:
         self.dir = Path(self.mktemp()).resolve()
         self.dir.mkdir(parents=True)
-        self.stomp_port, self.http_port = free_port(), free_port()
+        self.stomp_port, self.http_port, self.amqp_port = free_port(), free_port(), free_port()
         listen = [
             f"stomp:tcp:{self.stomp_port}:interface=127.0.0.1:backlog=1024",
             f"http:tcp:{self.http_port}:interface=127.0.0.1",
+            f"amqp:tcp:{self.amqp_port}:interface=127.0.0.1",
         ]
         (self.dir / "qmq.toml").write_text(
             f'data_dir = "{self.dir / "data"}"\nlisten = {json.dumps(listen)}\n\n'
-            "[cluster]\nheartbeat = 1.0\n\n[workers]\nrestart_delay = 0.2\nstop_timeout = 10.0\n"
+            "[cluster]\nheartbeat = 1.0\n\n[workers]\nrestart_delay = 0.2\nstop_timeout = 10.0\n\n"
+            '[[vhosts."/".exchanges]]\nname = "ex"\ntype = "topic"\n\n'
+            '[[vhosts."/".queues]]\nname = "bound"\n\n'
+            '[[vhosts."/".bindings]]\nqueue = "bound"\nexchange = "ex"\nrouting_key = "k.#"\n'
         )
         self.output = (self.dir / "supervisor.log").open("wb")
         self.addCleanup(self.output.close)
+        self.launch(2)
+
+    def launch(self, workers: int) -> None:
+        """Start C{twistd -n qmq --workers N}; wait until every worker answers,
+        linked to another."""
         process = self.process = subprocess.Popen(
-            twistd_command() + ["-n", "--pidfile=", "qmq", "--config", str(self.dir / "qmq.toml"), "--workers", "2"],
+            twistd_command()
+            + ["-n", "--pidfile=", "qmq", "--config", str(self.dir / "qmq.toml"), "--workers", str(workers)],
             cwd=self.dir,
             env=environment(),
             stdin=subprocess.DEVNULL,
@@ -92,17 +110,16 @@ class WorkersCase(unittest.TestCase):
         )
 
         def cleanup() -> None:
+            # The workers stop by themselves when the supervisor is gone
+            # (their lifeline): their pids are not killed here, they may
+            # have been reused.
             if process.poll() is None:
                 process.kill()
                 process.wait(10)
-            for pid in self.worker_pids().values():
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
 
         self.addCleanup(cleanup)
-        self.wait_for("both workers linked", lambda: self.linked({"w0", "w1"}), START_TIMEOUT)
+        names = {f"w{i}" for i in range(workers)}
+        self.wait_for(f"{workers} workers linked", lambda: self.linked(names), START_TIMEOUT)
 
     def log(self) -> str:
         self.output.flush()
@@ -121,14 +138,15 @@ class WorkersCase(unittest.TestCase):
             return json.load(r)
 
     def linked(self, workers: set[str]) -> bool:
-        """Each of C{workers} answered, with its link to the other up."""
+        """Each of C{workers} answered, with its links to the others up."""
         seen: dict[str, bool] = {}
-        for _ in range(40):
+        for _ in range(20 * len(workers)):
             try:
                 answer = self.links()
             except OSError:
                 return False
-            seen[answer["node"]] = any(link["state"] == "up" for link in answer["links"])
+            up = sum(link["state"] == "up" for link in answer["links"])
+            seen[answer["node"]] = up >= len(workers) - 1
             if set(seen) >= workers:
                 break
         return set(seen) >= workers and all(seen[w] for w in workers)
@@ -218,11 +236,109 @@ class WorkersTests(WorkersCase):
             self.assertEqual(len(counts), 2 * (MESSAGES + 1), worker_of(s))
             self.assertEqual(set(counts.values()), {1}, worker_of(s))
 
+    def test_queueHomedElsewhere(self) -> None:
+        """A queue whose home is w1 (the stable hash of "/" and "h0"),
+        produced and consumed with acks on w0: every message once, acked on
+        its home (nothing left there); what a consumer held unacked when it
+        left comes back, redelivered, to a consumer on the home."""
+        producer = self.client_on("w0")
+        consumer = self.client_on("w0")
+        consumer.receipts += 1
+        consumer.sock.sendall(
+            frame(
+                "SUBSCRIBE",
+                {"destination": "/queue/h0", "id": "1", "ack": "client-individual", "prefetch-count": "20",
+                 "receipt": "sub"},
+            )
+        )
+        command, headers, _ = consumer.read()
+        self.assertEqual((command, headers.get("receipt-id"), headers.get("home")), ("RECEIPT", "sub", "w1"))
+        for i in range(MESSAGES):
+            producer.request("SEND", {"destination": "/queue/h0", "persistent": "true"}, f"m{i}".encode())
+        got = []
+        deadline = time.monotonic() + FLOW_TIMEOUT
+        while len(got) < MESSAGES - 10 and time.monotonic() < deadline:
+            command, headers, body = consumer.read()
+            self.assertEqual(command, "MESSAGE")
+            got.append(body)
+            consumer.sock.sendall(frame("ACK", {"id": headers["ack"]}))
+        held = []
+        while len(got) + len(held) < MESSAGES and time.monotonic() < deadline:
+            command, headers, body = consumer.read()
+            held.append(body)  # not acked
+        self.assertEqual(sorted(got + held), sorted(f"m{i}".encode() for i in range(MESSAGES)))
+        consumer.close()
+        home = self.client_on("w1")
+        home.sock.sendall(frame("SUBSCRIBE", {"destination": "/queue/h0", "id": "1", "ack": "auto"}))
+        again = []
+        while len(again) < len(held) and time.monotonic() < deadline:
+            command, headers, body = home.read()
+            self.assertEqual(headers.get("redelivered"), "true", body)
+            again.append(body)
+        self.assertEqual(sorted(again), sorted(held))
+        self.assertEqual(home.messages(1.0), [])  # the acked ones are gone
+
+    def test_configuredBinding(self) -> None:
+        """An exchange and a queue bound to it, declared in the
+        configuration: publishes on both workers reach the queue (on its
+        home) once each, consumed from either worker."""
+        publishers = {w: self.client_on(w) for w in ("w0", "w1")}
+        for worker, publisher in publishers.items():
+            for i in range(50):
+                publisher.request("SEND", {"destination": "/exchange/ex/k.x"}, f"{worker}-{i}".encode())
+        # "bound" lives on w1: consumed from w0, through the link.
+        consumer = self.client_on("w0")
+        consumer.request("SUBSCRIBE", {"destination": "/queue/bound", "id": "1", "ack": "auto"})
+        got: list[bytes] = []
+        deadline = time.monotonic() + FLOW_TIMEOUT
+        while len(got) < 100 and time.monotonic() < deadline:
+            got += consumer.messages(1.0)
+        self.assertEqual(sorted(got), sorted(f"{w}-{i}".encode() for w in publishers for i in range(50)))
+
+    def test_amqp(self) -> None:
+        """AMQP 0-9-1 (pika) on shared listeners: four connections publish
+        with confirms to a durable queue (wherever each landed: most likely
+        some on each worker, the queue's home or not), a fifth consumes
+        with acks: every message once."""
+        import pika  # noqa: PLC0415
+
+        params = pika.ConnectionParameters("127.0.0.1", self.amqp_port, connection_attempts=3)
+
+        def scenario() -> list[bytes]:
+            for n in range(4):
+                conn = pika.BlockingConnection(params)
+                ch = conn.channel()
+                ch.confirm_delivery()
+                ch.queue_declare("amqp-q", durable=True)
+                for i in range(25):
+                    ch.basic_publish("", "amqp-q", f"{n}-{i}".encode(), pika.BasicProperties(delivery_mode=2))
+                conn.close()
+            conn = pika.BlockingConnection(params)
+            ch = conn.channel()
+            ch.basic_qos(prefetch_count=10)
+            got = []
+            for method, _props, body in ch.consume("amqp-q", inactivity_timeout=5):
+                if method is None:
+                    break
+                got.append(body)
+                ch.basic_ack(method.delivery_tag)
+                if len(got) == 100:
+                    break
+            ch.cancel()
+            conn.close()
+            return got
+
+        got = scenario()
+        self.assertEqual(sorted(got), sorted(f"{n}-{i}".encode() for n in range(4) for i in range(25)))
+
     def test_killWorker(self) -> None:
-        """SIGKILL of w1 while a producer on it sends persistent messages
-        with receipts: w1 is started again, serves again, and every
-        receipted message is in its queue."""
-        producers = [self.client_on("w1") for _ in range(PRODUCERS)]
+        """SIGKILL of w1, the home of /queue/h0, while producers on both
+        workers send persistent messages to it with receipts: w1 is started
+        again, serves again, and every receipted message is in its queue
+        (recovered from w1's own log), consumed from w0 through the link."""
+        # Half on w1 (its queue, local), half on w0 (forwarded to w1 with a
+        # confirm from its store before each RECEIPT).
+        producers = [self.client_on(("w0", "w1")[i % 2]) for i in range(PRODUCERS)]
         receipted: list[bytes] = []
         stop = threading.Event()
 
@@ -232,7 +348,7 @@ class WorkersTests(WorkersCase):
                 while not stop.is_set():
                     n += 1
                     body = f"{index}-{n}".encode()
-                    producer.request("SEND", {"destination": "/queue/k", "persistent": "true"}, body)
+                    producer.request("SEND", {"destination": "/queue/h0", "persistent": "true"}, body)
                     receipted.append(body)
             except (OSError, ConnectionError, AssertionError):
                 return
@@ -249,8 +365,8 @@ class WorkersTests(WorkersCase):
             self.assertFalse(thread.is_alive())
         self.wait_for("w1 started again", lambda: self.worker_pids()["w1"] != before)
         self.wait_for("w1 linked again", lambda: self.linked({"w0", "w1"}), START_TIMEOUT)
-        consumer = self.client_on("w1")
-        consumer.request("SUBSCRIBE", {"destination": "/queue/k", "id": "1", "ack": "auto"})
+        consumer = self.client_on("w0")  # through the link to the queue's home
+        consumer.request("SUBSCRIBE", {"destination": "/queue/h0", "id": "1", "ack": "auto"})
         deadline = time.monotonic() + FLOW_TIMEOUT
         got: set[bytes] = set()
         while not set(receipted) <= got and time.monotonic() < deadline:
@@ -259,6 +375,42 @@ class WorkersTests(WorkersCase):
         log.msg(f"workers kill test: {len(receipted)} receipted, {len(got)} consumed after the restart, {len(lost)} lost")
         self.assertEqual(lost, [], f"{len(lost)} of {len(receipted)} receipted messages lost")
         self.assertIn("worker w1 ended by signal 9", self.log())
+
+
+class CountChangeTests(WorkersCase):
+    def test_moreWorkersKeepMessages(self) -> None:
+        """Persistent messages sent with 2 workers are all there after a
+        restart with 3, those of a queue whose home moved too (sent on to
+        the new home); one worker on that data directory is refused,
+        naming how many to run."""
+        producer = self.client()
+        # keep3's home is w1 with 2 workers and with 3, keep0's w0 with
+        # both; keep1's moves from w0 to w2 (w0 sends its messages on).
+        for queue in ("keep3", "keep0", "keep1"):
+            for i in range(50):
+                producer.request("SEND", {"destination": f"/queue/{queue}", "persistent": "true"}, f"{queue}-{i}".encode())
+        producer.close()
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(30)
+        single = subprocess.run(
+            twistd_command() + ["-n", "--pidfile=", "qmq", "--config", str(self.dir / "qmq.toml")],
+            cwd=self.dir, env=environment(), stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
+        )  # fmt: skip
+        self.assertEqual(single.returncode, 1)
+        self.assertIn(b"workers.count: the data directory", single.stderr)
+        self.assertIn(b"holds the commit logs of 2 workers", single.stderr)
+        self.launch(3)
+        # keep1 from w1: through the link to w2, where w0 moved them.
+        for queue, worker in (("keep3", None), ("keep0", None), ("keep1", "w1")):
+            consumer = self.client_on(worker) if worker else self.client()
+            consumer.request("SUBSCRIBE", {"destination": f"/queue/{queue}", "id": "1", "ack": "auto"})
+            got: list[bytes] = []
+            deadline = time.monotonic() + FLOW_TIMEOUT
+            while len(got) < 50 and time.monotonic() < deadline:
+                got += consumer.messages(1.0)
+            self.assertEqual(sorted(got), sorted(f"{queue}-{i}".encode() for i in range(50)), queue)
+            consumer.close()
+        self.assertIn("queue 'keep1' of virtual host '/' has its home on 'w2' now", self.log())
 
 
 class LifeTests(WorkersCase):
