@@ -77,6 +77,7 @@ from qmq.stomp.headers import HeaderError, parse_bool, parse_int
 from qmq.stomp.settings import StompSettings
 from qmq.stomp.subscription import Subscription, TextSubscription
 from qmq.stomp.transactions import TransactionsMixin
+from qmq.stream import BatchedOutput
 from qmq.transport import ITransport
 
 log = Logger()
@@ -124,7 +125,7 @@ _SUBSCRIBE_ARGUMENTS = frozenset(
 ) - {"expires", "ack-timeout"}
 
 
-class StompSession(ConnectMixin, TransactionsMixin):
+class StompSession(ConnectMixin, TransactionsMixin, BatchedOutput):
     """One client's STOMP session (see the module docstring).
 
     @ivar id: the session id, C{NODE.RUN.N} (L{qmq.core.ids}; also the
@@ -181,9 +182,7 @@ class StompSession(ConnectMixin, TransactionsMixin):
         self.transactions: dict[str, list[tuple[str, Frame]]] = {}
         self._transaction_frames = 0
         self._transaction_bytes = 0
-        self._batcher = broker.batcher
-        self._out: list[bytes] = []
-        self._out_size = 0
+        self.init_output(broker.batcher, FLUSH_THRESHOLD)
         self._blocks: dict[bytes, bytes] = {}
         # The last SEND's header block (if it may be relayed as is), its
         # headers less the frame's own, and what they make (see _publish).
@@ -193,7 +192,6 @@ class StompSession(ConnectMixin, TransactionsMixin):
         self._last_expiry: tuple = (None, 0, None)
         self._seconds = self.clock.seconds
         self._msgid_prefix = self.id + "-"
-        self._wrote_flag = True
         self._waiting: deque[list] | None = None
         self._group: list | None = None
         self._group_waiter: Any = None
@@ -322,38 +320,6 @@ class StompSession(ConnectMixin, TransactionsMixin):
             self._failed(frame, e)
         except HeaderError as e:
             self._failed(frame, StompError(e.message, e.detail))
-
-    def write_frame(self, data: bytes) -> None:
-        """Buffer one outgoing frame; it goes out at the end of this reactor turn."""
-        out = self._out
-        out.append(data)
-        self._out_size += len(data)
-        if len(out) == 1:
-            self._batcher.want_flush(self)
-        elif self._out_size > FLUSH_THRESHOLD:
-            self.flush()
-
-    def write_frames(self, frames: list[bytes]) -> None:
-        """Buffer several outgoing frames (L{write_frame} for each)."""
-        out = self._out
-        was_empty = not out
-        out.extend(frames)
-        self._out_size += sum(map(len, frames))
-        if was_empty:
-            self._batcher.want_flush(self)
-        if self._out_size > FLUSH_THRESHOLD:
-            self.flush()
-
-    def flush(self) -> None:
-        """Hand everything buffered to the transport in one call."""
-        out = self._out
-        if not out:
-            return
-        self._out = []
-        self._out_size = 0
-        self._wrote_flag = True
-        if not self.closed:
-            self.transport.write_frames(out)
 
     def pause(self) -> None:
         """The transport's write buffer is full: stop deliveries."""
@@ -655,7 +621,7 @@ class StompSession(ConnectMixin, TransactionsMixin):
         if raw is not None and raw is last[0]:
             # The same header block as the last SEND's, which had no
             # receipt, transaction or temp-queue reply-to: the same model.
-            persistent, timing, properties, headers, block = last[2:]
+            _, _, persistent, timing, properties, headers, block = last
         else:
             block = None
             if len(h) > 1:
@@ -673,11 +639,11 @@ class StompSession(ConnectMixin, TransactionsMixin):
                         h["reply-to"] = self._reply_to(reply_to)
                         raw = None
             if h == last[1]:
-                persistent, timing, properties, headers = last[2:6]
+                _, _, persistent, timing, properties, headers, _ = last
             else:
                 persistent, timing, properties, headers = self._read_send(h, channel.user)
-            if raw is None or unique:
-                self._last_send = (None, h, persistent, timing, properties, headers, None)
+                if raw is None or unique:
+                    self._last_send = (None, h, persistent, timing, properties, headers, None)
         message = channel.new_message(target, headers, frame.body, persistent)
         if properties is not None:
             message.properties = properties
