@@ -1044,6 +1044,14 @@ class Channel:
             owners.pop(tag, None)
             if message is None:
                 return
+            if not self._gated and ack:
+                # One message acked, the commonest case (STOMP's
+                # ack:client-individual): no list, no loop.
+                queue = consumer.queue
+                if queue is not None:
+                    self.acked += 1
+                    queue.ack(consumer, message)
+                return
             done = [message]
         # _settle_messages, inlined: STOMP's every ACK comes here.
         if not done:
