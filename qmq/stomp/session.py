@@ -559,24 +559,25 @@ class StompSession(ConnectMixin, TransactionsMixin, BatchedOutput):
             # control query (/control/memory) publishes nothing: a monitor
             # asking about the alarm is not blocked by it.
             self._hold_back(h)
-        last = self._last_send
-        if frame.raw is last[0] and last[6] and last[3] is None:
-            # _publish's commonest case, inlined (a Python call less a
-            # message): the header block of the last SEND again (so no
-            # receipt, no transaction), no delivery option, relayed as it is
-            # (a relayed block is kept only with the raw block it came from:
-            # a frame with no raw block never gets here).
-            channel = self.channel
-            target = channel.send_target(h["destination"])  # type: ignore[union-attr]
-            if target[4] is not None:
-                message = channel.new_message(target, last[5], frame.body, last[2])  # type: ignore[union-attr]
-                properties = last[4]
-                if properties is not None:
-                    message.properties = properties
-                message.cache = last[6]
-                channel.publish_target(target, message)  # type: ignore[union-attr]
-                return
         receipt = h.get("receipt")
+        if receipt is None:
+            last = self._last_send
+            if frame.raw is last[0] and last[6] and last[3] is None:
+                # _publish's commonest case, inlined (a Python call less a
+                # message): the header block of the last SEND again (so no
+                # receipt, no transaction), no delivery option, relayed as it is
+                # (a relayed block is kept only with the raw block it came from:
+                # a frame with no raw block never gets here).
+                channel = self.channel
+                target = channel.send_target(h["destination"])  # type: ignore[union-attr]
+                if target[4] is not None:
+                    message = channel.new_message(target, last[5], frame.body, last[2])  # type: ignore[union-attr]
+                    properties = last[4]
+                    if properties is not None:
+                        message.properties = properties
+                    message.cache = last[6]
+                    channel.publish_target(target, message)  # type: ignore[union-attr]
+                    return
         if "transaction" in h:
             self._hold(h["transaction"], "SEND", frame)
             self._check_send(frame)
