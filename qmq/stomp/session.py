@@ -105,6 +105,8 @@ _MAX_HELD_FRAMES = 1000
 # few blocks; these bounds keep a hostile one from pinning megabytes.
 _CACHED_BLOCKS = 64
 _CACHED_BLOCK_SIZE = 2048
+# No raw block (Frame.raw is a bytes object or None, never this).
+_NO_RAW = object()
 #: SEND headers that set how a message is delivered (see _delivery_options).
 ACK_TIMEOUT_HEADER = "ack-timeout"
 _TIMING_HEADERS = frozenset(("expires", "ttl", "delay", "deliver-at", ACK_TIMEOUT_HEADER))
@@ -187,6 +189,8 @@ class StompSession(ConnectMixin, TransactionsMixin, BatchedOutput):
         # The last SEND's header block (if it may be relayed as is), its
         # headers less the frame's own, and what they make (see _publish).
         self._last_send: tuple = (None, None, False, None, None, None, None)
+        # The raw block of _last_send when stomp_SEND may publish it inline.
+        self._fast_raw: Any = _NO_RAW
         # The last relayed block given an expires line: (block, expiry in
         # epoch ms, block with the line).
         self._last_expiry: tuple = (None, 0, None)
@@ -559,25 +563,23 @@ class StompSession(ConnectMixin, TransactionsMixin, BatchedOutput):
             # control query (/control/memory) publishes nothing: a monitor
             # asking about the alarm is not blocked by it.
             self._hold_back(h)
-        receipt = h.get("receipt")
-        if receipt is None:
+        if frame.raw is self._fast_raw:
+            # _publish's commonest case, inlined (a Python call less a
+            # message): the header block of the last SEND again (so no
+            # receipt, no transaction), with no delivery option and relayed
+            # as it is (_publish keeps _fast_raw for such a block only).
             last = self._last_send
-            if frame.raw is last[0] and last[6] and last[3] is None:
-                # _publish's commonest case, inlined (a Python call less a
-                # message): the header block of the last SEND again (so no
-                # receipt, no transaction), no delivery option, relayed as it is
-                # (a relayed block is kept only with the raw block it came from:
-                # a frame with no raw block never gets here).
-                channel = self.channel
-                target = channel.send_target(h["destination"])  # type: ignore[union-attr]
-                if target[4] is not None:
-                    message = channel.new_message(target, last[5], frame.body, last[2])  # type: ignore[union-attr]
-                    properties = last[4]
-                    if properties is not None:
-                        message.properties = properties
-                    message.cache = last[6]
-                    channel.publish_target(target, message)  # type: ignore[union-attr]
-                    return
+            channel = self.channel
+            target = channel.send_target(h["destination"])  # type: ignore[union-attr]
+            if target[4] is not None:
+                message = channel.new_message(target, last[5], frame.body, last[2])  # type: ignore[union-attr]
+                properties = last[4]
+                if properties is not None:
+                    message.properties = properties
+                message.cache = last[6]
+                channel.publish_target(target, message)  # type: ignore[union-attr]
+                return
+        receipt = h.get("receipt")
         if "transaction" in h:
             self._hold(h["transaction"], "SEND", frame)
             self._check_send(frame)
@@ -662,6 +664,7 @@ class StompSession(ConnectMixin, TransactionsMixin, BatchedOutput):
                 persistent, timing, properties, headers = self._read_send(h, channel.user)
                 if raw is None or unique:
                     self._last_send = (None, h, persistent, timing, properties, headers, None)
+                    self._fast_raw = _NO_RAW
         message = channel.new_message(target, headers, frame.body, persistent)
         if properties is not None:
             message.properties = properties
@@ -694,6 +697,9 @@ class StompSession(ConnectMixin, TransactionsMixin, BatchedOutput):
                             blocks.clear()
                         blocks[raw] = block
                 self._last_send = (raw, h, persistent, timing, properties, headers, block)
+                # stomp_SEND publishes the next frame with this very block
+                # itself when it is relayed as is and sets no option.
+                self._fast_raw = raw if block and timing is None else _NO_RAW
             if not block:  # not relayed as sent: from the model
                 encode_message_headers(message)
             elif message.expires:
