@@ -11,6 +11,14 @@ subscribers read them:
   - ``2 nodes``: one subscriber on b, linked to a;
   - ``3 nodes``: one subscriber on b and one on c (a full mesh).
 
+With ``--kind queue``, to ``/queue/q`` (queues across nodes, with the
+home's confirm of each forwarded publish):
+
+  - ``local``: the queue and its auto-ack subscriber on a;
+  - ``2 nodes``: the queue homed on b, its subscriber on b (one crossing);
+  - ``3 nodes``: the queue homed on b, its subscriber on c (two crossings:
+    forwarded to b, delivered to c).
+
 Every node is a real broker with its mesh, in one process, on one
 ``Clock``; links are Twisted's in-memory transports (``twisted.test.iosim``),
 so the figure is the CPU of every broker together, parser to encoder, with
@@ -30,7 +38,7 @@ def frame(command: str, headers: dict[str, str], body: bytes = b"") -> bytes:
     return ("\n".join(lines) + "\n\n").encode() + body + b"\x00"
 
 
-def run(scenario: str, number: int, batch: int) -> float:
+def run(scenario: str, number: int, batch: int, kind: str = "topic") -> float:
     """CPU seconds for C{number} messages published on a."""
     from twisted.internet.address import IPv4Address
     from twisted.internet.task import Clock
@@ -81,14 +89,23 @@ def run(scenario: str, number: int, batch: int) -> float:
         transport.clear()
         return proto, transport
 
-    subscribers = [connect(n, 41000 + i) for i, n in enumerate(names[1:] or names)]
+    if kind == "queue":
+        from qmq.cluster.placement import rendezvous
+
+        home = names[1] if len(names) > 1 else "a"
+        name = next(f"q{i}" for i in range(1000) if rendezvous("/", f"q{i}", names) == home)
+        destination = "/queue/" + name
+        subscribers = [connect(names[-1], 41000)]
+    else:
+        destination = "/topic/t"
+        subscribers = [connect(n, 41000 + i) for i, n in enumerate(names[1:] or names)]
     for proto, _ in subscribers:
-        proto.dataReceived(frame("SUBSCRIBE", {"destination": "/topic/t", "id": "s", "ack": "auto"}))
+        proto.dataReceived(frame("SUBSCRIBE", {"destination": destination, "id": "s", "ack": "auto"}))
     clock.advance(0)
     settle()
     producer, ptransport = connect("a", 40000)
     body = b"x" * 100
-    read = b"".join(frame("SEND", {"destination": "/topic/t"}, body) for _ in range(batch))
+    read = b"".join(frame("SEND", {"destination": destination}, body) for _ in range(batch))
     got = 0
     t0 = time.process_time()
     for _ in range(number // batch):
@@ -112,6 +129,7 @@ def main() -> None:
     ap.add_argument("--number", type=int, default=50_000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch", type=int, default=100)
+    ap.add_argument("--kind", choices=("topic", "queue"), default="topic")
     args = ap.parse_args()
     from qmq.service import tune_gc
 
@@ -119,15 +137,15 @@ def main() -> None:
     scenarios = ["local", "2 nodes", "3 nodes"]
     best = {s: float("inf") for s in scenarios}
     for s in scenarios:
-        run(s, args.number // 10, args.batch)
+        run(s, args.number // 10, args.batch, args.kind)
     for _ in range(args.rounds):
         for s in scenarios:
-            best[s] = min(best[s], run(s, args.number, args.batch))
+            best[s] = min(best[s], run(s, args.number, args.batch, args.kind))
     local = best["local"]
-    print(f"{'scenario':10s} {'ns/delivery':>12s}  vs local")
+    print(f"{args.kind}: {'scenario':10s} {'ns/delivery':>12s}  vs local")
     for s in scenarios:
         ns = best[s] / args.number * 1e9
-        print(f"{s:10s} {ns:12.0f}  x{best[s] / local:.2f}")
+        print(f"{args.kind}: {s:10s} {ns:12.0f}  x{best[s] / local:.2f}")
 
 
 if __name__ == "__main__":

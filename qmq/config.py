@@ -108,6 +108,7 @@ from qmq.store.settings import CommitLogSettings
 from qmq.web.api.settings import ApiSettings
 from qmq.web.settings import WebSettings
 from qmq.web.sockjs.settings import SockJSSettings
+from qmq.workers.settings import WorkerSettings
 
 __all__ = [
     "DEFAULT_CONFIG_NAME",
@@ -153,6 +154,7 @@ SECTIONS: dict[str, type] = {
     "cluster": ClusterSettings,
     "log": LogSettings,
     "amqp": AmqpSettings,
+    "workers": WorkerSettings,
 }
 
 #: The queue arguments of a queue created on demand (a client names a queue

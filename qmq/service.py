@@ -735,7 +735,7 @@ def _recover(broker: Broker, settings: Settings) -> bool:
     return True
 
 
-def make_service(settings: Settings, reactor: Any = None) -> BrokerService:
+def make_service(settings: Settings, reactor: Any = None, listen_reactor: Any = None) -> BrokerService:
     """
     Build the broker and its listeners from settings.
 
@@ -743,6 +743,9 @@ def make_service(settings: Settings, reactor: Any = None) -> BrokerService:
 
     @param settings: the settings (from L{qmq.config.load}).
     @param reactor: the reactor to run on; the global one if L{None}.
+    @param listen_reactor: the reactor the listeners' endpoints are built
+        on (a worker's L{qmq.workers.sharing.ReusePortReactor}); C{reactor}
+        if L{None}.
     @return: the service; start it (or give it to twistd) to run the broker.
     @raise ConfigError: for a declaration the core refuses, an unknown
         protocol or an endpoint string that cannot be used (the message names
@@ -753,6 +756,7 @@ def make_service(settings: Settings, reactor: Any = None) -> BrokerService:
     if reactor is None:
         from twisted.internet import reactor  # noqa: PLC0415
     source = settings.listen_source
+    on = listen_reactor if listen_reactor is not None else reactor
     endpoints = []
     # Listeners first: a mistake there is found before the store is opened
     # (opening the commit log reads every segment).
@@ -767,9 +771,9 @@ def make_service(settings: Settings, reactor: Any = None) -> BrokerService:
         try:
             build = ENDPOINTS.get(protocol)
             endpoints.append(
-                build(reactor, description, settings)
+                build(on, description, settings)
                 if build is not None
-                else serverFromString(reactor, description)
+                else serverFromString(on, description)
             )
         except Exception as e:
             raise ConfigError(source, key, f"cannot use endpoint {description!r}: {e}") from None

@@ -20,6 +20,7 @@ command line, L{makeService} builds the service.  The flow:
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from typing import Any, NoReturn
 
@@ -33,6 +34,9 @@ from qmq import config
 from qmq.config import ConfigError
 from qmq.logs import LEVELS, observer_for_twistd
 from qmq.service import StartupError, make_service
+from qmq.workers.plan import check_single, make_supervisor, workers_wanted
+from qmq.workers.sharing import ReusePortReactor
+from qmq.workers.worker import WorkerRole, attach_worker, parse_role, worker_settings
 
 __all__ = ["Options", "makeService"]
 
@@ -86,6 +90,19 @@ The third and the last listen on every interface: users.toml configures users
             None,
             None,
             "Directory for persistent data (overrides data_dir; default ./qmq-data).",
+        ],
+        [
+            "workers",
+            "w",
+            None,
+            "Worker processes: N (1 to 64) or auto, one per core (overrides "
+            "[workers] count; default 1: one process, no supervisor). See docs/workers.rst.",
+        ],
+        [
+            "worker",
+            None,
+            None,
+            "Internal: INDEX:COUNT:DIR, given by the supervisor to each worker it starts.",
         ],
         [
             "log-level",
@@ -173,6 +190,36 @@ The third and the last listen on every interface: users.toml configures users
             log = dataclasses.replace(settings.section("log"), level=level)
             settings = dataclasses.replace(settings, other_sections={**settings.other_sections, "log": log})
         self["settings"] = settings
+        self["role"] = None
+        self["count"] = 1
+        if self["worker"] is not None:
+            try:
+                self["role"] = parse_role(self["worker"])
+            except ValueError as e:
+                raise usage.UsageError(f"--worker: {e}") from None
+            return
+        try:
+            self["count"] = workers_wanted(settings, self["workers"])
+        except ConfigError as e:
+            raise usage.UsageError(str(e)) from None
+        if self["count"] == 1:
+            try:
+                check_single(settings)
+            except ConfigError as e:
+                _exit(str(e))
+
+    def worker_arguments(self) -> list[str]:
+        """The C{qmq} arguments every worker is given (all but C{--workers})."""
+        arguments = []
+        if self["config"] is not None:
+            arguments += ["--config", self["config"]]
+        for spec in self["listen"]:
+            arguments += ["--listen", spec]
+        if self["data-dir"] is not None:
+            arguments += ["--data-dir", self["data-dir"]]
+        if self["log-level"] is not None:
+            arguments += ["--log-level", self["log-level"]]
+        return arguments
 
 
 class _ExitOnStartupError(MultiService):
@@ -225,8 +272,16 @@ def makeService(options: Options | dict[str, Any]) -> IService:
     @param options: parsed L{Options}.
     @return: the service for twistd to run.
     """
+    settings = options["settings"]
+    role = options.get("role")
+    count = options.get("count", 1)
     try:
-        broker = make_service(options["settings"])
+        if role is not None:
+            broker = _worker_service(settings, role)
+        elif count > 1:
+            broker = _supervisor(options, settings, count)
+        else:
+            broker = make_service(settings)
     except ConfigError as e:
         _exit(str(e))
     top = _ExitOnStartupError()
@@ -235,3 +290,37 @@ def makeService(options: Options | dict[str, Any]) -> IService:
     )
     broker.setServiceParent(top)
     return top
+
+
+def _worker_service(settings: Any, role: WorkerRole) -> IService:
+    """A worker of a supervisor (L{qmq.workers.worker})."""
+    from twisted.internet import reactor  # noqa: PLC0415
+
+    # Its own process group: a Ctrl-C in the terminal reaches the
+    # supervisor alone, which stops the workers (each once, in order).
+    os.setpgrp()
+    settings = worker_settings(settings, role)
+    service = make_service(settings, reactor, listen_reactor=ReusePortReactor(reactor))
+    attach_worker(service, role, reactor)
+    return service
+
+
+def _supervisor(options: Any, settings: Any, count: int) -> IService:
+    """The supervisor of C{count} workers (L{qmq.workers.supervisor}): a
+    worker that cannot start ends the supervisor with status 1."""
+    from twisted.internet import reactor  # noqa: PLC0415
+
+    def fatal(message: str) -> None:
+        sys.stderr.write(f"twistd qmq: {message}\n")
+        reactor.addSystemEventTrigger("after", "shutdown", _exit_now, 1)
+        reactor.stop()
+
+    arguments = options.worker_arguments() if isinstance(options, Options) else []
+    return make_supervisor(settings, count, arguments, reactor, on_fatal=fatal)
+
+
+def _exit_now(status: int) -> None:
+    # After the reactor stopped the workers: twistd itself would exit 0.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

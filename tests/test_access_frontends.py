@@ -125,6 +125,41 @@ class HttpAccessTests(AuthSetup):
             self.assertEqual((publish, bind), (201, 201) if verdict else (403, 403), pattern)
 
     @defer.inlineCallbacks
+    def test_not_found_before_refused(self):
+        """A management request naming what does not exist is a 404 naming
+        it (unknown-queue, unknown-exchange) whatever the caller's
+        permissions; one naming what exists but the caller may not touch is
+        a 403 (the core's order: look up, then authorize)."""
+        bob = self.basic("bob")
+        X = "/api/v1/vhosts/%2F/exchanges"
+        cases = [
+            ("GET", f"{Q}/nope", None, 404, "unknown-queue"),
+            ("GET", f"{Q}/jobs", None, 403, "access-refused"),
+            ("DELETE", f"{Q}/nope", None, 404, "unknown-queue"),
+            ("DELETE", f"{Q}/public", None, 403, "access-refused"),
+            ("DELETE", f"{Q}/nope/messages", None, 404, "unknown-queue"),
+            ("DELETE", f"{Q}/jobs/messages", None, 403, "access-refused"),
+            ("GET", f"{Q}/nope/scan", None, 404, "unknown-queue"),
+            ("GET", f"{Q}/jobs/scan", None, 403, "access-refused"),
+            ("GET", f"{X}/nope", None, 404, "unknown-exchange"),
+            ("GET", f"{X}/amq.direct", None, 403, "access-refused"),
+            ("DELETE", f"{X}/nope", None, 404, "unknown-exchange"),
+            ("DELETE", f"{X}/amq.direct", None, 403, "access-refused"),
+            ("POST", B, {"queue": "nope", "exchange": "amq.direct"}, 404, "unknown-queue"),
+            ("POST", B, {"queue": "public", "exchange": "nope"}, 404, "unknown-exchange"),
+            ("POST", B, {"queue": "public", "exchange": "amq.direct"}, 403, "access-refused"),
+            ("DELETE", f"{B}?queue=nope&exchange=amq.direct", None, 404, "unknown-queue"),
+            ("DELETE", f"{B}?queue=public&exchange=nope", None, 404, "unknown-exchange"),
+            ("DELETE", f"{B}?queue=public&exchange=amq.direct", None, 403, "access-refused"),
+        ]
+        got = []
+        for method, path, body, _, _ in cases:
+            code, _, _, doc = yield self.call(method, path, body, headers=bob)
+            got.append((method, path, body, code, doc.get("code")))
+        self.maxDiff = None
+        self.assertEqual(got, cases)
+
+    @defer.inlineCallbacks
     def test_allow_create_over_http(self):
         """C{allow_create = false}: a PUT of a new queue is refused as a
         STOMP SEND or SUBSCRIBE is (it made one on d8fe3b8)."""

@@ -471,6 +471,38 @@ class ChannelTests(AmqpTestCase):
         c.send(commands.Exchange.Declare(exchange="e9", passive=True), 1)
         self.assertEqual(c.close_error().reply_code, 404)
 
+    def test_internal_exchange(self) -> None:
+        """exchange.declare internal=true: a publish to it closes the channel
+        403 with RabbitMQ's text; an exchange bound to it routes into it; a
+        redeclare with another internal flag is 406."""
+        c = self.client()
+        c.channel()
+        c.send(commands.Exchange.Declare(exchange="in", exchange_type="fanout", internal=True), 1)
+        c.expect(commands.Exchange.DeclareOk)
+        c.send(commands.Exchange.Declare(exchange="front", exchange_type="direct"), 1)
+        c.expect(commands.Exchange.DeclareOk)
+        c.send(commands.Exchange.Bind(destination="in", source="front", routing_key="k"), 1)
+        c.expect(commands.Exchange.BindOk)
+        c.send(commands.Queue.Declare(queue="q"), 1)
+        c.expect(commands.Queue.DeclareOk)
+        c.send(commands.Queue.Bind(queue="q", exchange="in"), 1)
+        c.expect(commands.Queue.BindOk)
+        c.publish("front", "k", b"through")
+        self.assertEqual(len(self.vhost.queues["q"]), 1)
+        c.publish("in", "k", b"straight")
+        close = c.close_error()
+        self.assertEqual(
+            (close.reply_code, close.reply_text),
+            (403, "ACCESS_REFUSED - cannot publish to internal exchange 'in' in vhost '/'"),
+        )
+        self.assertEqual(len(self.vhost.queues["q"]), 1)
+        c.send(commands.Channel.CloseOk(), 1)
+        c.channel()
+        c.send(commands.Exchange.Declare(exchange="in", exchange_type="fanout"), 1)
+        close = c.close_error()
+        self.assertEqual(close.reply_code, 406)
+        self.assertIn("inequivalent arg 'internal'", close.reply_text)
+
     def test_delete_purge(self) -> None:
         c = self.client()
         c.channel()
@@ -574,12 +606,60 @@ class MessageTests(AmqpTestCase):
         # Closing the channel gave its unacked deliveries back.
         self.assertEqual(len(self.vhost.queues["q"]), 2)
 
+    def test_cancel_keeps_unacked(self) -> None:
+        """After basic.cancel the consumer's unacked deliveries are still the
+        channel's, as in RabbitMQ: they ack and nack by tag (kombu's suite
+        acks after cancelling), and the rest go back when the channel closes."""
+        self.vhost.declare_queue("q")
+        c = self.client()
+        c.channel()
+        for i in range(3):
+            c.publish("", "q", b"m%d" % i)
+        c.send(commands.Basic.Consume(queue="q", consumer_tag="t"), 1)
+        got = [m.delivery_tag for m, _, _ in self.deliveries(c)]
+        self.assertEqual(len(got), 3)
+        c.send(commands.Basic.Cancel("t"), 1)
+        c.expect(commands.Basic.CancelOk)
+        c.send(commands.Basic.Ack(got[0]), 1)
+        c.send(commands.Basic.Nack(got[1], requeue=True), 1)
+        self.assertEqual(c.read(), [])
+        self.assertEqual(len(self.vhost.queues["q"]), 1)
+        c.send(commands.Channel.Close(200, "bye", 0, 0), 1)
+        c.expect(commands.Channel.CloseOk)
+        self.assertEqual(sorted(m.body for m in self.vhost.queues["q"].messages()), [b"m1", b"m2"])
+
     def test_get_empty(self) -> None:
         self.vhost.declare_queue("q")
         c = self.client()
         c.channel()
         c.send(commands.Basic.Get(queue="q"), 1)
         c.expect(commands.Basic.GetEmpty)
+
+    def test_alternate_exchange(self) -> None:
+        """alternate-exchange: an unroutable mandatory publish goes there and
+        is not returned; with nothing bound there it is returned."""
+        c = self.client()
+        c.channel()
+        c.send(commands.Exchange.Declare(exchange="ae", exchange_type="fanout"), 1)
+        c.expect(commands.Exchange.DeclareOk)
+        c.send(commands.Exchange.Declare(exchange="main", exchange_type="direct",
+                                         arguments={"alternate-exchange": "ae"}), 1)
+        c.expect(commands.Exchange.DeclareOk)
+        c.send(commands.Queue.Declare(queue="caught"), 1)
+        c.expect(commands.Queue.DeclareOk)
+        c.send(commands.Queue.Bind(queue="caught", exchange="ae"), 1)
+        c.expect(commands.Queue.BindOk)
+        c.publish("main", "nowhere", b"caught", mandatory=True)
+        self.assertEqual(self.deliveries(c), [])
+        self.assertEqual(len(self.vhost.queues["caught"]), 1)
+        c.send(commands.Queue.Unbind(queue="caught", exchange="ae"), 1)
+        c.expect(commands.Queue.UnbindOk)
+        c.publish("main", "nowhere", b"lost", mandatory=True)
+        [(method, _, body)] = self.deliveries(c)
+        self.assertEqual((method.reply_code, body), (312, b"lost"))
+        c.send(commands.Exchange.Declare(exchange="bad", exchange_type="direct",
+                                         arguments={"alternate-exchange": 5}), 1)
+        self.assertEqual(c.close_error().reply_code, 406)
 
     def test_mandatory_return(self) -> None:
         c = self.client()
@@ -695,6 +775,25 @@ class MessageTests(AmqpTestCase):
         self.clock.advance(0)
         cancel = c.expect(commands.Basic.Cancel)
         self.assertEqual(cancel.consumer_tag, "t")
+
+    def test_cancel_notification_after_delete_ok(self) -> None:
+        """A queue.delete of the client's own consumed queue: delete-ok
+        first, then basic.cancel, as RabbitMQ orders them (py-amqp raises on
+        a cancel it did not expect while waiting for the delete-ok; kombu's
+        suite found it)."""
+        self.vhost.declare_queue("q")
+        c = self.client()
+        c.channel()
+        c.channel(2)
+        c.send(commands.Basic.Consume(queue="q", consumer_tag="t"), 1)
+        c.send(commands.Basic.Consume(queue="q", consumer_tag="u"), 2)
+        c.read()
+        c.send(commands.Queue.Delete(queue="q"), 1)
+        self.clock.advance(0)
+        self.assertEqual(
+            [(n, type(m).__name__, getattr(m, "consumer_tag", None)) for n, m in c.read()],
+            [(1, "DeleteOk", None), (1, "Cancel", "t"), (2, "Cancel", "u")],
+        )
 
     def test_blocked(self) -> None:
         """A publish under a memory alarm: the message is taken, reading

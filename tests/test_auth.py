@@ -694,3 +694,24 @@ class PasswordGateTests(unittest.TestCase):
             d.callback(None)
         for d in attempts[:3]:
             self.successResultOf(d)
+
+
+class LoginRefusalTests(unittest.TestCase):
+    """L{login_refusal}: the one reading of a failed login check that STOMP's
+    CONNECT and AMQP's connection.open share."""
+
+    def test_refusal(self) -> None:
+        from twisted.python.failure import Failure
+
+        from qmq.auth import LoginFailed, login_refusal
+
+        e = LoginFailed("Wrong login or passcode.")
+        self.assertIs(login_refusal(Failure(e), "s1"), e)
+
+    def test_broken_check_is_logged(self) -> None:
+        from twisted.python.failure import Failure
+
+        from qmq.auth import login_refusal
+
+        self.assertIsNone(login_refusal(Failure(RuntimeError("checker broke")), "s2"))
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)

@@ -186,7 +186,8 @@ class InterestTests(SynchronousTestCase):
         net = Net("a", "b")
         net.full_mesh()
         vhost = net["b"].broker.default_vhost
-        vhost.declare_queue("q", durable=False)
+        # (Its home is b: a queue is bound on its home node.)
+        vhost.declare_queue("q", durable=False, arguments={"x-home-node": "b"})
         vhost.bind("q", "amq.fanout", "")
         net.settle()
         net["a"].publish("any", b"f", exchange="amq.fanout")

@@ -131,3 +131,32 @@ class FrameReaderTests(SynchronousTestCase):
         self.assertRaises(wire.FrameError, wire.decode_json, b"[1]")
         self.assertRaises(wire.FrameError, wire.decode_json, b"\xff")
         self.assertRaises(wire.FrameError, wire.decode_clock, b"1234")
+
+
+class StompBlockTests(SynchronousTestCase):
+    def test_decoded_stream_encoded_once(self) -> None:
+        """A link's messages share their headers dict (the decoder reuses
+        it): the STOMP header block is made once for the stream; an equal
+        dict of other types (1 and True) is not mistaken for it."""
+        from qmq.core.message import Message  # noqa: PLC0415
+        from qmq.stomp.encoding import encode_message_headers  # noqa: PLC0415
+
+        decoder = wire.Decoder()
+        blocks = []
+        for i in range(3):
+            m = Message(i + 1, "amq.topic", "k", {"n": 1}, b"x", 1.0, False)
+            chunks = wire.encode_message(b"/", m)
+            data = b"".join(chunks)
+            _, got = decoder.decode(data, wire.HEADER_SIZE, len(data))
+            blocks.append(encode_message_headers(got))
+        self.assertIs(blocks[1], blocks[0])
+        self.assertIs(blocks[2], blocks[0])
+        self.assertIn(b"\nn:1\n", blocks[0])
+        other = Message(9, "amq.topic", "k", {"n": True}, b"x", 1.0, False)
+        self.assertIn(b"\nn:true\n", encode_message_headers(other))
+        # Nor does the decoder take {"n": True} for the {"n": 1} before it.
+        data = b"".join(wire.encode_message(b"/", other))
+        _, typed = decoder.decode(data, wire.HEADER_SIZE, len(data))
+        self.assertIs(typed.headers["n"], True)
+        moved = Message(10, "amq.topic", "k2", got.headers, b"x", 1.0, False)
+        self.assertIn(b"destination:/topic/k2", encode_message_headers(moved))

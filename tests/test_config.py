@@ -32,6 +32,7 @@ from qmq.store.settings import CommitLogSettings
 from qmq.web.api.settings import ApiSettings
 from qmq.web.settings import WebSettings
 from qmq.web.sockjs.settings import SockJSSettings
+from qmq.workers.settings import WorkerSettings
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -132,6 +133,7 @@ class DefaultTests(unittest.TestCase):
                 "cluster": ClusterSettings,
                 "log": LogSettings,
                 "amqp": AmqpSettings,
+                "workers": WorkerSettings,
             },
         )
         settings = config.load_string("[limits]\nmax_topic_words = 5\n")
@@ -149,6 +151,7 @@ class DefaultTests(unittest.TestCase):
                 "cluster": ClusterSettings(),
                 "log": LogSettings(),
                 "amqp": AmqpSettings(),
+                "workers": WorkerSettings(),
             },
         )
         self.assertIs(settings.section("web"), settings.other_sections["web"])
@@ -487,7 +490,7 @@ class ErrorTests(unittest.TestCase):
         self.check(
             'lisen = ["stomp:tcp:1"]',
             "qmq.toml: lisen: unknown key (expected one of: amqp, auth, cluster, commit_log, connections, data_dir,"
-            " http_api, limits, listen, log, shutdown_timeout, sockjs, stomp, store, users, vhosts, web);"
+            " http_api, limits, listen, log, shutdown_timeout, sockjs, stomp, store, users, vhosts, web, workers);"
             " did you"
             ' mean "listen"?',
         )
@@ -705,7 +708,7 @@ class ErrorTests(unittest.TestCase):
             ),
             "x-expires": ("0", "expected an integer >= 1, got 0"),
             "x-delivery-limit": ("-2", "expected an integer >= -1, got -2"),
-            "x-max-priority": ("10", "expected an integer from 1 to 9, got 10"),
+            "x-max-priority": ("256", "expected an integer from 1 to 255 (above 9 counts as 9), got 256"),
             "message-ttl": ("-1", "expected an integer >= 0, got -1"),
             "x-dead-letter-exchange": ("1", "expected an exchange name, got 1"),
             "x-redelivery-backoff": ("[-1]", "expected a list of delays in milliseconds, got an array"),

@@ -125,6 +125,37 @@ class RoundTripTests(DefinitionsTestCase):
         # The imported user logs in with the exported hash.
         self.assertEqual(target.auth.users["alice"].password, HASH)
 
+    def test_internalAndAlternate(self) -> None:
+        """
+        An exchange's internal flag and arguments are exported and imported;
+        one that exists with another flag or alternate is a conflict; the
+        importer needs write on an alternate (the core's check).
+        """
+        source = self.broker()
+        shop = Management(source.vhosts["shop"])
+        shop.declare_exchange("unrouted", "fanout", internal=True)
+        shop.declare_exchange("orders", "direct", arguments={"alternate-exchange": "unrouted"})
+        doc = json.loads(json.dumps(export_definitions(source)))
+        self.assertIn({"vhost": "shop", "name": "unrouted", "type": "fanout", "durable": True, "auto_delete": False,
+                       "internal": True, "arguments": {}}, doc["exchanges"])
+        self.assertIn({"vhost": "shop", "name": "orders", "type": "direct", "durable": True, "auto_delete": False,
+                       "internal": False, "arguments": {"alternate-exchange": "unrouted"}}, doc["exchanges"])
+        target = self.broker()
+        import_definitions(target, parse(doc))
+        self.assertEqual(topology(target), topology(source))
+        self.assertTrue(target.vhosts["shop"].exchanges["unrouted"].internal)
+        self.assertEqual(target.vhosts["shop"].exchanges["orders"].alternate, "unrouted")
+        self.assertEqual(import_definitions(target, parse(doc))["created"]["exchanges"], 0)
+        other = self.broker()
+        Management(other.vhosts["shop"]).declare_exchange("unrouted", "fanout")
+        e = self.assertRaises(DefinitionConflict, import_definitions, other, parse(doc))
+        self.assertIn("internal False", e.message)
+        bob = User("bob", permissions={"shop": Permission.of(".*", r"^bob\.", ".*")})
+        e = self.assertRaises(AccessRefused, import_definitions, self.broker(), parse(
+            {"exchanges": [{"vhost": "shop", "name": "bob.x", "type": "direct",
+                            "arguments": {"alternate-exchange": "unrouted"}}]}), bob, "bob")
+        self.assertIn("alternate-exchange would make the broker write to", e.message)
+
     def test_noUsersWithoutAuthentication(self) -> None:
         source = self.broker(users=False)
         Management(source.default_vhost).declare_queue("q")

@@ -66,7 +66,7 @@ class QueueArgumentTests(SynchronousTestCase):
     def test_bad_values(self) -> None:
         bad = [
             ("x-max-priority", 0),
-            ("max-priority", "10"),
+            ("max-priority", "256"),
             ("x-message-ttl", -1),
             ("message-ttl", "soon"),
             ("x-ack-timeout", 0),
@@ -81,6 +81,13 @@ class QueueArgumentTests(SynchronousTestCase):
         for name, value in bad:
             e = self.assertRaises(PreconditionFailed, QueuePolicy.from_arguments, {name: value})
             self.assertTrue(e.message.startswith(name + " must be"), e.message)
+
+    def test_max_priority_range(self) -> None:
+        """x-max-priority takes RabbitMQ's 1 to 255 (kombu and Celery declare
+        10); a message's priority is 0 to 9, so the queue keeps at most 9."""
+        self.assertEqual(QueuePolicy.from_arguments({"x-max-priority": 10}).max_priority, 9)
+        self.assertEqual(QueuePolicy.from_arguments({"x-max-priority": "255"}).max_priority, 9)
+        self.assertEqual(QueuePolicy.from_arguments({"x-max-priority": 4}).max_priority, 4)
 
 
 

@@ -794,6 +794,25 @@ class SendSubscribeTests(SessionTestCase):
         self.assertEqual(m.headers["destination"], "/exchange/logs/whatever")
         self.assertEqual(d.bodies(), [b"r"])
 
+    def test_internal_and_alternate_exchanges(self) -> None:
+        """A SEND to an internal exchange is an ERROR (the core's verdict);
+        a SEND its alternate catches lands behind it."""
+        self.vhost.declare_exchange("hidden", "fanout", internal=True)
+        self.vhost.declare_exchange("front", "direct", arguments={"alternate-exchange": "hidden"})
+        self.vhost.declare_queue("caught")
+        self.vhost.bind("caught", "hidden")
+        p = self.client()
+        p.publish("/exchange/front/nowhere", b"caught", receipt="r1")
+        [receipt] = p.read()
+        self.assertEqual(receipt.command, "RECEIPT")
+        self.assertEqual(self.queue_len("caught"), 1)
+        p.publish("/exchange/hidden/k", b"straight", receipt="r2")
+        [error] = p.read()
+        self.assertEqual(error.command, "ERROR")
+        self.assertTrue(error.headers["message"].startswith("access refused ("), error.headers)
+        self.assertIn(b"cannot publish to internal exchange 'hidden'", error.body)
+        self.assertEqual(self.queue_len("caught"), 1)
+
     def test_exchange_to_bound_queue(self) -> None:
         """A fanout exchange bound to durable queues: one copy in each."""
         self.vhost.declare_exchange("fan", "fanout")

@@ -230,7 +230,7 @@ class ErrorTests(ApiTestCase):
             self.expect(400, "bad-destination", "POST", "/api/v1/vhosts/%2F/messages", {"body": "x", "destination": "nowhere"}),
             self.expect(400, "bad-destination", "POST", "/api/v1/vhosts/%2F/messages", {"body": "x", "destination": "/control/memory"}),
             self.expect(400, "bad-parameter", "POST", "/api/v1/vhosts/%2F/messages", {"body": "x"}),
-            self.expect(404, "not-found", "POST", "/api/v1/vhosts/%2F/exchanges/nope/messages", {"body": "x"}),
+            self.expect(404, "unknown-exchange", "POST", "/api/v1/vhosts/%2F/exchanges/nope/messages", {"body": "x"}),
         ])
 
     def test_unknown_things(self) -> defer.Deferred:
@@ -490,6 +490,40 @@ class ManagementTests(ApiTestCase):
         self.assertEqual(code, 200)
         _, _, _, doc = yield self.call("GET", E)
         self.assertNotIn("ev", [e["name"] for e in doc["exchanges"]])
+
+    @defer.inlineCallbacks
+    def test_internal_and_alternate_exchanges(self) -> None:
+        """PUT sets internal and alternate-exchange (shown by GET and the
+        list); a publish to the internal exchange is a 403 problem; what the
+        public one routes nowhere lands behind the alternate; a PUT that
+        disagrees is 409 and a bad argument value too."""
+        E = "/api/v1/vhosts/%2F/exchanges"
+        code, _, _, doc = yield self.call("PUT", f"{E}/caught", {"type": "fanout", "internal": True})
+        self.assertEqual((code, doc["internal"], doc["arguments"]), (201, True, {}))
+        code, _, _, doc = yield self.call(
+            "PUT", f"{E}/front", {"type": "direct", "arguments": {"alternate-exchange": "caught"}})
+        self.assertEqual((code, doc["internal"], doc["arguments"]), (201, False, {"alternate-exchange": "caught"}))
+        _, _, _, doc = yield self.call("GET", f"{E}/caught")
+        self.assertTrue(doc["internal"])
+        _, _, _, doc = yield self.call("GET", E)
+        self.assertEqual({e["name"]: e["internal"] for e in doc["exchanges"]}["caught"], True)
+        vhost = self.broker.default_vhost
+        vhost.declare_queue("c")
+        vhost.bind("c", "caught")
+        code, _, _, _ = yield self.call("POST", f"{E}/front/messages", {"body": "lost?", "routing_key": "k"})
+        self.assertEqual(code, 201)
+        self.assertEqual([m.body for m in vhost.queues["c"].messages()], [b"lost?"])
+        code, _, _, doc = yield self.call("POST", f"{E}/caught/messages", {"body": "x"})
+        self.assertEqual(code, 403)
+        self.assertIn("cannot publish to internal exchange 'caught'", doc["detail"])
+        self.assertEqual(len(vhost.queues["c"]), 1)
+        code, _, _, doc = yield self.call("PUT", f"{E}/caught", {"type": "fanout"})
+        self.assertEqual((code, doc["code"]), (409, "precondition-failed"))
+        code, _, _, doc = yield self.call("PUT", f"{E}/front", {"type": "direct"})
+        self.assertEqual((code, doc["code"]), (409, "precondition-failed"))
+        code, _, _, doc = yield self.call("PUT", f"{E}/bad", {"type": "direct", "arguments": {"alternate-exchange": 1}})
+        self.assertEqual(code, 409)
+        self.assertNotIn("bad", vhost.exchanges)
 
     @defer.inlineCallbacks
     def test_vhosts_and_documents(self) -> None:

@@ -739,10 +739,9 @@ class AmqpChannel:
             if name:
                 self.core.vhost.exchange(name)
         else:
-            if args.internal:
-                raise ConnectionError_(NOT_IMPLEMENTED, "internal exchanges are not supported",
-                                       commands.Exchange.Declare.index)
-            self.management.declare_exchange(name, args.exchange_type, bool(args.durable), bool(args.auto_delete))
+            # The core's: internal, alternate-exchange (write on it), equivalence.
+            self.management.declare_exchange(name, args.exchange_type, bool(args.durable), bool(args.auto_delete),
+                                             bool(args.internal), from_table(args.arguments))
         if not args.nowait:
             self.send(commands.Exchange.DeclareOk())
 
@@ -846,6 +845,21 @@ class AmqpChannel:
             self.send(commands.Queue.PurgeOk(count))
 
     def queue_delete(self, args: Any) -> None:
+        """queue.delete: its consumers' basic.cancel notifications follow the
+        delete-ok, as RabbitMQ sends them (py-amqp, kombu's transport,
+        raises on a cancel of a consumer it did not expect while it waits
+        for the delete-ok)."""
+        session = self.session
+        session.held_cancels = held = []
+        try:
+            self._queue_delete(args)
+        finally:
+            session.held_cancels = None
+            for channel, tag in held:
+                if not channel.closing:
+                    channel.send(commands.Basic.Cancel(tag, True))
+
+    def _queue_delete(self, args: Any) -> None:
         name = self._queue_name(args.queue)
         vhost = self.core.vhost
         queue = vhost.queues.get(name)
@@ -904,7 +918,8 @@ class AmqpChannel:
         tag = args.consumer_tag
         consumer = self.consumers.pop(tag, None)
         if consumer is not None:
-            self.core.cancel(tag)
+            # Its unacked deliveries stay the channel's (RabbitMQ's rule).
+            self.core.cancel(tag, keep_unacked=True)
         # An unknown tag is not an error (AMQP 0-9-1: the cancel is idempotent).
         if not args.nowait:
             self.send(commands.Basic.CancelOk(tag))
@@ -914,7 +929,11 @@ class AmqpChannel:
         if self.consumers.pop(consumer.tag, None) is None or self.closing:
             return
         if self.session.client_capabilities.get("consumer_cancel_notify"):
-            self.send(commands.Basic.Cancel(consumer.tag, True))
+            held = self.session.held_cancels
+            if held is not None:
+                held.append((self, consumer.tag))
+            else:
+                self.send(commands.Basic.Cancel(consumer.tag, True))
 
     def basic_get(self, args: Any) -> None:
         got = self.core.get(self._queue_name(args.queue), not args.no_ack)
@@ -1058,6 +1077,9 @@ class AmqpSession(BatchedOutput):
         self.channel_max = settings.channel_max
         self.heartbeat = 0
         self.client_capabilities: dict[str, Any] = {}
+        #: The basic.cancel notifications a queue.delete of this connection
+        #: caused, held until its delete-ok is sent (None: not deleting).
+        self.held_cancels: list[tuple[AmqpChannel, str]] | None = None
         self.channels: dict[int, AmqpChannel] = {}
         self.connection = Connection()
         self.vhost: Any = None
@@ -1476,13 +1498,12 @@ class AmqpSession(BatchedOutput):
         if self.closed:
             return
         self.transport.resume_reading()
-        from qmq.auth import AuthError  # noqa: PLC0415
+        from qmq.auth import login_refusal  # noqa: PLC0415
 
-        e = failure.value
-        if isinstance(e, AuthError):
-            self.connection_error(ACCESS_REFUSED, e.message, commands.Connection.Open.index)
+        refusal = login_refusal(failure, self.id)
+        if refusal is not None:
+            self.connection_error(ACCESS_REFUSED, refusal.message, commands.Connection.Open.index)
         else:
-            log.failure("authentication failed in session {session}", failure, session=self.id)
             self.connection_error(INTERNAL_ERROR, "the broker failed to check the credentials; see its log")
 
     def _expired(self) -> None:

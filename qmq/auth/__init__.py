@@ -23,6 +23,7 @@ from qmq.auth.authenticator import (
     TokenRejected,
     TooManyFailures,
     VhostRefused,
+    login_refusal,
 )
 from qmq.auth.passwords import hash_password, verify_password
 from qmq.auth.permissions import OPERATIONS, Permission, User
@@ -44,5 +45,6 @@ __all__ = [
     "UserSettings",
     "VhostRefused",
     "hash_password",
+    "login_refusal",
     "verify_password",
 ]

@@ -101,6 +101,22 @@ class AuthError(Exception):
         self.message = message
 
 
+def login_refusal(failure: Failure, session: str) -> AuthError | None:
+    """What a session's failed login check means for its client, in one
+    place for every frontend that logs in (STOMP's CONNECT, AMQP's
+    connection.open): the L{AuthError} to tell the client in its protocol's
+    words, or None when the check itself broke (logged here with the
+    session's id; the client is told the broker failed, never why).
+
+    @param session: the session's id, for the log.
+    """
+    e = failure.value
+    if isinstance(e, AuthError):
+        return e
+    log.failure("authentication failed in session {session}", failure, session=session)
+    return None
+
+
 class LoginFailed(AuthError):
     """Bad credentials (the same whether or not the user exists)."""
 

@@ -256,8 +256,10 @@ def _check_listener(settings: Any, description: str) -> str | None:
 
 
 def client_endpoint(reactor: Any, peer: Peer, credentials: Credentials | None) -> Any:
-    """The endpoint to dial C{peer} with (see the module docstring)."""
-    if peer.kind == "tcp":
+    """The endpoint to dial C{peer} with (see the module docstring); a
+    C{unix} peer is made by code only (the workers of one host,
+    L{qmq.workers.worker}), never read from C{peers}."""
+    if peer.kind in ("tcp", "unix"):
         return clientFromString(reactor, peer.endpoint)
     assert credentials is not None
     tcp = HostnameEndpoint(reactor, peer.host, peer.port, **peer.options)

@@ -121,6 +121,18 @@ class LinkProtocol(Protocol):
         #: (vhost, exchange, key) -> (channel, resolved target) of what it received.
         self.targets: dict[tuple[str, str, str], Any] = {}
         self.last_sent: Any = None
+        #: Queues across nodes (L{qmq.cluster.queues}), this node's side:
+        #: forwarded publishes waiting for the peer's confirm, by sequence.
+        self.pending: dict[int, Any] = {}
+        self.next_seq = 1
+        #: The peer's consumers of queues homed here, by the peer's id.
+        self.homed: dict[int, Any] = {}
+        #: Those of them paused while the link's buffer is full.
+        self.held_back: set[Any] = set()
+        # Confirms, failures and settles to send, one frame each per turn.
+        self._confirms: list[int] = []
+        self._failures: list[list[Any]] = []
+        self._settles: list[list[int]] = []
         #: Set once the mesh let it go (L{qmq.cluster.mesh.Mesh.link_down}).
         self.down = False
         self._reader = wire.FrameReader(mesh.settings.max_frame)
@@ -162,6 +174,8 @@ class LinkProtocol(Protocol):
                 self.close(f"nothing heard from the peer for {silent:.1f} s (heart-beats)")
                 return
             self.send(wire.encode_clock(wire.PING, now))
+            if self.pending:
+                self.mesh.queues.expire(self, now)
         self._beat = self.clock.callLater(self.mesh.settings.heartbeat, self._tick)
 
     def dataReceived(self, data: bytes) -> None:
@@ -194,7 +208,32 @@ class LinkProtocol(Protocol):
             self.bytes_in += end - start + wire.HEADER_SIZE
             self.mesh.received(self, *self.decoder.decode(buffer, start, end))
             return
+        if type_ == wire.FORWARD or type_ == wire.DELIVER:
+            if self.state != "up":
+                raise wire.FrameError("a message before the hello")
+            self.messages_in += 1
+            self.bytes_in += end - start + wire.HEADER_SIZE
+            queues = self.mesh.queues
+            if type_ == wire.FORWARD:
+                if end - start < wire.SEQ.size:
+                    raise wire.FrameError("bad forward: too short")
+                (seq,) = wire.SEQ.unpack_from(buffer, start)
+                vhost, message = self.decoder.decode(buffer, start + wire.SEQ.size, end)
+                queues.forwarded(self, seq, vhost, message)
+            else:
+                if end - start < wire.DELIVERY.size:
+                    raise wire.FrameError("bad deliver: too short")
+                sub, tag, count = wire.DELIVERY.unpack_from(buffer, start)
+                _, message = self.decoder.decode(buffer, start + wire.DELIVERY.size, end)
+                message.delivery_count = count
+                queues.delivered(self, sub, tag, message)
+            return
         payload = buffer[start:end]
+        if type_ in _QUEUE_FRAMES:
+            if self.state != "up":
+                raise wire.FrameError(f"{wire.NAMES[type_]} before the hello")
+            self.mesh.queues.control(self, type_, wire.decode_json(payload))
+            return
         if type_ == wire.PING:
             self.send(wire.encode_clock(wire.PONG, wire.decode_clock(payload)))
         elif type_ == wire.PONG:
@@ -280,16 +319,45 @@ class LinkProtocol(Protocol):
         """Queue a control frame (sent at the end of the reactor turn)."""
         if self.state == "closed":
             return
+        if self._confirms or self._failures or self._settles:
+            # Settles first: a cancel after them must not overtake them
+            # (the home would give back what they ack).
+            self._controls()
         self._out.append(data)
         self._out_bytes += len(data)
         self._want_flush()
 
-    def send_message(self, chunks: list[bytes], size: int) -> None:
+    def confirm(self, seq: int) -> None:
+        """The forwarded publish C{seq} is taken (sent with the turn's others)."""
+        self._confirms.append(seq)
+        self._want_flush()
+
+    def fail(self, seq: int, code: int, text: str) -> None:
+        """The forwarded publish C{seq} is refused (sent with the turn's others)."""
+        self._failures.append([seq, code, text])
+        self._want_flush()
+
+    def settle(self, sub: int, tag: int, outcome: int) -> None:
+        """Delivery C{tag} of consumer C{sub} is settled (0 ack, 1 requeue,
+        2 drop): sent with the turn's others, in one frame."""
+        self._settles.append([sub, tag, outcome])
+        self._want_flush()
+
+    @property
+    def full(self) -> bool:
+        """Whether the link's buffer holds C{link_buffer} bytes or more."""
+        return self._out_bytes >= self.mesh.settings.link_buffer
+
+    def send_message(self, chunks: list[bytes], size: int, force: bool = False) -> bool:
         """Queue a message frame (its chunks, C{size} bytes in all), or drop
-        it when the link's buffer is full."""
+        it when the link's buffer is full (unless C{force}: a delivery to a
+        consumer of a queue, bounded by its window and paused when the
+        buffer is full, L{qmq.cluster.queues}).
+
+        @return: whether it was queued."""
         if self.state == "closed":
-            return
-        if self._out_bytes + size > self.mesh.settings.link_buffer and self._out:
+            return False
+        if not force and self._out_bytes + size > self.mesh.settings.link_buffer and self._out:
             self.dropped += 1
             now = self.clock.seconds()
             if self._dropped_logged is None or now - self._dropped_logged >= DROP_LOG_INTERVAL:
@@ -301,26 +369,45 @@ class LinkProtocol(Protocol):
                     dropped=self.dropped,
                     buffered=self._out_bytes,
                 )
-            return
+            return False
         self._out.extend(chunks)
         self._out_bytes += size
         self.messages_out += 1
         self.bytes_out += size
         self._want_flush()
+        return True
 
     def _want_flush(self) -> None:
         if not self._flush_wanted and not self._paused and self.state != "closed":
             self._flush_wanted = True
             self.mesh.broker.batcher.want_flush(self)
 
+    def _controls(self) -> None:
+        """The turn's confirms and settles, one frame of each."""
+        if self._confirms or self._failures:
+            value: dict[str, Any] = {"ok": self._confirms}
+            if self._failures:
+                value["failed"] = self._failures
+            self._confirms, self._failures = [], []
+            self._out.append(wire.encode_json(wire.CONFIRM, value))
+        if self._settles:
+            self._out.append(wire.encode_json(wire.SETTLE, {"s": self._settles}))
+            self._settles = []
+
     def flush(self) -> None:
         """Write what waits, in one write (the write batcher calls it)."""
         self._flush_wanted = False
-        if self._paused or not self._out or self.transport is None:
+        if self._paused or self.transport is None:
+            return
+        if self._confirms or self._failures or self._settles:
+            self._controls()
+        if not self._out:
             return
         out, self._out = self._out, []
         self._out_bytes = 0
         self.transport.writeSequence(out)
+        if self.held_back and not self._paused:
+            self.mesh.queues.unblock(self)
 
     # IPushProducer: the transport's write buffer is full, or drained.
     def pauseProducing(self) -> None:
@@ -328,7 +415,7 @@ class LinkProtocol(Protocol):
 
     def resumeProducing(self) -> None:
         self._paused = False
-        if self._out:
+        if self._out or self._confirms or self._failures or self._settles:
             self._want_flush()
 
     def stopProducing(self) -> None:
@@ -425,7 +512,15 @@ class LinkProtocol(Protocol):
             "refused": self.refused,
             "buffered_bytes": self._out_bytes,
             "peer_interest": sorted("/".join(k) for k in self.remote),
+            "unconfirmed": len(self.pending),
+            "peer_consumers": len(self.homed),
         }
+
+
+#: The control frames of queues across nodes (L{qmq.cluster.queues}).
+_QUEUE_FRAMES = frozenset(
+    (wire.CONFIRM, wire.CONSUME, wire.SETTLE, wire.CANCEL, wire.CANCELLED, wire.DECLARE)
+)
 
 
 def _interest_key(value: Any) -> tuple[str, str, str]:

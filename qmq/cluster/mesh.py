@@ -55,10 +55,17 @@ Discovery:
     C{/topic/system.peers}. A dialer its peer refused waits 2, 4, ... 60
     seconds (L{dialer_refused}).
 
-What is not guaranteed (docs/cluster.rst): messages cross a link at most
-once (in flight when a link drops, they are lost); interest takes a round
-trip to reach a peer, so a publish right after a remote SUBSCRIBE may miss
-it; no ordering between messages from different nodes.
+Queues across nodes:
+    Each queue lives on one home node; the core's stand-in of a queue homed
+    elsewhere (L{qmq.core.remote}) reaches it through L{queues}, a
+    L{qmq.cluster.queues.RemoteQueues} (the broker's C{homes} while the
+    mesh runs), placed by L{qmq.cluster.placement}.
+
+What is not guaranteed (docs/cluster.rst): fan-out messages cross a link
+at most once (in flight when a link drops, they are lost); queues across
+nodes are at least once (confirmed publishes, acked deliveries); interest
+takes a round trip to reach a peer, so a publish right after a remote
+SUBSCRIBE may miss it; no ordering between messages from different nodes.
 """
 
 from __future__ import annotations
@@ -75,6 +82,8 @@ from twisted.logger import Logger
 from qmq.cluster import wire
 from qmq.cluster.endpoints import Credentials, Peer, client_endpoint, parse_peer
 from qmq.cluster.link import LinkProtocol
+from qmq.cluster.placement import Placement
+from qmq.cluster.queues import RemoteQueues
 from qmq.core.channel import Channel
 from qmq.core.consumer import Consumer
 from qmq.core.errors import BrokerError
@@ -205,11 +214,23 @@ class Mesh(Service, Observer):
         self._encoded: tuple[Any, str, list[bytes], int] | None = None
         self._vhost_bytes: dict[str, bytes] = {}
         self._next_id = broker.message_ids.__next__
+        #: Nodes linked since this node started (members of the placement).
+        self.seen: set[str] = set()
+        #: Queues across nodes: the broker's homes while the mesh runs.
+        self.queues = RemoteQueues(self, Placement(self.node, self.members), settings.remote_window)
+
+    def members(self) -> set[str]:
+        """The configured membership queues are placed over
+        (L{qmq.cluster.placement}): the nodes C{peers} names, those
+        learned from peers, those linked since this node started."""
+        return {p.node for p in self.peers if p.node} | set(self.known) | self.seen
 
     # -- the service ----------------------------------------------------------
 
     def startService(self) -> None:
         super().startService()
+        self.broker.homes = self.queues
+        self.queues.place_existing()
         self._stop_observing = self.broker.observe(self, replay=False)
         for vhost in self.broker.vhosts.values():
             events = vhost.events
@@ -303,6 +324,7 @@ class Mesh(Service, Observer):
             if mine and not theirs:
                 self.dialer_standby(other)
         self.links[node] = link
+        self.seen.add(node)
         link.state = "up"
         link.up_at = self.clock.seconds()
         self.all_links.add(link)
@@ -310,6 +332,7 @@ class Mesh(Service, Observer):
         peers = self._peers()
         if peers:
             link.send(wire.encode_json(wire.PEERS, {"peers": peers}))
+        self.queues.link_up(link)
         log.info("mesh: link {link} up", link=link.describe())
         self._announce(node, "up")
         return None
@@ -324,6 +347,7 @@ class Mesh(Service, Observer):
         self.all_links.discard(link)
         for key in list(link.remote):
             self._unbind(link, key)
+        self.queues.link_down(link)
         for channel in link.channels.values():
             channel.close()
         link.channels.clear()

@@ -37,13 +37,21 @@ from qmq.core.message import Message
 from qmq.store import record
 
 __all__ = [
+    "CANCEL",
+    "CANCELLED",
     "CLOSE",
+    "CONFIRM",
+    "CONSUME",
+    "DECLARE",
+    "DELIVER",
+    "FORWARD",
     "HELLO",
     "INTEREST",
     "MESSAGE",
     "PING",
     "PEERS",
     "PONG",
+    "SETTLE",
     "SYNC",
     "VERSION",
     "FrameError",
@@ -55,8 +63,8 @@ __all__ = [
     "frame",
 ]
 
-#: The link protocol's version, in every hello.
-VERSION = 1
+#: The link protocol's version, in every hello (2: queues across nodes).
+VERSION = 2
 
 # Frame types. Never renumber: peers of other versions read them.
 HELLO = 1
@@ -67,8 +75,34 @@ SYNC = 5
 MESSAGE = 6
 CLOSE = 7
 PEERS = 8
+# Queues across nodes (qmq.cluster.queues).
+FORWARD = 9  # u64 sequence number, then a message (a publish to the queue on its home)
+CONFIRM = 10  # JSON: {"ok": [seq, ...], "failed": [[seq, code, text], ...]}
+CONSUME = 11  # JSON: {"id": n, "vhost": v, "queue": q, "window": w}
+DELIVER = 12  # u32 consumer id, u64 delivery tag, u32 delivery count, then a message
+SETTLE = 13  # JSON: {"s": [[id, tag, outcome], ...]}: 0 ack, 1 requeue, 2 drop
+CANCEL = 14  # JSON: {"id": n}: the consumer goes (its unacked messages go back)
+CANCELLED = 15  # JSON: {"id": n, "code": c, "reason": text}: the home ended it
+DECLARE = 16  # JSON: {"vhost": v, "queue": q, "arguments": {...}}: declared on another node
 
-NAMES = {HELLO: "hello", PING: "ping", PONG: "pong", INTEREST: "interest", SYNC: "sync", MESSAGE: "message", CLOSE: "close", PEERS: "peers"}
+NAMES = {
+    HELLO: "hello",
+    PING: "ping",
+    PONG: "pong",
+    INTEREST: "interest",
+    SYNC: "sync",
+    MESSAGE: "message",
+    CLOSE: "close",
+    PEERS: "peers",
+    FORWARD: "forward",
+    CONFIRM: "confirm",
+    CONSUME: "consume",
+    DELIVER: "deliver",
+    SETTLE: "settle",
+    CANCEL: "cancel",
+    CANCELLED: "cancelled",
+    DECLARE: "declare",
+}
 
 _HEADER = struct.Struct(">IB")
 HEADER_SIZE = _HEADER.size
@@ -111,8 +145,16 @@ def decode_clock(payload: bytes) -> float:
     return float(_CLOCK.unpack(payload)[0])
 
 
-def encode_message(vhost: bytes, message: Message) -> list[bytes]:
-    """A message frame, as chunks to write (a large body is not copied)."""
+#: A forward frame's sequence number.
+SEQ = struct.Struct(">Q")
+#: A deliver frame's consumer id, delivery tag and delivery count.
+DELIVERY = struct.Struct(">IQI")
+
+
+def encode_message(vhost: bytes, message: Message, type_: int = MESSAGE, prefix: bytes = b"") -> list[bytes]:
+    """A message frame, as chunks to write (a large body is not copied):
+    by default a C{message} frame; a C{forward} or C{deliver} frame with
+    its C{prefix} (L{SEQ}, L{DELIVERY}) before the record."""
     head, tail = record.encode_publish(
         message.id,
         message.timestamp,
@@ -129,8 +171,9 @@ def encode_message(vhost: bytes, message: Message) -> list[bytes]:
         message.deliver_at,
         message.ack_timeout,
     )
-    return [_HEADER.pack(len(head) + len(tail) + 1, MESSAGE), head, tail] if tail else [
-        _HEADER.pack(len(head) + 1, MESSAGE) + head
+    size = len(head) + len(tail) + len(prefix) + 1
+    return [_HEADER.pack(size, type_) + prefix, head, tail] if tail else [
+        _HEADER.pack(size, type_) + prefix + head
     ]
 
 
@@ -183,7 +226,7 @@ class Decoder:
         message = Message(mid, exchange, key, headers, body, ts, bool(flags & record.FLAG_PERSISTENT), prio, expiry)
         if headers is not None or extra is not None:
             last_headers, last_properties, _ = self._model
-            if headers is not None and headers == last_headers:
+            if headers is not None and headers == last_headers and _same_types(headers, last_headers):
                 message.headers = last_headers
             properties = None
             if extra is not None:
@@ -193,6 +236,13 @@ class Decoder:
                 message.properties = properties
             self._model = (message.headers, properties, None)
         return vhost, message
+
+
+def _same_types(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Equal header dicts are the same only with values of the same types
+    (C{1 == True == 1.0}, and a STOMP receiver reads C{1}, C{true} or
+    C{1.0})."""
+    return all(v.__class__ is b[k].__class__ for k, v in a.items())
 
 
 class FrameReader:

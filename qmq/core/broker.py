@@ -193,6 +193,9 @@ class Broker:
         self.max_unfinished_bytes = self.limits.max_unfinished_bytes
         #: Gives free heap memory back to the OS (L{release_memory}); None: never.
         self.trim: Callable[[], object] | None = trim_heap
+        #: Where queues live in a mesh (L{qmq.core.remote.Homes}), set by
+        #: the mesh; None: every queue lives here.
+        self.homes: Any = None
         self._trim_call: Any = None
 
     @property
@@ -273,9 +276,13 @@ class Broker:
         self.message_ids = MessageIds.starting(
             getattr(self.clock, "seconds", float)(), recovery.next_message_id, self.node
         )
-        for vhost_name, name, type_, auto_delete in recovery.exchanges:
+        for vhost_name, name, type_, auto_delete, *more in recovery.exchanges:
             _warn_kept("exchange name", name, vhost_name, True)
-            self.add_vhost(vhost_name).declare_exchange(name, type_, True, auto_delete, validate=False)
+            options = (more[0] if more else None) or {}
+            self.add_vhost(vhost_name).declare_exchange(
+                name, type_, True, auto_delete, validate=False,
+                internal=bool(options.get("internal")), arguments=options.get("arguments"),
+            )
         gone = []
         kept = recovery.messages
         entries = recovery.queues

@@ -476,17 +476,36 @@ class Channel:
         must exist.
 
         @raise NotFound: no such exchange or queue.
-        @raise AccessRefused: no write permission on it.
+        @raise AccessRefused: no write permission on it, or an internal
+            exchange (only other exchanges route into one).
         """
         if not exchange:
-            queue = self.vhost.queue(routing_key)
+            queue = self.vhost.queues.get(routing_key)
+            if queue is None and self.broker.homes is not None:
+                queue = self.vhost.stand_in(routing_key)
+            if queue is None:
+                queue = self.vhost.queue(routing_key)  # raises NotFound
             self._may_write("", routing_key)
             return (queue, None, "", routing_key, queue)
-        ex = self.vhost.exchange(exchange)
+        ex = self.publishable_exchange(exchange)
         check_routing_key(routing_key, ex)
         if self.user is not None:
             self._may_write(exchange, routing_key)
         return (None, ex, exchange, routing_key, ex)
+
+    def publishable_exchange(self, name: str) -> Exchange:
+        """Exchange C{name}, which a client may publish to: every frontend's
+        resolution of a publish (L{target}, L{publish}, STOMP's
+        destinations) asks this.
+
+        @raise NotFound: there is none.
+        @raise AccessRefused: it is internal (only other exchanges route
+            into it), whatever the permissions.
+        """
+        ex = self.vhost.exchange(name)
+        if ex.internal:
+            raise _internal(ex, self.vhost)
+        return ex
 
     def publish(
         self, exchange: str, routing_key: str, message: Message, mandatory: bool = False
@@ -495,14 +514,17 @@ class Channel:
         C{basic.publish}), atomically: a bounded queue that refuses it
         means no queue has it.
 
-        A message that reaches nothing is dropped, and counted as published
-        unless C{mandatory} (the frontend returns it: C{routed} is 0).
+        A message the exchange routes nowhere goes to its alternate
+        exchange if it has one (L{VirtualHost.expand}), and counts as
+        routed when that takes it. A message that reaches nothing is
+        dropped, and counted as published unless C{mandatory} (the frontend
+        returns it: C{routed} is 0).
 
         @return: L{Published}: the routed count, and the durability Deferred
             or None.
         @raise NotFound: no such exchange.
         @raise AccessRefused: no write permission on the exchange (or, for
-            the default exchange, on the queue).
+            the default exchange, on the queue), or an internal exchange.
         @raise ResourceLimit: a bounded queue refused it.
         @raise PreconditionFailed: the routing key breaks a limit.
         @raise InvalidName: a header name or value breaks a rule.
@@ -514,18 +536,26 @@ class Channel:
         vhost = self.vhost
         if exchange:
             ex = vhost.exchange(exchange)
+            if ex.internal:
+                raise _internal(ex, vhost)
             if routing_key is not self._checked_key:
                 check_routing_key(routing_key, ex)
                 self._checked_key = routing_key
             if self.user is not None and (exchange, routing_key) not in self._writable:
                 self._may_write(exchange, routing_key)
             targets = ex.route(routing_key, message.headers)
-            if ex.e2e:
+            if ex.e2e or (not targets and ex.alternate is not None):
                 targets = vhost.expand(ex, targets, routing_key, message.headers)
         else:
             if routing_key not in self._writable:
                 self._may_write("", routing_key)
             queue = vhost.queues.get(routing_key)
+            if queue is None and self.broker.homes is not None:
+                # A queue whose home is another node may exist there only.
+                queue = vhost.stand_in(routing_key)
+            if queue is not None and queue.remote is not None:
+                self.published += 1
+                return Published(1, queue.remote.forward(queue, message))
             targets = (queue,) if queue is not None else ()
         if not targets and mandatory:
             return Published(0, None)
@@ -576,6 +606,10 @@ class Channel:
         self.published += 1
         queue = target[0]
         if queue is not None:
+            if queue.remote is not None:
+                # Its home is another node (qmq.core.remote): the confirm
+                # of the home is the durability Deferred.
+                return queue.remote.forward(queue, message)
             # VirtualHost.publish_to for one queue, inlined (the hot path).
             dropped = queue.publish(message)
             if message.persistent and queue.store is not None and not dropped:
@@ -583,7 +617,7 @@ class Channel:
             return None
         exchange = target[1]
         targets = exchange.route(message.routing_key, message.headers)
-        if exchange.e2e:
+        if exchange.e2e or (not targets and exchange.alternate is not None):
             targets = self.vhost.expand(exchange, targets, message.routing_key, message.headers)
         return self.vhost.publish_to(targets, message)
 
@@ -726,6 +760,8 @@ class Channel:
         """Attach C{consumer} to C{queue} (checked: exclusivity), under the
         channel's prefetch for consumers made now (L{qos})."""
         self._check_exclusive(queue)
+        if queue.remote is not None:
+            queue.remote.reachable(queue)
         consumers = queue.consumers
         if consumers and (exclusive or consumers[0].exclusive):
             raise AccessRefused(
@@ -763,14 +799,35 @@ class Channel:
         consumer.budget = self.backlog_budget
         self.consumers.add(consumer)
 
-    def cancel(self, tag: str) -> Consumer:
+    def cancel(self, tag: str, keep_unacked: bool = False) -> Consumer:
         """Cancel the consumer tagged C{tag} (AMQP's C{basic.cancel}): see
-        L{unsubscribe}. @raise NotFound: no consumer has that tag here."""
+        L{unsubscribe}.
+
+        @param keep_unacked: its unacknowledged deliveries stay the
+            channel's, to be settled by their tags (or given back when the
+            channel closes), as AMQP 0-9-1 and RabbitMQ keep them; without
+            it they go back to the queue now (STOMP's UNSUBSCRIBE).
+        @raise NotFound: no consumer has that tag here."""
         consumer = self.consumer_tags.get(tag)
         if consumer is None:
             raise NotFound(f"No consumer is tagged {tag!r} on this channel.", "unknown consumer tag")
+        if keep_unacked and consumer.unacked and consumer.queue is not None:
+            self._keep_unacked(consumer, consumer.queue)
         self.unsubscribe(consumer)
         return consumer
+
+    def _keep_unacked(self, consumer: Consumer, queue: Queue) -> None:
+        """Hand C{consumer}'s unacked deliveries to the channel's getter of
+        C{queue} (what L{get}'s deliveries wait on): their tags settle there,
+        and the channel's own window still counts them until then."""
+        getter = self._getter(queue)
+        owners = self.owners
+        for tag, message in consumer.unacked.items():
+            getter.unacked[tag] = message
+            owners[tag] = getter
+        consumer.unacked.clear()
+        if self._windows:
+            self._windows.pop(consumer, None)
 
     def unsubscribe(self, consumer: Consumer, delete_durable: bool = False) -> None:
         """Detach C{consumer}: its unacked messages go back to their queue; a
@@ -1112,17 +1169,22 @@ class Channel:
         message = q.get()
         if message is None:
             return None
-        getter = self._getters.get(q)
-        if getter is None:
-            getter = self._getters[q] = _Getter(True, None, self)
-            getter.channel = self
-            getter.queue = q
+        getter = self._getter(q)
         if ack:
             tag = self.track(getter, message)
         else:
             tag = next(self._tags)
             q.ack(getter, message)
         return Got(tag, message, len(q))
+
+    def _getter(self, queue: Queue) -> _Getter:
+        """The channel's getter of C{queue}, made on first use."""
+        getter = self._getters.get(queue)
+        if getter is None:
+            getter = self._getters[queue] = _Getter(True, None, self)
+            getter.channel = self
+            getter.queue = queue
+        return getter
 
     # -- exchange to exchange ----------------------------------------------------
 
@@ -1258,6 +1320,15 @@ class Channel:
         self.forget_targets()
         if self._own_connection:
             self.connection.close()
+
+
+def _internal(exchange: Exchange, vhost: VirtualHost) -> AccessRefused:
+    """The refusal of a publish to an internal exchange (RabbitMQ's words),
+    whichever frontend asked: only other exchanges route into it."""
+    return AccessRefused(
+        f"cannot publish to internal exchange {exchange.name!r} in vhost {vhost.name!r}",
+        "access refused (internal exchange)",
+    )
 
 
 def _buffer_policy(consumer: Consumer) -> QueuePolicy | None:

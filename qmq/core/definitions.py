@@ -111,6 +111,8 @@ class ExchangeDefinition:
     type: str
     durable: bool = True
     auto_delete: bool = False
+    internal: bool = False
+    arguments: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -145,9 +147,11 @@ class Definitions:
 
 
 def _is_own_queue(queue: Any) -> bool:
-    """A queue the broker makes itself, left out of definitions."""
+    """A queue the broker makes itself, left out of definitions (a
+    stand-in of a queue homed on another node too: its home exports it)."""
     return (
         queue.exclusive_owner is not None
+        or queue.remote is not None
         or queue.name.startswith("amq.")
         or queue.name.startswith(DURABLE_SUBSCRIPTION_PREFIX)
     )
@@ -196,6 +200,8 @@ def export_definitions(broker: Any, user: Any = None, owner: Any = "") -> dict[s
                     "type": ex.type,
                     "durable": ex.durable,
                     "auto_delete": ex.auto_delete,
+                    "internal": ex.internal,
+                    "arguments": dict(ex.arguments or {}),
                 }
             )
         for q in vhost.queues.values():
@@ -335,7 +341,8 @@ _ITEMS: dict[str, tuple[type, dict[str, tuple[_Check, bool]]]] = {
     }),
     "exchanges": (ExchangeDefinition, {
         "vhost": (_name, True), "name": (_name, True), "type": (_one_of(EXCHANGE_TYPES), True),
-        "durable": (_boolean, False), "auto_delete": (_boolean, False),
+        "durable": (_boolean, False), "auto_delete": (_boolean, False), "internal": (_boolean, False),
+        "arguments": (_object, False),
     }),
     "queues": (QueueDefinition, {
         "vhost": (_name, True), "name": (_name, True), "durable": (_boolean, False),
@@ -487,12 +494,14 @@ def _plan(broker: Any, defs: Definitions) -> _Plan:
         if have is None:
             plan.todo["exchanges"].append((item, e))
             new_exchanges.add((e.vhost, e.name))
-        elif (have.type, have.durable, have.auto_delete) == (e.type, e.durable, e.auto_delete):
+        elif (have.type, have.durable, have.auto_delete, have.internal, dict(have.arguments or {})) == (
+            e.type, e.durable, e.auto_delete, e.internal, dict(e.arguments)
+        ):
             plan.unchanged["exchanges"] += 1
         else:
             raise DefinitionConflict(
                 item, f"the exchange exists as type {have.type!r}, durable {have.durable}, "
-                f"auto_delete {have.auto_delete}"
+                f"auto_delete {have.auto_delete}, internal {have.internal}, arguments {dict(have.arguments or {})}"
             )
     new_queues = set()
     for i, q in enumerate(defs.queues):
@@ -594,7 +603,9 @@ def _apply(section: str, d: Any, auth: Any, management: Callable[[str], Manageme
     elif section == "permissions":
         auth.set_permission(d.vhost, d.user, d.configure, d.write, d.read)
     elif section == "exchanges":
-        management(d.vhost).declare_exchange(d.name, d.type, d.durable, d.auto_delete)
+        management(d.vhost).declare_exchange(
+            d.name, d.type, d.durable, d.auto_delete, d.internal, dict(d.arguments) or None
+        )
     elif section == "queues":
         management(d.vhost).declare_queue(d.name, d.durable, d.auto_delete, dict(d.arguments) or None)
     elif section == "bindings":

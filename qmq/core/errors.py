@@ -32,6 +32,15 @@ class NotFound(BrokerError):
     code = 404
 
 
+class NoSuchQueue(NotFound):
+    """The named queue does not exist (L{qmq.core.vhost.VirtualHost.queue}):
+    a frontend may name what is missing (the HTTP API's C{unknown-queue})."""
+
+
+class NoSuchExchange(NotFound):
+    """The named exchange does not exist (its HTTP code is C{unknown-exchange})."""
+
+
 class PreconditionFailed(BrokerError):
     """A redeclaration disagrees with what exists, or an argument is invalid."""
 

@@ -43,15 +43,17 @@ L{PreconditionFailed}.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from qmq.core.errors import PreconditionFailed
+from qmq.core.names import check_exchange
 
 if TYPE_CHECKING:
     from qmq.core.message import Message
 
 __all__ = [
+    "ALTERNATE_EXCHANGE",
     "EXCHANGE_CLASSES",
     "EXCHANGE_TYPES",
     "Binding",
@@ -61,10 +63,41 @@ __all__ = [
     "HeadersExchange",
     "Target",
     "TopicExchange",
+    "alternate_of",
 ]
 
 EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
 _EMPTY: tuple = ()
+
+#: The exchange argument naming where a message the exchange routes to
+#: nothing goes instead (RabbitMQ's spelling; see L{alternate_of}).
+ALTERNATE_EXCHANGE = "alternate-exchange"
+
+
+def alternate_of(arguments: Mapping[str, Any] | None) -> str | None:
+    """The alternate exchange exchange C{arguments} name, or None.
+
+    Every frontend's exchange arguments (AMQP's C{exchange.declare}, the
+    HTTP API's PUT, a definitions document) are read here. Other arguments
+    are kept with the exchange and mean nothing to it, as in RabbitMQ.
+
+    @raise PreconditionFailed: the value is not a non-empty string (the
+        default exchange cannot be an alternate).
+    @raise InvalidName: it breaks a rule of L{qmq.core.names}.
+    """
+    if not arguments:
+        return None
+    value = arguments.get(ALTERNATE_EXCHANGE)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise PreconditionFailed(
+            f"invalid value {value!r} for exchange argument {ALTERNATE_EXCHANGE!r}: expected the "
+            "name of an exchange (not the default exchange)",
+            "invalid exchange argument",
+        )
+    check_exchange(value)
+    return value
 
 
 class Target(Hashable, Protocol):
@@ -97,9 +130,19 @@ class Exchange:
         path).
     @ivar sources: the bindings that point at it from other exchanges, as
         C{(source, routing_key, arguments)} (None while there are none).
+    @ivar internal: clients may not publish to it; only bindings from other
+        exchanges (and alternates) route into it.
+    @ivar arguments: the arguments it was declared with (None: none).
+    @ivar alternate: the name of its alternate exchange (C{alternate-exchange}),
+        where a publish it routes to nothing goes instead, or None.
     """
 
     type = ""
+    # Set by VirtualHost.declare_exchange on the exchanges that have them:
+    # the class defaults keep every constructor as it was.
+    internal = False
+    arguments: dict | None = None
+    alternate: str | None = None
 
     def __init__(self, name: str, durable: bool = True, auto_delete: bool = False) -> None:
         self.name = name

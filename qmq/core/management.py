@@ -19,6 +19,7 @@ L{qmq.core.vhost.VirtualHost}:
     bind / unbind             write: the queue; read: the     yes (queue)
                               exchange with the binding key
     declare an exchange       configure: the exchange
+      with an alternate       write: the alternate exchange
     delete an exchange        configure: the exchange
     get an exchange           read: the exchange
 
@@ -34,7 +35,10 @@ for the default exchange C{""}, into the queue C{x-dead-letter-routing-key}
 names) on behalf of whoever publishes to it, so declaring one needs the
 declarer's C{write} on the target, as publishing there would
 (L{authorize_arguments}, which L{qmq.core.channel.Channel} also asks when a
-STOMP SUBSCRIBE declares a queue with arguments). Queues declared in the
+STOMP SUBSCRIBE declares a queue with arguments). An exchange declared with
+C{alternate-exchange} is the same: what it cannot route is published to the
+alternate on the publisher's behalf, so declaring it needs C{write} there
+(RabbitMQ asks the same). Queues and exchanges declared in the
 configuration are the operator's and are not asked.
 """
 
@@ -44,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from qmq.core.access import Resource, allowed, authorize
 from qmq.core.errors import AccessRefused, NotFound, PreconditionFailed
+from qmq.core.exchange import ALTERNATE_EXCHANGE, alternate_of
 from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX, Owner, check_queue_access
 from qmq.core.policy import QueuePolicy, argument_name
 
@@ -63,27 +68,36 @@ WRITING_ARGUMENTS = frozenset(("x-dead-letter-exchange", "x-dead-letter-routing-
 
 
 def writing_targets(
-    vhost: str, arguments: dict[str, Any] | None, base: QueuePolicy | None = None
+    vhost: str, arguments: dict[str, Any] | None, base: QueuePolicy | None = None, of: str = "queue"
 ) -> list[tuple[str, Resource]]:
-    """The resources queue C{arguments} make the broker write to, each
-    with the argument that names it.
+    """The resources queue (or exchange) C{arguments} make the broker write
+    to, each with the argument that names it.
+
+    For an exchange's arguments (C{of="exchange"}) the target is its
+    alternate exchange (C{alternate-exchange}, L{alternate_of}): what the
+    exchange cannot route is published there on behalf of whoever published
+    to it.
 
     Read from the policy the arguments make over C{base} (the virtual
     host's defaults: a routing key given over a default dead-letter
     exchange aims that exchange), so C{dead-letter-exchange} and
     C{x-dead-letter-exchange} are one argument and a bad value is refused
     as anywhere else. Arguments that name no target (L{WRITING_ARGUMENTS})
-    make none: what the defaults alone aim at is the operator's. Today the
+    make none: what the defaults alone aim at is the operator's. A queue's
     target is the dead-letter one: the exchange C{x-dead-letter-exchange}
     with C{x-dead-letter-routing-key} (None: the message's own key), or,
-    for the default exchange, the queue that key names. (An alternate
-    exchange, when QMQ has one, is another row here.)
+    for the default exchange, the queue that key names.
 
     @raise PreconditionFailed: an argument's value is bad, or the default
         exchange is named without a routing key: the dead letters would go
         to whichever queue their own routing key names, which no check at
         declare time can bound.
     """
+    if of == "exchange":
+        alternate = alternate_of(arguments)
+        if alternate is None:
+            return []
+        return [(ALTERNATE_EXCHANGE, Resource.exchange(vhost, alternate))]
     if not arguments or WRITING_ARGUMENTS.isdisjoint(map(argument_name, arguments)):
         return []
     policy = QueuePolicy.from_arguments(arguments, base)
@@ -124,11 +138,13 @@ def authorize_arguments(
     vhost: str,
     arguments: dict[str, Any] | None,
     base: QueuePolicy | None = None,
+    of: str = "queue",
 ) -> None:
-    """Refuse queue C{arguments} that would make the broker write where
-    the declarer may not (see L{writing_targets}): the declarer needs
-    C{write} on each target, and a target queue that is another owner's
-    durable subscription is refused whatever the permissions.
+    """Refuse queue (or exchange, C{of="exchange"}) C{arguments} that would
+    make the broker write where the declarer may not (see
+    L{writing_targets}): the declarer needs C{write} on each target, and a
+    target queue that is another owner's durable subscription is refused
+    whatever the permissions.
 
     @param user: a L{qmq.auth.User}, or None (authentication off: only
         ownership is asked).
@@ -138,7 +154,7 @@ def authorize_arguments(
     @raise AccessRefused: naming the argument and the target.
     @raise PreconditionFailed: see L{writing_targets}.
     """
-    for argument, target in writing_targets(vhost, arguments, base):
+    for argument, target in writing_targets(vhost, arguments, base, of):
         try:
             authorize(user, "write", target, owner)
         except AccessRefused as e:
@@ -299,18 +315,33 @@ class Management:
     # -- exchanges -----------------------------------------------------------------------
 
     def declare_exchange(
-        self, name: str, type: str, durable: bool = True, auto_delete: bool = False
+        self,
+        name: str,
+        type: str,
+        durable: bool = True,
+        auto_delete: bool = False,
+        internal: bool = False,
+        arguments: dict[str, Any] | None = None,
     ) -> tuple[Exchange, bool]:
         """Declare exchange C{name}; return it and whether it was made.
-        @raise AccessRefused: a new C{amq.} name, or no C{configure}.
-        @raise PreconditionFailed: another type than the existing one's."""
-        exchanges = self.vhost.exchanges
+
+        @param internal: clients may not publish to it.
+        @param arguments: its arguments; C{alternate-exchange} needs the
+            declarer's C{write} on that exchange (L{authorize_arguments}).
+        @raise AccessRefused: a new C{amq.} name, no C{configure}, or an
+            alternate exchange the declarer may not write to.
+        @raise PreconditionFailed: another type, internal flag or alternate
+            than the existing one's; a bad argument."""
+        vhost = self.vhost
+        exchanges = vhost.exchanges
         if name.startswith("amq.") and name not in exchanges:
             raise AccessRefused(f"Exchange names starting with 'amq.' are the broker's own ({name!r}).",
                                 "access refused (configure)")
         self.authorize("configure", self._exchange(name))
+        authorize_arguments(self.user, self.owner, vhost.name, arguments, of="exchange")
         existed = name in exchanges
-        return self.vhost.declare_exchange(name, type, durable, auto_delete), not existed
+        exchange = vhost.declare_exchange(name, type, durable, auto_delete, internal=internal, arguments=arguments)
+        return exchange, not existed
 
     def exchange(self, name: str) -> Exchange:
         """Exchange C{name}, to describe. @raise NotFound, AccessRefused."""

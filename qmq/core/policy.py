@@ -37,6 +37,7 @@ from typing import Any
 
 from qmq.core.errors import PreconditionFailed
 from qmq.core.names import InvalidName, problem
+from qmq.core.options import MAX_PRIORITY
 
 OVERFLOW_POLICIES = ("drop-head", "reject-publish")
 #: The overflow of a subscriber's own queue when the subscriber stated a
@@ -67,7 +68,8 @@ class QueuePolicy:
     @ivar delivery_limit: most times a message may be given back; past it the
         message is discarded or dead-lettered (C{x-delivery-limit}), or None.
     @ivar max_priority: the highest message priority the queue honours
-        (C{x-max-priority}, 1 to 9), or None for a plain FIFO queue.
+        (C{x-max-priority}, 1 to 255 as in RabbitMQ, kept as at most 9:
+        a message's priority is 0 to 9), or None for a plain FIFO queue.
     @ivar message_ttl: milliseconds a message may wait in the queue
         (C{x-message-ttl}), or None.
     @ivar ack_timeout: milliseconds a consumer may hold a message unacked
@@ -89,6 +91,8 @@ class QueuePolicy:
     @ivar fsync: the commit log's fsync policy for this queue's publishes
         (C{x-fsync}: C{"always"}, C{"interval"}, C{"never"}), or None for
         the virtual host's or the store's.
+    @ivar home_node: in a mesh, the node the queue lives on (C{x-home-node};
+        docs/cluster.rst), or None for the placement's hash.
     @ivar bounded: whether C{max_length} or C{max_bytes} is set (derived; the
         publish path reads this one flag).
     @ivar length_room: C{max_length}, or a number no queue reaches (derived:
@@ -116,6 +120,7 @@ class QueuePolicy:
     dedup_max_ids: int = 10_000
     retention: int | None = None
     fsync: str | None = None
+    home_node: str | None = None
     bounded: bool = field(init=False, repr=False, compare=False)
     length_room: int = field(init=False, repr=False, compare=False)
     bytes_room: int = field(init=False, repr=False, compare=False)
@@ -220,6 +225,18 @@ def _integer_argument(minimum: int, maximum: int | None = None) -> Callable[[str
     return parse
 
 
+#: The largest C{x-max-priority} accepted (RabbitMQ's).
+MAX_PRIORITY_ARGUMENT = 255
+
+
+def _max_priority_argument(argument: str, value: object) -> int:
+    # 1 to 255 as in RabbitMQ (kombu and Celery declare 10), but a message's
+    # priority is 0 to 9 (qmq.core.options.MAX_PRIORITY): levels above 9
+    # would never be used, and each costs the queue a FIFO.
+    n = _integer(argument, value, 1, MAX_PRIORITY_ARGUMENT, f"an integer from 1 to {MAX_PRIORITY_ARGUMENT}")
+    return n if n < MAX_PRIORITY else MAX_PRIORITY
+
+
 def _string_argument(argument: str, value: object) -> str:
     if not isinstance(value, str) or len(value) > 255:
         raise PreconditionFailed(f"{argument} must be a string of at most 255 characters, got {value!r}")
@@ -254,6 +271,16 @@ def _fsync_argument(argument: str, value: object) -> str:
             f"{argument} must be one of {', '.join(FSYNC_POLICIES)}, got {value!r}"
         )
     return value  # type: ignore[return-value]
+
+
+def _home_argument(argument: str, value: object) -> str:
+    from qmq.core.ids import NODE_ID  # noqa: PLC0415
+
+    if not isinstance(value, str) or not NODE_ID.match(value):
+        raise PreconditionFailed(
+            f"{argument} must be a node id (1 to 32 letters, digits, '_' or '-'), got {value!r}"
+        )
+    return value
 
 
 def _retention_argument(argument: str, value: object) -> int | None:
@@ -314,7 +341,8 @@ QUEUE_ARGUMENTS: dict[str, QueueArgument] = {
         QueueArgument("x-expires", "expires", _integer_argument(1), "an integer >= 1"),
         QueueArgument("x-delivery-limit", "delivery_limit", _integer_argument(-1), "an integer >= -1"),
         QueueArgument(
-            "x-max-priority", "max_priority", _integer_argument(1, 9), "an integer from 1 to 9"
+            "x-max-priority", "max_priority", _max_priority_argument,
+            f"an integer from 1 to {MAX_PRIORITY_ARGUMENT} (above 9 counts as 9)"
         ),
         QueueArgument(
             "x-message-ttl", "message_ttl", _integer_argument(0, MAX_TIME_MS), "an integer >= 0"
@@ -356,6 +384,7 @@ QUEUE_ARGUMENTS: dict[str, QueueArgument] = {
         QueueArgument(
             "x-fsync", "fsync", _fsync_argument, "one of " + ", ".join(FSYNC_POLICIES)
         ),
+        QueueArgument("x-home-node", "home_node", _home_argument, "a node id (docs/cluster.rst)"),
     )
 }
 

@@ -257,6 +257,10 @@ class Queue(QueueTimers):
     #: next reactor turn (about 5 ms of work here).
     drain_batch = 2048
 
+    #: The L{qmq.core.remote.Homes} of a queue whose home is another node
+    #: (a L{qmq.core.remote.RemoteQueue}); None for a queue that lives here.
+    remote: Any = None
+
     __slots__ = (
         "name",
         "vhost",

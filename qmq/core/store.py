@@ -96,7 +96,8 @@ class Recovery:
     @ivar next_message_id: the first message id the broker may use (ids
         continue across restarts, never repeat).
     @ivar exchanges: C{(vhost, name, type, auto_delete)} of durable exchanges
-        declared at runtime.
+        declared at runtime, with a fifth item, their options (None, or a
+        dict with C{internal} and C{arguments}), when they have any.
     @ivar queues: L{RecoveredQueue}s (or plain C{(vhost, name, arguments)}
         tuples) of durable queues.
     @ivar bindings: C{(vhost, queue, exchange, routing key, arguments)}.
@@ -106,7 +107,7 @@ class Recovery:
     """
 
     next_message_id: int = 1
-    exchanges: list[tuple[str, str, str, bool]] = field(default_factory=list)
+    exchanges: list[tuple] = field(default_factory=list)
     queues: list[tuple] = field(default_factory=list)
     bindings: list[tuple[str, str, str, str, dict | None]] = field(default_factory=list)
     exchange_bindings: list[tuple[str, str, str, str, dict | None]] = field(default_factory=list)

@@ -34,15 +34,30 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.logger import Logger
 
-from qmq.core.errors import AccessRefused, BrokerError, NotFound, PreconditionFailed
+from qmq.core.errors import (
+    AccessRefused,
+    BrokerError,
+    NoSuchExchange,
+    NoSuchQueue,
+    NotAllowed,
+    PreconditionFailed,
+)
 from qmq.core.events import Events, Observer, observe
-from qmq.core.exchange import EXCHANGE_CLASSES, EXCHANGE_TYPES, Exchange, TopicExchange
+from qmq.core.exchange import (
+    ALTERNATE_EXCHANGE,
+    EXCHANGE_CLASSES,
+    EXCHANGE_TYPES,
+    Exchange,
+    TopicExchange,
+    alternate_of,
+)
 from qmq.core.expiry import ExpiryWheel
 from qmq.core.guarantee import queue_class_for
 from qmq.core.names import MAX_NAME_BYTES, check_binding_key, check_exchange, check_queue
 from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX
 from qmq.core.policy import DEFAULT_POLICY, QueuePolicy
 from qmq.core.queue import Queue
+from qmq.core.remote import RemoteQueue
 from qmq.core.store import ScanPage
 
 if TYPE_CHECKING:
@@ -102,6 +117,15 @@ def parse_cursor(cursor: object) -> int:
     if match is None:
         raise PreconditionFailed(f"not a scan cursor: {cursor!r}")
     return int(match.group(1), 16)
+
+
+def _shown(value: object) -> str:
+    """A declaration's value as RabbitMQ's equivalence errors show it."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "'true'" if value else "'false'"
+    return repr(value)
 
 
 def _is_time(value: object) -> bool:
@@ -207,13 +231,22 @@ class VirtualHost:
         durable: bool = True,
         auto_delete: bool = False,
         validate: bool = True,
+        internal: bool = False,
+        arguments: Mapping[str, Any] | None = None,
     ) -> Exchange:
         """Create an exchange, or return the existing one if it agrees.
 
+        An exchange declared again must agree on its type, on C{internal}
+        and on its alternate exchange (RabbitMQ's equivalence; durable and
+        auto-delete are the first declaration's).
+
         @param validate: check a new exchange's name (L{qmq.core.names});
             False only for what a store recovered (kept as it was).
-        @raise PreconditionFailed: unknown type, or an existing exchange of
-            another type.
+        @param internal: clients may not publish to it (L{Exchange.internal}).
+        @param arguments: its arguments: C{alternate-exchange} (L{alternate_of});
+            others are kept and mean nothing.
+        @raise PreconditionFailed: unknown type, an existing exchange of
+            another type, internal flag or alternate, or a bad argument.
         @raise InvalidName: the name breaks a rule of L{qmq.core.names}.
         """
         if type not in EXCHANGE_TYPES:
@@ -222,16 +255,33 @@ class VirtualHost:
             )
         if not name:
             raise AccessRefused("the default exchange cannot be declared")
+        alternate = alternate_of(arguments)
         existing = self.exchanges.get(name)
         if existing is not None:
             if existing.type != type:
                 raise PreconditionFailed(
                     f"exchange {name!r} exists with type {existing.type!r}, not {type!r}"
                 )
+            for arg, received, current in (
+                ("internal", bool(internal), existing.internal),
+                (ALTERNATE_EXCHANGE, alternate, existing.alternate),
+            ):
+                if received != current:
+                    # RabbitMQ's words.
+                    raise PreconditionFailed(
+                        f"inequivalent arg {arg!r} for exchange {name!r} in vhost {self.name!r}: "
+                        f"received {_shown(received)} but current is {_shown(current)}",
+                        "inequivalent exchange arguments",
+                    )
             return existing
         if validate:
             check_exchange(name)
         exchange = EXCHANGE_CLASSES[type](name, durable, auto_delete)
+        if internal:
+            exchange.internal = True
+        if arguments:
+            exchange.arguments = dict(arguments)
+            exchange.alternate = alternate
         if isinstance(exchange, TopicExchange) and self.broker is not None:
             limits = self.broker.limits
             exchange.max_words = limits.max_topic_words
@@ -248,7 +298,7 @@ class VirtualHost:
         try:
             return self.exchanges[name]
         except KeyError:
-            raise NotFound(f"no exchange {name!r} in virtual host {self.name!r}") from None
+            raise NoSuchExchange(f"no exchange {name!r} in virtual host {self.name!r}") from None
 
     def delete_exchange(self, name: str) -> None:
         """Delete an exchange and its bindings."""
@@ -325,6 +375,17 @@ class VirtualHost:
             raise PreconditionFailed("a queue needs a name")
         if validate:
             check_queue(name)
+        broker = self.broker
+        if (
+            broker is not None
+            and broker.homes is not None
+            and exclusive_owner is None
+            and not (backlog or subscription or policy is not None)
+        ):
+            home = broker.homes.home(self.name, name, arguments)
+            if home is not None:
+                # Its home is another node: a stand-in (qmq.core.remote).
+                return self._add_stand_in(name, home, arguments)
         if on_demand and policy is None and not (backlog or subscription or arguments):
             # The common case, a client naming a new queue (a million of
             # them in a row, at worst): the virtual host's defaults, whose
@@ -374,6 +435,33 @@ class VirtualHost:
             self.events.queue_declared(queue)
         return queue
 
+    def stand_in(self, name: str) -> Queue | None:
+        """The stand-in of queue C{name} when its home is another node
+        (made now: a publish to it names it), else None (L{qmq.core.remote})."""
+        existing = self.queues.get(name)
+        if existing is not None:
+            return existing if existing.remote is not None else None
+        broker = self.broker
+        homes = broker.homes if broker is not None else None
+        if homes is None or not name:
+            return None
+        try:
+            check_queue(name)
+            home = homes.home(self.name, name, None)
+        except BrokerError:
+            return None  # no queue can have that name: unroutable, as before
+        if home is None:
+            return None
+        return self._add_stand_in(name, home, None)
+
+    def _add_stand_in(self, name: str, home: str, arguments: dict | None) -> Queue:
+        assert self.broker is not None
+        queue = RemoteQueue(self, name, home, self.broker.homes, arguments)
+        self.queues[name] = queue
+        if arguments:
+            self.broker.homes.declared(queue)
+        return queue
+
     def _durable_store(self, queue: Queue) -> MessageStore | None:
         """The store that keeps C{queue}'s topology (declaration, bindings),
         or None: the broker's for a durable queue. (C{queue.store}, which
@@ -395,7 +483,7 @@ class VirtualHost:
         try:
             return self.queues[name]
         except KeyError:
-            raise NotFound(f"no queue {name!r} in virtual host {self.name!r}") from None
+            raise NoSuchQueue(f"no queue {name!r} in virtual host {self.name!r}") from None
 
     def delete_queue(self, name: str) -> int:
         """Delete a queue and its bindings; return how many ready messages went with it."""
@@ -506,6 +594,12 @@ class VirtualHost:
         q = self.queue(queue)
         if not exchange:
             raise AccessRefused("the default exchange cannot be bound")
+        if q.remote is not None:
+            raise NotAllowed(
+                f"Queue {queue!r} lives on node {q.home!r} (docs/cluster.rst): bind it there; "
+                "exchanges route to a queue on its home node only.",
+                "bind of a remote queue",
+            )
         ex = self.exchange(exchange)
         if validate:
             check_binding_key(routing_key, ex)
@@ -629,19 +723,32 @@ class VirtualHost:
         whose route gave C{targets}, some of which are exchanges: each
         exchange reached routes the same key and headers on, once (a loop
         of bindings ends where it began), and each queue gets one copy.
+
+        An exchange whose own bindings route the publish to nothing hands it
+        to its alternate exchange (C{alternate-exchange}), if that exists,
+        as RabbitMQ does: the publish counts as routed when the alternate
+        routes it. An alternate is an exchange passed through like any other,
+        so a cycle of alternates ends where it began.
+
         At most L{max_exchange_hops} exchanges are passed through."""
         seen = {exchange}
         out: dict[Any, None] = {}
-        pending = [targets]
+        pending = [(exchange, targets)]
         hops = 0
+        exchanges = self.exchanges
         while pending:
-            for t in pending.pop():
+            source, routed = pending.pop()
+            if not routed and source.alternate is not None:
+                alternate = exchanges.get(source.alternate)
+                if alternate is not None:
+                    routed = (alternate,)
+            for t in routed:
                 if t.__class__ in EXCHANGE_CLASSES_SET:
                     if t in seen or hops >= self.max_exchange_hops:
                         continue
                     seen.add(t)
                     hops += 1
-                    pending.append(t.route(routing_key, headers))
+                    pending.append((t, t.route(routing_key, headers)))
                 else:
                     out[t] = None
         return list(out)
@@ -736,7 +843,7 @@ class VirtualHost:
             return (q,) if q is not None else ()
         ex = self.exchange(exchange)
         targets = ex.route(routing_key, headers)
-        if ex.e2e:
+        if ex.e2e or (not targets and ex.alternate is not None):
             return self.expand(ex, targets, routing_key, headers)
         return targets
 

@@ -220,13 +220,12 @@ class ConnectMixin:
         # Reading was paused for the check; a paused TLS connection would
         # not see its peer's side of the close.
         self.transport.resume_reading()
-        from qmq.auth import AuthError  # noqa: PLC0415
+        from qmq.auth import login_refusal  # noqa: PLC0415
 
-        e = failure.value
-        if isinstance(e, AuthError):
-            self.error(e.short, e.message, receipt)
+        refusal = login_refusal(failure, self.id)
+        if refusal is not None:
+            self.error(refusal.short, refusal.message, receipt)
         else:
-            log.failure("authentication failed in session {session}", failure, session=self.id)
             self.error("internal error", "The broker failed to check the credentials; see its log.")
 
     def _credentials_expired(self) -> None:

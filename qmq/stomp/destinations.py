@@ -199,10 +199,10 @@ class DestinationChannel(Channel):
         if kind == "control":
             check_destination(text)
             return (None, None, None, dest.name, None)
-        exchange = self.vhost.exchanges.get(dest.name)
-        if exchange is None:
+        if dest.name not in self.vhost.exchanges:
             check_exchange(dest.name)
-            exchange = self.vhost.exchange(dest.name)
+        # The core's verdict: no such exchange, or an internal one.
+        exchange = self.publishable_exchange(dest.name)
         check_routing_key(dest.key, exchange)
         if self.user is not None:
             self._authorize("write", exchange.name, text)

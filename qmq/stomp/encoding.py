@@ -179,8 +179,23 @@ def encode_message_headers(message: Message) -> bytes | tuple:
     the session writes it right after the message-id. It is the 1.2-escaped
     block as bytes when every STOMP version reads it the same (the common
     case), else a tuple of the 1.2, 1.1 and 1.0 forms (L{VERSION_INDEX}).
-    The result is cached on the message.
+    The result is cached on the message, and the last one is kept: a
+    stream of messages that share their headers and properties dicts (a
+    publisher's, or those a mesh link decodes: L{qmq.cluster.wire.Decoder})
+    and their options is encoded once.
     """
+    last = _last
+    if (
+        message.headers is last[0]
+        and message.properties is last[1]
+        and message.routing_key == last[2]
+        and message.exchange == last[3]
+        and message.priority == last[4]
+        and message.expires == last[5]
+        and message.persistent == last[6]
+    ):
+        block = message.cache = last[7]
+        return block
     items = message_items(message)
     raw = "".join([f"\n{k}:{v}" for k, v in items])
     n = len(items)
@@ -192,7 +207,22 @@ def encode_message_headers(message: Message) -> bytes | tuple:
             for v_ in VERSIONS
         )
     message.cache = block
+    _last[:] = (
+        message.headers,
+        message.properties,
+        message.routing_key,
+        message.exchange,
+        message.priority,
+        message.expires,
+        message.persistent,
+        block,
+    )
     return block
+
+
+# The last block encode_message_headers made, with what it depends on
+# (headers and properties by identity: equal dicts may hold 1 and True).
+_last: list[Any] = [object(), object(), None, None, None, None, None, None]
 
 
 def destination_line(exchange: str, routing_key: str) -> bytes | None:

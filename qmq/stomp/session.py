@@ -61,6 +61,7 @@ from qmq.core.message import check_user_id
 from qmq.core.options import OptionError
 from qmq.core.ownership import escape_name
 from qmq.core.policy import QUEUE_ARGUMENTS, argument_name
+from qmq.core.remote import home_of
 from qmq.core.vhost import VirtualHost
 from qmq.stomp.connect import ConnectMixin
 from qmq.stomp.destinations import DestinationChannel, parse_destination
@@ -830,7 +831,11 @@ class StompSession(ConnectMixin, TransactionsMixin, BatchedOutput):
         finally:
             sub.paused = paused
         self.subscriptions[sub_id] = sub
-        self._receipt(frame)
+        receipt = h.get("receipt")
+        if receipt is not None:
+            # In a mesh, the node the queue lives on (docs/cluster.rst).
+            home = home_of(sub.queue)
+            self._send_receipt(receipt, [("home", home)] if home is not None else None)
         channel.deliver_waiting(sub)
 
     def _check_subscription_cap(self) -> None:

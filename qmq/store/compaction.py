@@ -184,7 +184,7 @@ class Compaction:
             ex = index.exchanges.get((f["vhost"], f["exchange"]))
             if ex is None or ex[2] != number:
                 return 0
-            self._declare_exchange(f["vhost"], f["exchange"], ex[0], ex[1], force=True)
+            self._declare_exchange(f["vhost"], f["exchange"], ex[0], ex[1], force=True, options=ex[3])
             return 1
         if type_ == RECORD_BIND or type_ == RECORD_BIND_EXCHANGE:
             f = decode_topology(data, start, end, type_)

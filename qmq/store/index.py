@@ -275,6 +275,18 @@ class ExchangeBinding:
     segment: int
 
 
+
+def exchange_options(fields: dict) -> dict | None:
+    """The options of a declare-exchange record's fields (or of an exchange's
+    C{internal} and C{arguments}): None when it has none, so that the
+    records of plain exchanges stay as they were."""
+    options = {}
+    if fields.get("internal"):
+        options["internal"] = True
+    if fields.get("arguments"):
+        options["arguments"] = dict(fields["arguments"])
+    return options or None
+
 class Index:
     """Live records, per queue and per segment (see the module docstring).
 
@@ -282,7 +294,9 @@ class Index:
     @ivar vhosts: vhost name -> queue name -> L{QueueState}.
     @ivar where: message id -> segment of its live publish record.
     @ivar refs: message id -> how many queues hold it, when more than one.
-    @ivar exchanges: (vhost, name) -> (type, auto_delete, segment).
+    @ivar exchanges: (vhost, name) -> (type, auto_delete, segment, options):
+        options is None, or a dict with C{internal} and/or C{arguments}
+        (L{exchange_options}).
     @ivar bindings: (vhost, queue, exchange, key, arguments key) -> L{Binding}.
     @ivar exchange_bindings: (vhost, destination, source, key, arguments
         key) -> L{ExchangeBinding}.
@@ -297,7 +311,7 @@ class Index:
         self.vhosts: dict[str, dict[str, QueueState]] = {}
         self.where: dict[int, int] = {}
         self.refs: dict[int, int] = {}
-        self.exchanges: dict[tuple[str, str], tuple[str, bool, int]] = {}
+        self.exchanges: dict[tuple[str, str], tuple[str, bool, int, dict | None]] = {}
         self.bindings: dict[tuple, Binding] = {}
         self.exchange_bindings: dict[tuple, ExchangeBinding] = {}
         self.max_id = 0
@@ -638,15 +652,16 @@ class Index:
         type_: str,
         auto_delete: bool,
         force: bool = False,
+        options: dict | None = None,
     ) -> bool:
         key = (vhost, name)
         old = self.exchanges.get(key)
-        if old is not None and old[0] == type_ and old[1] == auto_delete and not force:
+        if old is not None and old[0] == type_ and old[1] == auto_delete and old[3] == options and not force:
             return False
         if old is not None:
             self._dead(old[2])
             self._cancels(segment, old[2])
-        self.exchanges[key] = (type_, auto_delete, segment)
+        self.exchanges[key] = (type_, auto_delete, segment, options)
         info = self.segments[segment]
         info.live += 1
         info.records += 1

@@ -58,6 +58,7 @@ from qmq.store.index import (
     QUEUE_EXCLUSIVE,
     QUEUE_SUBSCRIPTION,
     Index,
+    exchange_options,
 )
 from qmq.store.record import (
     FLAG_HEADERS_JSON,
@@ -744,20 +745,26 @@ class CommitLogStore(Startup, WriteFailure, Compaction, RangeScans):
             )
 
     def declare_exchange(self, vhost: VirtualHost, exchange: Exchange) -> None:
-        self._declare_exchange(vhost.name, exchange.name, exchange.type, exchange.auto_delete)
+        options = exchange_options({"internal": exchange.internal, "arguments": exchange.arguments})
+        self._declare_exchange(vhost.name, exchange.name, exchange.type, exchange.auto_delete, options=options)
 
     def _declare_exchange(
-        self, vhost: str, name: str, type_: str, auto_delete: bool, force: bool = False
+        self,
+        vhost: str,
+        name: str,
+        type_: str,
+        auto_delete: bool,
+        force: bool = False,
+        options: dict | None = None,
     ) -> None:
         self._open()
         self._place()
-        if self._index.declare_exchange(self._active, vhost, name, type_, auto_delete, force):
-            self._append(
-                encode_topology(
-                    RECORD_DECLARE_EXCHANGE,
-                    {"vhost": vhost, "exchange": name, "type": type_, "auto_delete": auto_delete},
-                )
-            )
+        if self._index.declare_exchange(self._active, vhost, name, type_, auto_delete, force, options):
+            fields = {"vhost": vhost, "exchange": name, "type": type_, "auto_delete": auto_delete}
+            if options:
+                # Optional keys (a record without them is a plain exchange).
+                fields.update(options)
+            self._append(encode_topology(RECORD_DECLARE_EXCHANGE, fields))
 
     def delete_exchange(self, vhost: VirtualHost, exchange: Exchange) -> None:
         self._open()

@@ -28,6 +28,7 @@ from qmq.store.index import (
     QUEUE_EXCLUSIVE,
     QUEUE_SUBSCRIPTION,
     Index,
+    exchange_options,
     queue_flags,
 )
 from qmq.store.record import (
@@ -230,7 +231,8 @@ class Replay:
                 self.messages.pop(mid, None)
         elif type_ == RECORD_DECLARE_EXCHANGE:
             index.declare_exchange(
-                number, f["vhost"], f["exchange"], f["type"], bool(f["auto_delete"])
+                number, f["vhost"], f["exchange"], f["type"], bool(f["auto_delete"]),
+                options=exchange_options(f),
             )
         elif type_ == RECORD_DELETE_EXCHANGE:
             index.delete_exchange(number, f["vhost"], f["exchange"])
@@ -255,8 +257,8 @@ class Replay:
         messages = self.messages
         recovery = Recovery()
         shared: set[int] = set()
-        for (vhost, name), (type_, auto_delete, _) in index.exchanges.items():
-            recovery.exchanges.append((vhost, name, type_, auto_delete))
+        for (vhost, name), (type_, auto_delete, _, options) in index.exchanges.items():
+            recovery.exchanges.append((vhost, name, type_, auto_delete, options))
         for vhost, queues in index.vhosts.items():
             unknown = []
             for name, qs in queues.items():

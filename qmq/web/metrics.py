@@ -34,9 +34,13 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from twisted.logger import Logger
 from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET
 
 from qmq import __version__
+
+log = Logger()
 
 #: fsync buckets, seconds (a sync on this kind of disk: 0.1 to 3 ms).
 FSYNC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
@@ -303,15 +307,39 @@ class MetricsResource(Resource):
         self.ctx = ctx
 
     def render_GET(self, request: Any) -> Any:
+        # A worker of several (qmq.workers.metrics) answers for them all,
+        # and for itself alone on its private socket (the supervisor's
+        # directory, mode 0700: no authentication there).
+        workers = getattr(self.ctx.broker, "worker_metrics", None)
+        if workers is not None and workers.is_private(self.ctx.listener):
+            return self._answer(request)
         api = self.api
         if api is not None and getattr(self.ctx.broker, "auth", None) is not None:
             d = api.monitor_check(request)
-            d.addCallback(lambda _: self._answer(request))
+            d.addCallback(lambda _: self._answer(request, workers))
             return api.finish_later(request, d)
-        return self._answer(request)
+        if workers is None:
+            return self._answer(request)
+        d = self._answer(request, workers)
 
-    def _answer(self, request: Any) -> bytes:
+        def write(body: bytes) -> None:
+            request.write(body)
+            request.finish()
+
+        def failed(failure: Any) -> None:
+            log.failure("/metrics: the workers' metrics could not be gathered", failure)
+            request.setResponseCode(500)
+            request.setHeader(b"content-type", b"text/plain; charset=utf-8")
+            request.write(b"the workers' metrics could not be gathered (the log says why)\n")
+            request.finish()
+
+        d.addCallbacks(write, failed)
+        return NOT_DONE_YET
+
+    def _answer(self, request: Any, workers: Any = None) -> Any:
         request.setHeader(b"content-type", CONTENT_TYPE_LATEST.encode())
+        if workers is not None:
+            return workers.gather(lambda: generate_latest(self.registry))
         return generate_latest(self.registry)
 
 

@@ -144,6 +144,46 @@ class PikaBlockingTests(AmqpBrokerCase):
         self.assertEqual(self.broker.default_vhost.queues["durable-q"].durable, True)
 
     @defer.inlineCallbacks
+    def test_internal_and_alternate_exchanges(self) -> Any:
+        """pika declares an internal exchange behind a public one with an
+        alternate: what the public one cannot route lands in the alternate's
+        queue (a mandatory publish with confirms is not returned); a publish
+        straight to the internal exchange is refused 403 as RabbitMQ says."""
+
+        def scenario() -> tuple:
+            conn = pika.BlockingConnection(self.params())
+            ch = conn.channel()
+            ch.confirm_delivery()
+            ch.exchange_declare("unrouted", "fanout", internal=True)
+            ch.exchange_declare("orders", "direct", arguments={"alternate-exchange": "unrouted"})
+            ch.queue_declare("orders.new")
+            ch.queue_bind("orders.new", "orders", "new")
+            ch.queue_declare("orders.unrouted")
+            ch.queue_bind("orders.unrouted", "unrouted")
+            ch.basic_publish("orders", "new", b"routed", mandatory=True)
+            ch.basic_publish("orders", "typo", b"caught", mandatory=True)
+            counts = [ch.queue_declare(q, passive=True).method.message_count
+                      for q in ("orders.new", "orders.unrouted")]
+            try:
+                ch.basic_publish("unrouted", "", b"straight")
+                refused = None
+            except pika.exceptions.ChannelClosedByBroker as e:
+                refused = (e.reply_code, e.reply_text)
+            ch = conn.channel()
+            try:
+                ch.exchange_declare("unrouted", "fanout")
+                redeclared = None
+            except pika.exceptions.ChannelClosedByBroker as e:
+                redeclared = e.reply_code
+            conn.close()
+            return counts, refused, redeclared
+
+        counts, refused, redeclared = yield deferToThread(scenario)
+        self.assertEqual(counts, [1, 1])
+        self.assertEqual(refused, (403, "ACCESS_REFUSED - cannot publish to internal exchange 'unrouted' in vhost '/'"))
+        self.assertEqual(redeclared, 406)
+
+    @defer.inlineCallbacks
     def test_errors_with_codes(self) -> Any:
         """Channel and connection exceptions reach pika with their codes and texts."""
 

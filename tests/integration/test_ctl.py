@@ -180,7 +180,7 @@ class CtlTests(unittest.TestCase):
         url, _ = self.broker()
         status, out, err = self.ctl(url, "purge", "queue", "nope")
         self.assertEqual((status, out), (1, ""))
-        self.assertEqual(err, "qmq-ctl: 404 Not Found: No queue 'nope' in virtual host '/'.\n")
+        self.assertEqual(err, "qmq-ctl: 404 Not Found: no queue 'nope' in virtual host '/'\n")
         status, _, err = self.ctl(url, "list", "users", auth=False)
         self.assertEqual(status, 1)
         self.assertTrue(err.startswith("qmq-ctl: 401 Unauthorized"), err)

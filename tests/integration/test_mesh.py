@@ -196,6 +196,7 @@ class Node:
         self.dir = test.workdir / name
         self.dir.mkdir()
         self.stomp_port, self.peer_port, self.http_port = free_port(), free_port(), free_port()
+        self.amqp_port = free_port()
         leaf = ca.issue_cert(name, "127.0.0.1")
         leaf.cert_chain_pems[0].write_to_path(str(self.dir / "cert.pem"))
         leaf.private_key_pem.write_to_path(str(self.dir / "key.pem"))
@@ -206,14 +207,15 @@ class Node:
     def peer_entry(self) -> str:
         return f"ssl:host=127.0.0.1:port={self.peer_port}:node={self.name}"
 
-    def configure(self, peers: list[str], advertise: bool = False) -> None:
+    def configure(self, peers: list[str], advertise: bool = False, store: str = "memory") -> None:
         listen = [
             f"stomp:tcp:{self.stomp_port}:interface=127.0.0.1",
             f"peer:ssl:{self.peer_port}:interface=127.0.0.1",
             f"http:tcp:{self.http_port}:interface=127.0.0.1",
+            f"amqp:tcp:{self.amqp_port}:interface=127.0.0.1",
         ]
         (self.dir / "qmq.toml").write_text(
-            f'data_dir = "{self.dir / "data"}"\nstore = "memory"\nlisten = {json.dumps(listen)}\n\n'
+            f'data_dir = "{self.dir / "data"}"\nstore = "{store}"\nlisten = {json.dumps(listen)}\n\n'
             f'[cluster]\nnode = "{self.name}"\npeers = {json.dumps(peers)}\n'
             f'ca = "{self.test.ca_pem}"\ncertificate = "{self.dir / "cert.pem"}"\n'
             f'private_key = "{self.dir / "key.pem"}"\nheartbeat = 1.0\n'
@@ -286,12 +288,12 @@ class MeshTestCase(unittest.TestCase):
         self.ca_pem = self.workdir / "ca.pem"
         self.ca.cert_pem.write_to_path(str(self.ca_pem))
 
-    def nodes(self, *names: str) -> dict[str, Node]:
+    def nodes(self, *names: str, store: str = "memory") -> dict[str, Node]:
         """Nodes that all list all (themselves too, as a shared list does)."""
         nodes = {n: Node(self, n, self.ca) for n in names}
         entries = [node.peer_entry() for node in nodes.values()]
         for node in nodes.values():
-            node.configure(entries)
+            node.configure(entries, store=store)
             node.start()
         for node in nodes.values():
             node.wait_listening()

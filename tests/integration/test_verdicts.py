@@ -13,13 +13,19 @@ How each frontend says an operation (STOMP's grammar has no purge, delete
 or bind of a named queue: those rows are HTTP's alone):
 
     declare       SUBSCRIBE /queue/NAME (queue arguments as headers) | PUT queue
-    publish       SEND /queue/NAME, /topic/KEY      | POST .../messages
+    publish       SEND /queue/NAME, /topic/KEY, /exchange/NAME/KEY | POST .../messages
     receive       SUBSCRIBE /queue/NAME             | POST .../receive
     follow        SUBSCRIBE /topic/KEY              | GET .../topics/KEY/poll
     purge, delete, bind                             | DELETE .../messages, DELETE, POST bindings
+    xdeclare (an exchange, with arguments)          | PUT exchange
+
+An internal exchange (``hidden``) refuses every publish, whoever asks (carol
+may do anything else); ``front`` hands what it routes nowhere to ``hidden``
+(its ``alternate-exchange``), and declaring an exchange with an alternate
+needs write on the alternate.
 
 AMQP 0-9-1 (pika, in threads) says every operation: queue.declare,
-basic.publish (with confirms), basic.consume, a queue of its own bound to
+exchange.declare, basic.publish (with confirms), basic.consume, a queue of its own bound to
 amq.topic (follow), queue.purge, queue.bind, queue.delete; a refusal is a
 channel.close 403.
 
@@ -111,6 +117,12 @@ TABLE: list[tuple[str, str, str, dict[str, str] | None, str]] = [
     ("bob", "delete", "web.box", None, REFUSED),
     ("web", "delete", "web.gone{n}", None, ALLOWED),
     ("carol", "delete", FEED, None, REFUSED),
+    ("carol", "publish", "/exchange/hidden/k", None, REFUSED),
+    ("bob", "publish", "/exchange/hidden/k", None, REFUSED),
+    ("carol", "publish", "/exchange/front/nowhere", None, ALLOWED),
+    ("bob", "xdeclare", "bob.x{n}", {"alternate-exchange": "bob.ae"}, ALLOWED),
+    ("bob", "xdeclare", "bob.x{n}", {"alternate-exchange": "front"}, REFUSED),
+    ("carol", "xdeclare", "carol.x{n}", {"alternate-exchange": "front"}, ALLOWED),
 ]
 
 STOMP_OPERATIONS = ("declare", "publish", "receive", "follow")
@@ -161,6 +173,10 @@ class VerdictTests(unittest.TestCase):
         self.http_port = http_listener.port.getHost().port
         self.vhost = self.service.broker.vhosts["app"]
         self.vhost.declare_queue(FEED, subscription=True)
+        self.vhost.declare_exchange("hidden", "fanout", internal=True)
+        self.vhost.declare_exchange("front", "direct", arguments={"alternate-exchange": "hidden"})
+        self.vhost.declare_queue("caught")
+        self.vhost.bind("caught", "hidden")
         self.token = jwt.encode(
             {
                 "sub": "web",
@@ -304,7 +320,12 @@ class VerdictTests(unittest.TestCase):
                 body = {"arguments": {k: int(v) if v.isdigit() else v for k, v in arguments.items()}}
         elif operation == "publish":
             kind, _, name = resource[1:].partition("/")
-            method, path, body = "POST", f"/{kind}s/{name}/messages", {"body": "x"}
+            body = {"body": "x"}
+            if kind == "exchange":
+                name, _, body["routing_key"] = name.partition("/")
+            method, path = "POST", f"/{kind}s/{name}/messages"
+        elif operation == "xdeclare":
+            method, path, body = "PUT", f"/exchanges/{resource}", {"type": "direct", "arguments": arguments}
         elif operation == "receive":
             method, path = "POST", f"/queues/{resource}/receive"
         elif operation == "follow":
@@ -348,7 +369,13 @@ class VerdictTests(unittest.TestCase):
                 elif operation == "publish":
                     kind, _, name = resource[1:].partition("/")
                     ch.confirm_delivery()
-                    ch.basic_publish("" if kind == "queue" else "amq.topic", name, b"x")
+                    if kind == "exchange":
+                        exchange, _, key = name.partition("/")
+                        ch.basic_publish(exchange, key, b"x")
+                    else:
+                        ch.basic_publish("" if kind == "queue" else "amq.topic", name, b"x")
+                elif operation == "xdeclare":
+                    ch.exchange_declare(resource, "direct", arguments=arguments)
                 elif operation == "receive":
                     ch.basic_consume(resource, lambda *a: None)
                 elif operation == "follow":
@@ -399,3 +426,5 @@ class VerdictTests(unittest.TestCase):
         self.assertEqual(wrong, [])
         # Nothing reached another owner's durable subscription.
         self.assertEqual(len(self.vhost.queues[FEED]), 0)
+        # Only what front routed nowhere reached the internal exchange.
+        self.assertEqual({m.exchange for m in self.vhost.queues["caught"].messages()}, {"front"})

@@ -436,6 +436,9 @@ class VHostFrontend:
             return poller
         queue = self.vhost.queues.get(name)
         if queue is None:
+            # In a mesh, a queue homed on another node (qmq.core.remote).
+            queue = self.vhost.stand_in(name)
+        if queue is None:
             raise Problem(404, "unknown-queue", f"No queue {name!r} in virtual host {self.vhost.name!r}.")
         if queue.exclusive_owner is not None:
             raise Problem(403, "access-refused", f"Queue {name!r} belongs to a session.")

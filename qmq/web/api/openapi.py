@@ -64,6 +64,14 @@ def _path_param(name: str, description: str, example: str | None = None) -> dict
 #: A name or key as qmq.core.names accepts it: no control character, at most
 #: 255 bytes in UTF-8 (a length in characters is what JSON Schema can say).
 NAME = {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[^\\x00-\\x1f\\x7f]+$"}
+#: An exchange's arguments (qmq.core.exchange.alternate_of).
+EXCHANGE_ARGUMENTS = {
+    "type": "object",
+    "description": "alternate-exchange: the exchange that gets what this one routes nowhere (declaring it needs "
+    "write there); other arguments are kept and mean nothing.",
+    "properties": {"alternate-exchange": {"type": "string", "minLength": 1}},
+}
+
 #: An exchange's name also holds no '/' (STOMP's /exchange/NAME/KEY).
 EXCHANGE_NAME = {**NAME, "pattern": "^[^\\x00-\\x1f\\x7f/]+$"}
 KEY = {**NAME, "minLength": 0, "pattern": "^[^\\x00-\\x1f\\x7f]*$"}
@@ -419,6 +427,9 @@ def _schemas(s: ApiSettings) -> dict:
                 "messages": {"type": "integer"}, "messages_ready": {"type": "integer"},
                 "messages_unacknowledged": {"type": "integer"}, "ready_bytes": {"type": "integer"},
                 "consumers": {"type": "integer"}, "dropped": {"type": "integer"},
+                "home": {"type": ["string", "null"], "description": "In a mesh, the node the queue lives on "
+                         "(on another node, this is its stand-in: its counts are the home's to give); null "
+                         "outside a mesh."},
                 "message_stats": {
                     "type": "object",
                     "description": "Messages routed to the queue (publish) and handed out by it over every "
@@ -442,11 +453,12 @@ def _schemas(s: ApiSettings) -> dict:
         },
         "Exchange": {
             "type": "object",
-            "required": ["name", "vhost", "type", "durable", "auto_delete", "bindings"],
+            "required": ["name", "vhost", "type", "durable", "auto_delete", "internal", "arguments", "bindings"],
             "properties": {
                 "name": {"type": "string"}, "vhost": {"type": "string"},
                 "type": {"enum": ["direct", "fanout", "topic", "headers"]},
-                "durable": {"type": "boolean"}, "auto_delete": {"type": "boolean"}, "bindings": {"type": "integer"},
+                "durable": {"type": "boolean"}, "auto_delete": {"type": "boolean"},
+                "internal": {"type": "boolean"}, "arguments": {"type": "object"}, "bindings": {"type": "integer"},
             },
         },
         "ExchangeDeclaration": {
@@ -457,6 +469,10 @@ def _schemas(s: ApiSettings) -> dict:
                 "type": {"enum": ["direct", "fanout", "topic", "headers"]},
                 "durable": {"type": "boolean", "default": True},
                 "auto_delete": {"type": "boolean", "default": False},
+                "internal": {"type": "boolean", "default": False,
+                             "description": "Clients may not publish to it (403); bindings from other exchanges "
+                             "route into it."},
+                "arguments": EXCHANGE_ARGUMENTS,
             },
         },
         "Binding": {
@@ -492,6 +508,10 @@ def _schemas(s: ApiSettings) -> dict:
                 "dropped": {"type": "integer"}, "refused": {"type": "integer"},
                 "buffered_bytes": {"type": "integer"},
                 "peer_interest": {"type": "array", "items": {"type": "string"}},
+                "unconfirmed": {"type": "integer", "description": "Publishes forwarded to queues homed on "
+                                "the peer, waiting for its confirm."},
+                "peer_consumers": {"type": "integer", "description": "The peer's consumers of queues homed "
+                                   "on this node."},
             },
         },
         "User": {
@@ -863,7 +883,8 @@ def _definitions() -> tuple[dict, dict]:
                                                          "properties": {
                     "vhost": name, "name": EXCHANGE_NAME, "type": {"enum": ["direct", "fanout", "topic", "headers"]},
                     "durable": {"type": "boolean", "default": True},
-                    "auto_delete": {"type": "boolean", "default": False}}}},
+                    "auto_delete": {"type": "boolean", "default": False},
+                    "internal": {"type": "boolean", "default": False}, "arguments": EXCHANGE_ARGUMENTS}}},
                 "queues": {"type": "array", "items": {**item, "required": ["vhost", "name"], "properties": {
                     "vhost": name, "name": NAME, "durable": {"type": "boolean", "default": True},
                     "auto_delete": {"type": "boolean", "default": False}, "arguments": arguments}}},

@@ -24,12 +24,15 @@ from typing import Any
 from qmq.core.errors import (
     AccessRefused,
     BrokerError,
+    NoSuchExchange,
+    NoSuchQueue,
     NotFound,
     PreconditionFailed,
     ResourceLimit,
     ResourceLocked,
 )
 from qmq.core.names import InvalidName
+from qmq.core.remote import Unavailable
 from qmq.stomp.destinations import DestinationError
 
 PROBLEM_TYPE = "application/problem+json"
@@ -106,6 +109,9 @@ def bad_request(detail: str, code: str = "bad-parameter") -> Problem:
 _BROKER_ERRORS: tuple[tuple[type[BrokerError], int, str], ...] = (
     (DestinationError, 400, "bad-destination"),
     (InvalidName, 400, "invalid-name"),
+    (Unavailable, 503, "home-unavailable"),
+    (NoSuchQueue, 404, "unknown-queue"),
+    (NoSuchExchange, 404, "unknown-exchange"),
     (NotFound, 404, "not-found"),
     (AccessRefused, 403, "access-refused"),
     (ResourceLocked, 409, "resource-locked"),

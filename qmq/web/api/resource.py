@@ -695,7 +695,6 @@ class ApiResource(HealthHandlers, TopologyMixin, AdminMixin, DefinitionsMixin, R
         from qmq.core.vhost import MAX_SCAN_LIMIT  # noqa: PLC0415
 
         mgmt = self._management(request, vhost)
-        self._queue(vhost, queue)
         start = _float_arg(request, "start", 0.0, 0.0, 1e11)
         end = _float_arg(request, "end", 1e11, 0.0, 1e11)
         # [start, end) with end before start is an empty range, as when they are equal.

@@ -6,9 +6,10 @@ shows and changes a virtual host's shape, under C{/api/v1/vhosts/{vhost}}:
 C{queues}, C{queues/{queue}} (GET, PUT, DELETE; DELETE of its
 C{messages} purges), C{exchanges}, C{exchanges/{exchange}} and
 C{bindings}. Every change goes through L{qmq.core.management.Management}
-(C{ApiResource._management}: the caller's permissions are checked there,
-once for every frontend); a handler only reads its parameters and body,
-checks the names exist (404 problems) and writes the documents. Lists
+(C{ApiResource._management}: the core looks the names up, then checks the
+caller's permissions, once for every frontend, so a missing queue or
+exchange is a 404 C{unknown-queue} or C{unknown-exchange} before any 403);
+a handler only reads its parameters and body and writes the documents. Lists
 are paged by C{ApiResource._page}; a queue's document carries its
 message counts and rates (L{TopologyMixin._message_stats}, sampled only
 when asked for).
@@ -27,8 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 from qmq.core.exchange import EXCHANGE_TYPES
 from qmq.core.queue import Queue
+from qmq.core.remote import home_of
 from qmq.web.api.params import Response, _arg, _int_arg, _object_body, json_response
-from qmq.web.api.problem import Problem, bad_request
+from qmq.web.api.problem import bad_request
 
 if TYPE_CHECKING:
     from twisted.web.server import Request
@@ -64,6 +66,8 @@ class TopologyMixin:
             "consumers": len(q.consumers),
             "dropped": q.dropped,
             "message_stats": self._message_stats(fe_name, q),
+            # In a mesh, the node it lives on (docs/cluster.rst); else null.
+            "home": home_of(q),
         }
 
     def _message_stats(self, vhost: str, q: Queue) -> dict:
@@ -104,15 +108,8 @@ class TopologyMixin:
         return json_response({"queues": [self._queue_doc(vhost, q) for q in page], **meta})
 
     def h_get_queue(self, request: Request, vhost: str, queue: str) -> Response:
-        self._queue(vhost, queue)
         q = self._management(request, vhost).queue(queue, see_all=self._is_admin(request))
         return json_response(self._queue_doc(vhost, q))
-
-    def _queue(self, vhost: str, name: str) -> Queue:
-        q = self._vhost(vhost).queues.get(name)
-        if q is None:
-            raise Problem(404, "unknown-queue", f"No queue {name!r} in virtual host {vhost!r}.")
-        return q
 
     def h_put_queue(self, request: Request, vhost: str, queue: str) -> Response:
         mgmt = self._management(request, vhost)
@@ -128,12 +125,10 @@ class TopologyMixin:
         return json_response(self._queue_doc(vhost, q), 201 if made else 200)
 
     def h_delete_queue(self, request: Request, vhost: str, queue: str) -> Response:
-        self._queue(vhost, queue)
         dropped = self._management(request, vhost).delete_queue(queue)
         return json_response({"deleted": queue, "messages": dropped})
 
     def h_purge_queue(self, request: Request, vhost: str, queue: str) -> Response:
-        self._queue(vhost, queue)
         return json_response({"purged": self._management(request, vhost).purge_queue(queue)})
 
     # -- exchanges and bindings -----------------------------------------------------------
@@ -145,6 +140,8 @@ class TopologyMixin:
             "type": ex.type,
             "durable": ex.durable,
             "auto_delete": ex.auto_delete,
+            "internal": ex.internal,
+            "arguments": ex.arguments or {},
             "bindings": ex.binding_count,
         }
 
@@ -158,27 +155,31 @@ class TopologyMixin:
         page, meta = self._page(request, exchanges, total)
         return json_response({"exchanges": [self._exchange_doc(vhost, e) for e in page], **meta})
 
-    def _exchange(self, vhost: str, name: str) -> Any:
-        ex = self._vhost(vhost).exchanges.get(name)
-        if ex is None:
-            raise Problem(404, "unknown-exchange", f"No exchange {name!r} in virtual host {vhost!r}.")
-        return ex
-
     def h_get_exchange(self, request: Request, vhost: str, exchange: str) -> Response:
-        self._exchange(vhost, exchange)
         ex = self._management(request, vhost).exchange(exchange)
         return json_response(self._exchange_doc(vhost, ex))
 
     def h_put_exchange(self, request: Request, vhost: str, exchange: str) -> Response:
         mgmt = self._management(request, vhost)
-        doc = _object_body(request, {"type": (str,), "durable": (bool,), "auto_delete": (bool,)}, ("type",))
+        doc = _object_body(
+            request,
+            {"type": (str,), "durable": (bool,), "auto_delete": (bool,), "internal": (bool,), "arguments": (dict,)},
+            ("type",),
+        )
         if doc["type"] not in EXCHANGE_TYPES:
             raise bad_request(f"'type' must be one of {', '.join(EXCHANGE_TYPES)}")
-        ex, made = mgmt.declare_exchange(exchange, doc["type"], doc.get("durable", True), doc.get("auto_delete", False))
+        # internal and alternate-exchange (write on it) are the core's to check.
+        ex, made = mgmt.declare_exchange(
+            exchange,
+            doc["type"],
+            doc.get("durable", True),
+            doc.get("auto_delete", False),
+            doc.get("internal", False),
+            doc.get("arguments") or None,
+        )
         return json_response(self._exchange_doc(vhost, ex), 201 if made else 200)
 
     def h_delete_exchange(self, request: Request, vhost: str, exchange: str) -> Response:
-        self._exchange(vhost, exchange)
         self._management(request, vhost).delete_exchange(exchange)
         return json_response({"deleted": exchange})
 
@@ -208,8 +209,6 @@ class TopologyMixin:
             request, {"queue": (str,), "exchange": (str,), "routing_key": (str,)}, ("queue", "exchange")
         )
         queue, exchange, key = self._binding_fields(doc)
-        self._queue(vhost, queue)
-        self._exchange(vhost, exchange)
         mgmt.bind(queue, exchange, key)
         return json_response({"queue": queue, "exchange": exchange, "routing_key": key, "arguments": {}}, 201)
 
@@ -220,7 +219,5 @@ class TopologyMixin:
         if queue is None or exchange is None:
             raise bad_request("name the binding with the query parameters 'queue' and 'exchange' (and 'routing_key', empty if left out)")
         key = _arg(request, "routing_key") or ""
-        self._queue(vhost, queue)
-        self._exchange(vhost, exchange)
         mgmt.unbind(queue, exchange, key)
         return json_response({"deleted": {"queue": queue, "exchange": exchange, "routing_key": key}})

@@ -1,0 +1,564 @@
+# -*- test-case-name: tests.test_cluster_queues -*-
+"""Queues across nodes: the mesh's side of L{qmq.core.remote}.
+
+L{RemoteQueues} is the broker's L{qmq.core.remote.Homes} in a mesh. It
+places queues with a L{qmq.cluster.placement.Placement}, and speaks the
+link frames of queues (L{qmq.cluster.wire}) on both sides of a link:
+
+Where the client is (the stand-in's node):
+    - a publish to a stand-in becomes a B{forward} frame with a sequence
+      number; the Deferred the core hands the frontend fires on the home's
+      B{confirm} (the home's store has it) or fails with its refusal, or
+      when the link goes first (L{link_down}: the publisher hears that the
+      message may not be there, and sends it again: at least once);
+    - a consumer of a stand-in becomes a B{consume} frame (an id, the
+      queue, a window: the consumer's prefetch, at most C{remote_window});
+      B{deliver} frames come back with the home's delivery tags, and the
+      channel's settles go back in one B{settle} frame per reactor turn;
+      the consumer leaving is a B{cancel}. When the link goes, what the
+      consumer holds was given back on the home (its channel there
+      closed): later acks of it are dropped here, and the consumer is
+      opened again on the home when the link is back.
+
+On the home:
+    - a forward is published through the link's channel to the queue
+      (made on demand here if need be), and confirmed once the durability
+      Deferred fires; a refusal is confirmed as failed, with its code;
+    - a consume is a L{HomeConsumer} on the link's channel: a consumer
+      that must ack, with the window as its prefetch; settles reach it by
+      tag; a cancel, or the link closing (the channel closes), gives back
+      everything it holds, as for any client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+
+from qmq.cluster import wire
+from qmq.cluster.placement import Placement
+from qmq.core.consumer import UNLIMITED, Consumer
+from qmq.core.errors import BrokerError, NotFound, PreconditionFailed, ResourceLimit
+from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX
+from qmq.core.remote import RemoteQueue, Unavailable
+
+if TYPE_CHECKING:
+    from qmq.cluster.link import LinkProtocol
+    from qmq.cluster.mesh import Mesh
+    from qmq.core.message import Message
+
+__all__ = ["HomeConsumer", "RemoteQueues"]
+
+log = Logger()
+
+ACK, REQUEUE, DROP = 0, 1, 2
+
+#: Queue names that always live on their client's node (a connection's own
+#: queues, durable subscriptions).
+LOCAL_PREFIXES = ("amq.", DURABLE_SUBSCRIPTION_PREFIX)
+
+#: Seconds a forwarded publish waits for its confirm before it fails.
+CONFIRM_TIMEOUT = 60.0
+#: Most forwarded publishes one link waits confirms for; past it a publish
+#: to a queue homed over that link is refused.
+MAX_UNCONFIRMED = 100_000
+
+#: The core's refusals by reply code, for a failed confirm.
+_ERRORS: dict[int, type[BrokerError]] = {404: NotFound, 406: PreconditionFailed, 506: ResourceLimit}
+
+
+class HomeConsumer(Consumer):
+    """A peer's consumer of a queue homed here: each delivery goes over
+    the link with its tag."""
+
+    __slots__ = ("link", "sub")
+
+    def __init__(self, link: LinkProtocol, sub: int, window: int) -> None:
+        super().__init__(True, window)
+        self.link = link
+        self.sub = sub
+
+    def deliver(self, message: Message, queue: Any) -> None:
+        tag = self.channel.track(self, message)  # type: ignore[union-attr]
+        self.link.mesh.queues.send_delivery(self.link, self.sub, tag, message, queue)
+
+    def cancelled(self) -> None:
+        """The queue was deleted here: the peer's consumer ends."""
+        link = self.link
+        if link.homed.pop(self.sub, None) is self and self.channel is not None:
+            self.channel.consumer_cancelled(self)
+        link.send(
+            wire.encode_json(
+                wire.CANCELLED, {"id": self.sub, "code": 404, "reason": "the queue was deleted on its home"}
+            )
+        )
+
+
+class _Sub:
+    """A consumer of a stand-in, as its home knows it: an id, and the link
+    it was opened on (None while the home is not linked)."""
+
+    __slots__ = ("id", "queue", "consumer", "link")
+
+    def __init__(self, id: int, queue: RemoteQueue, consumer: Consumer) -> None:
+        self.id = id
+        self.queue = queue
+        self.consumer = consumer
+        self.link: LinkProtocol | None = None
+
+
+class RemoteQueues:
+    """The mesh's L{qmq.core.remote.Homes} (see the module docstring).
+
+    @ivar placement: the home-node rule.
+    @ivar window: most deliveries a remote consumer may hold unacked
+        (C{[cluster] remote_window}).
+    """
+
+    def __init__(self, mesh: Mesh, placement: Placement, window: int) -> None:
+        self.mesh = mesh
+        self.placement = placement
+        self.window = window
+        self._subs: dict[int, _Sub] = {}
+        self._by_consumer: dict[Consumer, _Sub] = {}
+        self._next_sub = 1
+        #: message (delivered here from a home) -> (its sub, the home's tag, the link).
+        self._tags: dict[Any, tuple[_Sub, int, LinkProtocol]] = {}
+        self._here = False
+        self._vhost_bytes: dict[str, bytes] = {}
+        #: Stand-ins made with arguments (told to their home at each link up).
+        self._declared: dict[tuple[str, str], RemoteQueue] = {}
+
+    # -- Homes: what the core asks ------------------------------------------------
+
+    def home(self, vhost: str, name: str, arguments: dict[str, Any] | None) -> str | None:
+        if self._here or name.startswith(LOCAL_PREFIXES):
+            return None
+        if not arguments:
+            # The virtual host's queue_defaults may name a home for all.
+            v = self.mesh.broker.vhosts.get(vhost)
+            pinned = v.queue_defaults.home_node if v is not None else None
+            if pinned is not None:
+                return None if pinned == self.mesh.node else pinned
+        home = self.placement.home(vhost, name, arguments)
+        return None if home == self.mesh.node else home
+
+    def place_existing(self) -> None:
+        """When the mesh starts: each queue made before it (declared in the
+        configuration or by definitions on every node) whose home is
+        another node becomes a stand-in, with its bindings gone (they
+        are its home's: the home's binding is interest that brings
+        messages published here to it). One that holds messages or has
+        consumers stays here, with a warning: its messages are not moved."""
+        for vhost in list(self.mesh.broker.vhosts.values()):
+            for name, queue in list(vhost.queues.items()):
+                if (
+                    queue.remote is not None
+                    or queue.exclusive_owner is not None
+                    or queue.subscription
+                    or name.startswith(LOCAL_PREFIXES)
+                ):
+                    continue
+                try:
+                    home = self.home(vhost.name, name, queue.arguments)
+                except BrokerError as e:
+                    log.warn("mesh: queue {queue!r}: {error}", queue=name, error=e.message)
+                    continue
+                if home is None:
+                    continue
+                if len(queue) or queue.delayed_count or queue.consumers:
+                    log.warn(
+                        "mesh: queue {queue!r} of virtual host {vhost!r} holds {count} messages on "
+                        "this node, and its home is node {home!r}: it stays here (its clients here "
+                        "use it) until it is deleted; move its messages with a shovel",
+                        queue=name,
+                        vhost=vhost.name,
+                        count=len(queue),
+                        home=home,
+                    )
+                    continue
+                vhost.delete_queue(name)
+                vhost.declare_queue(name, arguments=queue.arguments)  # the stand-in
+
+    @contextmanager
+    def here(self) -> Iterator[None]:
+        """Queues made meanwhile live on this node (what a peer sends here
+        as their home)."""
+        self._here = True
+        try:
+            yield
+        finally:
+            self._here = False
+
+    def _link(self, queue: RemoteQueue) -> LinkProtocol:
+        link = self.mesh.links.get(queue.home)
+        if link is None or link.state != "up":
+            raise Unavailable(
+                f"Queue {queue.name!r} lives on node {queue.home!r}, which is down or not linked "
+                f"to node {self.mesh.node!r} now: nothing was published or consumed; try again later.",
+                "home node unavailable",
+            )
+        return link
+
+    def declared(self, queue: RemoteQueue) -> None:
+        """Tell the home the arguments a stand-in was declared with (now,
+        and whenever the link comes up again), so that the queue is made
+        there with them."""
+        self._declared[(queue.vhost.name, queue.name)] = queue  # type: ignore[union-attr]
+        link = self.mesh.links.get(queue.home)
+        if link is not None and link.state == "up":
+            self._declare(link, queue)
+
+    def _declare(self, link: LinkProtocol, queue: RemoteQueue) -> None:
+        try:
+            data = wire.encode_json(
+                wire.DECLARE,
+                {"vhost": queue.vhost.name, "queue": queue.name, "arguments": queue.arguments},  # type: ignore[union-attr]
+            )
+        except (TypeError, ValueError) as e:
+            log.warn(
+                "mesh: queue {queue!r}: its arguments cannot be sent to its home {home}: {error}",
+                queue=queue.name,
+                home=queue.home,
+                error=str(e),
+            )
+            return
+        link.send(data)
+
+    def _declare_here(self, link: LinkProtocol, value: dict[str, Any]) -> None:
+        """A peer made a stand-in of a queue homed here, with arguments:
+        made here with them (or checked against those it has)."""
+        vhost_name, name, arguments = value.get("vhost"), value.get("queue"), value.get("arguments")
+        if not (isinstance(vhost_name, str) and isinstance(name, str) and isinstance(arguments, dict)):
+            raise wire.FrameError("bad declare: vhost, queue and arguments expected")
+        mesh = self.mesh
+        vhost = mesh.broker.vhosts.get(vhost_name)
+        try:
+            if vhost is None:
+                raise NotFound(f"no virtual host {vhost_name!r} on node {mesh.node!r}")
+            with self.here():
+                mesh._channel(link, vhost).named_queue(name, "configure", arguments=arguments)
+        except BrokerError as e:
+            log.warn(
+                "mesh: node {node} declared queue {queue!r} here with arguments {arguments}: {error}",
+                node=link.node,
+                queue=name,
+                arguments=arguments,
+                error=e.message,
+            )
+
+    def reachable(self, queue: RemoteQueue) -> None:
+        self._link(queue)
+
+    def forward(self, queue: RemoteQueue, message: Message) -> Deferred:
+        link = self._link(queue)
+        if len(link.pending) >= MAX_UNCONFIRMED:
+            raise Unavailable(
+                f"Node {queue.home!r}, home of queue {queue.name!r}, has not confirmed "
+                f"{len(link.pending)} messages yet: the message was not published; try again later.",
+                "home node busy",
+            )
+        seq = link.next_seq
+        link.next_seq = seq + 1
+        vhost = queue.vhost.name  # type: ignore[union-attr]
+        name = self._vhost_bytes.get(vhost)
+        if name is None:
+            name = self._vhost_bytes[vhost] = vhost.encode()
+        chunks = wire.encode_message(name, message, wire.FORWARD, wire.SEQ.pack(seq))
+        if not link.send_message(chunks, sum(map(len, chunks))):
+            raise Unavailable(
+                f"The link to node {queue.home!r}, home of queue {queue.name!r}, holds "
+                f"{link.mesh.settings.link_buffer} bytes it could not send yet (cluster.link_buffer): "
+                "the message was not published; try again later.",
+                "link to the home node full",
+            )
+        d: Deferred = Deferred()
+        link.pending[seq] = (d, self.mesh.clock.seconds() + CONFIRM_TIMEOUT)
+        return d
+
+    def open(self, queue: RemoteQueue, consumer: Consumer) -> None:
+        sub = _Sub(self._next_sub, queue, consumer)
+        self._next_sub += 1
+        self._subs[sub.id] = sub
+        self._by_consumer[consumer] = sub
+        link = self.mesh.links.get(queue.home)
+        if link is not None and link.state == "up":
+            self._consume(link, sub)
+
+    def _consume(self, link: LinkProtocol, sub: _Sub) -> None:
+        consumer = sub.consumer
+        window = self.window
+        if consumer.ack_required and consumer.prefetch < UNLIMITED:
+            window = min(window, max(1, consumer.prefetch))
+        sub.link = link
+        link.send(
+            wire.encode_json(
+                wire.CONSUME,
+                {"id": sub.id, "vhost": sub.queue.vhost.name, "queue": sub.queue.name, "window": window},  # type: ignore[union-attr]
+            )
+        )
+
+    def close(self, queue: RemoteQueue, consumer: Consumer) -> None:
+        sub = self._by_consumer.pop(consumer, None)
+        if sub is None:
+            return
+        del self._subs[sub.id]
+        self._forget(sub)
+        link = sub.link
+        if link is not None and link.state == "up":
+            link.send(wire.encode_json(wire.CANCEL, {"id": sub.id}))
+
+    def _forget(self, sub: _Sub) -> None:
+        """Forget the home's tags of what C{sub} holds (given back there)."""
+        tags = self._tags
+        for message in [m for m, entry in tags.items() if entry[0] is sub]:
+            del tags[message]
+
+    def settle(self, queue: RemoteQueue, messages: list[Message], ack: bool, requeue: bool) -> None:
+        outcome = ACK if ack else REQUEUE if requeue else DROP
+        tags = self._tags
+        for message in messages:
+            entry = tags.pop(message, None)
+            if entry is None:
+                continue  # given back on the home already (its link went)
+            sub, tag, link = entry
+            if link.state == "up" and sub.link is link:
+                link.settle(sub.id, tag, outcome)
+
+    # -- frames from the home -------------------------------------------------------
+
+    def send_delivery(self, link: LinkProtocol, sub: int, tag: int, message: Message, queue: Any) -> None:
+        vhost = queue.vhost.name if queue is not None and queue.vhost is not None else ""
+        name = self._vhost_bytes.get(vhost)
+        if name is None:
+            name = self._vhost_bytes[vhost] = vhost.encode()
+        chunks = wire.encode_message(name, message, wire.DELIVER, wire.DELIVERY.pack(sub, tag, message.delivery_count))
+        # Never dropped (the window bounds what is out to a consumer): when
+        # the link's buffer is full, the consumer pauses until it drains.
+        link.send_message(chunks, sum(map(len, chunks)), force=True)
+        if link.full:
+            consumer = link.homed.get(sub)
+            if consumer is not None:
+                consumer.paused = True
+                link.held_back.add(consumer)
+
+    def unblock(self, link: LinkProtocol) -> None:
+        """C{link}'s buffer was written out: its paused consumers go on."""
+        held, link.held_back = link.held_back, set()
+        for consumer in held:
+            if consumer.channel is not None and not consumer.channel.closed and link.homed.get(consumer.sub) is consumer:
+                consumer.resume()
+
+    def delivered(self, link: LinkProtocol, sub_id: int, tag: int, message: Message) -> None:
+        """A deliver frame: hand it to the consumer of the stand-in."""
+        sub = self._subs.get(sub_id)
+        if sub is None or sub.link is not link:
+            link.settle(sub_id, tag, REQUEUE)  # it went meanwhile: the home gives it back
+            return
+        message.id = next(self.mesh.broker.message_ids)
+        self._tags[message] = (sub, tag, link)
+        if not sub.queue.from_home(sub.consumer, message):
+            self._tags.pop(message, None)
+            link.settle(sub_id, tag, REQUEUE)
+
+    def control(self, link: LinkProtocol, type_: int, value: dict[str, Any]) -> None:
+        """A confirm, consume, settle, cancel or cancelled frame."""
+        if type_ == wire.SETTLE:
+            self._settled(link, value.get("s"))
+        elif type_ == wire.CONFIRM:
+            self._confirmed(link, value)
+        elif type_ == wire.CONSUME:
+            self._consume_here(link, value)
+        elif type_ == wire.DECLARE:
+            self._declare_here(link, value)
+        elif type_ == wire.CANCEL:
+            consumer = link.homed.pop(_int(value.get("id")), None)
+            if consumer is not None and consumer.channel is not None and not consumer.channel.closed:
+                consumer.channel.unsubscribe(consumer)
+        else:
+            self._cancelled(link, value)
+
+    def _confirmed(self, link: LinkProtocol, value: dict[str, Any]) -> None:
+        pending = link.pending
+        ok = value.get("ok")
+        if not isinstance(ok, list):
+            raise wire.FrameError("bad confirm: no ok list")
+        for seq in ok:
+            entry = pending.pop(seq, None) if isinstance(seq, int) else None
+            if entry is not None:
+                entry[0].callback(None)
+        for item in value.get("failed") or ():
+            if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], int)):
+                raise wire.FrameError("bad confirm: failed items are [seq, code, text]")
+            entry = pending.pop(item[0], None)
+            if entry is not None:
+                cls = _ERRORS.get(item[1], BrokerError)
+                entry[0].errback(
+                    cls(f"node {link.node!r} refused it: {str(item[2])[:500]}", "refused by the home node")
+                )
+
+    def expire(self, link: LinkProtocol, now: float) -> None:
+        """Forwards unconfirmed past L{CONFIRM_TIMEOUT} fail (the link's
+        heart-beat asks): their publishers hear it, and may send again."""
+        pending = link.pending
+        while pending:
+            seq, (d, deadline) = next(iter(pending.items()))
+            if deadline > now:
+                return
+            del pending[seq]
+            d.errback(
+                Unavailable(
+                    f"Node {link.node!r} did not confirm the message within {CONFIRM_TIMEOUT:g} s: "
+                    "it may or may not be there; send it again.",
+                    "no confirm from the home node",
+                )
+            )
+
+    def _cancelled(self, link: LinkProtocol, value: dict[str, Any]) -> None:
+        sub = self._subs.get(_int(value.get("id")))
+        if sub is None or sub.link is not link:
+            return
+        reason = str(value.get("reason", ""))[:500]
+        log.info(
+            "mesh: node {node} ended a consumer of queue {queue!r}: {reason}",
+            node=link.node,
+            queue=sub.queue.name,
+            reason=reason,
+        )
+        del self._subs[sub.id]
+        self._by_consumer.pop(sub.consumer, None)
+        self._forget(sub)
+        queue, consumer = sub.queue, sub.consumer
+        consumers = queue.consumers
+        if consumer in consumers:
+            consumers.remove(consumer)  # type: ignore[union-attr]
+            if not consumers:
+                queue.consumers = ()
+            consumer.queue = None
+            queue.held.pop(consumer, None)
+        consumer.cancelled()
+
+    def _settled(self, link: LinkProtocol, items: Any) -> None:
+        if not isinstance(items, list):
+            raise wire.FrameError("bad settle: no list")
+        homed = link.homed
+        for item in items:
+            if not (isinstance(item, list) and len(item) == 3 and all(isinstance(v, int) for v in item)):
+                raise wire.FrameError("bad settle: items are [id, tag, outcome]")
+            consumer = homed.get(item[0])
+            if consumer is None or consumer.channel is None:
+                continue
+            outcome = item[2]
+            consumer.channel.settle_delivery(consumer, item[1], outcome == ACK, outcome == REQUEUE)
+
+    # -- frames to the home ---------------------------------------------------------
+
+    def forwarded(self, link: LinkProtocol, seq: int, vhost_name: str, message: Message) -> None:
+        """A publish forwarded by a peer to a queue homed here."""
+        mesh = self.mesh
+        try:
+            vhost = mesh.broker.vhosts.get(vhost_name)
+            if vhost is None:
+                raise NotFound(f"no virtual host {vhost_name!r} on node {mesh.node!r}")
+            channel = mesh._channel(link, vhost)
+            name = message.routing_key
+            queue = vhost.queues.get(name)
+            if queue is None:
+                with self.here():
+                    queue = channel.named_queue(name, "write")
+            if queue.remote is not None:
+                raise NotFound(
+                    f"node {mesh.node!r} places queue {name!r} on node {queue.home!r}: "
+                    "the nodes' memberships differ (name every node in cluster.peers)"
+                )
+            message.id = next(mesh.broker.message_ids)
+            durable = channel.publish_target((queue, None, "", name, queue), message)
+        except BrokerError as e:
+            link.refused += 1
+            link.fail(seq, e.code, e.message)
+            return
+        if durable is None:
+            link.confirm(seq)
+            return
+
+        def failed(f: Any) -> None:
+            link.fail(seq, 541, f"not stored: {f.getErrorMessage()}")
+
+        durable.addCallbacks(lambda _: link.confirm(seq), failed)
+
+    def _consume_here(self, link: LinkProtocol, value: dict[str, Any]) -> None:
+        sub = _int(value.get("id"))
+        window = value.get("window")
+        vhost_name, name = value.get("vhost"), value.get("queue")
+        if not (isinstance(window, int) and window > 0 and isinstance(vhost_name, str) and isinstance(name, str)):
+            raise wire.FrameError("bad consume: id, vhost, queue and window expected")
+        mesh = self.mesh
+        consumer = HomeConsumer(link, sub, window)
+        try:
+            old = link.homed.pop(sub, None)
+            if old is not None and old.channel is not None:
+                old.channel.unsubscribe(old)
+            vhost = mesh.broker.vhosts.get(vhost_name)
+            if vhost is None:
+                raise NotFound(f"no virtual host {vhost_name!r} on node {mesh.node!r}")
+            channel = mesh._channel(link, vhost)
+            if name not in vhost.queues:
+                with self.here():
+                    channel.named_queue(name)
+            queue = vhost.queues[name]
+            if queue.remote is not None:
+                raise NotFound(
+                    f"node {mesh.node!r} places queue {name!r} on node {queue.home!r}: "
+                    "the nodes' memberships differ (name every node in cluster.peers)"
+                )
+            link.homed[sub] = consumer
+            channel.consume(consumer, name)
+        except BrokerError as e:
+            link.homed.pop(sub, None)
+            link.send(wire.encode_json(wire.CANCELLED, {"id": sub, "code": e.code, "reason": e.message}))
+
+    # -- links ----------------------------------------------------------------------
+
+    def link_up(self, link: LinkProtocol) -> None:
+        """Stand-ins declared with arguments are declared there, and
+        consumers of queues homed on C{link}'s peer consume there (again)."""
+        for key, queue in list(self._declared.items()):
+            if queue.deleted:
+                del self._declared[key]
+            elif queue.home == link.node:
+                self._declare(link, queue)
+        for sub in list(self._subs.values()):
+            if sub.queue.home == link.node and sub.link is not link:
+                self._consume(link, sub)
+
+    def link_down(self, link: LinkProtocol) -> None:
+        """Forwards not confirmed fail; what the peer's consumers of
+        stand-ins held here was given back on the home (forgotten here:
+        later acks of it go nowhere). The home side's consumers go with
+        the link's channels (L{qmq.cluster.mesh.Mesh.link_down})."""
+        pending, link.pending = link.pending, {}
+        for d, _ in pending.values():
+            d.errback(
+                Unavailable(
+                    f"The link to node {link.node!r} went down before it confirmed the message "
+                    f"({link.reason}): it may or may not be there; send it again.",
+                    "home node link lost",
+                )
+            )
+        link.homed.clear()
+        link.held_back.clear()
+        for sub in self._subs.values():
+            if sub.link is link:
+                sub.link = None
+                self._forget(sub)
+                sub.queue.held.pop(sub.consumer, None)
+
+
+def _int(value: Any) -> int:
+    if not isinstance(value, int):
+        raise wire.FrameError("bad frame: an integer id expected")
+    return value

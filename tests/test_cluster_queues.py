@@ -1,0 +1,506 @@
+"""Tests for queues across nodes (L{qmq.core.remote}, L{qmq.cluster.queues},
+L{qmq.cluster.placement}): nodes, each a real core, linked over fake
+transports and driven by one L{twisted.internet.task.Clock}."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.trial.unittest import SynchronousTestCase
+
+from qmq.cluster.placement import Placement, rendezvous
+from qmq.core.channel import Channel
+from qmq.core.errors import NotAllowed, PreconditionFailed
+from qmq.core.remote import RemoteQueue, Unavailable, home_of
+from tests.test_cluster_mesh import Net
+from tests.test_core_channel import Recorder
+
+
+def homed(net: Net, node: str, prefix: str = "q") -> str:
+    """A queue name whose home is C{node} in C{net}'s membership."""
+    members = sorted(net.nodes)
+    for i in range(1000):
+        name = f"{prefix}{i}"
+        if rendezvous("/", name, members) == node:
+            return name
+    raise AssertionError("no name found")
+
+
+def channel(net: Net, node: str) -> Channel:
+    return net[node].channel
+
+
+def send(net: Net, node: str, queue: str, body: bytes, persistent: bool = False) -> Any:
+    """A STOMP-like SEND to /queue/QUEUE on C{node}: the durability answer."""
+    ch = channel(net, node)
+    target = ch.send_target("/queue/" + queue)
+    return ch.publish_target(target, ch.new_message(target, {"h": "v"}, body, persistent))
+
+
+def consume(net: Net, node: str, queue: str, ack: bool = True, prefetch: int | None = None) -> Recorder:
+    ch = channel(net, node)
+    recorder = Recorder(ch, ack_required=ack, prefetch=prefetch)
+    ch.subscribe(recorder, "/queue/" + queue)
+    return recorder
+
+
+class PlacementTests(SynchronousTestCase):
+    def test_rendezvous_is_stable_and_spreads(self) -> None:
+        """The same name goes to the same node whatever the order of the
+        members; names spread over them; a node added takes about 1/n and
+        moves nothing between the others."""
+        three = ["a", "b", "c"]
+        homes = {f"q{i}": rendezvous("/", f"q{i}", three) for i in range(3000)}
+        self.assertEqual(homes, {n: rendezvous("/", n, list(reversed(three))) for n in homes})
+        counts = {m: list(homes.values()).count(m) for m in three}
+        self.assertTrue(all(800 < c < 1200 for c in counts.values()), counts)
+        four = {n: rendezvous("/", n, [*three, "d"]) for n in homes}
+        moved = [n for n in homes if four[n] != homes[n]]
+        self.assertTrue(all(four[n] == "d" for n in moved))
+        self.assertTrue(600 < len(moved) < 900, len(moved))
+        # The virtual host is part of the key.
+        self.assertNotEqual(
+            [rendezvous("/", f"q{i}", three) for i in range(50)],
+            [rendezvous("other", f"q{i}", three) for i in range(50)],
+        )
+
+    def test_home_argument(self) -> None:
+        placement = Placement("a", lambda: ["b", "c"])
+        self.assertEqual(placement.members(), ["a", "b", "c"])
+        self.assertEqual(placement.home("/", "q", {"x-home-node": "z"}), "z")
+        self.assertEqual(placement.home("/", "q", {"home-node": "c"}), "c")
+        self.assertEqual(placement.home("/", "q"), rendezvous("/", "q", ["a", "b", "c"]))
+        with self.assertRaises(PreconditionFailed) as e:
+            placement.home("/", "q", {"x-home-node": "no such/node"})
+        self.assertIn("x-home-node must be a node id", e.exception.message)
+
+    def test_membership_is_configured_not_linked(self) -> None:
+        """Named peers count while they are down; so do nodes seen once."""
+        net = Net("a", "b", peers=["tcp:host=127.0.0.1:port=1:node=z"])
+        mesh = net["a"].mesh
+        self.assertEqual(mesh.queues.placement.members(), ["a", "z"])
+        net.connect("a", "b")
+        self.assertEqual(mesh.queues.placement.members(), ["a", "b", "z"])
+        for pump in net.pumps:
+            pump.server.transport.loseConnection()
+        net.settle()
+        self.assertNotIn("b", mesh.links)
+        self.assertEqual(mesh.queues.placement.members(), ["a", "b", "z"])
+
+
+class ForwardTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.net = Net("a", "b", "c")
+        self.net.full_mesh()
+        self.q = homed(self.net, "b")
+
+    def test_send_forwarded_confirmed(self) -> None:
+        """A SEND on a reaches the queue on b; its answer fires only once
+        b confirmed; a's queue is a stand-in naming its home."""
+        net, q = self.net, self.q
+        answer = send(net, "a", q, b"one")
+        self.assertIsInstance(answer, Deferred)
+        self.assertFalse(answer.called)
+        net.settle()
+        self.assertTrue(answer.called)
+        self.successResultOf(answer)
+        here = net["a"].broker.default_vhost.queues[q]
+        self.assertIsInstance(here, RemoteQueue)
+        self.assertEqual((home_of(here), len(here)), ("b", 0))
+        home = net["b"].broker.default_vhost.queues[q]
+        self.assertNotIsInstance(home, RemoteQueue)
+        self.assertEqual(home_of(home), "b")
+        self.assertEqual([m.body for m in home.messages()], [b"one"])
+        self.assertEqual(home.messages()[0].headers, {"h": "v"})
+        # c knows nothing of it until one of its clients names it.
+        self.assertNotIn(q, net["c"].broker.default_vhost.queues)
+
+    def test_amqp_style_publish_to_default_exchange(self) -> None:
+        """Channel.publish to the default exchange with the queue's name
+        (AMQP, HTTP) is forwarded too, the stand-in made on the way."""
+        net, q = self.net, self.q
+        ch = channel(net, "c")
+        message = ch.make_message("", q, None, b"p")
+        published = ch.publish("", q, message)
+        self.assertEqual(published.routed, 1)
+        net.settle()
+        self.successResultOf(published.durable)
+        self.assertEqual(len(net["b"].broker.default_vhost.queues[q]), 1)
+
+    def test_home_down_refused(self) -> None:
+        """No link to the home: the publish is refused at once, clearly."""
+        net = self.net
+        q = homed(net, "b", "r")
+        for pump in list(net.pumps):
+            if {pump.client.mesh.node, pump.server.mesh.node} == {"a", "b"}:
+                pump.client.transport.loseConnection()
+        net.settle()
+        self.assertNotIn("b", net["a"].mesh.links)
+        with self.assertRaises(Unavailable) as e:
+            send(net, "a", q, b"x")
+        self.assertIn("lives on node 'b', which is down or not linked", e.exception.message)
+        self.assertEqual(e.exception.code, 404)
+        with self.assertRaises(Unavailable):
+            consume(net, "a", q)
+        self.assertEqual(channel(net, "a").consumers, set())
+
+    def test_link_lost_before_confirm(self) -> None:
+        """The link goes with a forward unconfirmed: the answer fails, the
+        publisher hears it may not be there."""
+        net, q = self.net, self.q
+        answer = send(net, "a", q, b"x")
+        net["a"].link_to(net["b"]).close("test")
+        f = self.failureResultOf(answer, Unavailable)
+        self.assertIn("went down before it confirmed", f.getErrorMessage())
+
+    def test_refused_on_home(self) -> None:
+        """A refusal on the home (a full queue rejecting publishes) comes
+        back as a failed answer with its code."""
+        net, q = self.net, self.q
+        net["b"].broker.default_vhost.declare_queue(
+            q, arguments={"x-max-length": 1, "x-overflow": "reject-publish"}
+        )
+        self.successResultOf(self._sent(send(net, "a", q, b"1")))
+        answer = send(net, "a", q, b"2")
+        net.settle()
+        f = self.failureResultOf(answer)
+        self.assertEqual(f.value.code, 506)
+        self.assertIn("node 'b' refused it", f.getErrorMessage())
+        self.assertEqual(net["b"].link_to(net["a"]).refused, 1)
+
+    def _sent(self, d: Deferred) -> Deferred:
+        self.net.settle()
+        return d
+
+    def test_arguments_reach_the_home(self) -> None:
+        """A queue declared with arguments on a node that is not its home
+        (AMQP's queue.declare): the home makes it with them, now or when
+        the link comes up; one it has with other arguments is kept, and
+        the disagreement logged."""
+        net = self.net
+        q = homed(net, "b", "args")
+        channel(net, "a").declare_queue(q, arguments={"x-max-length": 3, "x-overflow": "reject-publish"})
+        net.settle()
+        home = net["b"].broker.default_vhost.queues[q]
+        self.assertEqual(home.policy.max_length, 3)
+        for i in range(3):
+            send(net, "a", q, b"%d" % i)
+        answer = send(net, "a", q, b"full")
+        net.settle()
+        self.assertEqual(self.failureResultOf(answer).value.code, 506)
+        # Other arguments on c: b keeps its own (and logs it).
+        from twisted.logger import globalLogPublisher  # noqa: PLC0415
+
+        logged: list[str] = []
+        observer = lambda event: logged.append(str(event.get("log_format", "")))  # noqa: E731
+        globalLogPublisher.addObserver(observer)
+        self.addCleanup(globalLogPublisher.removeObserver, observer)
+        channel(net, "c").declare_queue(q, arguments={"x-max-length": 5})
+        net.settle()
+        self.assertEqual(home.policy.max_length, 3)
+        self.assertTrue(any("declared queue {queue!r} here" in line for line in logged), logged)
+        # Declared while b is not linked: told when the link is up.
+        later = homed(net, "b", "later")
+        net["a"].link_to(net["b"]).close("test")
+        net.settle()
+        channel(net, "a").declare_queue(later, arguments={"x-max-priority": 5})
+        self.assertNotIn(later, net["b"].broker.default_vhost.queues)
+        net.connect("a", "b")
+        self.assertEqual(net["b"].broker.default_vhost.queues[later].policy.max_priority, 5)
+
+    def test_stand_in_lookup(self) -> None:
+        """VirtualHost.stand_in: a stand-in for a name homed elsewhere, made
+        once; None for a name homed here, a local queue, or no valid name
+        (a default-exchange publish to it stays unroutable)."""
+        net = self.net
+        vhost = net["a"].broker.default_vhost
+        away, here = homed(net, "b", "s"), homed(net, "a", "s")
+        made = vhost.stand_in(away)
+        self.assertIsInstance(made, RemoteQueue)
+        self.assertIs(vhost.stand_in(away), made)
+        self.assertIsNone(vhost.stand_in(here))
+        self.assertNotIn(here, vhost.queues)
+        vhost.declare_queue(here)
+        self.assertIsNone(vhost.stand_in(here))
+        self.assertIsNone(vhost.stand_in(""))
+        self.assertIsNone(vhost.stand_in("x" * 1000))
+        ch = channel(net, "a")
+        self.assertEqual(ch.publish("", "", ch.make_message("", "", None, b"x")).routed, 0)
+        # Definitions are the home's to export.
+        from qmq.core.definitions import export_definitions  # noqa: PLC0415
+
+        names = [q["name"] for q in export_definitions(net["a"].broker)["queues"]]
+        self.assertEqual((away in names, here in names), (False, True))
+
+    def test_bind_and_get_refused(self) -> None:
+        net, q = self.net, self.q
+        send(net, "a", q, b"x")
+        vhost = net["a"].broker.default_vhost
+        with self.assertRaises(NotAllowed) as e:
+            vhost.bind(q, "amq.topic", "k")
+        self.assertIn("lives on node 'b'", e.exception.message)
+        with self.assertRaises(NotAllowed):
+            channel(net, "a").get(q)
+
+    def test_home_named_by_argument_or_defaults(self) -> None:
+        """x-home-node (a SUBSCRIBE header's argument, as STOMP passes it)
+        wins over the hash; so does the virtual host's queue_defaults."""
+        net = self.net
+        q = homed(net, "b", "pin")
+        ch = channel(net, "a")
+        ch.subscribe(Recorder(ch), "/queue/" + q, arguments={"x-home-node": "c"})
+        self.assertEqual(net["a"].broker.default_vhost.queues[q].home, "c")
+        net.settle()
+        self.assertIn(q, net["c"].broker.default_vhost.queues)
+        self.assertNotIn(q, net["b"].broker.default_vhost.queues)
+        vhost = net["a"].broker.default_vhost
+        vhost.set_queue_defaults({"x-home-node": "c"})
+        other = homed(net, "b", "dflt")
+        send(net, "a", other, b"x")
+        self.assertEqual(vhost.queues[other].home, "c")
+        with self.assertRaises(PreconditionFailed):
+            ch.subscribe(Recorder(ch), "/queue/bad", arguments={"x-home-node": "a/b"})
+
+    def test_private_queues_stay_local(self) -> None:
+        """amq. and durable. queues, exclusive ones: on their client's node."""
+        net = self.net
+        vhost = net["a"].broker.default_vhost
+        for name in ("amq.gen-1", "durable.x.y"):
+            self.assertIsNone(net["a"].mesh.queues.home("/", name, None))
+        q = homed(net, "b", "e")
+        ch = channel(net, "a")
+        queue = ch.declare_queue(q, exclusive=True)
+        self.assertNotIsInstance(queue, RemoteQueue)
+        self.assertIs(vhost.queues[q], queue)
+
+
+class ConsumeTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.net = Net("a", "b", "c")
+        self.net.full_mesh()
+        self.q = homed(self.net, "b")
+
+    def home_queue(self) -> Any:
+        return self.net["b"].broker.default_vhost.queues[self.q]
+
+    def test_remote_consumer_with_acks(self) -> None:
+        """A consumer on a of a queue homed on b, messages sent on c: each
+        delivered once, unacked on b until a's client acks."""
+        net, q = self.net, self.q
+        on_a = consume(net, "a", q)
+        for i in range(5):
+            send(net, "c", q, b"m%d" % i)
+        net.settle()
+        self.assertEqual(on_a.bodies(), [b"m%d" % i for i in range(5)])
+        home = self.home_queue()
+        (remote,) = home.consumers
+        self.assertEqual(len(remote.unacked), 5)
+        ch = channel(net, "a")
+        ch.settle(on_a.got[2][0], multiple=True)
+        net.settle()
+        self.assertEqual(len(remote.unacked), 2)
+        # A nack with requeue: back on b, delivered again (redelivered).
+        ch.settle(on_a.got[3][0], ack=False, requeue=True)
+        net.settle()
+        self.assertEqual(on_a.bodies()[-1], b"m3")
+        self.assertEqual(on_a.got[-1][1].delivery_count, 1)
+        ch.settle(0, multiple=True)
+        net.settle()
+        self.assertEqual((len(remote.unacked), len(home)), (0, 0))
+        self.assertEqual(net["b"].link_to(net["a"]).snapshot()["peer_consumers"], 1)
+        answer = send(net, "c", q, b"later")
+        self.assertEqual(net["c"].link_to(net["b"]).snapshot()["unconfirmed"], 1)
+        net.settle()
+        self.successResultOf(answer)
+        self.assertEqual(net["c"].link_to(net["b"]).snapshot()["unconfirmed"], 0)
+
+    def test_window_is_the_prefetch(self) -> None:
+        """A consumer with prefetch 2: the home hands out 2 at a time; acks
+        open the window again."""
+        net, q = self.net, self.q
+        on_a = consume(net, "a", q, prefetch=2)
+        for i in range(10):
+            send(net, "b", q, b"m%d" % i)
+        net.settle()
+        self.assertEqual(len(on_a.got), 2)
+        self.assertEqual(len(self.home_queue()), 8)
+        ch = channel(net, "a")
+        ch.settle(on_a.got[1][0], multiple=True)
+        net.settle()
+        self.assertEqual(len(on_a.got), 4)
+
+    def test_auto_ack_settles_in_batches(self) -> None:
+        """An auto-ack consumer: what it got is acked on the home, all of a
+        turn's in one settle frame."""
+        net, q = self.net, self.q
+        on_a = consume(net, "a", q, ack=False)
+        net.settle()
+        queues = net["b"].mesh.queues
+        frames: list[int] = []
+        settled = queues._settled
+
+        def counting(link: Any, items: Any) -> None:
+            frames.append(len(items))
+            settled(link, items)
+
+        queues._settled = counting  # type: ignore[method-assign]
+        for _i in range(100):
+            send(net, "b", q, b"x")
+        net.settle()
+        self.assertEqual(len(on_a.got), 100)
+        (remote,) = self.home_queue().consumers
+        self.assertEqual(len(remote.unacked), 0)
+        self.assertEqual(sum(frames), 100)
+        self.assertEqual(len(frames), 1)
+
+    def test_link_cut_gives_back_and_consumes_again(self) -> None:
+        """The link to the home goes with unacked messages: the home has
+        them back at once; when a link is up again the consumer consumes
+        again and gets them (redelivered); acks of the old deliveries go
+        nowhere."""
+        net, q = self.net, self.q
+        on_a = consume(net, "a", q)
+        for i in range(3):
+            send(net, "b", q, b"m%d" % i)
+        net.settle()
+        self.assertEqual(len(on_a.got), 3)
+        home = self.home_queue()
+        net["a"].link_to(net["b"]).close("cut")
+        net.settle()
+        self.assertEqual(len(home), 3)
+        self.assertEqual(home.consumers, ())
+        old = on_a.got[0][0]
+        channel(net, "a").settle(old)  # goes nowhere
+        net.connect("a", "b")
+        self.assertEqual(on_a.bodies(), [b"m0", b"m1", b"m2"] * 2)
+        self.assertTrue(all(m.delivery_count == 1 for _, m in on_a.got[3:]))
+        channel(net, "a").settle(0, multiple=True)
+        net.settle()
+        self.assertEqual((len(home), len(home.consumers[0].unacked)), (0, 0))
+
+    def test_ack_then_cancel_in_one_turn(self) -> None:
+        """An ack and the consumer's cancel in the same turn: the ack is
+        not overtaken (the home would give the message back)."""
+        net, q = self.net, self.q
+        on_a = consume(net, "a", q)
+        send(net, "b", q, b"m")
+        net.settle()
+        ch = channel(net, "a")
+        ch.settle(on_a.got[0][0])
+        ch.unsubscribe(on_a)
+        net.settle()
+        self.assertEqual((len(self.home_queue()), self.home_queue().consumers), (0, ()))
+
+    def test_consumer_leaves_gives_back(self) -> None:
+        """Unsubscribing (or the client's channel closing) gives back on the
+        home what it held."""
+        net, q = self.net, self.q
+        on_a = consume(net, "a", q)
+        send(net, "b", q, b"m")
+        net.settle()
+        channel(net, "a").close()
+        net.settle()
+        home = self.home_queue()
+        self.assertEqual((len(home), home.consumers), (1, ()))
+        self.assertEqual(len(on_a.got), 1)
+
+    def test_queue_deleted_on_home(self) -> None:
+        net, q = self.net, self.q
+        on_a = consume(net, "a", q)
+        net.settle()
+        net["b"].broker.default_vhost.delete_queue(q)
+        net.settle()
+        self.assertEqual(on_a.cancels, 1)
+        self.assertEqual(net["a"].broker.default_vhost.queues[q].consumers, ())
+
+    def test_paused_consumer_holds(self) -> None:
+        """A paused consumer's deliveries wait on the stand-in until it resumes."""
+        net, q = self.net, self.q
+        on_a = consume(net, "a", q)
+        ch = channel(net, "a")
+        ch.pause()
+        send(net, "b", q, b"m")
+        net.settle()
+        self.assertEqual(on_a.got, [])
+        ch.resume()
+        self.assertEqual(on_a.bodies(), [b"m"])
+
+
+class PlaceExistingTests(SynchronousTestCase):
+    def test_configured_queues_become_stand_ins(self) -> None:
+        """Queues declared before the mesh starts (the configuration, on
+        every node): those homed elsewhere become stand-ins, bindings gone;
+        one holding messages stays, with a warning; those homed here stay."""
+        from twisted.internet.task import Clock  # noqa: PLC0415
+
+        from qmq.cluster.mesh import Mesh  # noqa: PLC0415
+        from qmq.cluster.settings import ClusterSettings  # noqa: PLC0415
+        from qmq.core.broker import Broker  # noqa: PLC0415
+
+        clock = Clock()
+        broker = Broker(clock, node="a")
+        vhost = broker.default_vhost
+        members = ["a", "b"]
+        away, full = [f"q{i}" for i in range(1000) if rendezvous("/", f"q{i}", members) == "b"][:2]
+        here = next(f"h{i}" for i in range(1000) if rendezvous("/", f"h{i}", members) == "a")
+        for name in (away, full, here):
+            vhost.declare_queue(name)
+        vhost.bind(away, "amq.topic", "k")
+        vhost.publish(broker.new_message("", full, None, b"kept"))
+        mesh = Mesh(broker, ClusterSettings(allow_plaintext=True, peers=("tcp:host=127.0.0.1:port=1:node=b",)), clock)
+        mesh.startService()
+        self.addCleanup(mesh.stopService)
+        self.assertIsInstance(vhost.queues[away], RemoteQueue)
+        self.assertEqual(vhost.queues[away].home, "b")
+        self.assertEqual(list(vhost.exchanges["amq.topic"].route("k", None)), [])
+        self.assertNotIsInstance(vhost.queues[full], RemoteQueue)
+        self.assertEqual(len(vhost.queues[full]), 1)
+        self.assertNotIsInstance(vhost.queues[here], RemoteQueue)
+        self.flushLoggedErrors()
+
+
+class ConfirmDeadlineTests(SynchronousTestCase):
+    def test_unconfirmed_fails_after_the_deadline(self) -> None:
+        """A home that never confirms (its store stuck): the publish fails
+        after CONFIRM_TIMEOUT, at a heart-beat; the link stays up."""
+        from qmq.cluster.queues import CONFIRM_TIMEOUT  # noqa: PLC0415
+
+        net = Net("a", "b", heartbeat=5.0)
+        net.full_mesh()
+        q = homed(net, "b")
+        net["b"].mesh.queues.forwarded = lambda *args: None  # type: ignore[method-assign]
+        answer = send(net, "a", q, b"x")
+        for _ in range(int(CONFIRM_TIMEOUT / 5) + 2):
+            net.clock.advance(5)
+            net.settle()
+        f = self.failureResultOf(answer, Unavailable)
+        self.assertIn("did not confirm the message within 60 s", f.getErrorMessage())
+        self.assertIn("b", net["a"].mesh.links)
+
+
+class BackpressureTests(SynchronousTestCase):
+    def test_full_link_pauses_the_remote_consumer(self) -> None:
+        """The home's link to the consumer's node is not read: deliveries
+        stop once its buffer is full (the rest wait in the queue, none is
+        dropped), and go on when it drains."""
+        net = Net("a", "b", link_buffer=65536)
+        net.full_mesh()
+        q = homed(net, "b")
+        on_a = consume(net, "a", q, ack=False)
+        net.settle()
+        to_a = net["b"].link_to(net["a"])
+        to_a.pauseProducing()
+        for _ in range(200):
+            send(net, "b", q, b"x" * 1000)
+        net.clock.advance(0)
+        home = net["b"].broker.default_vhost.queues[q]
+        self.assertEqual(to_a.dropped, 0)
+        self.assertGreater(len(home), 100)
+        self.assertLess(to_a.snapshot()["buffered_bytes"], 65536 + 2000)
+        to_a.resumeProducing()
+        for _ in range(50):
+            net.settle()
+            net.clock.advance(0)
+        self.assertEqual(len(on_a.got), 200)
+        self.assertEqual(len(home), 0)
