@@ -263,8 +263,9 @@ class QMQ(Broker):
         self.pid = None
 
     def version(self) -> str:
-        """Return the repository's commit."""
-        r = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"],
+        """Return the commit of the tree it runs from (this repository, or
+        C{--qmq-base}'s checkout)."""
+        r = subprocess.run(["git", "-C", str(self.source), "describe", "--always", "--dirty"],
                            capture_output=True, text=True)
         return "git " + (r.stdout.strip() or "?")
 

@@ -88,3 +88,59 @@ class ReadTests(SynchronousTestCase):
         e = self.assertRaises(OptionError, options.read, 0.0, delay=MAX_SPAN_MS + 1)
         self.assertEqual(e.option, "delay")
         self.assertIn(str(MAX_SPAN_MS + 1), str(e))
+
+
+class ParseTests(SynchronousTestCase):
+    """L{options.parse} once, L{options.DeliveryOptions.at} per message:
+    what L{options.read} and its pieces give, at every publish time."""
+
+    COMBINATIONS = [
+        {},
+        {"priority": "4"},
+        {"expires": "12000"},
+        {"expires": "0"},
+        {"ttl": "5000"},
+        {"expires": "12000", "ttl": "5000"},
+        {"expires": "20000", "ttl": "5000"},
+        {"delay": "5000"},
+        {"deliver_at": "12000"},
+        {"deliver_at": "12000", "delay": "1000"},
+        {"deliver_at": "0"},
+        {"delay": "0"},
+        {"ack_timeout": "2.5"},
+        {"priority": 9, "expires": 30000, "ttl": 4000, "delay": 2000, "deliver_at": 11000,
+         "ack_timeout": 3},
+    ]
+
+    def test_at_is_read(self) -> None:
+        for given in self.COMBINATIONS:
+            parsed = options.parse(**given)
+            for now in (0.0, 10.0, 11.5, 13.0, 40.0):
+                self.assertEqual(parsed.at(now), options.read(now, **given), (given, now))
+                self.assertEqual(
+                    parsed.at(now)[1],
+                    options.read_expiry(now, given.get("expires"), given.get("ttl"))
+                    if "expires" in given or "ttl" in given else 0.0,
+                )
+                self.assertEqual(
+                    parsed.at(now)[2],
+                    options.read_delivery_time(now, given.get("delay"), given.get("deliver_at")),
+                )
+
+    def test_equal_and_hashable(self) -> None:
+        self.assertEqual(options.parse("4", ttl="5000"), options.parse(4, ttl=5000))
+        self.assertNotEqual(options.parse(ttl="5000"), options.parse(delay="5000"))
+        self.assertEqual(len({options.parse("4"), options.parse(4)}), 1)
+        self.assertEqual(repr(options.parse("4", ttl="5000")), "DeliveryOptions(priority=4, ttl=5.0)")
+
+    def test_first_bad_option_named(self) -> None:
+        """Errors name the first bad option in read's order."""
+        with self.assertRaises(OptionError) as e:
+            options.parse("10", "x", "x", "x", "x", "x")
+        self.assertEqual(e.exception.option, "priority")
+        with self.assertRaises(OptionError) as e:
+            options.parse(None, None, None, "x", "x")
+        self.assertEqual(e.exception.option, "deliver-at")
+        with self.assertRaises(OptionError) as e:
+            options.read(0.0, None, None, None, "x", "x")
+        self.assertEqual(e.exception.option, "deliver-at")

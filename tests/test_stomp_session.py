@@ -1919,3 +1919,112 @@ class ShutdownTests(SessionTestCase):
         d = self.factory.shutdown()
         self.assertError(c)
         self.successResultOf(d)
+
+
+class RepeatedSendTests(SessionTestCase):
+    """A producer that repeats its SEND headers gets, from what the session
+    kept of the last ones (the split into the model, the parsed delivery
+    options, the relayed block), exactly the message a fresh session makes
+    of the same frame; the id and the times are each message's own."""
+
+    VARIANTS = [
+        {},
+        {"persistent": "true"},
+        {"priority": "7"},
+        {"ttl": "60000"},
+        {"expires": "4000000000000"},
+        {"ttl": "60000", "expires": "4000000000000", "priority": "3", "persistent": "true"},
+        {"delay": "5000"},
+        {"deliver-at": "4000000000000", "ack-timeout": "30"},
+        {"content-type": "text/plain", "correlation-id": "c1", "app": "y", "x-n": "1"},
+        {"reply-to": "/queue/replies", "persistent": "false"},
+        {"reply-to": "/temp-queue/back"},
+    ]
+
+    def published(self, client: Client) -> list:
+        """Every message C{client}'s session publishes from now on."""
+        channel = client.session.channel
+        seen: list = []
+        publish = channel.publish_target
+
+        def spy(target, message, checked=False):
+            seen.append(message)
+            return publish(target, message, checked)
+
+        channel.publish_target = spy
+        return seen
+
+    @staticmethod
+    def model(m) -> tuple:
+        """What a message is, less its id and the times made from its
+        timestamp (given relative to it)."""
+
+        def rel(t: float) -> float:
+            return round(t - m.timestamp, 6) if t else 0.0
+
+        return (m.exchange, m.routing_key, m.headers, m.properties, m.persistent, m.priority,
+                rel(m.expires), rel(m.deliver_at), m.ack_timeout, m.body)
+
+    def test_cached_and_fresh_alike(self) -> None:
+        """Four SENDs with the same headers (the second found by comparing
+        headers, the later ones by the parser's repeated block), with and
+        without receipts, make the message one SEND makes on a session that
+        never saw them, delivered with the same MESSAGE headers."""
+        self.clock.advance(1_700_000_000)
+        for receipt in (False, True):
+            for headers in self.VARIANTS:
+                self.vhost.queues.pop("q", None)
+                producer = self.client()
+                seen = self.published(producer)
+                for i in range(4):
+                    h = dict(headers, receipt=f"r{i}") if receipt else headers
+                    producer.publish("/queue/q", b"body", **h)
+                fresh = self.client()
+                fresh_seen = self.published(fresh)
+                fresh.publish("/queue/q", b"body", **headers)
+                self.assertEqual(len(seen), 4, headers)
+                self.assertEqual(len(set(m.id for m in seen + fresh_seen)), 5)
+                expected = self.model(fresh_seen[0])
+                temp = headers.get("reply-to", "").startswith("/temp-queue/")
+                if temp:
+                    # Rewritten to the producer's own reply queue.
+                    own = {"reply_to": "/queue/" + producer.session.channel.temp_queue("back").name}
+                    self.assertNotEqual(expected[3], own)
+                    expected = expected[:3] + (own,) + expected[4:]
+                for m in seen:
+                    self.assertEqual(self.model(m), expected, (receipt, headers))
+                if "delay" in headers or "deliver-at" in headers:
+                    continue
+                consumer = self.client()
+                consumer.subscribe("/queue/q")
+                got = [
+                    {k: v for k, v in f.headers.items() if k not in ("message-id", "subscription")}
+                    for f in consumer.messages()
+                ]
+                self.assertEqual(len(got), 5, headers)
+                if temp:
+                    got[4]["reply-to"] = got[0]["reply-to"]
+                self.assertEqual(got[:4], [got[4]] * 4, (receipt, headers))
+
+    def test_times_are_each_messages_own(self) -> None:
+        """A ttl or a delay is counted from each message's publish, however
+        many times the same headers came before."""
+        self.clock.advance(1_700_000_000)
+        producer = self.client()
+        seen = self.published(producer)
+        for _ in range(4):
+            producer.publish("/queue/q", b"x", ttl="60000", delay="5000", priority="2")
+            self.clock.advance(1.5)
+        self.assertEqual([m.timestamp - seen[0].timestamp for m in seen], [0, 1.5, 3.0, 4.5])
+        for m in seen:
+            self.assertEqual((m.expires, m.deliver_at, m.priority),
+                             (m.timestamp + 60.0, m.timestamp + 5.0, 2))
+
+    def test_bad_value_refused_each_time(self) -> None:
+        """A header set that was refused is refused again (nothing of it is
+        kept), and a good one after it is read afresh."""
+        for _ in range(2):
+            c = self.client()
+            c.publish("/queue/q", b"x", ttl="60000")
+            c.publish("/queue/q", b"x", ttl="-1")
+            self.assertError(c, "invalid ttl header")

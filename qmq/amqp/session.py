@@ -85,6 +85,7 @@ from qmq.core.errors import (
 )
 from qmq.core.management import Management, authorize_arguments
 from qmq.core.message import Message, check_user_id
+from qmq.stream import BatchedOutput
 
 __all__ = ["AmqpChannel", "AmqpConsumer", "AmqpSession", "ConnectionError_", "REPLY_CODES"]
 
@@ -1048,7 +1049,7 @@ _HANDLERS: dict[int, Callable[[AmqpChannel, Any], None]] = {
 _HEADER, _START_OK, _TUNE_OK, _OPEN, _LOGIN, _OPEN_DONE, _CLOSING, _CLOSED = range(8)
 
 
-class AmqpSession:
+class AmqpSession(BatchedOutput):
     """One AMQP connection (see the module docstring).
 
     @ivar frame_max: the negotiated frame size (the listener's until tune-ok).
@@ -1091,9 +1092,7 @@ class AmqpSession:
         self.encoder = PropertiesEncoder()
         self.shorts: dict[str, bytes] = {}
         self._buffer = bytearray()
-        self._batcher = broker.batcher
-        self._out: list[bytes] = []
-        self._out_size = 0
+        self.init_output(broker.batcher, FLUSH_THRESHOLD)
         self._confirming: set[AmqpChannel] = set()
         self.last_read = self._seconds()
         self._last_write = self.last_read
@@ -1115,28 +1114,19 @@ class AmqpSession:
 
     # -- output ----------------------------------------------------------------------
 
-    def write(self, data: bytes) -> None:
-        out = self._out
-        out.append(data)
-        self._out_size += len(data)
-        if len(out) == 1:
-            self._batcher.want_flush(self)
-        elif self._out_size > FLUSH_THRESHOLD:
-            self.flush()
+    #: Buffer one outgoing frame (L{BatchedOutput.write_frame}).
+    write = BatchedOutput.write_frame
 
     def flush(self) -> None:
+        """Send the confirms due this turn, then everything buffered
+        (L{BatchedOutput.flush})."""
         if self._confirming:
             channels, self._confirming = self._confirming, set()
             for channel in channels:
                 channel.confirms()
-        out = self._out
-        if not out:
-            return
-        self._out = []
-        self._out_size = 0
-        if not self.closed:
+        if self._out and not self.closed:
             self._last_write = self._seconds()
-            self.transport.write_frames(out)
+        BatchedOutput.flush(self)
 
     def want_confirms(self, channel: AmqpChannel) -> None:
         """C{channel} has confirms to send: at the end of the turn."""

@@ -51,7 +51,7 @@ delivery tag is L{PreconditionFailed} (406).
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from qmq.core.access import Resource, authorize, resource_named
@@ -197,7 +197,7 @@ class Channel:
         subscriptions (L{qmq.core.ownership}).
     @ivar owners: delivery tag -> the consumer it was delivered on.
     @ivar next_tag: the next delivery tag (read it; L{track} takes one, as
-        does the callable L{tag_source} returns).
+        does C{next()} of the iterator L{tag_source} returns).
     @ivar consumer_tags: consumer tag -> consumer, for the consumers
         L{consume} tagged.
     @ivar backlog_budget: the budget the backlogs of its live consumers
@@ -454,7 +454,11 @@ class Channel:
         The frontend may set C{message.cache} (its encoded form) before
         publishing. (Inlined: this is the publish path.)
         """
-        return Message(next(self._ids), target[2], target[3], headers, body, self._seconds(), persistent)
+        # The clock's bound method read as an attribute, then called:
+        # CPython 3.11 cannot specialize a method call of a callable kept on
+        # the instance (self._seconds()), and looks it up the slow way.
+        seconds = self._seconds
+        return Message(next(self._ids), target[2], target[3], headers, body, seconds(), persistent)
 
     def now(self) -> float:
         """The core's time (its clock's seconds), as messages are stamped."""
@@ -1005,13 +1009,15 @@ class Channel:
         """The next delivery tag (none is taken)."""
         return self._tags.next_value
 
-    def tag_source(self) -> Callable[[], int]:
-        """The call that takes a delivery tag and records nothing: all that
-        L{track} does for a consumer that does not ack (its deliveries are
-        settled as they go out). Such a consumer's frontend may bind it once
-        and call it per delivery instead of L{track} (a C call: fan-out
-        makes one per subscriber and message)."""
-        return self._tags.__next__
+    def tag_source(self) -> Iterator[int]:
+        """The delivery tags, as an iterator: C{next()} of it takes a tag
+        and records nothing, all that L{track} does for a consumer that
+        does not ack (its deliveries are settled as they go out). Such a
+        consumer's frontend may keep it and call C{next} on it per delivery
+        instead of L{track} (a C call: fan-out makes one per subscriber and
+        message; C{next(tags)} is cheaper than calling a bound
+        C{__next__})."""
+        return self._tags
 
     def owner_of(self, tag: int) -> Consumer | None:
         """The consumer delivery C{tag} waits on, or None.
@@ -1095,6 +1101,14 @@ class Channel:
             message = unacked.pop(tag, None)
             owners.pop(tag, None)
             if message is None:
+                return
+            if not self._gated and ack:
+                # One message acked, the commonest case (STOMP's
+                # ack:client-individual): no list, no loop.
+                queue = consumer.queue
+                if queue is not None:
+                    self.acked += 1
+                    queue.ack(consumer, message)
                 return
             done = [message]
         # _settle_messages, inlined: STOMP's every ACK comes here.

@@ -22,6 +22,13 @@ The options, with the names L{OptionError} gives them::
     deliver-at    epoch milliseconds before which it is not delivered
     ack-timeout   seconds a consumer may hold it unacknowledged
 
+A frontend whose publishers repeat the same options (a STOMP producer
+sends the same header block with every message) may read them once with
+L{parse}, keep the L{DeliveryOptions} it gets (keyed on exactly the text it
+read), and apply it to each message with L{DeliveryOptions.at}: the values
+are checked once, the times are still made per message, from its own
+publish time. L{read} is the two steps at once.
+
 Times are measured from the publish (the C{now} the frontend passes: the
 time the core stamps on the message), whatever else the message asks
 for: a message with C{delay} 10 s and C{ttl} 5 s expires before its
@@ -38,6 +45,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "DeliveryOptions",
     "MAX_ACK_TIMEOUT",
     "MAX_EPOCH_MS",
     "MAX_PRIORITY",
@@ -45,6 +53,7 @@ __all__ = [
     "OPTION_NAMES",
     "PRIORITIES",
     "OptionError",
+    "parse",
     "read",
     "read_ack_timeout",
     "read_delivery_time",
@@ -214,6 +223,124 @@ def read_ack_timeout(value: Any) -> float:
     return seconds
 
 
+class DeliveryOptions:
+    """A message's delivery options as read by L{parse}: checked, but not
+    yet made into times (those depend on the publish time, L{at}).
+
+    Immutable: a frontend may keep one and apply it to every message that
+    names the same options.
+
+    @ivar priority: 0 to L{MAX_PRIORITY}.
+    @ivar expires: the C{expires} option in epoch seconds, 0.0 if none.
+    @ivar ttl: the C{ttl} option in seconds, or None.
+    @ivar delay: the C{delay} option in seconds, or None.
+    @ivar deliver_at: the C{deliver-at} option in epoch seconds, 0.0 if none.
+    @ivar ack_timeout: seconds, 0.0 for the queue's rule.
+    """
+
+    __slots__ = ("priority", "expires", "ttl", "delay", "deliver_at", "ack_timeout", "_fixed")
+
+    def __init__(
+        self,
+        priority: int = 0,
+        expires: float = 0.0,
+        ttl: float | None = None,
+        delay: float | None = None,
+        deliver_at: float = 0.0,
+        ack_timeout: float = 0.0,
+    ) -> None:
+        self.priority = priority
+        self.expires = expires
+        self.ttl = ttl
+        self.delay = delay
+        self.deliver_at = deliver_at
+        self.ack_timeout = ack_timeout
+        # No option relative to the publish time (and none that a past
+        # time turns off): the same answer for every publish.
+        self._fixed = (
+            (priority, expires, 0.0, ack_timeout)
+            if ttl is None and delay is None and not deliver_at
+            else None
+        )
+
+    def at(self, now: float) -> tuple[int, float, float, float]:
+        """The options of a message published at C{now} (epoch seconds).
+
+        @return: C{(priority, expires, deliver_at, ack_timeout)}, as L{read}.
+        """
+        fixed = self._fixed
+        if fixed is not None:
+            return fixed
+        expires = self.expires
+        ttl = self.ttl
+        if ttl is not None:
+            by_ttl = now + ttl
+            if not expires or by_ttl < expires:
+                expires = by_ttl
+        deliver_at = self.deliver_at
+        delay = self.delay
+        if delay is not None:
+            deliver_at = max(deliver_at, now + delay)
+        return (
+            self.priority,
+            expires,
+            deliver_at if deliver_at > now else 0.0,
+            self.ack_timeout,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not DeliveryOptions:
+            return NotImplemented
+        return all(getattr(self, k) == getattr(other, k) for k in self.__slots__[:-1])
+
+    def __hash__(self) -> int:
+        return hash(tuple(getattr(self, k) for k in self.__slots__[:-1]))
+
+    def __repr__(self) -> str:
+        given = ", ".join(
+            f"{k}={getattr(self, k)!r}" for k in self.__slots__[:-1] if getattr(self, k) not in (0, 0.0, None)
+        )
+        return f"DeliveryOptions({given})"
+
+
+def _span(value: Any, option: str) -> float:
+    """A span option (C{ttl}, C{delay}) in seconds."""
+    ms = _SPANS.get(value) if value.__class__ is str else None
+    if ms is None:
+        ms = _memo(_SPANS, value, option, MAX_SPAN_MS)
+    return ms / 1000.0
+
+
+def parse(
+    priority: Any = None,
+    expires: Any = None,
+    ttl: Any = None,
+    delay: Any = None,
+    deliver_at: Any = None,
+    ack_timeout: Any = None,
+) -> DeliveryOptions:
+    """Read a message's delivery options (each None when not given), with
+    the same rules and bounds as L{read}, for L{DeliveryOptions.at}.
+
+    @raise OptionError: a value is malformed or out of bounds (the first
+        in the order of L{OPTION_NAMES}, C{deliver-at} before C{delay}).
+    """
+    level = 0 if priority is None else read_priority(priority)
+    at = 0.0
+    if expires is not None:
+        # Text seen before: a lookup (anything else is read, and may be
+        # unhashable).
+        ms = _EPOCHS.get(expires) if expires.__class__ is str else None
+        if ms is None:
+            ms = _memo(_EPOCHS, expires, "expires", MAX_EPOCH_MS)
+        at = ms / 1000.0
+    span = None if ttl is None else _span(ttl, "ttl")
+    first = 0.0 if deliver_at is None else _whole(deliver_at, "deliver-at", 0, MAX_EPOCH_MS) / 1000.0
+    wait = None if delay is None else _span(delay, "delay")
+    hold = 0.0 if ack_timeout is None else read_ack_timeout(ack_timeout)
+    return DeliveryOptions(level, at, span, wait, first, hold)
+
+
 def read(
     now: float,
     priority: Any = None,
@@ -224,18 +351,11 @@ def read(
     ack_timeout: Any = None,
 ) -> tuple[int, float, float, float]:
     """Every delivery option of a message published at C{now} (each None
-    when not given).
+    when not given): L{parse}, then L{DeliveryOptions.at}.
 
     @return: C{(priority, expires, deliver_at, ack_timeout)}: the priority,
         when it expires and when it may first be delivered (epoch seconds,
         0.0: never, at once), its ack timeout (seconds, 0.0: the queue's).
     @raise OptionError: a value is malformed or out of bounds.
     """
-    return (
-        0 if priority is None else read_priority(priority),
-        read_expiry(now, expires, ttl) if expires is not None or ttl is not None else 0.0,
-        read_delivery_time(now, delay, deliver_at)
-        if delay is not None or deliver_at is not None
-        else 0.0,
-        0.0 if ack_timeout is None else read_ack_timeout(ack_timeout),
-    )
+    return parse(priority, expires, ttl, delay, deliver_at, ack_timeout).at(now)

@@ -96,9 +96,9 @@ class ConnectMixin:
             self._recv_loop.start(recv_ms / 2000.0, now=False)
 
     def _send_tick(self) -> None:
-        if not self._wrote_flag and not self._out:
+        if not self.wrote and not self._out:
             self.write_frame(b"\n")
-        self._wrote_flag = False
+        self.wrote = False
 
     def _recv_tick(self) -> None:
         if self._blocked:

@@ -78,6 +78,7 @@ from qmq.stomp.headers import HeaderError, parse_bool, parse_int
 from qmq.stomp.settings import StompSettings
 from qmq.stomp.subscription import Subscription, TextSubscription
 from qmq.stomp.transactions import TransactionsMixin
+from qmq.stream import BatchedOutput
 from qmq.transport import ITransport
 
 log = Logger()
@@ -105,6 +106,8 @@ _MAX_HELD_FRAMES = 1000
 # few blocks; these bounds keep a hostile one from pinning megabytes.
 _CACHED_BLOCKS = 64
 _CACHED_BLOCK_SIZE = 2048
+# No raw block (Frame.raw is a bytes object or None, never this).
+_NO_RAW = object()
 #: SEND headers that set how a message is delivered (see _delivery_options).
 ACK_TIMEOUT_HEADER = "ack-timeout"
 _TIMING_HEADERS = frozenset(("expires", "ttl", "delay", "deliver-at", ACK_TIMEOUT_HEADER))
@@ -125,7 +128,7 @@ _SUBSCRIBE_ARGUMENTS = frozenset(
 ) - {"expires", "ack-timeout"}
 
 
-class StompSession(ConnectMixin, TransactionsMixin):
+class StompSession(ConnectMixin, TransactionsMixin, BatchedOutput):
     """One client's STOMP session (see the module docstring).
 
     @ivar id: the session id, C{NODE.RUN.N} (L{qmq.core.ids}; also the
@@ -182,18 +185,18 @@ class StompSession(ConnectMixin, TransactionsMixin):
         self.transactions: dict[str, list[tuple[str, Frame]]] = {}
         self._transaction_frames = 0
         self._transaction_bytes = 0
-        self._batcher = broker.batcher
-        self._out: list[bytes] = []
-        self._out_size = 0
+        self.init_output(broker.batcher, FLUSH_THRESHOLD)
         self._blocks: dict[bytes, bytes] = {}
-        # The last SEND's headers and their split into the model.
-        self._last_split: tuple = (None, None, None)
+        # The last SEND's header block (if it may be relayed as is), its
+        # headers less the frame's own, and what they make (see _publish).
+        self._last_send: tuple = (None, None, False, None, None, None, None)
+        # The raw block of _last_send when stomp_SEND may publish it inline.
+        self._fast_raw: Any = _NO_RAW
         # The last relayed block given an expires line: (block, expiry in
         # epoch ms, block with the line).
         self._last_expiry: tuple = (None, 0, None)
         self._seconds = self.clock.seconds
         self._msgid_prefix = self.id + "-"
-        self._wrote_flag = True
         self._waiting: deque[list] | None = None
         self._group: list | None = None
         self._group_waiter: Any = None
@@ -322,38 +325,6 @@ class StompSession(ConnectMixin, TransactionsMixin):
             self._failed(frame, e)
         except HeaderError as e:
             self._failed(frame, StompError(e.message, e.detail))
-
-    def write_frame(self, data: bytes) -> None:
-        """Buffer one outgoing frame; it goes out at the end of this reactor turn."""
-        out = self._out
-        out.append(data)
-        self._out_size += len(data)
-        if len(out) == 1:
-            self._batcher.want_flush(self)
-        elif self._out_size > FLUSH_THRESHOLD:
-            self.flush()
-
-    def write_frames(self, frames: list[bytes]) -> None:
-        """Buffer several outgoing frames (L{write_frame} for each)."""
-        out = self._out
-        was_empty = not out
-        out.extend(frames)
-        self._out_size += sum(map(len, frames))
-        if was_empty:
-            self._batcher.want_flush(self)
-        if self._out_size > FLUSH_THRESHOLD:
-            self.flush()
-
-    def flush(self) -> None:
-        """Hand everything buffered to the transport in one call."""
-        out = self._out
-        if not out:
-            return
-        self._out = []
-        self._out_size = 0
-        self._wrote_flag = True
-        if not self.closed:
-            self.transport.write_frames(out)
 
     def pause(self) -> None:
         """The transport's write buffer is full: stop deliveries."""
@@ -593,6 +564,22 @@ class StompSession(ConnectMixin, TransactionsMixin):
             # control query (/control/memory) publishes nothing: a monitor
             # asking about the alarm is not blocked by it.
             self._hold_back(h)
+        if frame.raw is self._fast_raw:
+            # _publish's commonest case, inlined (a Python call less a
+            # message): the header block of the last SEND again (so no
+            # receipt, no transaction), with no delivery option and relayed
+            # as it is (_publish keeps _fast_raw for such a block only).
+            last = self._last_send
+            channel = self.channel
+            target = channel.send_target(h["destination"])  # type: ignore[union-attr]
+            if target[4] is not None:
+                message = channel.new_message(target, last[5], frame.body, last[2])  # type: ignore[union-attr]
+                properties = last[4]
+                if properties is not None:
+                    message.properties = properties
+                message.cache = last[6]
+                channel.publish_target(target, message)  # type: ignore[union-attr]
+                return
         receipt = h.get("receipt")
         if "transaction" in h:
             self._hold(h["transaction"], "SEND", frame)
@@ -629,66 +616,56 @@ class StompSession(ConnectMixin, TransactionsMixin):
 
         The frame's headers become the message model (L{split_headers}:
         properties and application headers; the delivery options read by
-        the core's parser into the message's fields), and the raw header
-        block the parser kept becomes the MESSAGE header block (less what
-        the model does not keep as sent: L{relay_block}), so relaying costs
-        no re-encoding.
+        the core's parser, L{qmq.core.options.parse}, into the message's
+        fields), and the raw header block the parser kept becomes the
+        MESSAGE header block (less what the model does not keep as sent:
+        L{relay_block}), so relaying costs no re-encoding.
+
+        A producer repeats its headers: what they make (the persistent
+        flag, the parsed delivery options, the split into the model, the
+        relayed block) is kept for the last SEND's header set, keyed on the
+        exact headers left once the frame's own lines are gone (a dict
+        compare), or on the very bytes of its header block (an identity
+        compare: the parser hands back the same object for a repeated
+        block). The message id, its time and every time made from it
+        (C{ttl}, C{delay}) are the message's own, made per message.
         """
         channel = self.channel
         assert channel is not None
         h = frame.headers
-        text = h["destination"]
-        target = channel.send_target(text)
+        target = channel.send_target(h["destination"])
         if target[4] is None:
             return channel.control(target[3])
         raw = frame.raw
-        persistent = False
+        last = self._last_send
         unique = False
-        timing: Any = None
-        properties = headers = None
-        if len(h) > 1:
-            if "receipt" in h:
-                del h["receipt"]
-                unique = True
-            if "transaction" in h:
-                del h["transaction"]
-                unique = True
-            if "content-length" in h:
-                del h["content-length"]
-            if "reply-to" in h:
-                reply_to = h["reply-to"]
-                if reply_to.startswith("/temp-queue/"):
-                    h["reply-to"] = self._reply_to(reply_to)
-                    raw = None
-            persistent_header = h.get("persistent")
-            if persistent_header is not None:
-                persistent = parse_bool(persistent_header, "persistent")
-            # Delivery headers: none on a SEND with only its destination left;
-            # else one C-level pass over the few headers.
-            if len(h) > 1 and not _DELIVERY_HEADERS.isdisjoint(h):
-                if "priority" in h and _TIMING_HEADERS.isdisjoint(h):
-                    # A priority alone (the common case): a lookup, no call.
-                    timing = options.PRIORITIES.get(h["priority"])
-                    if timing is None:
-                        try:
-                            timing = options.read_priority(h["priority"])
-                        except OptionError as e:
-                            raise _header_error(e) from None
-                elif "delay" in h or "deliver-at" in h or ACK_TIMEOUT_HEADER in h:
-                    timing = self._delivery_options(h)
-                else:
-                    timing = self._expiry_options(h)  # a TTL: no other call
+        if raw is not None and raw is last[0]:
+            # The same header block as the last SEND's, which had no
+            # receipt, transaction or temp-queue reply-to: the same model.
+            _, _, persistent, timing, properties, headers, block = last
+        else:
+            block = None
             if len(h) > 1:
-                # A producer's messages repeat their headers: they share
-                # the model's dicts, as recovered messages do (a message's
-                # dicts are never changed in place), split once.
-                last = self._last_split
-                if h == last[0]:
-                    properties, headers = last[1], last[2]
-                else:
-                    properties, headers = split_headers(h)
-                    check_user_id(properties, channel.user)
-                    self._last_split = (h, properties, headers)
+                if "receipt" in h:
+                    del h["receipt"]
+                    unique = True
+                if "transaction" in h:
+                    del h["transaction"]
+                    unique = True
+                if "content-length" in h:
+                    del h["content-length"]
+                if "reply-to" in h:
+                    reply_to = h["reply-to"]
+                    if reply_to.startswith("/temp-queue/"):
+                        h["reply-to"] = self._reply_to(reply_to)
+                        raw = None
+            if h == last[1]:
+                _, _, persistent, timing, properties, headers, _ = last
+            else:
+                persistent, timing, properties, headers = self._read_send(h, channel.user)
+                if raw is None or unique:
+                    self._last_send = (None, h, persistent, timing, properties, headers, None)
+                    self._fast_raw = _NO_RAW
         message = channel.new_message(target, headers, frame.body, persistent)
         if properties is not None:
             message.properties = properties
@@ -696,7 +673,9 @@ class StompSession(ConnectMixin, TransactionsMixin):
             if timing.__class__ is int:
                 message.priority = timing
             else:
-                message.priority, message.expires, message.deliver_at, message.ack_timeout = timing
+                message.priority, message.expires, message.deliver_at, message.ack_timeout = timing.at(
+                    message.timestamp
+                )
         if raw is None:
             encode_message_headers(message)
         elif unique:
@@ -705,18 +684,23 @@ class StompSession(ConnectMixin, TransactionsMixin):
             # now (see qmq.stomp.encoding).
             message.cache = (raw,)
         else:
-            # Producers repeat the same header block; the parser hands back
-            # the same bytes object for it, so this lookup is cheap.
-            block = self._blocks.get(raw)
             if block is None:
-                block = relay_block(raw, destination_line(target[2], target[3])) or b""
-                # Long blocks are not worth keeping (and would let a client
-                # pin megabytes).
-                if len(raw) <= _CACHED_BLOCK_SIZE:
-                    blocks = self._blocks
-                    if len(blocks) >= _CACHED_BLOCKS:
-                        blocks.clear()
-                    blocks[raw] = block
+                # Producers repeat the same header block; the parser hands
+                # back the same bytes object for it, so this lookup is cheap.
+                block = self._blocks.get(raw)
+                if block is None:
+                    block = relay_block(raw, destination_line(target[2], target[3])) or b""
+                    # Long blocks are not worth keeping (and would let a
+                    # client pin megabytes).
+                    if len(raw) <= _CACHED_BLOCK_SIZE:
+                        blocks = self._blocks
+                        if len(blocks) >= _CACHED_BLOCKS:
+                            blocks.clear()
+                        blocks[raw] = block
+                self._last_send = (raw, h, persistent, timing, properties, headers, block)
+                # stomp_SEND publishes the next frame with this very block
+                # itself when it is relayed as is and sets no option.
+                self._fast_raw = raw if block and timing is None else _NO_RAW
             if not block:  # not relayed as sent: from the model
                 encode_message_headers(message)
             elif message.expires:
@@ -733,20 +717,48 @@ class StompSession(ConnectMixin, TransactionsMixin):
                 message.cache = block
         return channel.publish_target(target, message)
 
-    def _delivery_options(self, h: dict[str, str]) -> tuple[int, float, float, float]:
+    def _read_send(self, h: dict[str, str], user: Any) -> tuple:
+        """What a SEND's headers C{h} (its frame lines gone) make of a
+        message: C{(persistent, timing, properties, headers)}; C{timing} is
+        None (no delivery option), a priority alone (an int) or the
+        core's L{qmq.core.options.DeliveryOptions}.
+
+        @raise HeaderError: a header value is malformed or out of range.
+        @raise AccessRefused: a C{user-id} that is not the publisher's.
+        """
+        persistent = False
+        timing: Any = None
+        properties = headers = None
+        if len(h) > 1:
+            persistent_header = h.get("persistent")
+            if persistent_header is not None:
+                persistent = parse_bool(persistent_header, "persistent")
+            if not _DELIVERY_HEADERS.isdisjoint(h):
+                if "priority" in h and _TIMING_HEADERS.isdisjoint(h):
+                    # A priority alone (the common case): an int.
+                    timing = options.PRIORITIES.get(h["priority"])
+                    if timing is None:
+                        try:
+                            timing = options.read_priority(h["priority"])
+                        except OptionError as e:
+                            raise _header_error(e) from None
+                else:
+                    timing = self._delivery_options(h)
+            properties, headers = split_headers(h)
+            check_user_id(properties, user)
+        return persistent, timing, properties, headers
+
+    def _delivery_options(self, h: dict[str, str]) -> options.DeliveryOptions:
         """Read a SEND's delivery headers through the core's one parser
-        (L{qmq.core.options.read}): C{priority}, C{expires}, C{ttl},
+        (L{qmq.core.options.parse}): C{priority}, C{expires}, C{ttl},
         C{delay}, C{deliver-at}, C{ack-timeout} (their names are the core's
         option names).
 
-        @return: C{(priority, expires, deliver_at, ack_timeout)}, times in
-            epoch seconds (0.0: none).
         @raise HeaderError: a value is malformed or out of range.
         """
         get = h.get
         try:
-            timing = options.read(
-                self._seconds(),
+            return options.parse(
                 get("priority"),
                 get("expires"),
                 get("ttl"),
@@ -754,22 +766,6 @@ class StompSession(ConnectMixin, TransactionsMixin):
                 get("deliver-at"),
                 get(ACK_TIMEOUT_HEADER),
             )
-        except OptionError as e:
-            raise _header_error(e) from None
-        return timing
-
-    def _expiry_options(self, h: dict[str, str]) -> tuple[int, float, float, float]:
-        """The part of L{_delivery_options} that reads C{priority},
-        C{expires} and C{ttl}; the whole of it when a SEND has no delivery
-        time or ack timeout (the common case, called directly)."""
-        priority = 0
-        try:
-            value = h.get("priority")
-            if value is not None:
-                priority = options.PRIORITIES.get(value)  # type: ignore[assignment]
-                if priority is None:
-                    priority = options.read_priority(value)
-            return priority, options.read_expiry(self._seconds(), h.get("expires"), h.get("ttl")), 0.0, 0.0
         except OptionError as e:
             raise _header_error(e) from None
 

@@ -37,7 +37,7 @@ class Subscription(Consumer):
     @ivar mode: C{auto}, C{client} or C{client-individual}.
     """
 
-    __slots__ = ("session", "id", "destination", "mode", "prefix", "ack_line", "take_tag")
+    __slots__ = ("session", "id", "destination", "mode", "prefix", "ack_line", "tags")
 
     def __init__(
         self,
@@ -62,15 +62,17 @@ class Subscription(Consumer):
         # STOMP 1.2 acks by the `ack` header; earlier versions by message-id.
         self.ack_line = (f"\nack:{sid}-").encode() if (version == "1.2" and mode != "auto") else b""
         self.paused = session.paused
-        # An auto-ack delivery is tracked by taking a tag alone (a C call
-        # bound once, not a Python call of Channel.track per delivery).
-        self.take_tag = session.channel.tag_source()
+        # An auto-ack delivery is tracked by taking a tag alone: next() of
+        # the channel's tags, a C call (not a Python call of Channel.track;
+        # nor a bound __next__ kept in a slot, which CPython 3.11 looks up
+        # and calls the slow way).
+        self.tags = session.channel.tag_source()
 
     def deliver(self, message: Message, queue: Queue | None) -> None:
         if self.ack_required:
             tag = self.channel.track(self, message)
         else:
-            tag = self.take_tag()
+            tag = next(self.tags)
         block = message.cache
         if block is None:
             block = encode_message_headers(message)
