@@ -77,21 +77,24 @@ class PlacementTests(SynchronousTestCase):
         self.assertIn("x-home-node must be a node id", e.exception.message)
 
     def test_another_policy(self) -> None:
-        """Any object with home(vhost, name) places queues (the workers'
-        CRC-32 policy here); x-home-node still wins over it."""
+        """Any object with home(vhost, name) places queues (the workers pass
+        a Placement over their fixed list); x-home-node still wins over it."""
         from twisted.internet.task import Clock  # noqa: PLC0415
 
         from qmq.cluster.mesh import Mesh  # noqa: PLC0415
         from qmq.cluster.settings import ClusterSettings  # noqa: PLC0415
         from qmq.core.broker import Broker  # noqa: PLC0415
-        from qmq.workers.placement import WorkerPlacement  # noqa: PLC0415
 
-        policy = WorkerPlacement(["w0", "w1", "w2"])
+        class ByLength:
+            def home(self, vhost: str, name: str) -> str:
+                return ["w0", "w1", "w2"][len(name) % 3]
+
+        policy = ByLength()
         mesh = Mesh(Broker(Clock(), node="w0"), ClusterSettings(allow_plaintext=True), Clock(), placement=policy)
-        for i in range(20):
-            expected = policy.home("/", f"q{i}")
-            self.assertEqual(mesh.queues.home("/", f"q{i}", None), None if expected == "w0" else expected)
-        self.assertEqual(mesh.queues.home("/", "q1", {"x-home-node": "w9"}), "w9")
+        for name in ("q", "qq", "qqq", "qqqq"):
+            expected = policy.home("/", name)
+            self.assertEqual(mesh.queues.home("/", name, None), None if expected == "w0" else expected)
+        self.assertEqual(mesh.queues.home("/", "qq", {"x-home-node": "w9"}), "w9")
 
     def test_membership_is_configured_not_linked(self) -> None:
         """Named peers count while they are down; so do nodes seen once."""

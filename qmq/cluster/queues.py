@@ -146,7 +146,8 @@ class RemoteQueues:
             return None
         # x-home-node, else the virtual host's queue_defaults may name a
         # home for all; else the placement's rule (any object with
-        # home(vhost, name): Placement, qmq.workers.placement's).
+        # home(vhost, name): Placement, or the workers' Placement over their
+        # fixed list).
         home = home_argument(arguments)
         if home is None:
             v = self.mesh.broker.vhosts.get(vhost)
