@@ -6,7 +6,8 @@
 CPU time on a shared machine moves by tens of percent between runs; the
 number of instructions a run executes does not. This runs the in-process
 benches (``delivery_cost.py``: ``dc:VARIANT:ACK``; ``durable_cost.py``:
-``dur:VARIANT``; ``amqp_cost.py``: ``amqp:ack|autoack|confirm``) under
+``dur:VARIANT``; ``amqp_cost.py``: ``amqp:ack|autoack|confirm``;
+``http_cost.py``: ``http:single|batch``, HTTP API publishes) under
 ``valgrind --tool=cachegrind --cache-sim=no`` twice per tree and variant,
 with ``--small`` and ``--small + --number`` messages, and prints the
 difference divided by ``--number``: the instructions of one message,
@@ -53,6 +54,14 @@ def child(variant: str, n: int) -> None:
         import amqp_cost
 
         amqp_cost.amqp_run(n, 100, rest in ("ack", "confirm"), rest == "confirm")
+    elif kind == "http":
+        import http_cost
+
+        # single: n requests of one message; batch: n / 1,000 requests of
+        # 1,000 messages. Either way n messages, so the figure is a message's.
+        per = http_cost.SCENARIOS[rest]
+        bench = http_cost.Bench(8)
+        bench.run(http_cost.publish(per), max(1, n // per))
     else:
         raise SystemExit(f"unknown variant {variant!r}")
 
