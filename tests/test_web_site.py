@@ -19,6 +19,7 @@ from twisted.internet.testing import (
     StringTransportWithDisconnection,
 )
 from twisted.trial import unittest
+from twisted.web.resource import Resource
 from zope.interface import directlyProvides
 
 from qmq import config
@@ -179,8 +180,6 @@ class SiteTests(unittest.TestCase):
 
     def test_mountContract(self) -> None:
         """A mount is one line in L{MOUNTS}: the context in, a resource (or None) out."""
-        from twisted.web.resource import Resource  # noqa: PLC0415
-
         seen = []
 
         class Hello(Resource):
@@ -202,7 +201,7 @@ class SiteTests(unittest.TestCase):
 
     def test_failureIsJson(self) -> None:
         """An exception in a resource is a 500 with a JSON body, no traceback."""
-        from twisted.web.resource import Resource  # noqa: PLC0415
+
 
         class Broken(Resource):
             isLeaf = True
@@ -429,6 +428,39 @@ class ConnectionTests(unittest.TestCase):
         self.clock.advance(10)
         self.assertEqual(aborted, [])
         self.assertIsNone(client.protocol.identity)
+
+    def test_secureOnce(self) -> None:
+        """A request knows it came over TLS from its connection (read once,
+        not adapted a request): the guard takes the https origin of the
+        broker's own name over TLS, and only there."""
+        own = "Origin: https://127.0.0.1:8080\r\n"
+        plain = Client(self.factory)
+        self.assertIs(plain.protocol.secure, False)
+        self.assertEqual(split(plain.request("GET", "/api/v1/vhosts", headers=own))[0], 403)
+        tls = Client(self.factory, host="127.0.0.2", tls=True)
+        self.assertIs(tls.protocol.secure, True)
+        self.assertEqual(split(tls.request("GET", "/api/v1/vhosts", headers=own))[0], 200)
+        self.assertEqual(
+            split(tls.request("GET", "/api/v1/vhosts", headers="Origin: http://127.0.0.1:8080\r\n"))[0], 403
+        )
+
+    def test_setHostSecure(self) -> None:
+        """C{setHost(..., ssl=True)} makes a request secure, as in Twisted."""
+        seen = []
+
+        class Probe(Resource):
+            isLeaf = True
+
+            def render_GET(self, request: Any) -> bytes:
+                before = request.isSecure()
+                request.setHost(b"broker.example", 443, ssl=True)
+                seen.append((before, request.isSecure(), request.getHeader(b"host")))
+                return b"{}"
+
+        self.factory.site.resource.putChild(b"probe", Probe())
+        client = Client(self.factory)
+        self.assertEqual(split(client.request("GET", "/probe"))[0], 200)
+        self.assertEqual(seen, [(False, True, b"broker.example")])
 
     def test_shutdown(self) -> None:
         """A plain HTTP connection is closed at a shutdown; its timers stop."""

@@ -136,6 +136,7 @@ class Refusal:
 
 class _RefusalResource(Resource):
     isLeaf = True
+    answers_every_method = True  # qmq.web.site.QMQRequest.render: no 405 to make
 
     def __init__(self, refusal: Refusal) -> None:
         super().__init__()
@@ -430,12 +431,16 @@ class Guard:
 
     def check_request(self, request: Any) -> Refusal | None:
         """L{check} a C{twisted.web} request (its body already read)."""
-        content = request.content
-        size = 0
-        if content is not None:
-            at = content.tell()
-            size = content.seek(0, 2)
-            content.seek(at)
+        # The site's requests count their body as it comes
+        # (L{qmq.web.site.QMQRequest.body_size}); another's is measured.
+        size = getattr(request, "body_size", None)
+        if size is None:
+            size = 0
+            content = request.content
+            if content is not None:
+                at = content.tell()
+                size = content.seek(0, 2)
+                content.seek(at)
         path = getattr(request, "path", None)
         if path is None:
             path = request.uri.split(b"?", 1)[0]

@@ -253,6 +253,7 @@ class JsonError(Resource):
     """A resource that answers every request with one JSON error."""
 
     isLeaf = True
+    answers_every_method = True  # QMQRequest.render: no 405 to make
 
     def __init__(self, code: int, error: str, detail: str = "") -> None:
         super().__init__()
@@ -392,10 +393,21 @@ class QMQRequest(server.Request):
     _received = 0
     _counted = 0
     _deadline: Any = None
+    _forced_secure: Any = 0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # What this request reads of its site and connection, read once
+        # here (not at each chunk, at the head's end, at the finish): the
+        # body cap, the broker (admission, the input budget) and the
+        # connection's hooks (L{HttpConnection}; absent on a test's bare
+        # transport).
         site = getattr(self.channel, "site", None)
+        web = getattr(site, "web_settings", None)
+        self._max_body = web.max_request_body if web is not None else WebSettings.max_request_body
+        self._broker_of_site = getattr(site, "broker", None)
+        connection = self.channel.transport if self.channel is not None else None
+        self._connection = connection if isinstance(connection, HttpConnection) else None
         timeout = getattr(site, "upload_timeout", None)
         if timeout:
             clock = getattr(site, "reactor", None)
@@ -403,10 +415,34 @@ class QMQRequest(server.Request):
                 from twisted.internet import reactor as clock  # noqa: PLC0415
             self._deadline = clock.callLater(timeout, self._too_slow, timeout)
 
+    @property
+    def body_size(self) -> int:
+        """The bytes of the body read so far (the whole body once the
+        request is received): what the guard checks, without seeking in
+        C{content}."""
+        return self._received
+
+    def isSecure(self) -> bool:
+        """Whether the request came over TLS (or L{setHost} said so).
+
+        Twisted asks C{ISSLTransport(transport, None)} each time: for a
+        plain TCP connection a failed adaptation through every adapter
+        hook, a few microseconds a request. The listener's connection
+        knows it once (L{HttpConnection.secure}).
+        """
+        if self._forced_secure:
+            return True
+        connection = self._connection
+        if connection is not None and connection.secure is not None:
+            return connection.secure
+        return super().isSecure()
+
+    def setHost(self, host: bytes, port: int, ssl: Any = 0) -> None:
+        self._forced_secure = ssl  # before super(), which asks isSecure
+        super().setHost(host, port, ssl)
+
     def _limit(self) -> int:
-        site = getattr(self.channel, "site", None)
-        web = getattr(site, "web_settings", None)
-        return web.max_request_body if web is not None else WebSettings.max_request_body
+        return self._max_body
 
     def _stop_deadline(self) -> None:
         deadline, self._deadline = self._deadline, None
@@ -415,10 +451,10 @@ class QMQRequest(server.Request):
 
     def gotLength(self, length: int | None) -> None:
         # The head is complete (twisted.web calls this after the last header).
-        head_received = getattr(self.channel.transport, "head_received", None)
-        if head_received is not None:
-            head_received()
-        if length is not None and length > self._limit():
+        connection = self._connection
+        if connection is not None:
+            connection.head_received()
+        if length is not None and length > self._max_body:
             self._refuse(length)
             return
         if self._held_back():
@@ -429,10 +465,10 @@ class QMQRequest(server.Request):
         if self._refused:
             return
         self._received += len(data)
-        if self._received > self._limit():
+        if self._received > self._max_body:
             self._refuse(None)
             return
-        broker = self._broker()
+        broker = self._broker_of_site
         if broker is not None:
             # The body counts in the broker-wide budget for input still
             # being received, with STOMP's unfinished frames.
@@ -462,13 +498,13 @@ class QMQRequest(server.Request):
     def finish(self) -> None:
         # Answered: what the connection reads next is another request's head
         # (told before finishing, which may hand the channel the next one).
-        channel = getattr(self, "channel", None)
-        request_done = getattr(channel.transport, "request_done", None) if channel is not None else None
-        if request_done is not None:
-            request_done()
+        connection = self._connection
+        if connection is not None:
+            connection.request_done()
         super().finish()
+
     def _broker(self) -> Any:
-        return getattr(getattr(self.channel, "site", None), "broker", None)
+        return self._broker_of_site
 
     def _release_input(self) -> None:
         counted, self._counted = self._counted, 0
@@ -544,8 +580,14 @@ class QMQRequest(server.Request):
             transport.loseConnection()
 
     def render(self, resrc: Any) -> None:
-        """Render C{resrc}, a method it does not answer as a problem document."""
-        super().render(_ProblemMethods(resrc))
+        """Render C{resrc}, a method it does not answer as a problem document
+        (L{_ProblemMethods}). A resource whose own C{render} answers every
+        method (its class says C{answers_every_method = True}: the API) is
+        rendered as it is, without a wrapper a request."""
+        if getattr(resrc, "answers_every_method", False):
+            super().render(resrc)
+        else:
+            super().render(_ProblemMethods(resrc))
 
     def processingFailed(self, reason: Failure) -> None:
         log.failure("while answering {method} {uri}", reason,
@@ -650,6 +692,8 @@ class HttpConnection(ProtocolWrapper):
 
     factory: HttpFactory
     peer = "?"
+    #: Whether the connection is over TLS, once made (L{QMQRequest.isSecure}).
+    secure: bool | None = None
 
     def __init__(self, factory: HttpFactory, wrapped: Protocol, peer_host: str) -> None:
         super().__init__(factory, wrapped)
@@ -759,7 +803,8 @@ class HttpConnection(ProtocolWrapper):
     def connectionMade(self) -> None:
         ctx = self.factory.ctx
         ctx.connections.add(self, ctx.listener)
-        if ISSLTransport.providedBy(self.transport):
+        self.secure = ISSLTransport.providedBy(self.transport)
+        if self.secure:
             self._handshake = ctx.clock.callLater(
                 ctx.connections.settings.handshake_timeout, self._handshake_timeout
             )

@@ -119,6 +119,9 @@ class ApiResource(HealthHandlers, TopologyMixin, AdminMixin, DefinitionsMixin, R
     """C{/api}: version 1 of QMQ's HTTP API (see the module docstring)."""
 
     isLeaf = True
+    #: L{render} answers every method (a 405 problem of its own): the site
+    #: renders it without its per-request wrapper (L{qmq.web.site.QMQRequest.render}).
+    answers_every_method = True
 
     #: (method, path segments after C{/api}, handler name); C{{name}} is a
     #: parameter. The OpenAPI document lists exactly these.
