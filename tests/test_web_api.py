@@ -250,6 +250,33 @@ class ErrorTests(ApiTestCase):
         self.assertEqual((code, doc["code"]), (405, "method-not-allowed"))
         self.assertEqual(headers.getRawHeaders("allow"), ["POST"])
 
+    @defer.inlineCallbacks
+    def test_routes_remembered(self) -> None:
+        """A method and path once matched is looked up, not matched again;
+        what matches nothing is not remembered; the memory is bounded."""
+        from qmq.web.api import resource as api_resource
+
+        self.patch(api_resource, "_ROUTE_CACHE_SIZE", 3)
+        self.broker.default_vhost.declare_queue("q")
+        for _ in range(2):
+            yield self.publish("q", "x")
+        key = (b"POST", b"v1", b"vhosts", b"/", b"queues", b"q", b"messages")
+        self.assertEqual(self.api._seen_routes[key][0].__name__, "h_publish_queue")
+        self.assertEqual(self.api._seen_routes[key][1:], ({"vhost": "/", "queue": "q"}, "/"))
+        for _ in range(2):
+            code, _, _, doc = yield self.call("GET", "/api/v1/nothing/here", check=False)
+            self.assertEqual((code, doc["code"]), (404, "no-such-endpoint"))
+            code, _, _, doc = yield self.call("GET", f"{Q}/q/receive")
+            self.assertEqual((code, doc["code"]), (405, "method-not-allowed"))
+        self.assertEqual(list(self.api._seen_routes), [key])
+        for name in ("a", "b", "c"):
+            code, _, _, _ = yield self.call("GET", f"{Q}/{name}", check=False)
+            self.assertEqual(code, 404)
+        self.assertLessEqual(len(self.api._seen_routes), 3)
+        self.assertNotIn(key, self.api._seen_routes)
+        code, _, _, doc = yield self.call("GET", f"{Q}/q")
+        self.assertEqual((code, doc["name"]), (200, "q"))
+
     def test_bad_query(self) -> defer.Deferred:
         self.broker.default_vhost.declare_queue("q")
         return defer.gatherResults([

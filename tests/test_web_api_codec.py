@@ -90,6 +90,16 @@ class JsonTests(unittest.SynchronousTestCase):
         ms, batch = codec.parse_json(b'{"messages": [{"body": "a"}, {"body": "Yg==", "encoding": "base64"}]}', 10)
         self.assertEqual(([codec.outgoing(m).body for m in ms], batch), ([b"a", b"b"], True))
 
+    def test_body_only(self) -> None:
+        """A message that is only a text body is its bytes, alone as in a
+        batch (no object on the publish path); C{outgoing} makes it whole."""
+        self.assertEqual(codec.parse_json(b'{"body": "x"}', 10), ([b"x"], False))
+        self.assertEqual(codec.parse_json(b'{"messages": [{"body": "x"}]}', 10), ([b"x"], True))
+        m = codec.outgoing(b"x")
+        self.assertEqual((m.body, m.headers, m.destination, m.priority, m.persistent), (b"x", None, None, 0, False))
+        for doc in (b'{"body": 5}', b'{"body": "\\ud800"}', b'{"bodies": "x"}', b'["x"]'):
+            self.assertEqual(self.assertRaises(Problem, codec.parse_json, doc, 10).status, 400, doc)
+
     def test_delivery_times(self) -> None:
         """expires and deliver_at are seconds, as deliveries write times;
         ack_timeout seconds; the core's parser checks them."""

@@ -399,6 +399,14 @@ def parse_json(data: bytes, max_batch: int) -> tuple[list[Outgoing], bool]:
                         pass
             append(_json_message(m, i))
         return out, True
+    # The common message, {"body": "text"}, without a call, as in a batch.
+    if doc.__class__ is dict and len(doc) == 1:
+        text = doc.get("body")
+        if text.__class__ is str:
+            try:
+                return [text.encode()], False
+            except UnicodeEncodeError:
+                pass
     return [_json_message(doc, None)], False
 
 

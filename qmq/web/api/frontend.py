@@ -37,6 +37,7 @@ from __future__ import annotations
 import secrets
 from collections import deque
 from collections.abc import Callable
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer
@@ -391,17 +392,18 @@ class VHostFrontend:
                 # Each message's target is added once it resolved.
                 problem.detail = f"message {len(targets)}: {problem.detail}"
             raise problem from None
-        ids: list[str] = []
+        # The messages' ids as numbers here, named after the loop by C code
+        # (L{_names}): the names are half the loop's work otherwise.
+        ids: list[int] = []
         append = ids.append
-        named = self.broker.message_ids.node + "."  # message_name, inlined
         waits = []
         publish = channel.publish_target
         # Channel.new_message, inlined: one clock reading for the batch.
         next_id = channel.id_source()
         now = channel.now()
-        for i, m in enumerate(messages):
-            if targets is not None:
-                target = targets[i][1]
+        # One target for all (zip with repeat: no test a message), or each its own.
+        each = repeat(target) if targets is None else [t[1] for t in targets]
+        for m, target in zip(messages, each, strict=False):  # noqa: B020 - the target of m
             if m.__class__ is bytes:
                 message = Message(next_id(), target[2], target[3], None, m, now, False)
             else:
@@ -418,11 +420,15 @@ class VHostFrontend:
             try:
                 w = publish(target, message, True)
             except BrokerError as e:
-                raise from_broker_error(e, {"published": len(ids), "ids": ids}) from None
-            append(named + str(message.id))
+                raise from_broker_error(e, {"published": len(ids), "ids": self._names(ids)}) from None
+            append(message.id)
             if w is not None:
                 waits.append(w)
-        return ids, waits
+        return self._names(ids), waits
+
+    def _names(self, ids: list[int]) -> list[str]:
+        """The names of messages C{ids} (L{qmq.core.ids.message_name}, inlined)."""
+        return list(map((self.broker.message_ids.node + ".").__add__, map(str, ids)))
 
     # -- receiving --------------------------------------------------------------
 

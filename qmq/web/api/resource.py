@@ -90,6 +90,8 @@ PUBLIC = frozenset(("h_index", "h_openapi", "h_schemas", "h_schema", "h_health",
 GLOBAL = frozenset(("h_get_permission", "h_put_permission", "h_delete_permission"))
 DEFAULT_VHOST = "/"
 _USER_CACHE_SIZE = 10_000
+#: Most routes L{ApiResource.render} remembers (emptied when full).
+_ROUTE_CACHE_SIZE = 1024
 
 
 def is_publish(method: bytes, path: bytes) -> bool:
@@ -195,6 +197,9 @@ class ApiResource(HealthHandlers, TopologyMixin, AdminMixin, DefinitionsMixin, R
         self._users: dict[tuple, tuple[Any, float, int]] = {}
         self._rates: dict[tuple[str, str], tuple[float, int, int, float, float]] = {}
         self._by_shape: dict[tuple[int, str], list[Route]] = {}
+        #: (method, raw path segments) -> (handler, parameters, the virtual
+        #: host to log in to or None: a public handler), for L{render}.
+        self._seen_routes: dict[tuple[bytes, ...], tuple[Any, dict[str, str], str | None]] = {}
         for route in self.routes:
             self._by_shape.setdefault((len(route[1]), route[1][1] if len(route[1]) > 1 else ""), []).append(route)
         #: Messages published and delivered over HTTP (for /metrics).
@@ -209,26 +214,45 @@ class ApiResource(HealthHandlers, TopologyMixin, AdminMixin, DefinitionsMixin, R
         # Nagle's algorithm on, the body waits for the client's delayed
         # ACK (40 ms a request on a kept-alive connection).
         no_delay_once(request.channel)
-        self._cors(request)
-        method = request.method.decode("ascii", "replace")
+        if self.origins:
+            self._cors(request)
+        # A client asks for the same few paths again and again (a publisher
+        # its queue's): the route of a method and raw path, once matched, is
+        # a dictionary lookup (the match and the segments' decoding were a
+        # tenth of a one-message publish's Python).
+        key = (request.method, *request.postpath)
+        route = self._seen_routes.get(key)
+        if route is None:
+            method = request.method.decode("ascii", "replace")
+            try:
+                segments = [s.decode("utf-8") for s in request.postpath]
+            except UnicodeDecodeError:
+                return self._write(request, Problem(400, "bad-path", "The path is not UTF-8."))
+            if len(segments) > 1 and segments[-1] == "":
+                segments.pop()  # a trailing slash
+            if method == "OPTIONS":
+                return self._options(request, segments)
+            try:
+                handler, params = self._match(method, segments)
+            except Exception as e:  # noqa: BLE001 - a 404 or 405 problem
+                return self._write(request, self._problem(e))
+            name = handler.__name__
+            login = (
+                None if name in PUBLIC
+                else DEFAULT_VHOST if name in GLOBAL
+                else params.get("vhost", DEFAULT_VHOST)
+            )
+            route = (handler, params, login)
+            if len(self._seen_routes) >= _ROUTE_CACHE_SIZE:
+                self._seen_routes.clear()
+            self._seen_routes[key] = route
+        handler, params, login = route
         try:
-            segments = [s.decode("utf-8") for s in request.postpath]
-        except UnicodeDecodeError:
-            return self._write(request, Problem(400, "bad-path", "The path is not UTF-8."))
-        if len(segments) > 1 and segments[-1] == "":
-            segments.pop()  # a trailing slash
-        if method == "OPTIONS":
-            return self._options(request, segments)
-        try:
-            handler, params = self._match(method, segments)
-            if handler.__name__ in PUBLIC or getattr(self.broker, "auth", None) is None:
+            if login is None or getattr(self.broker, "auth", None) is None:
                 request.qmq_user = None
                 result = handler(request, **params)
             else:
-                vhost = DEFAULT_VHOST if handler.__name__ in GLOBAL else params.get("vhost", DEFAULT_VHOST)
-                result = self._login(request, vhost).addCallback(
-                    self._call, handler, request, params
-                )
+                result = self._login(request, login).addCallback(self._call, handler, request, params)
         except Exception as e:  # noqa: BLE001 - every error becomes a problem
             return self._write(request, self._problem(e))
         if isinstance(result, defer.Deferred):
@@ -443,8 +467,10 @@ class ApiResource(HealthHandlers, TopologyMixin, AdminMixin, DefinitionsMixin, R
         request.finish()
 
     def _cors(self, request: Request) -> None:
+        if not self.origins:
+            return
         origin = request.getHeader("origin")
-        if origin is None or not self.origins:
+        if origin is None:
             return
         if "*" in self.origins:
             request.setHeader(b"access-control-allow-origin", b"*")
