@@ -16,6 +16,7 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransportWithDisconnection
 from twisted.trial.unittest import SynchronousTestCase
+from twisted.web.http_headers import Headers
 from twisted.web.server import Request
 from twisted.web.test.requesthelper import DummyChannel
 from zope.interface.verify import verifyObject
@@ -32,6 +33,7 @@ from qmq.twisted_internals import (
     AUTOBAHN_TIMER,
     ClockTimer,
     cancel_close_timer,
+    header_table,
     request_disconnected,
     websocket_clock,
     websocket_feed,
@@ -378,3 +380,48 @@ class StompTransportTests(SynchronousTestCase):
         self.addCleanup(protocol.connectionLost, None)
         self.assertTrue(verifyObject(ITransport, protocol))
         self.assertTrue(verifyObject(IConnection, protocol))
+
+
+class HeaderTableTests(SynchronousTestCase):
+    def test_pinned(self) -> None:
+        """twisted.web's Headers keeps its values in _rawHeaders, a dict by
+        canonical name: what the guard and the API's content type read."""
+        headers = Headers()
+        headers.addRawHeader(b"host", b"a")
+        headers.addRawHeader(b"CONTENT-TYPE", b"application/json")
+        headers.addRawHeader(b"origin", b"http://x")
+        headers.addRawHeader(b"Origin", b"http://y")
+        table = header_table(headers)
+        self.assertEqual(
+            (table[b"Host"], table[b"Content-Type"], table[b"Origin"]),
+            ([b"a"], [b"application/json"], [b"http://x", b"http://y"]),
+        )
+        self.assertEqual(table, {k: list(v) for k, v in headers.getAllRawHeaders()})
+        self.assertIsNone(table.get(b"Accept"))
+
+    def test_fallback(self) -> None:
+        """Without the dict, the guard and the API ask getRawHeaders."""
+        from qmq.web.api.params import _content_type  # noqa: PLC0415
+        from qmq.web.guard import Guard, HostRule  # noqa: PLC0415
+
+        class Changed:
+            def __init__(self, **values: bytes) -> None:
+                self.values = {k.replace("_", "-").encode(): [v] for k, v in values.items()}
+
+            def getRawHeaders(self, name: bytes, default: Any = None) -> Any:
+                return self.values.get(name.lower(), default)
+
+        twisted_internals._warned.discard("header_table")
+        self.assertIsNone(header_table(Changed()))
+        guard = Guard(HostRule.for_listener(()))
+        ok = Changed(host=b"localhost", content_type=b"application/json")
+        self.assertIsNone(guard.check(b"POST", b"/api/v1/x", ok, 2))
+        refused = guard.check(b"POST", b"/api/v1/x", Changed(host=b"evil.example"), 0)
+        self.assertEqual(refused.status, 421)
+        refused = guard.check(b"POST", b"/api/v1/x", Changed(host=b"localhost", content_type=b"text/plain"), 2)
+        self.assertEqual(refused.status, 415)
+
+        class Request:
+            requestHeaders = Changed(content_type=b"Application/JSON; charset=utf-8")
+
+        self.assertEqual(_content_type(Request()), "application/json")

@@ -55,6 +55,7 @@ from typing import Any
 
 from twisted.web.resource import Resource
 
+from qmq.twisted_internals import header_table
 from qmq.web.api.problem import Problem
 
 __all__ = [
@@ -378,8 +379,9 @@ class Guard:
         @param version: its HTTP version.
         @return: L{None}, or why it is refused.
         """
-        get = headers.getRawHeaders
-        hosts = get(b"host")
+        table = header_table(headers)
+        get = table.get if table is not None else headers.getRawHeaders
+        hosts = get(b"Host")
         if not hosts:
             host = None
             if version != b"HTTP/1.0":
@@ -391,7 +393,7 @@ class Guard:
             if verdict.__class__ is Refusal:
                 return verdict  # type: ignore[return-value]
             host = verdict  # type: ignore[assignment]
-        origins = get(b"origin")
+        origins = get(b"Origin")
         if origins:
             if _mount(path) != SOCKJS_TEST_MOUNT and (
                 len(origins) > 1 or not self._origin_allowed(origins[0], host, secure)
@@ -404,7 +406,7 @@ class Guard:
                 )
         if method in SAFE_METHODS:
             return None
-        types = get(b"content-type")
+        types = get(b"Content-Type") or None
         if types is not None and len(types) == 1:
             if types[0] in _COMMON_TYPES:
                 return None

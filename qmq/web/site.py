@@ -457,7 +457,8 @@ class QMQRequest(server.Request):
         if length is not None and length > self._max_body:
             self._refuse(length)
             return
-        if self._held_back():
+        broker = self._broker_of_site
+        if broker is not None and broker.admission.held and self._held_back():
             return
         self.content = io.BytesIO()
 
@@ -487,7 +488,8 @@ class QMQRequest(server.Request):
         if self._refused:
             return
         self._stop_deadline()
-        self._release_input()
+        if self._counted:
+            self._release_input()
         super().requestReceived(command, path, version)
 
     def connectionLost(self, reason: Failure) -> None:
@@ -617,7 +619,14 @@ class QMQSite(server.Site):
         """The resource for C{request}, or the gate's refusal of it."""
         guard = self.guard
         if guard is not None:
-            refusal = guard.check_request(request)
+            if request.__class__ is QMQRequest:
+                # Guard.check_request, read off the site's own request.
+                refusal = guard.check(
+                    request.method, request.path, request.requestHeaders, request._received,
+                    request.isSecure(), request.clientproto,
+                )
+            else:
+                refusal = guard.check_request(request)
             if refusal is not None:
                 return refusal.resource()
         return super().getResourceFor(request)

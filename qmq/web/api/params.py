@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from qmq.twisted_internals import header_table
 from qmq.web.api.codec import JSON
 from qmq.web.api.problem import Problem, bad_request
 
@@ -105,10 +106,15 @@ def _encoding_arg(request: Request) -> bool:
 
 
 def _content_type(request: Request) -> str:
-    value = request.getHeader("content-type")
-    if not value:
+    headers = request.requestHeaders
+    table = header_table(headers)
+    values = table.get(b"Content-Type") if table is not None else headers.getRawHeaders(b"content-type")
+    if not values:
         return JSON
-    return value.split(";", 1)[0].strip().lower()
+    value = values[-1]  # as request.getHeader
+    if not value or value == b"application/json":  # as nearly every client sends it
+        return JSON
+    return value.decode("utf-8").split(";", 1)[0].strip().lower()
 
 
 def _json_body(request: Request) -> Any:
