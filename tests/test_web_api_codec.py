@@ -99,6 +99,17 @@ class JsonTests(unittest.SynchronousTestCase):
         self.assertEqual((m.body, m.headers, m.destination, m.priority, m.persistent), (b"x", None, None, 0, False))
         for doc in (b'{"body": 5}', b'{"body": "\\ud800"}', b'{"bodies": "x"}', b'["x"]'):
             self.assertEqual(self.assertRaises(Problem, codec.parse_json, doc, 10).status, 400, doc)
+        # A batch of body-only messages is one comprehension; any other
+        # message in it sends the batch through the loop, message by message.
+        self.assertEqual(codec.parse_json(b'{"messages": [{"body": "a"}, {"body": "b"}]}', 10), ([b"a", b"b"], True))
+        ms, _ = codec.parse_json(b'{"messages": [{"body": "a"}, {"body": "b", "ttl": 5}]}', 10)
+        self.assertEqual((ms[0], codec.outgoing(ms[1]).ttl), (b"a", 5))
+        for item in (b'"x"', b"[1]", b"5", b"null", b"{}", b'{"ttl": 5}', b'{"body": 5}', b'{"body": ["a"]}',
+                     b'{"body": {"encode": 1}}', b'{"body": "x", "bogus": 1}'):
+            doc = b'{"messages": [{"body": "a"}, ' + item + b"]}"
+            e = self.assertRaises(Problem, codec.parse_json, doc, 10)
+            self.assertEqual(e.status, 400, item)
+            self.assertIn("message 1", e.detail, item)
 
     def test_delivery_times(self) -> None:
         """expires and deliver_at are seconds, as deliveries write times;
