@@ -111,6 +111,18 @@ class JsonTests(unittest.SynchronousTestCase):
             self.assertEqual(e.status, 400, item)
             self.assertIn("message 1", e.detail, item)
 
+    def test_published_json(self) -> None:
+        """The answer to a publish is what orjson writes of it, the names
+        those of message_name, whatever the node id holds."""
+        import orjson  # noqa: PLC0415
+
+        from qmq.core.ids import message_name  # noqa: PLC0415
+
+        for node in ("qmq-33361e6e", 'a"b\\c', "ü\u2028", ""):
+            for ids, stored in (([], 0), ([7], 1), ([3677701320861697, 3677701320861698, 9], 2)):
+                doc = {"published": len(ids), "ids": [message_name(node, i) for i in ids], "stored": stored}
+                self.assertEqual(codec.published_json(node, ids, stored), orjson.dumps(doc))
+
     def test_delivery_times(self) -> None:
         """expires and deliver_at are seconds, as deliveries write times;
         ack_timeout seconds; the core's parser checks them."""

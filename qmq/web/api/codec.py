@@ -775,6 +775,27 @@ def _json_headers(headers: dict[str, Any] | None) -> dict[str, Any]:
     return headers
 
 
+def published_json(node: str, ids: list[int], stored: int) -> bytes:
+    """The answer to a publish, C{{"published": N, "ids": [NAME, ...],
+    "stored": K}}, as C{orjson.dumps} writes it, the names
+    C{NODE.NUMBER} (L{qmq.core.ids.message_name}).
+
+    orjson writes a list of numbers six times as fast as Python makes their
+    names (C{str} of a 16-digit number, then a concatenation, a message):
+    the names are the numbers' JSON with the node put before each.
+
+    @param node: the broker's node id.
+    @param ids: the messages' numbers.
+    @param stored: how many the store made durable.
+    """
+    if ids:
+        name = orjson.dumps(node + ".")[:-1]  # '"NODE.', escaped as JSON needs
+        names = b"[" + name + orjson.dumps(ids)[1:-1].replace(b",", b'",' + name) + b'"]'
+    else:
+        names = b"[]"
+    return b'{"published":%d,"ids":%s,"stored":%d}' % (len(ids), names, stored)
+
+
 def json_delivery(
     message: Message, handle: str | None, seq: int | None, force_base64: bool, node: str
 ) -> dict:

@@ -347,7 +347,7 @@ class VHostFrontend:
 
     def publish(
         self, messages: list[Parsed], destination: str | Callable[[Parsed], str]
-    ) -> tuple[list[str], list[defer.Deferred]]:
+    ) -> tuple[list[int], list[defer.Deferred]]:
         """Publish C{messages} in order.
 
         Every message's destination is resolved before any is published, so
@@ -357,7 +357,8 @@ class VHostFrontend:
 
         @param destination: the destination of every message, or a
             function giving each message's.
-        @return: the messages' names (L{qmq.core.ids.message_name}) and
+        @return: the messages' numbers (their names, the answer's C{ids},
+            are L{qmq.core.ids.message_name}: L{qmq.web.api.codec.published_json}) and
             the Deferreds of the store's writes the answer waits for.
         @raise Problem: a bad destination or header, a refusal.
         """
@@ -392,8 +393,8 @@ class VHostFrontend:
                 # Each message's target is added once it resolved.
                 problem.detail = f"message {len(targets)}: {problem.detail}"
             raise problem from None
-        # The messages' ids as numbers here, named after the loop by C code
-        # (L{_names}): the names are half the loop's work otherwise.
+        # The messages' numbers: their names (NODE.NUMBER) are written by
+        # C code, in the answer (codec.published_json) or a refusal's (_names).
         ids: list[int] = []
         append = ids.append
         waits = []
@@ -424,7 +425,7 @@ class VHostFrontend:
             append(message.id)
             if w is not None:
                 waits.append(w)
-        return self._names(ids), waits
+        return ids, waits
 
     def _names(self, ids: list[int]) -> list[str]:
         """The names of messages C{ids} (L{qmq.core.ids.message_name}, inlined)."""

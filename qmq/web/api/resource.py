@@ -572,13 +572,13 @@ class ApiResource(HealthHandlers, TopologyMixin, AdminMixin, DefinitionsMixin, R
             destination = destination(messages)
         ids, waits = fe.publish(messages, destination)
         self.published += len(messages)
-        body = {"published": len(ids), "ids": ids, "stored": len(waits)}
+        body = codec.published_json(self._node(), ids, len(waits))
         if not waits:
-            return json_response(body, 201)
+            return Response(201, body, JSON)
         d = defer.gatherResults(waits, consumeErrors=True)
 
         def stored(_: Any) -> Response:
-            return json_response(body, 201)
+            return Response(201, body, JSON)
 
         def failed(f: Any) -> Problem:
             # Not "published": the answer promises nothing about them.
