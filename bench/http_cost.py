@@ -5,7 +5,9 @@
     PYTHONPATH=TREE python bench/http_cost.py --profile single
 
 The broker is built as ``twistd qmq`` builds it (``make_service`` with an
-``http:`` listener, memory store, on the real reactor, which is not run),
+``http:`` listener and the default store, in a temporary directory (the
+messages are not persistent: nothing is written), on the real reactor,
+which is not run),
 and ``--conns`` kept-alive connections from its HTTP listener's factory run
 on ``StringTransport``s: each request is one read of the request's bytes,
 answered before the next (``bench/http_api.py``'s requests, one in flight
@@ -23,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import tempfile
 import time
 from typing import Any
 
@@ -47,7 +51,7 @@ def publish(per_request: int) -> bytes:
 class Bench:
     """A broker with an C{http:} listener and C{conns} connections to it."""
 
-    def __init__(self, conns: int) -> None:
+    def __init__(self, conns: int, store: str = "log") -> None:
         from twisted.internet import reactor
         from twisted.internet.address import IPv4Address
         from twisted.internet.testing import StringTransport
@@ -55,7 +59,10 @@ class Bench:
         from qmq import config
         from qmq.service import make_service
 
-        settings = config.load_string('listen = ["http:tcp:8090:interface=127.0.0.1"]\nstore = "memory"\n')
+        self.data_dir = tempfile.mkdtemp(prefix="qmq-http-cost-")
+        settings = config.load_string(
+            f'listen = ["http:tcp:8090:interface=127.0.0.1"]\nstore = "{store}"\ndata_dir = "{self.data_dir}"\n'
+        )
         self.service = make_service(settings, reactor)
         factory = next(lst.factory for lst in self.service if getattr(lst, "protocol", None) == "http")
         self.conns = []
@@ -102,6 +109,7 @@ def main() -> None:
     ap.add_argument("--number", type=int, default=20000, help="requests of `single` a round (batch: /100)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--conns", type=int, default=8)
+    ap.add_argument("--store", default="log", help="the broker's store (log, the default, or memory)")
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
     for scenario in args.scenarios:
@@ -111,7 +119,7 @@ def main() -> None:
     from qmq.service import tune_gc
 
     tune_gc()
-    bench = Bench(args.conns)
+    bench = Bench(args.conns, args.store)
     for scenario in args.scenarios:
         per = SCENARIOS[scenario]
         data = publish(per)
@@ -138,6 +146,7 @@ def main() -> None:
         if per > 1:
             line["us_per_message"] = round(us / per, 2)
         print(json.dumps(line))
+    shutil.rmtree(bench.data_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

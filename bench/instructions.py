@@ -24,6 +24,7 @@ import argparse
 import gc
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -61,7 +62,10 @@ def child(variant: str, n: int) -> None:
         # 1,000 messages. Either way n messages, so the figure is a message's.
         per = http_cost.SCENARIOS[rest]
         bench = http_cost.Bench(8)
-        bench.run(http_cost.publish(per), max(1, n // per))
+        try:
+            bench.run(http_cost.publish(per), max(1, n // per))
+        finally:
+            shutil.rmtree(bench.data_dir, ignore_errors=True)
     else:
         raise SystemExit(f"unknown variant {variant!r}")
 
