@@ -196,9 +196,11 @@ class InterestTests(SynchronousTestCase):
 
     def test_exchange_declared_later(self) -> None:
         """Interest in an exchange this node does not have waits until it
-        is declared."""
+        is declared (here: told by its peer, qmq.cluster.manage)."""
         net = Net("a", "b")
         net.full_mesh()
+        # a does not take the topology b tells it (qmq.cluster.manage): declared here later.
+        net["a"].mesh.manage.handlers["exchange.declare"] = lambda link, args: None
         net["b"].broker.default_vhost.declare_exchange("ev", "topic")
         on_b = net["b"].subscribe("/exchange/ev/k")
         net.settle()

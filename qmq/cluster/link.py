@@ -40,7 +40,7 @@ from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from qmq.cluster import wire
+from qmq.cluster import manage, wire
 from qmq.core.ids import NODE_ID
 from qmq.logs import peer_address
 from qmq.tls import peer_identity
@@ -281,6 +281,8 @@ class LinkProtocol(Protocol):
                 self.mesh.dialer_refused(self)
             log.info("link {link} closed by the peer: {reason}", link=self.describe(), reason=reason)
             self.close(None)
+        elif type_ in MANAGE_FRAMES:
+            self.mesh.manage.frame(self, type_, payload)
         else:
             raise wire.FrameError(f"unknown frame type {type_}")
 
@@ -524,6 +526,9 @@ class LinkProtocol(Protocol):
             "peer_consumers": len(self.homed),
         }
 
+
+#: Management across nodes (L{qmq.cluster.manage}).
+MANAGE_FRAMES = manage.KINDS
 
 #: The control frames of queues across nodes (L{qmq.cluster.queues}).
 _QUEUE_FRAMES = frozenset(

@@ -82,6 +82,7 @@ from twisted.logger import Logger
 from qmq.cluster import wire
 from qmq.cluster.endpoints import Credentials, Peer, client_endpoint, parse_peer
 from qmq.cluster.link import LinkProtocol
+from qmq.cluster.manage import Manage
 from qmq.cluster.placement import Placement
 from qmq.cluster.queues import RemoteQueues
 from qmq.core.channel import Channel
@@ -227,6 +228,8 @@ class Mesh(Service, Observer):
             placement if placement is not None else Placement(self.node, self.members),
             settings.remote_window,
         )
+        #: Management across nodes, topology shared (L{qmq.cluster.manage}).
+        self.manage = Manage(self)
 
     def members(self) -> set[str]:
         """The configured membership queues are placed over
@@ -241,6 +244,7 @@ class Mesh(Service, Observer):
         self.broker.homes = self.queues
         self.queues.place_existing()
         self._stop_observing = self.broker.observe(self, replay=False)
+        self.manage.start()
         for vhost in self.broker.vhosts.values():
             events = vhost.events
             for (exchange, key), count in (events.interest.items() if events is not None else ()):
@@ -273,6 +277,7 @@ class Mesh(Service, Observer):
         if self._stop_observing is not None:
             self._stop_observing()
             self._stop_observing = None
+        self.manage.stop()
         for dialer in self.dialers:
             if dialer.running:
                 dialer.stopService()
@@ -342,6 +347,7 @@ class Mesh(Service, Observer):
         if peers:
             link.send(wire.encode_json(wire.PEERS, {"peers": peers}))
         self.queues.link_up(link)
+        self.manage.link_up(link)
         log.info("mesh: link {link} up", link=link.describe())
         self._announce(node, "up")
         return None
@@ -357,6 +363,7 @@ class Mesh(Service, Observer):
         for key in list(link.remote):
             self._unbind(link, key)
         self.queues.link_down(link)
+        self.manage.link_down(link)
         for channel in link.channels.values():
             channel.close()
         link.channels.clear()

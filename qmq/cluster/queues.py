@@ -263,6 +263,11 @@ class RemoteQueues:
     def reachable(self, queue: RemoteQueue) -> None:
         self._link(queue)
 
+    def operate(self, queue: RemoteQueue, op: str, args: dict[str, Any]) -> Deferred:
+        """A management operation on C{queue}, carried to its home
+        (L{qmq.cluster.manage}): a Deferred of the home's answer."""
+        return self.mesh.manage.ask(queue.home, op, {"vhost": queue.vhost.name, "queue": queue.name, **args})  # type: ignore[union-attr]
+
     def forward(self, queue: RemoteQueue, message: Message) -> Deferred:
         link = self._link(queue)
         if len(link.pending) >= MAX_UNCONFIRMED:
