@@ -328,3 +328,55 @@ class NotFoundTests(SynchronousTestCase):
         d = net["a"].mesh.manage.ask("b", "queue.purge", {"vhost": "/", "queue": "nope"})
         net.settle()
         self.failureResultOf(d, NotFound)
+
+
+class AmqpTests(SynchronousTestCase):
+    """AMQP's queue.purge, queue.bind, queue.delete of a queue homed on
+    another node: carried there; the reply comes with the home's verdict,
+    and what the client sent meanwhile waits, so replies keep their order."""
+
+    def setUp(self) -> None:
+        from qmq.amqp.protocol import AmqpFactory  # noqa: PLC0415
+        from qmq.amqp.settings import AmqpSettings  # noqa: PLC0415
+        from tests.test_amqp_session import Client  # noqa: PLC0415
+
+        self.net = Net("a", "b")
+        self.net.full_mesh()
+        self.q = homed(self.net, "b")
+        for body in (b"1", b"2"):
+            send(self.net, "a", self.q, body)
+        self.net.settle()
+        registry = ConnectionRegistry(clock=self.net.clock)
+        factory = AmqpFactory(self.net["a"].broker, AmqpSettings(), clock=self.net.clock, registry=registry)
+        self.client = Client(factory)
+        self.client.handshake()
+        self.client.channel()
+        self.home = self.net["b"].broker.default_vhost.queues[self.q]
+
+    def test_purge_then_pipelined(self) -> None:
+        from pamqp import commands  # noqa: PLC0415
+
+        c = self.client
+        c.send(commands.Queue.Purge(queue=self.q), 1)
+        c.send(commands.Queue.Declare(queue=self.q, passive=True), 1)
+        self.assertEqual(c.methods(), [])  # waiting for b
+        self.net.settle()
+        replies = c.methods()
+        self.assertEqual([type(m) for m in replies], [commands.Queue.PurgeOk, commands.Queue.DeclareOk])
+        self.assertEqual(replies[0].message_count, 2)
+        self.assertEqual(len(self.home), 0)
+
+    def test_bind_then_delete_refused(self) -> None:
+        from pamqp import commands  # noqa: PLC0415
+
+        c = self.client
+        c.send(commands.Queue.Bind(queue=self.q, exchange="amq.direct", routing_key="k"), 1)
+        self.net.settle()
+        self.assertIsInstance(c.expect(commands.Queue.BindOk), commands.Queue.BindOk)
+        self.assertEqual([(ex.name, key) for ex, key, _ in self.home.bindings], [("amq.direct", "k")])
+        c.send(commands.Queue.Delete(queue=self.q, if_empty=True), 1)
+        self.net.settle()
+        close = c.close_error()
+        self.assertEqual(close.reply_code, 406)
+        self.assertIn("not empty", close.reply_text)
+        self.assertIn(self.q, self.net["b"].broker.default_vhost.queues)
