@@ -277,6 +277,12 @@ class ListingTests(SynchronousTestCase):
         status, doc = self.get("a", "v1/vhosts/%2F/queues")
         self.assertEqual(list(doc["missing"]), ["c"])
 
+    def test_get_queue_from_its_home(self) -> None:
+        """A queue's document on a node that is not its home is the home's."""
+        q = self.queues["c"]
+        status, doc = self.get("a", "v1/vhosts/%2F/queues/" + q)
+        self.assertEqual((status, doc["home"], doc["messages"]), (200, "c", 1))
+
     def test_purge_through_another_node(self) -> None:
         status, doc = self.get("a", "v1/vhosts/%2F/queues/" + self.queues["c"] + "/messages", b"DELETE")
         self.assertEqual((status, doc), (200, {"purged": 1}))

@@ -18,7 +18,7 @@ Requests and answers (frames L{ASK} and L{ANSWER}, JSON):
     nodes it lacks rather than passing a partial list for the whole.
 
     Operations (L{Manage.handlers}, done on the node asked): C{queues},
-    C{bindings} (of the queues homed there), C{connections}; C{queue.purge},
+    C{queue} (one queue's facts), C{bindings} (of the queues homed there), C{connections}; C{queue.purge},
     C{queue.delete}, C{queue.bind}, C{queue.unbind} (of a queue homed
     there), C{connection.close}. The identity is checked where the request
     arrived (L{qmq.core.management.Management}, the core's authorize); the
@@ -27,7 +27,7 @@ Requests and answers (frames L{ASK} and L{ANSWER}, JSON):
 
 Topology:
     Exchanges declared or deleted at run time (AMQP C{exchange.declare},
-    the HTTP API, STOMP's auto-declare) are the core's topology events
+    the HTTP API, definitions imported) are the core's topology events
     (L{qmq.core.events}): each is told to every linked node (a notice),
     which declares (or deletes) it too, durable if it was, so it survives
     a restart of any node in that node's own store. A link that comes up
@@ -128,6 +128,7 @@ class Manage(Observer):
         self._stop_observing: Callable[[], None] | None = None
         self.handlers: dict[str, Callable[[LinkProtocol, dict[str, Any]], Any]] = {
             "queues": self._queues,
+            "queue": self._queue,
             "bindings": self._bindings,
             "connections": self._connections,
             "queue.purge": self._purge,
@@ -375,6 +376,9 @@ class Manage(Observer):
                     return {"queues": rows, "truncated": True}
                 rows.append(queue_facts(queue))
         return {"queues": rows, "truncated": False}
+
+    def _queue(self, link: LinkProtocol, args: dict[str, Any]) -> dict[str, Any]:
+        return queue_facts(self._local_queue(args)[1])
 
     def _bindings(self, link: LinkProtocol, args: dict[str, Any]) -> dict[str, Any]:
         vhost = self._vhost(args)

@@ -429,8 +429,8 @@ def _schemas(s: ApiSettings) -> dict:
                 "messages": {"type": "integer"}, "messages_ready": {"type": "integer"},
                 "messages_unacknowledged": {"type": "integer"}, "ready_bytes": {"type": "integer"},
                 "consumers": {"type": "integer"}, "dropped": {"type": "integer"},
-                "home": {"type": "string", "description": "In a mesh only: the node the queue lives on "
-                         "(on another node, this is its stand-in: its counts are the home's to give)."},
+                "home": {"type": "string", "description": "In a mesh (and with workers) only: the node the "
+                         "queue lives on; its counts are the home's, asked by the node that answers."},
                 "message_stats": {
                     "type": "object",
                     "description": "Messages routed to the queue (publish) and handed out by it over every "
@@ -713,7 +713,7 @@ def document(s: ApiSettings | None = None) -> dict:
             params=[VHOST, *_paging(s), _query("prefix", {"type": "string"}, "Only queues whose name starts so.")],
             tag="management")},
         "/api/v1/vhosts/{vhost}/queues/{queue}": {
-            "get": _op("Get a queue", _ok(_ref("Queue")), 404, params=[VHOST, QUEUE], tag="management"),
+            "get": _op("Get a queue", _ok(_ref("Queue")), 404, 503, params=[VHOST, QUEUE], tag="management"),
             "put": _op("Declare a queue", {**_ok(_ref("Queue"), "It existed"), **_ok(_ref("Queue"), "Created", 201)},
                        400, 403, 404, 408, 409, 413, 415, params=[VHOST, QUEUE],
                        body={"required": False, "content": _json(_ref("QueueDeclaration"))}, tag="management"),
