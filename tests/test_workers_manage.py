@@ -386,3 +386,65 @@ class AmqpTests(SynchronousTestCase):
         self.assertEqual(close.reply_code, 406)
         self.assertIn("not empty", close.reply_text)
         self.assertIn(self.q, self.net["b"].broker.default_vhost.queues)
+
+    def test_get_with_ack_then_ack(self) -> None:
+        """basic.get of a queue homed on b: the message comes from b, held
+        unacked there; the client's ack settles it there; a reject
+        requeues it there."""
+        from pamqp import commands  # noqa: PLC0415
+
+        c = self.client
+        c.send(commands.Basic.Get(queue=self.q), 1)
+        self.net.settle()
+        frames = c.read()
+        ok = frames[0][1]
+        self.assertIsInstance(ok, commands.Basic.GetOk)
+        self.assertEqual((ok.message_count, ok.redelivered), (1, False))
+        self.assertEqual(frames[-1][1].value, b"1")
+        self.assertEqual((len(self.home), sum(len(cn.unacked) for cn in self.home_channel_consumers())), (1, 1))
+        c.send(commands.Basic.Reject(ok.delivery_tag, requeue=True), 1)
+        self.net.settle()
+        self.assertEqual(len(self.home), 2)
+        c.send(commands.Basic.Get(queue=self.q), 1)
+        self.net.settle()
+        ok = c.read()[0][1]
+        self.assertTrue(ok.redelivered)
+        c.send(commands.Basic.Ack(ok.delivery_tag), 1)
+        self.net.settle()
+        self.assertEqual(len(self.home), 1)
+        self.assertEqual(sum(len(cn.unacked) for cn in self.home_channel_consumers()), 0)
+        self.assertEqual(self.net["a"].mesh.manage.got, {})
+
+    def test_get_no_ack_and_empty(self) -> None:
+        from pamqp import commands  # noqa: PLC0415
+
+        c = self.client
+        for _ in range(2):
+            c.send(commands.Basic.Get(queue=self.q, no_ack=True), 1)
+            self.net.settle()
+            self.assertIsInstance(c.read()[0][1], commands.Basic.GetOk)
+        c.send(commands.Basic.Get(queue=self.q, no_ack=True), 1)
+        self.net.settle()
+        self.assertIsInstance(c.expect(commands.Basic.GetEmpty), commands.Basic.GetEmpty)
+        self.assertEqual(len(self.home), 0)
+
+    def test_get_then_link_lost(self) -> None:
+        """A got message whose link goes is given back on its home; the
+        client's later ack goes nowhere."""
+        from pamqp import commands  # noqa: PLC0415
+
+        c = self.client
+        c.send(commands.Basic.Get(queue=self.q), 1)
+        self.net.settle()
+        ok = c.read()[0][1]
+        self.net["a"].link_to(self.net["b"]).transport.loseConnection()  # type: ignore[union-attr]
+        self.net.settle()
+        self.assertEqual(len(self.home), 2)
+        c.send(commands.Basic.Ack(ok.delivery_tag), 1)
+        self.net.settle()
+        self.assertEqual(len(self.home), 2)
+
+    def home_channel_consumers(self) -> list[Any]:
+        """The getters of b's channels for the link from a."""
+        link = self.net["b"].link_to(self.net["a"])
+        return [g for ch in link.channels.values() for g in ch._getters.values()]

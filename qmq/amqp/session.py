@@ -947,6 +947,13 @@ class AmqpChannel:
 
     def basic_get(self, args: Any) -> None:
         got = self.core.get(self._queue_name(args.queue), not args.no_ack)
+        if isinstance(got, Deferred):
+            # A queue homed on another node: taken there.
+            self._answer(got, self._got, commands.Basic.Get.index)
+            return
+        self._got(got)
+
+    def _got(self, got: Any) -> None:
         if got is None:
             self.send(commands.Basic.GetEmpty())
             return

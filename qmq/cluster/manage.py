@@ -18,9 +18,11 @@ Requests and answers (frames L{ASK} and L{ANSWER}, JSON):
     nodes it lacks rather than passing a partial list for the whole.
 
     Operations (L{Manage.handlers}, done on the node asked): C{queues},
-    C{queue} (one queue's facts), C{bindings} (of the queues homed there), C{connections}; C{queue.purge},
-    C{queue.delete}, C{queue.bind}, C{queue.unbind} (of a queue homed
-    there), C{connection.close}. The identity is checked where the request
+    C{queue} (one queue's facts), C{bindings} (of the queues homed there),
+    C{connections}; C{queue.purge}, C{queue.delete}, C{queue.bind},
+    C{queue.unbind}, C{queue.get} and C{queue.settle} (AMQP's C{basic.get}:
+    the message waits unacked on the link's channel there) of a queue homed
+    there; C{connection.close}. The identity is checked where the request
     arrived (L{qmq.core.management.Management}, the core's authorize); the
     node asked does what it is asked, the core's own rules (a session's
     queue, a missing exchange) still refusing.
@@ -40,6 +42,7 @@ Topology:
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -81,6 +84,9 @@ MAX_PENDING = 1000
 MAX_ANSWER = 4 * 1024 * 1024
 #: Most items of one list answer.
 MAX_ITEMS = 10_000
+#: Most bytes of a message a get from another node carries (its encoded
+#: record; base64 in the answer).
+MAX_GET = MAX_ANSWER * 3 // 4 - 4096
 
 _ERRORS: dict[int, type[BrokerError]] = {
     404: NotFound,
@@ -123,6 +129,9 @@ class Manage(Observer):
         self._pending: dict[int, tuple[Deferred, LinkProtocol, Any]] = {}
         self._next_id = 1
         self._applying = False
+        #: Messages got (basic.get) from queues homed elsewhere, to settle
+        #: there: message -> (link, vhost, the home's tag).
+        self.got: dict[Any, tuple[LinkProtocol, str, int]] = {}
         #: Auto-delete exchanges (vhost, name): their deletions are each node's own.
         self._auto: set[tuple[str, str]] = set()
         self._stop_observing: Callable[[], None] | None = None
@@ -132,6 +141,8 @@ class Manage(Observer):
             "bindings": self._bindings,
             "connections": self._connections,
             "queue.purge": self._purge,
+            "queue.get": self._get,
+            "queue.settle": self._settle,
             "queue.delete": self._delete,
             "queue.bind": self._bind,
             "queue.unbind": self._unbind,
@@ -260,7 +271,12 @@ class Manage(Observer):
             self.tell("exchanges", {"exchanges": items[:MAX_ITEMS]}, link)
 
     def link_down(self, link: LinkProtocol) -> None:
-        """What waits for an answer over C{link} fails now."""
+        """What waits for an answer over C{link} fails now; what was got
+        over it went back to its queue on the home (the link's channel there
+        closed): later settles of it go nowhere."""
+        for message, entry in list(self.got.items()):
+            if entry[0] is link:
+                del self.got[message]
         for rid, (d, other, timer) in list(self._pending.items()):
             if other is link:
                 del self._pending[rid]
@@ -376,6 +392,67 @@ class Manage(Observer):
                     return {"queues": rows, "truncated": True}
                 rows.append(queue_facts(queue))
         return {"queues": rows, "truncated": False}
+
+    # -- basic.get of a queue homed elsewhere -------------------------------------------
+
+    def get(self, queue: Any, ack: bool) -> Deferred:
+        """Take the next ready message of C{queue} (a stand-in) on its home:
+        a Deferred of (message, remaining) or None (nothing ready). With
+        C{ack}, the message waits unacked on the home until L{settled}
+        tells the home what became of it (or the link goes: it goes back)."""
+        link = self.mesh.links.get(queue.home)
+        vhost = queue.vhost.name
+        d = self.ask(queue.home, "queue.get", {"vhost": vhost, "queue": queue.name, "ack": ack})
+
+        def got(value: Any) -> Any:
+            if value is None:
+                return None
+            if not (isinstance(value, dict) and isinstance(value.get("m"), str) and isinstance(value.get("tag"), int)):
+                raise wire.FrameError("bad get answer")
+            _, message = wire.decode_message(base64.b64decode(value["m"]))
+            message.id = next(self.broker.message_ids)
+            message.delivery_count = int(value.get("count") or 0)
+            if ack and link is not None:
+                self.got[message] = (link, vhost, value["tag"])
+            return message, int(value.get("remaining") or 0)
+
+        return d.addCallback(got)
+
+    def settled(self, message: Any, outcome: int) -> bool:
+        """C{message}, got from its home, is acked (0), requeued (1) or
+        dropped (2): told to the home. False: it was not got from a home."""
+        entry = self.got.pop(message, None)
+        if entry is None:
+            return False
+        link, vhost, tag = entry
+        if link.state == "up":
+            self.tell("queue.settle", {"vhost": vhost, "tag": tag, "outcome": outcome}, link)
+        return True
+
+    def _get(self, link: LinkProtocol, args: dict[str, Any]) -> dict[str, Any] | None:
+        vhost, queue = self._local_queue(args)
+        channel = self.mesh.channel_for(link, vhost)
+        got = channel.get(queue.name, ack=True)
+        if got is None:
+            return None
+        payload = b"".join(wire.encode_message(vhost.name.encode(), got.message))[wire.HEADER_SIZE:]
+        if len(payload) > MAX_GET:
+            channel.settle_delivery(channel.owners.get(got.tag), got.tag, False, True)
+            raise PreconditionFailed(
+                f"the next message of queue {queue.name!r} holds {len(payload)} bytes, more than a get from "
+                f"another node carries ({MAX_GET}); consume it instead (basic.consume)", "message too large")
+        if not args.get("ack"):
+            channel.settle_delivery(channel.owners.get(got.tag), got.tag, True, False)
+        return {"m": base64.b64encode(payload).decode(), "tag": got.tag, "count": got.message.delivery_count,
+                "remaining": got.remaining}
+
+    def _settle(self, link: LinkProtocol, args: dict[str, Any]) -> None:
+        tag, outcome = args.get("tag"), args.get("outcome")
+        if not (isinstance(tag, int) and outcome in (0, 1, 2)):
+            raise wire.FrameError("bad settle of a get: tag and outcome expected")
+        channel = link.channels.get(args.get("vhost"))
+        if channel is not None and not channel.closed:
+            channel.settle_delivery(channel.owners.get(tag), tag, outcome == 0, outcome == 1)
 
     def _queue(self, link: LinkProtocol, args: dict[str, Any]) -> dict[str, Any]:
         return queue_facts(self._local_queue(args)[1])

@@ -263,6 +263,10 @@ class RemoteQueues:
     def reachable(self, queue: RemoteQueue) -> None:
         self._link(queue)
 
+    def get(self, queue: RemoteQueue, ack: bool) -> Deferred:
+        """A basic.get on the home (L{qmq.cluster.manage.Manage.get})."""
+        return self.mesh.manage.get(queue, ack)
+
     def operate(self, queue: RemoteQueue, op: str, args: dict[str, Any]) -> Deferred:
         """A management operation on C{queue}, carried to its home
         (L{qmq.cluster.manage}): a Deferred of the home's answer."""
@@ -345,7 +349,10 @@ class RemoteQueues:
         for message in messages:
             sub = held.pop(message, None)
             if sub is None:
-                continue  # given back on the home already (its link went)
+                # Got by a basic.get (qmq.cluster.manage), or given back on
+                # the home already (its link went).
+                self.mesh.manage.settled(message, outcome)
+                continue
             tag = sub.tags.pop(message)
             link = sub.link
             if link is not None and link.state == "up":

@@ -1144,14 +1144,15 @@ class Channel:
 
     # -- polling -----------------------------------------------------------------
 
-    def get(self, queue: str, ack: bool = True) -> Got | None:
+    def get(self, queue: str, ack: bool = True) -> Got | None | Deferred:
         """Take the next ready message of C{queue} (AMQP's C{basic.get}).
 
         With C{ack}, the delivery waits for L{settle} (a nack requeues it;
         it goes back to the queue if the channel closes first); without,
         it is settled as it is taken.
 
-        @return: L{Got}, or None when the queue has nothing ready.
+        @return: L{Got}, or None when the queue has nothing ready; for a
+            queue whose home is another node, a Deferred of it.
         @raise NotFound: no such queue.
         @raise ResourceLocked: the queue is exclusive to another connection.
         @raise AccessRefused: no read permission, or the queue has an
@@ -1167,6 +1168,9 @@ class Channel:
             raise AccessRefused(
                 f"Queue {queue!r} has an exclusive consumer.", "access refused (exclusive consumer)"
             )
+        if q.remote is not None:
+            # Its home is another node (qmq.core.remote): taken there.
+            return q.remote.get(q, ack).addCallback(self._got_remote, q, ack)  # type: ignore[no-any-return]
         message = q.get()
         if message is None:
             return None
@@ -1177,6 +1181,22 @@ class Channel:
             tag = next(self._tags)
             q.ack(getter, message)
         return Got(tag, message, len(q))
+
+    def _got_remote(self, got: tuple[Message, int] | None, queue: Queue, ack: bool) -> Got | None:
+        """What a queue's home node gave a L{get}: tracked here as a local one."""
+        if got is None:
+            return None
+        message, remaining = got
+        if self.closed:
+            if ack:
+                queue.requeue([message])
+            return None
+        getter = self._getter(queue)
+        if ack:
+            tag = self.track(getter, message)
+        else:
+            tag = next(self._tags)
+        return Got(tag, message, remaining)
 
     def _getter(self, queue: Queue) -> _Getter:
         """The channel's getter of C{queue}, made on first use."""

@@ -81,6 +81,11 @@ class Homes(Protocol):
     def reachable(self, queue: RemoteQueue) -> None:
         """@raise Unavailable: the home of C{queue} is not reachable now."""
 
+    def get(self, queue: RemoteQueue, ack: bool) -> Deferred:
+        """Take the next ready message of C{queue} on its home (a basic.get):
+        a Deferred of (message, how many remain) or None. With C{ack} it
+        waits on the home until C{settle} names it."""
+
     def operate(self, queue: RemoteQueue, op: str, args: dict[str, Any]) -> Deferred:
         """Do management operation C{op} (C{queue.purge}, C{queue.delete},
         C{queue.bind}, C{queue.unbind}) on C{queue}'s home, the caller's
