@@ -25,7 +25,7 @@ from qmq.core.remote import RemoteQueue, Unavailable
 from qmq.web.api import ApiResource
 from tests.test_cluster_mesh import Net
 from tests.test_cluster_queues import homed, send
-from tests.web_api_helpers import Ctx
+from tests.web_api_helpers import Ctx, validate
 
 
 def management(net: Net, node: str, user: Any = None) -> Management:
@@ -238,7 +238,11 @@ class ListingTests(SynchronousTestCase):
             body = b"".join(request.written)
         else:
             body = result
-        return request.responseCode or 200, json.loads(body)
+        status = request.responseCode or 200
+        kind = request.responseHeaders.getRawHeaders(b"content-type", [b"application/json"])[0].decode()
+        # Every document as the OpenAPI document describes it.
+        validate(request.method.decode(), "http://broker/api/" + path.partition("?")[0], status, kind, body)
+        return status, json.loads(body)
 
     def test_queues_from_every_node(self) -> None:
         """Each queue once, from its home, named; the same list on every node."""
