@@ -452,3 +452,18 @@ class AmqpTests(SynchronousTestCase):
         """The getters of b's channels for the link from a."""
         link = self.net["b"].link_to(self.net["a"])
         return [g for ch in link.channels.values() for g in ch._getters.values()]
+
+    def test_delete_with_a_consumer_cancels_after_delete_ok(self) -> None:
+        """A consumer of the stand-in on the deleting channel hears its
+        basic.cancel after the delete-ok (as RabbitMQ orders them)."""
+        from pamqp import commands  # noqa: PLC0415
+
+        c = self.client
+        c.send(commands.Basic.Consume(queue=self.q, consumer_tag="t"), 1)
+        self.net.settle()
+        c.read()  # consume-ok and the two messages
+        c.send(commands.Queue.Delete(queue=self.q), 1)
+        self.net.settle()
+        methods = [m for m in c.methods() if isinstance(m, commands.Queue.DeleteOk | commands.Basic.Cancel)]
+        self.assertEqual([type(m) for m in methods], [commands.Queue.DeleteOk, commands.Basic.Cancel])
+        self.assertNotIn(self.q, self.net["b"].broker.default_vhost.queues)

@@ -861,15 +861,27 @@ class AmqpChannel:
         for the delete-ok)."""
         session = self.session
         session.held_cancels = held = []
+        later = None
         try:
-            self._queue_delete(args)
+            later = self._queue_delete(args)
         finally:
-            session.held_cancels = None
-            for channel, tag in held:
-                if not channel.closing:
-                    channel.send(commands.Basic.Cancel(tag, True))
+            if later is None:
+                self._send_cancels(held)
+        if later is not None:
+            # Deleted on the queue's home node: the cancels follow its answer.
+            later.addBoth(lambda result: (self._send_cancels(held), result)[1])
 
-    def _queue_delete(self, args: Any) -> None:
+    def _send_cancels(self, held: list) -> None:
+        session = self.session
+        if session.held_cancels is held:
+            session.held_cancels = None
+        for channel, tag in held:
+            if not channel.closing:
+                channel.send(commands.Basic.Cancel(tag, True))
+        held.clear()
+
+    def _queue_delete(self, args: Any) -> Deferred | None:
+        """@return: the Deferred of the queue's home node's answer, if it has one."""
         name = self._queue_name(args.queue)
         vhost = self.core.vhost
         queue = vhost.queues.get(name)
@@ -892,6 +904,7 @@ class AmqpChannel:
                 count = self.management.delete_queue(name, bool(args.if_unused), bool(args.if_empty))
         self._answer(count, None if args.nowait else lambda n: self.send(commands.Queue.DeleteOk(n)),
                      commands.Queue.Delete.index)
+        return count if isinstance(count, Deferred) else None
 
     # -- consuming ---------------------------------------------------------------------
 
