@@ -467,3 +467,23 @@ class AmqpTests(SynchronousTestCase):
         methods = [m for m in c.methods() if isinstance(m, commands.Queue.DeleteOk | commands.Basic.Cancel)]
         self.assertEqual([type(m) for m in methods], [commands.Queue.DeleteOk, commands.Basic.Cancel])
         self.assertNotIn(self.q, self.net["b"].broker.default_vhost.queues)
+
+
+class OlderNodeTests(SynchronousTestCase):
+    def test_no_management_frames_to_an_older_node(self) -> None:
+        """A peer whose hello does not say "manage" gets no management
+        frame (it would close the link on one): named missing instead."""
+        net = Net("a", "b")
+        net.full_mesh()
+        link = net["a"].link_to(net["b"])
+        link.manages = False
+        sent = link.bytes_out
+        net["a"].broker.default_vhost.declare_exchange("x1", "topic")
+        d = net["a"].mesh.manage.ask_all("queues", {"vhost": "/"})
+        net.settle()
+        answers, missing = self.successResultOf(d)
+        self.assertEqual((answers, list(missing)), ({}, ["b"]))
+        self.assertIn("older version", missing["b"])
+        self.assertEqual(link.bytes_out, sent)
+        self.assertNotIn("x1", net["b"].broker.default_vhost.exchanges)
+        self.assertIn("b", net["a"].mesh.links)

@@ -143,6 +143,8 @@ class LinkProtocol(Protocol):
         self._settles: list[list[int]] = []
         #: Set once the mesh let it go (L{qmq.cluster.mesh.Mesh.link_down}).
         self.down = False
+        #: The peer takes management frames (its hello said so: L{qmq.cluster.manage}).
+        self.manages = False
         self._reader = wire.FrameReader(mesh.settings.max_frame)
         self.decoder = wire.Decoder()
         self._out: list[bytes] = []
@@ -164,7 +166,8 @@ class LinkProtocol(Protocol):
         self.transport.registerProducer(self, True)  # type: ignore[union-attr]
         if self.registry is not None:
             self.registry.add(self, self.listener)
-        self.send(wire.encode_json(wire.HELLO, {"node": self.mesh.node, "version": wire.VERSION}))
+        # "manage": it takes management frames (qmq.cluster.manage).
+        self.send(wire.encode_json(wire.HELLO, {"node": self.mesh.node, "version": wire.VERSION, "manage": 1}))
         self._beat = self.clock.callLater(self.mesh.settings.heartbeat, self._tick)
 
     def _tick(self) -> None:
@@ -298,6 +301,7 @@ class LinkProtocol(Protocol):
             self.refuse(f"{node!r} is not a node id")
             return
         self.node = node
+        self.manages = hello.get("manage") == 1
         if node == self.mesh.node:
             if self.outbound:
                 log.info(

@@ -192,6 +192,9 @@ class Manage(Observer):
         if link is None or link.state != "up":
             return _failed(Unavailable(f"node {node!r} is down or not linked to node {self.mesh.node!r} now; "
                                        "try again later.", "node unavailable"))
+        if not link.manages:
+            return _failed(Unavailable(f"node {node!r} does not answer management requests (an older version)",
+                                       "node of an older version"))
         if len(self._pending) >= MAX_PENDING:
             return _failed(Unavailable(f"node {self.mesh.node!r} waits for {MAX_PENDING} answers from other "
                                        "nodes already; try again later.", "too many requests"))
@@ -215,7 +218,7 @@ class Manage(Observer):
             log.warn("mesh: cannot tell the other nodes {op}: {error}", op=op, error=str(e))
             return
         for other in [link] if link is not None else list(self.mesh.links.values()):
-            if other.state == "up":
+            if other.state == "up" and other.manages:
                 other.send(data)
 
     def ask_all(self, op: str, args: dict[str, Any], timeout: float = TIMEOUT) -> Deferred:
