@@ -83,6 +83,32 @@ class TopologyTests(SynchronousTestCase):
         for node in "abc":
             self.assertNotIn("orders", self.vhost(node).exchanges)
 
+    def test_exchange_to_exchange_binding_on_every_node(self) -> None:
+        """An exchange bound to another on a is bound on b and c: a publish
+        on b reaches a queue on c bound to the destination, once; unbound
+        on a, nowhere."""
+        net = self.net
+        a = self.vhost("a")
+        a.declare_exchange("src", "topic")
+        a.declare_exchange("dst", "fanout")
+        net.settle()
+        a.bind_exchange("dst", "src", "k.#")
+        q = homed(net, "c")
+        self.vhost("c").declare_queue(q, durable=False)
+        self.vhost("c").bind(q, "dst", "")
+        net.settle()
+        for node in "bc":
+            self.assertEqual([(s.name, key) for s, key, _ in self.vhost(node).exchanges["dst"].sources], [("src", "k.#")])
+        net["b"].publish("k.x", b"one", exchange="src")
+        net.settle()
+        self.assertEqual(len(self.vhost("c").queues[q]), 1)
+        a.unbind_exchange("dst", "src", "k.#")
+        net.settle()
+        self.assertEqual(self.vhost("b").exchanges["dst"].sources, [])
+        net["b"].publish("k.x", b"two", exchange="src")
+        net.settle()
+        self.assertEqual(len(self.vhost("c").queues[q]), 1)
+
     def test_exchange_declared_while_unlinked(self) -> None:
         """A node that comes up (a link up) is told every exchange of its
         peer: those it lacks are made; an exchange of another type stays as
@@ -92,8 +118,10 @@ class TopologyTests(SynchronousTestCase):
         net["a"].broker.default_vhost.declare_exchange("late", "fanout", durable=False)
         net["a"].broker.default_vhost.declare_exchange("clash", "fanout")
         net["b"].broker.default_vhost.declare_exchange("clash", "direct")
+        net["a"].broker.default_vhost.bind_exchange("late", "amq.topic", "x.#")
         net.full_mesh()
         b = net["b"].broker.default_vhost
+        self.assertEqual([(s.name, k) for s, k, _ in b.exchanges["late"].sources], [("amq.topic", "x.#")])
         self.assertEqual((b.exchanges["late"].type, b.exchanges["late"].durable), ("fanout", False))
         self.assertEqual(b.exchanges["clash"].type, "direct")
         self.assertEqual(net["a"].broker.default_vhost.exchanges["clash"].type, "fanout")

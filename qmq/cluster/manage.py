@@ -150,6 +150,8 @@ class Manage(Observer):
             "exchange.declare": self._exchange_declare,
             "exchange.delete": self._exchange_delete,
             "exchanges": self._exchanges_sync,
+            "exchange.bind": self._exchange_bind,
+            "exchange.unbind": self._exchange_bind,
         }
 
     # -- the service ---------------------------------------------------------------
@@ -270,8 +272,13 @@ class Manage(Observer):
             for exchange in vhost.exchanges.values():
                 if exchange.name and not exchange.name.startswith("amq."):
                     items.append([vhost.name, *exchange_facts(exchange)])
-        if items:
-            self.tell("exchanges", {"exchanges": items[:MAX_ITEMS]}, link)
+        bindings = []
+        for vhost in self.broker.vhosts.values():
+            for exchange in vhost.exchanges.values():
+                for source, key, arguments in exchange.sources or ():
+                    bindings.append([vhost.name, exchange.name, source.name, key, arguments or {}])
+        if items or bindings:
+            self.tell("exchanges", {"exchanges": items[:MAX_ITEMS], "bindings": bindings[:MAX_ITEMS]}, link)
 
     def link_down(self, link: LinkProtocol) -> None:
         """What waits for an answer over C{link} fails now; what was got
@@ -564,6 +571,31 @@ class Manage(Observer):
             vhost = self.broker.vhosts.get(item[0])
             if vhost is not None and item[1] not in vhost.exchanges:
                 self._declare(vhost, item[1:])
+        for binding in (args.get("bindings") or [])[:MAX_ITEMS]:
+            if not (isinstance(binding, list) and len(binding) == 5):
+                raise wire.FrameError("bad exchanges: bindings are [vhost, destination, source, key, arguments]")
+            self._exchange_bind(link, {"vhost": binding[0], "binding": binding[1:], "on": True})
+
+    def _exchange_bind(self, link: LinkProtocol, args: dict[str, Any]) -> None:
+        vhost = self._vhost(args)
+        item = args.get("binding")
+        if not (isinstance(item, list) and len(item) == 4 and all(isinstance(v, str) for v in item[:3])
+                and (item[3] is None or isinstance(item[3], dict))):
+            raise wire.FrameError("bad exchange binding: [destination, source, key, arguments] expected")
+        destination, source, key, arguments = item
+        if destination not in vhost.exchanges or source not in vhost.exchanges:
+            return  # one of them is gone here, or never came: nothing to bind
+        self._applying = True
+        try:
+            if args.get("on"):
+                vhost.bind_exchange(destination, source, key, arguments or None)
+            else:
+                vhost.unbind_exchange(destination, source, key, arguments or None)
+        except BrokerError as e:
+            log.warn("mesh: an exchange binding made on another node cannot be made here: {error}",
+                     error=e.message)
+        finally:
+            self._applying = False
 
     # -- the core's topology events -----------------------------------------------------
 
@@ -576,6 +608,15 @@ class Manage(Observer):
             if ex.auto_delete:
                 self._auto.add((vhost, exchange))
             self.tell("exchange.declare", {"vhost": vhost, "exchange": exchange_facts(ex)})
+
+    def exchange_bound(self, vhost: str, destination: str, source: str, key: str, arguments: dict | None) -> None:
+        if not self._applying:
+            self.tell("exchange.bind", {"vhost": vhost, "binding": [destination, source, key, arguments], "on": True})
+
+    def exchange_unbound(self, vhost: str, destination: str, source: str, key: str, arguments: dict | None) -> None:
+        if not self._applying:
+            self.tell("exchange.unbind", {"vhost": vhost, "binding": [destination, source, key, arguments],
+                                          "on": False})
 
     def exchange_deleted(self, vhost: str, exchange: str) -> None:
         if self._applying or not exchange or exchange.startswith("amq."):

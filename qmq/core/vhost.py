@@ -688,6 +688,7 @@ class VirtualHost:
             dest.sources.append((src, routing_key, arguments))
             if self.events is not None:
                 self.events.bound(src, routing_key)
+                self.events.exchange_bound(dest, src, routing_key, arguments)
             if src.durable and dest.durable and self.broker is not None:
                 self.broker.store.bind_exchange(self, dest, src, routing_key, arguments)
 
@@ -707,6 +708,7 @@ class VirtualHost:
                     break
         if self.events is not None:
             self.events.unbound(src, routing_key)
+            self.events.exchange_unbound(dest, src, routing_key, arguments)
         if src.durable and dest.durable and self.broker is not None:
             self.broker.store.unbind_exchange(self, dest, src, routing_key, arguments)
         self.maybe_auto_delete_exchange(src)
