@@ -32,9 +32,10 @@ Topology:
     the HTTP API, definitions imported) are the core's topology events
     (L{qmq.core.events}): each is told to every linked node (a notice),
     which declares (or deletes) it too, durable if it was, so it survives
-    a restart of any node in that node's own store. A link that comes up
-    carries every exchange of the sender (a sync): what a node missed
-    while it was down is declared. Deletions of auto-delete exchanges are
+    a restart of any node in that node's own store; exchange-to-exchange
+    bindings the same. A link that comes up carries every exchange and
+    exchange binding of the sender (a sync): what a node missed while it
+    was down is made. Deletions of auto-delete exchanges are
     each node's own (they go with each node's last binding). Queue bindings
     live on the queue's home (C{queue.bind} is carried there); the mesh's
     interest brings what is published elsewhere to it.
