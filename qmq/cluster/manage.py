@@ -177,11 +177,9 @@ class Manage(Observer):
         mesh = self.mesh
         nodes = set(mesh.links)
         placement = mesh.queues.placement
-        members = getattr(placement, "members", None)
-        try:
-            nodes.update(members() if callable(members) else (members or ()))
-        except Exception:  # noqa: BLE001 - a policy of another kind: the links alone
-            pass
+        members = getattr(placement, "members", None)  # another policy may have none
+        if callable(members):
+            nodes.update(members())
         nodes.update(mesh.members())
         nodes.discard(mesh.node)
         return sorted(nodes)
