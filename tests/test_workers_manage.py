@@ -515,3 +515,32 @@ class OlderNodeTests(SynchronousTestCase):
         self.assertEqual(link.bytes_out, sent)
         self.assertNotIn("x1", net["b"].broker.default_vhost.exchanges)
         self.assertIn("b", net["a"].mesh.links)
+
+
+class NeverNamedHereTests(SynchronousTestCase):
+    """A queue homed on b that a never named (no stand-in there yet): an
+    operation by its name on a reaches it all the same."""
+
+    def setUp(self) -> None:
+        self.net = Net("a", "b")
+        self.net.full_mesh()
+        self.q = homed(self.net, "b")
+        self.net["b"].broker.default_vhost.declare_queue(self.q, durable=False)
+        send(self.net, "b", self.q, b"x")
+        self.net.settle()
+        self.assertNotIn(self.q, self.net["a"].broker.default_vhost.queues)
+
+    def test_purge(self) -> None:
+        d = settled(self.net, management(self.net, "a").purge_queue(self.q))
+        self.assertEqual(self.successResultOf(d), 1)
+
+    def test_get(self) -> None:
+        d = self.net["a"].channel.get(self.q, ack=False)
+        self.net.settle()
+        self.assertEqual(self.successResultOf(d).message.body, b"x")
+
+    def test_missing_everywhere(self) -> None:
+        """A name homed on b that b does not have either: b's 404."""
+        other = homed(self.net, "b", "none")
+        d = settled(self.net, management(self.net, "a").purge_queue(other))
+        self.assertIn("no queue", self.failureResultOf(d, NotFound).value.message)

@@ -85,6 +85,7 @@ from qmq.core.errors import (
 )
 from qmq.core.management import Management, authorize_arguments
 from qmq.core.message import Message, check_user_id
+from qmq.core.remote import Unavailable
 from qmq.stream import BatchedOutput
 
 __all__ = ["AmqpChannel", "AmqpConsumer", "AmqpSession", "ConnectionError_", "REPLY_CODES"]
@@ -818,7 +819,7 @@ class AmqpChannel:
             self.send(commands.Queue.DeclareOk(queue.name, len(queue), len(queue.consumers)))
 
     def _check_lock(self, name: str) -> Any:
-        queue = self.core.vhost.queue(name)
+        queue = self.core.vhost.queue_or_stand_in(name)
         owner = queue.exclusive_owner
         if owner is not None and owner is not self.core.connection:
             raise ResourceLocked(f"queue {name!r} is exclusive to another connection")
@@ -886,6 +887,8 @@ class AmqpChannel:
         vhost = self.core.vhost
         queue = vhost.queues.get(name)
         if queue is None:
+            queue = vhost.stand_in(name)  # homed on another node, not named here yet
+        if queue is None:
             # RabbitMQ: deleting a queue that is not there succeeds.
             self.management.authorize("configure", Resource.queue(vhost.name, name))
             count = 0
@@ -902,6 +905,9 @@ class AmqpChannel:
                 count = vhost.delete_queue(name)
             else:
                 count = self.management.delete_queue(name, bool(args.if_unused), bool(args.if_empty))
+                if isinstance(count, Deferred):
+                    # Not on its home either: deleted, as RabbitMQ says.
+                    count.addErrback(_none_there)
         self._answer(count, None if args.nowait else lambda n: self.send(commands.Queue.DeleteOk(n)),
                      commands.Queue.Delete.index)
         return count if isinstance(count, Deferred) else None
@@ -1806,3 +1812,10 @@ class AmqpSession(BatchedOutput):
             timer.cancel()
         self._release()
 
+
+def _none_there(failure: Failure) -> int:
+    """A queue's home node found no such queue: 0 deleted (RabbitMQ's
+    queue.delete of a missing queue succeeds); other failures pass on."""
+    if failure.check(NotFound) and not failure.check(Unavailable):
+        return 0
+    return failure  # type: ignore[return-value]

@@ -1158,7 +1158,7 @@ class Channel:
         @raise AccessRefused: no read permission, or the queue has an
             exclusive consumer.
         """
-        q = self.vhost.queue(queue)
+        q = self.vhost.queue_or_stand_in(queue)
         self._check_exclusive(q)
         if self.user is not None:
             self._authorize("read", queue, queue)

@@ -284,7 +284,7 @@ class Management:
         """Queue C{name}, to describe. @param see_all: skip ownership (an
         administrator sees every queue's description).
         @raise NotFound, AccessRefused."""
-        queue = self.vhost.queue(name)
+        queue = self.vhost.queue_or_stand_in(name)
         authorize(self.user, "read", self._queue(name), None if see_all else self.owner)
         return queue
 
@@ -296,7 +296,7 @@ class Management:
         @param if_empty: refuse if it holds messages (AMQP's C{if-empty}).
         @raise NotFound, AccessRefused (also: it belongs to a session),
             PreconditionFailed (C{if_unused}, C{if_empty})."""
-        queue = self.vhost.queue(name)
+        queue = self.vhost.queue_or_stand_in(name)
         self.authorize("configure", self._queue(name))
         if queue.exclusive_owner is not None:
             raise AccessRefused(f"Queue {name!r} belongs to a session.", "access refused (configure)")
@@ -318,7 +318,7 @@ class Management:
         """Drop queue C{name}'s ready messages; return how many (a Deferred
         of it for a queue whose home is another node: purged there).
         @raise NotFound, AccessRefused."""
-        queue = self.vhost.queue(name)
+        queue = self.vhost.queue_or_stand_in(name)
         self.authorize("read", self._queue(name))
         if queue.remote is not None:
             return queue.remote.operate(queue, "queue.purge", {}).addCallback(lambda n: int(n or 0))
@@ -334,7 +334,7 @@ class Management:
     # -- bindings ------------------------------------------------------------------------
 
     def _binding(self, queue: str, exchange: str, key: str) -> None:
-        self.vhost.queue(queue)
+        self.vhost.queue_or_stand_in(queue)
         self.vhost.exchange(exchange)
         self.authorize("write", self._queue(queue))
         self.authorize("read", self._exchange(exchange, key))
@@ -355,7 +355,7 @@ class Management:
 
     def _bind(self, op: str, queue: str, exchange: str, key: str, arguments: dict | None) -> Deferred | None:
         self._binding(queue, exchange, key)
-        q = self.vhost.queue(queue)
+        q = self.vhost.queue_or_stand_in(queue)
         if q.remote is not None:
             if op == "queue.bind":
                 check_binding_key(key, self.vhost.exchange(exchange))

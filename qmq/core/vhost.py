@@ -453,6 +453,16 @@ class VirtualHost:
             return None
         return self._add_stand_in(name, home, None)
 
+    def queue_or_stand_in(self, name: str) -> Queue:
+        """Queue C{name}, to act on by name (purge, delete, bind, get): the
+        queue here, or, when its home is another node, its stand-in (made
+        now: a queue that node holds may never have been named here).
+        @raise NoSuchQueue: neither."""
+        queue = self.queues.get(name)
+        if queue is None:
+            queue = self.stand_in(name)
+        return queue if queue is not None else self.queue(name)
+
     def _add_stand_in(self, name: str, home: str, arguments: dict | None) -> Queue:
         assert self.broker is not None
         queue = RemoteQueue(self, name, home, self.broker.homes, arguments)
