@@ -544,3 +544,19 @@ class NeverNamedHereTests(SynchronousTestCase):
         other = homed(self.net, "b", "none")
         d = settled(self.net, management(self.net, "a").purge_queue(other))
         self.assertIn("no queue", self.failureResultOf(d, NotFound).value.message)
+
+    def test_declared_here_made_on_the_home(self) -> None:
+        """A queue declared on a (AMQP queue.declare, HTTP PUT) whose home
+        is b is made on b as declared, so that a bind from a, next on the
+        same link, finds it."""
+        net = self.net
+        other = homed(net, "b", "decl")
+        mgmt = management(net, "a")
+        queue, made = mgmt.declare_queue(other, durable=True, arguments={"x-max-length": 5})
+        self.assertTrue(made)
+        d = mgmt.bind(other, "amq.topic", "k")
+        net.settle()
+        self.successResultOf(d)
+        home = net["b"].broker.default_vhost.queues[other]
+        self.assertEqual((home.durable, home.remote, [(e.name, k) for e, k, _ in home.bindings]),
+                         (True, None, [("amq.topic", "k")]))

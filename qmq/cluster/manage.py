@@ -61,7 +61,7 @@ from qmq.core.errors import (
     ResourceLocked,
 )
 from qmq.core.events import Observer
-from qmq.core.management import queue_facts
+from qmq.core.management import Management, queue_facts
 from qmq.core.remote import Unavailable
 
 if TYPE_CHECKING:
@@ -142,6 +142,7 @@ class Manage(Observer):
             "bindings": self._bindings,
             "connections": self._connections,
             "queue.purge": self._purge,
+            "queue.declare": self._declare_queue,
             "queue.get": self._get,
             "queue.settle": self._settle,
             "queue.delete": self._delete,
@@ -484,6 +485,15 @@ class Manage(Observer):
             return {"connections": [], "truncated": False}
         rows = connection_rows(self.registry, self.registry.ids, MAX_ITEMS + 1)
         return {"connections": rows[:MAX_ITEMS], "truncated": len(rows) > MAX_ITEMS}
+
+    def _declare_queue(self, link: LinkProtocol, args: dict[str, Any]) -> None:
+        vhost = self._vhost(args)
+        name, arguments = args.get("queue"), args.get("arguments")
+        if not isinstance(name, str) or not (arguments is None or isinstance(arguments, dict)):
+            raise PreconditionFailed("a queue name and arguments expected")
+        with self.mesh.queues.here():
+            Management(vhost, None, "").declare_queue(name, args.get("durable") is not False,
+                                                      args.get("auto_delete") is True, arguments)
 
     def _purge(self, link: LinkProtocol, args: dict[str, Any]) -> int:
         _, queue = self._local_queue(args)

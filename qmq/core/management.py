@@ -46,6 +46,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from twisted.logger import Logger
+
 from qmq.core.access import Resource, allowed, authorize
 from qmq.core.errors import AccessRefused, NotFound, PreconditionFailed
 from qmq.core.exchange import ALTERNATE_EXCHANGE, alternate_of
@@ -59,6 +61,8 @@ if TYPE_CHECKING:
     from qmq.core.exchange import Exchange
     from qmq.core.queue import Queue
     from qmq.core.vhost import VirtualHost
+
+log = Logger()
 
 __all__ = ["Management", "authorize_arguments", "check_equivalent", "queue_facts", "writing_targets"]
 
@@ -278,6 +282,11 @@ class Management:
         queue = self.vhost.declare_queue(
             name, durable=durable, auto_delete=auto_delete, arguments=arguments or None, on_demand=True
         )
+        if queue.remote is not None:
+            # Its home is another node: declared there too, as asked (what
+            # this node asks of it next, a bind, follows on the same link).
+            args = {"durable": durable, "auto_delete": auto_delete, "arguments": arguments or None}
+            queue.remote.operate(queue, "queue.declare", args).addErrback(_not_declared, queue)
         return queue, not existed
 
     def queue(self, name: str, see_all: bool = False) -> Queue:
@@ -410,3 +419,8 @@ class Management:
         self.vhost.exchange(name)
         self.authorize("configure", self._exchange(name))
         self.vhost.delete_exchange(name)
+
+
+def _not_declared(failure: Any, queue: Queue) -> None:
+    log.warn("queue {queue!r} was not declared on its home node {home!r}: {error}", queue=queue.name,
+             home=getattr(queue, "home", None), error=failure.getErrorMessage())
