@@ -62,7 +62,9 @@ from qmq.core.errors import (
 )
 from qmq.core.events import Observer
 from qmq.core.management import Management, queue_facts
+from qmq.core.message import Message
 from qmq.core.remote import Unavailable
+from qmq.store import record
 
 if TYPE_CHECKING:
     from qmq.cluster.link import LinkProtocol
@@ -419,7 +421,7 @@ class Manage(Observer):
                 return None
             if not (isinstance(value, dict) and isinstance(value.get("m"), str) and isinstance(value.get("tag"), int)):
                 raise wire.FrameError("bad get answer")
-            _, message = wire.decode_message(base64.b64decode(value["m"]))
+            message = _decode_message(base64.b64decode(value["m"]))
             message.id = next(self.broker.message_ids)
             message.delivery_count = int(value.get("count") or 0)
             if ack and link is not None:
@@ -445,7 +447,7 @@ class Manage(Observer):
         got = channel.get(queue.name, ack=True)
         if got is None:
             return None
-        payload = b"".join(wire.encode_message(vhost.name.encode(), got.message))[wire.HEADER_SIZE:]
+        payload = _encode_message(vhost.name.encode(), got.message)
         if len(payload) > MAX_GET:
             channel.settle_delivery(channel.owners.get(got.tag), got.tag, False, True)
             raise PreconditionFailed(
@@ -640,3 +642,35 @@ def _failed(error: BrokerError) -> Deferred:
     d: Deferred = Deferred()
     d.errback(error)
     return d
+
+
+def _encode_message(vhost: bytes, message: Message) -> bytes:
+    """C{message} as a publish record of the commit log (with its CRC):
+    everything of the core's model, whatever the link's own encoding."""
+    head, tail = record.encode_publish(
+        message.id, message.timestamp, message.expires, message.priority, message.persistent, vhost,
+        message.exchange, message.routing_key, message.headers, message.body, (), message.properties,
+        message.deliver_at, message.ack_timeout,
+    )
+    return head + tail if tail else head
+
+
+def _decode_message(data: bytes) -> Message:
+    """@raise wire.FrameError: not a whole, undamaged publish record."""
+    head = record.FRAME_SIZE
+    if len(data) < head:
+        raise wire.FrameError("bad message: too short")
+    length, type_, crc = record.FRAME.unpack_from(data, 0)
+    if type_ != record.RECORD_PUBLISH or length != len(data) - head:
+        raise wire.FrameError("bad message: not a publish record")
+    if record.record_crc(type_, memoryview(data)[head:]) != crc:
+        raise wire.FrameError("bad message: checksum")
+    try:
+        fields = record.decode_publish_fields(data, head, len(data))
+    except record.RecordError as e:
+        raise wire.FrameError(f"bad message: {e}") from None
+    mid, ts, expiry, prio, flags, _, exchange, key, headers, _, body, extra = fields
+    message = Message(mid, exchange, key, headers, body, ts, bool(flags & record.FLAG_PERSISTENT), prio, expiry)
+    if extra is not None:
+        message.properties, message.deliver_at, message.ack_timeout = extra
+    return message
