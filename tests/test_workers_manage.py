@@ -560,3 +560,16 @@ class NeverNamedHereTests(SynchronousTestCase):
         home = net["b"].broker.default_vhost.queues[other]
         self.assertEqual((home.durable, home.remote, [(e.name, k) for e, k, _ in home.bindings]),
                          (True, None, [("amq.topic", "k")]))
+
+    def test_names_not_found_leave_nothing(self) -> None:
+        """A purge, get or GET of a name its home does not have leaves no
+        stand-in behind (names asked for cost nothing here)."""
+        other = homed(self.net, "b", "none")
+        vhost = self.net["a"].broker.default_vhost
+        d = settled(self.net, management(self.net, "a").purge_queue(other))
+        self.failureResultOf(d, NotFound)
+        self.assertNotIn(other, vhost.queues)
+        d = self.net["a"].channel.get(other)
+        self.net.settle()
+        self.failureResultOf(d, NotFound)
+        self.assertNotIn(other, vhost.queues)

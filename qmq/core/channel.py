@@ -1183,7 +1183,8 @@ class Channel:
             )
         if q.remote is not None:
             # Its home is another node (qmq.core.remote): taken there.
-            return q.remote.get(q, ack).addCallback(self._got_remote, q, ack)  # type: ignore[no-any-return]
+            d = q.remote.get(q, ack)
+            return d.addCallbacks(self._got_remote, self.vhost.not_on_home, (q, ack), None, (q,))  # type: ignore[no-any-return]
         message = q.get()
         if message is None:
             return None

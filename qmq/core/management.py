@@ -311,7 +311,7 @@ class Management:
             raise AccessRefused(f"Queue {name!r} belongs to a session.", "access refused (configure)")
         if queue.remote is not None:
             d = queue.remote.operate(queue, "queue.delete", {"if_unused": if_unused, "if_empty": if_empty})
-            return d.addCallback(self._stand_in_gone, queue)
+            return d.addCallbacks(self._stand_in_gone, self.vhost.not_on_home, (queue,), None, (queue,))
         if if_unused and queue.consumers:
             raise PreconditionFailed(f"queue {name!r} in vhost {self.vhost.name!r} in use")
         if if_empty and len(queue):
@@ -330,7 +330,8 @@ class Management:
         queue = self.vhost.queue_or_stand_in(name)
         self.authorize("read", self._queue(name))
         if queue.remote is not None:
-            return queue.remote.operate(queue, "queue.purge", {}).addCallback(lambda n: int(n or 0))
+            d = queue.remote.operate(queue, "queue.purge", {})
+            return d.addCallbacks(lambda n: int(n or 0), self.vhost.not_on_home, errbackArgs=(queue,))
         return queue.purge()
 
     def scan(self, name: str, start: float, end: float, cursor: str | None = None, limit: int = 100) -> Deferred:
@@ -369,7 +370,8 @@ class Management:
             if op == "queue.bind":
                 check_binding_key(key, self.vhost.exchange(exchange))
             args = {"exchange": exchange, "key": key, "arguments": arguments}
-            return q.remote.operate(q, op, args).addCallback(lambda _: None)
+            return q.remote.operate(q, op, args).addCallbacks(lambda _: None, self.vhost.not_on_home,
+                                                              errbackArgs=(q,))
         if op == "queue.bind":
             self.vhost.bind(queue, exchange, key, arguments)
         else:

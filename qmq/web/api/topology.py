@@ -148,7 +148,8 @@ class TopologyMixin:
         if q.remote is not None and getattr(mesh, "manage", None) is not None:
             # Its home's counts (a stand-in holds none).
             d = mesh.manage.ask(q.home, "queue", {"vhost": q.vhost.name, "queue": q.name})
-            return d.addCallback(lambda facts: json_response(self._facts_doc(vhost, facts, q.home)))
+            return d.addCallbacks(lambda facts: json_response(self._facts_doc(vhost, facts, q.home)),
+                                  q.vhost.not_on_home, errbackArgs=(q,))
         return json_response(self._queue_doc(vhost, q))
 
     def h_put_queue(self, request: Request, vhost: str, queue: str) -> Response:
