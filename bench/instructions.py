@@ -29,7 +29,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 VARIANTS = ("dc:plain:auto,dc:other-header:auto,dc:ttl-header:auto,dc:priority:auto,"
-            "dc:plain:client-individual,dur:plain,dur:persistent,dur:log")
+            "dc:plain:client-individual,dur:plain,dur:persistent,dur:log,dur:consume")
 
 
 def child(variant: str, n: int) -> None:
