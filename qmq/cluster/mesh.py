@@ -216,7 +216,7 @@ class Mesh(Service, Observer):
         # Dialers whose peer refused them: how many times in a row.
         self._refusals: dict[ClientService, int] = {}
         self._stop_observing: Any = None
-        self._encoded: tuple[Any, str, list[bytes], int] | None = None
+        self._encoded: tuple[Any, str, list[bytes], int, bytes] | None = None
         self._vhost_bytes: dict[str, bytes] = {}
         self._next_id = broker.message_ids.__next__
         #: Nodes linked since this node started (members of the placement).
@@ -581,9 +581,9 @@ class Mesh(Service, Observer):
             name = self._vhost_bytes.get(vhost)
             if name is None:
                 name = self._vhost_bytes[vhost] = vhost.encode()
-            chunks = wire.encode_message(name, message)
-            encoded = self._encoded = (message, vhost, chunks, sum(map(len, chunks)))
-        link.send_message(encoded[2], encoded[3])
+            chunks, size = wire.encode_item(message)
+            encoded = self._encoded = (message, vhost, chunks, size, name)
+        link.send_message(wire.MESSAGE, encoded[4], encoded[2], encoded[3])
 
     def received(self, link: LinkProtocol, vhost_name: str, message: Any) -> None:
         """A message from C{link}'s peer: published here, for this node's
