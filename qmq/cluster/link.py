@@ -156,6 +156,7 @@ class LinkProtocol(Protocol):
         self._batch_size = 0
         self._batch_seq = 0
         self._batch_cap = min(wire.BATCH_BYTES, mesh.settings.max_frame - 64)
+        self._limit = mesh.settings.link_buffer
         #: Set once the mesh let it go (L{qmq.cluster.mesh.Mesh.link_down}).
         self.down = False
         self._reader = wire.FrameReader(mesh.settings.max_frame)
@@ -231,9 +232,7 @@ class LinkProtocol(Protocol):
             self.messages_in += len(items)
             self.bytes_in += end - start + wire.HEADER_SIZE
             if type_ == wire.MESSAGE:
-                received = self.mesh.received
-                for message in items:
-                    received(self, vhost, message)
+                self.mesh.received(self, vhost, items)
             elif type_ == wire.FORWARD:
                 self.mesh.queues.forwarded(self, seq, vhost, items)
             else:
@@ -381,7 +380,7 @@ class LinkProtocol(Protocol):
     @property
     def full(self) -> bool:
         """Whether the link's buffer holds C{link_buffer} bytes or more."""
-        return self._out_bytes >= self.mesh.settings.link_buffer
+        return self._out_bytes >= self._limit
 
     def send_message(
         self, type_: int, vhost: bytes, chunks: list[bytes], size: int, force: bool = False, seq: int = 0
@@ -398,47 +397,57 @@ class LinkProtocol(Protocol):
         @return: whether it was queued."""
         if self.state == "closed":
             return False
-        if not force and self._out_bytes + size > self.mesh.settings.link_buffer and self._out:
-            self.dropped += 1
-            now = self.clock.seconds()
-            if self._dropped_logged is None or now - self._dropped_logged >= DROP_LOG_INTERVAL:
-                self._dropped_logged = now
-                log.warn(
-                    "link {link}: the peer does not read; messages for it are dropped "
-                    "({dropped} so far, {buffered} bytes waiting)",
-                    link=self.describe(),
-                    dropped=self.dropped,
-                    buffered=self._out_bytes,
-                )
+        out_bytes = self._out_bytes + size
+        if out_bytes > self._limit and not force and self._out:
+            self._drop()
             return False
-        out = self._out
+        batch = self._batch_size + size
         if (
             self._batch_type != type_
-            or self._batch_vhost != vhost
+            or batch > self._batch_cap
             or seq != self._batch_seq
-            or self._batch_size + size > self._batch_cap
+            or self._batch_vhost != vhost
         ):
-            if self._batch_type:
-                self._close_batch()
-            prefix = wire.batch_prefix(type_, vhost, seq)
-            self._batch_type = type_
-            self._batch_vhost = vhost
-            self._batch_at = len(out)
-            out.append(b"")  # the header, once the batch is whole
-            out.append(prefix)
-            self._batch_size = len(prefix)
-            self._out_bytes += len(prefix) + wire.HEADER_SIZE
-        self._batch_size += size
-        self._batch_seq = seq + 1 if seq else 0
-        if len(chunks) == 1:
-            out.append(chunks[0])
-        else:
-            out.extend(chunks)
-        self._out_bytes += size
+            prefix = self._open_batch(type_, vhost, seq)
+            batch = len(prefix) + size
+            out_bytes += len(prefix) + wire.HEADER_SIZE
+        self._batch_size = batch
+        if seq:
+            self._batch_seq = seq + 1
+        self._out += chunks
+        self._out_bytes = out_bytes
         self.messages_out += 1
         self.bytes_out += size
-        self._want_flush()
         return True
+
+    def _open_batch(self, type_: int, vhost: bytes, seq: int) -> bytes:
+        """Close the batch being filled, if any, and open one: its prefix."""
+        if self._batch_type:
+            self._close_batch()
+        out = self._out
+        prefix = wire.batch_prefix(type_, vhost, seq)
+        self._batch_type = type_
+        self._batch_vhost = vhost
+        self._batch_seq = seq
+        self._batch_at = len(out)
+        out.append(b"")  # the header, once the batch is whole
+        out.append(prefix)
+        self._want_flush()
+        return prefix
+
+    def _drop(self) -> None:
+        """A message for the peer is dropped: its buffer is full."""
+        self.dropped += 1
+        now = self.clock.seconds()
+        if self._dropped_logged is None or now - self._dropped_logged >= DROP_LOG_INTERVAL:
+            self._dropped_logged = now
+            log.warn(
+                "link {link}: the peer does not read; messages for it are dropped "
+                "({dropped} so far, {buffered} bytes waiting)",
+                link=self.describe(),
+                dropped=self.dropped,
+                buffered=self._out_bytes,
+            )
 
     def _want_flush(self) -> None:
         if not self._flush_wanted and not self._paused and self.state != "closed":

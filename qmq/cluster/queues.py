@@ -511,15 +511,21 @@ class RemoteQueues:
         store makes it."""
         targets = link.queue_targets
         ids = self.mesh.broker.message_ids
+        name = found = None
         for message in messages:
-            key = (vhost_name, message.routing_key)
-            found = targets.get(key)
             try:
-                if found is None or found[1][4].deleted:
-                    found = self._resolve(link, vhost_name, message.routing_key)
-                    if len(targets) >= TARGET_CACHE_SIZE:
-                        targets.clear()
-                    targets[key] = found
+                if message.routing_key is not name or found is None or found[1][4].deleted:
+                    # A run to one queue (one string: the link's decoder
+                    # shares it) looks it up once.
+                    found = None
+                    name = message.routing_key
+                    key = (vhost_name, name)
+                    found = targets.get(key)
+                    if found is None or found[1][4].deleted:
+                        found = self._resolve(link, vhost_name, name)
+                        if len(targets) >= TARGET_CACHE_SIZE:
+                            targets.clear()
+                        targets[key] = found
                 message.id = next(ids)
                 durable = found[0].publish_target(found[1], message)
             except BrokerError as e:

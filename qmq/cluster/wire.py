@@ -29,17 +29,17 @@ binary and ranged. The payloads, big-endian:
               first, first + 1, ... of that consumer
 
 An item (L{ITEM}) is u32 size (of the rest of the item), u8 flags (the
-commit log's: persistent, timing, and the header block's kind), u8
-priority, f64 timestamp, f64 expiry, u32 length of the static part, then
-the static part: u16 exchange length, u32 routing key length, the
-exchange, the routing key and the header block (properties and typed
-headers, encoded as the commit log encodes them:
-L{qmq.store.record.encode_model}), then with the timing flag f64 delivery
-time and f64 ack timeout, then the body (the rest). A delivery item
-(L{DELIVERY_ITEM}) has u32 consumer id, u64 delivery tag and u32
-delivery count after its size. A message crosses with everything of the
-core's model but its id (the receiving node gives it one of its own:
-L{qmq.cluster.mesh}).
+commit log's L{qmq.store.record.FLAG_PERSISTENT} and FLAG_TIMING), u8
+priority, f64 timestamp, f64 expiry, u32 length of what follows up to the
+body, then the static part: u8 header flags (the commit log's), u16
+exchange length, u32 routing key length, the exchange, the routing key
+and the header block (properties and typed headers, encoded as the commit
+log encodes them: L{qmq.store.record.encode_model}); then, with the
+timing flag, f64 delivery time and f64 ack timeout; then the body (the
+rest). A delivery item (L{DELIVERY_ITEM}) has u32 consumer id, u64
+delivery tag and u32 delivery count after its size. A message crosses
+with everything of the core's model but its id (the receiving node gives
+it one of its own: L{qmq.cluster.mesh}).
 
 The static part repeats in a publisher's stream: the sender encodes it
 once for a run of messages with the same exchange, key, headers and
