@@ -67,6 +67,9 @@ TARGET_CACHE_SIZE = 1000
 
 #: Seconds a forwarded publish waits for its confirm before it fails.
 CONFIRM_TIMEOUT = 60.0
+# A forward's deadline, from when it went (one a second: see forward).
+_DEADLINE = CONFIRM_TIMEOUT + 1.0
+
 #: Most forwarded publishes one link waits confirms for; past it a publish
 #: to a queue homed over that link is refused.
 MAX_UNCONFIRMED = 100_000
@@ -139,6 +142,7 @@ class RemoteQueues:
         self._held: dict[Any, _Sub] = {}
         self._here = False
         self._vhost_bytes: dict[str, bytes] = {}
+        self._seconds = mesh.clock.seconds
         #: Stand-ins made with arguments (told to their home at each link up).
         self._declared: dict[tuple[str, str], RemoteQueue] = {}
 
@@ -267,11 +271,14 @@ class RemoteQueues:
         self._link(queue)
 
     def forward(self, queue: RemoteQueue, message: Message) -> Deferred:
-        link = self._link(queue)
-        if len(link.pending) >= MAX_UNCONFIRMED:
+        link = self.mesh.links.get(queue.home)
+        if link is None or link.state != "up":
+            link = self._link(queue)  # raises
+        pending = link.pending
+        if len(pending) >= MAX_UNCONFIRMED:
             raise Unavailable(
                 f"Node {queue.home!r}, home of queue {queue.name!r}, has not confirmed "
-                f"{len(link.pending)} messages yet: the message was not published; try again later.",
+                f"{len(pending)} messages yet: the message was not published; try again later.",
                 "home node busy",
             )
         vhost = queue.vhost.name  # type: ignore[union-attr]
@@ -280,7 +287,7 @@ class RemoteQueues:
             name = self._vhost_bytes[vhost] = vhost.encode()
         chunks, size = wire.encode_item(message)
         seq = link.next_seq
-        if not link.send_message(wire.FORWARD, name, chunks, size, seq=seq):
+        if not link.send_message(wire.FORWARD, name, chunks, size, False, seq):
             raise Unavailable(
                 f"The link to node {queue.home!r}, home of queue {queue.name!r}, holds "
                 f"{link.mesh.settings.link_buffer} bytes it could not send yet (cluster.link_buffer): "
@@ -288,11 +295,10 @@ class RemoteQueues:
                 "link to the home node full",
             )
         link.next_seq = seq + 1
-        d: Deferred = Deferred()
-        link.pending[seq] = d
+        d = pending[seq] = Deferred()
         # One deadline a second: a forward fails no sooner than
         # CONFIRM_TIMEOUT after it went, at most a second later.
-        deadline = self.mesh.clock.seconds() + CONFIRM_TIMEOUT + 1.0
+        deadline = self._seconds() + _DEADLINE
         deadlines = link.deadlines
         if not deadlines or deadlines[-1][1] + 1.0 <= deadline:
             deadlines.append((seq, deadline))

@@ -251,7 +251,16 @@ def _static(message: Message) -> bytes:
 def encode_item(message: Message) -> tuple[list[bytes], int]:
     """An item of a message or forward batch: its chunks (a large body is
     not copied) and their size."""
-    static = _static(message)
+    last = _last
+    if (
+        message.headers is last[2]
+        and message.properties is last[3]
+        and message.exchange == last[0]
+        and message.routing_key == last[1]
+    ):
+        static = last[4]
+    else:
+        static = _static(message)
     body = message.body
     flags = _PERSISTENT if message.persistent else 0
     if message.deliver_at or message.ack_timeout:
@@ -267,7 +276,16 @@ def encode_item(message: Message) -> tuple[list[bytes], int]:
 def encode_delivery(sub: int, tag: int, count: int, message: Message) -> tuple[list[bytes], int]:
     """An item of a deliver batch: consumer C{sub}'s delivery C{tag}
     (C{count} as its delivery count)."""
-    static = _static(message)
+    last = _last
+    if (
+        message.headers is last[2]
+        and message.properties is last[3]
+        and message.exchange == last[0]
+        and message.routing_key == last[1]
+    ):
+        static = last[4]
+    else:
+        static = _static(message)
     body = message.body
     flags = _PERSISTENT if message.persistent else 0
     if message.deliver_at or message.ack_timeout:
