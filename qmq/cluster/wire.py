@@ -369,9 +369,13 @@ class Decoder:
 
     def _items(self, data: bytes, pos: int, end: int) -> list[Message]:
         out = []
-        statics = self._statics
         unpack = ITEM.unpack_from
         fixed = ITEM.size
+        timing = _FLAG_TIMING
+        # The static part of the item before (a stream repeats it): compared
+        # in place, without a copy.
+        last = b""
+        found: tuple[str, str, Any, Any] = ("", "", None, None)
         while pos < end:
             if end - pos < fixed:
                 raise FrameError("a message cut short")
@@ -381,35 +385,30 @@ class Decoder:
             b = s + n
             if stop > end or b > stop:
                 raise FrameError("a message longer than its frame")
-            if flags & _FLAG_TIMING:
+            if flags & timing:
                 b -= 16
-                found = statics.get(data[s:b])
-                if found is None:
-                    found = self._static(data[s:b])
-                deliver_at, ack_timeout = _TIMING.unpack_from(data, b)
-                b += 16
-            else:
-                found = statics.get(data[s:b])
-                if found is None:
-                    found = self._static(data[s:b])
-                deliver_at = ack_timeout = 0.0
+            if b - s != len(last) or not data.startswith(last, s) or not last:
+                last = data[s:b]
+                found = self._found(last)
             message = Message(
-                0, found[0], found[1], found[2], data[b:stop], timestamp, flags & _PERSISTENT != 0, priority, expires
+                0, found[0], found[1], found[2], data[b + 16 if flags & timing else b : stop], timestamp,
+                flags & 1 != 0, priority, expires,
             )
             if found[3] is not None:
                 message.properties = found[3]
-            if deliver_at or ack_timeout:
-                message.deliver_at = deliver_at
-                message.ack_timeout = ack_timeout
+            if flags & timing:
+                message.deliver_at, message.ack_timeout = _TIMING.unpack_from(data, b)
             out.append(message)
             pos = stop
         return out
 
     def _deliveries(self, data: bytes, pos: int, end: int) -> list[tuple[int, int, Message]]:
         out = []
-        statics = self._statics
         unpack = DELIVERY_ITEM.unpack_from
         fixed = DELIVERY_ITEM.size
+        timing = _FLAG_TIMING
+        last = b""
+        found: tuple[str, str, Any, Any] = ("", "", None, None)
         while pos < end:
             if end - pos < fixed:
                 raise FrameError("a message cut short")
@@ -419,27 +418,28 @@ class Decoder:
             b = s + n
             if stop > end or b > stop:
                 raise FrameError("a message longer than its frame")
-            deliver_at = ack_timeout = 0.0
-            if flags & _FLAG_TIMING:
+            if flags & timing:
                 b -= 16
-                deliver_at, ack_timeout = _TIMING.unpack_from(data, b)
-            found = statics.get(data[s:b])
-            if found is None:
-                found = self._static(data[s:b])
-            if flags & _FLAG_TIMING:
-                b += 16
+            if b - s != len(last) or not data.startswith(last, s) or not last:
+                last = data[s:b]
+                found = self._found(last)
             message = Message(
-                0, found[0], found[1], found[2], data[b:stop], timestamp, flags & _PERSISTENT != 0, priority, expires
+                0, found[0], found[1], found[2], data[b + 16 if flags & timing else b : stop], timestamp,
+                flags & 1 != 0, priority, expires,
             )
             message.delivery_count = count
             if found[3] is not None:
                 message.properties = found[3]
-            if deliver_at or ack_timeout:
-                message.deliver_at = deliver_at
-                message.ack_timeout = ack_timeout
+            if flags & timing:
+                message.deliver_at, message.ack_timeout = _TIMING.unpack_from(data, b)
             out.append((sub, tag, message))
             pos = stop
         return out
+
+    def _found(self, static: bytes) -> tuple[str, str, Any, Any]:
+        """A static part decoded: from the cache, or decoded now."""
+        found = self._statics.get(static)
+        return self._static(static) if found is None else found
 
     def _static(self, static: bytes) -> tuple[str, str, Any, Any]:
         """Decode a static part (and keep it)."""
