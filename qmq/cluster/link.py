@@ -21,7 +21,9 @@ The flow of a link's life:
        nothing for three heart-beats is closed, and so is one whose hello
        does not come within L{HELLO_TIMEOUT}.
     4. Output goes out once per reactor turn (the broker's write batcher),
-       in one write. While the transport's buffer is full (Twisted pauses
+       in one write; the turn's messages of one kind and virtual host
+       share a batch frame (L{send_message}, L{qmq.cluster.wire}), its
+       confirms and settles one frame each. While the transport's buffer is full (Twisted pauses
        the link as its producer), messages wait in the link's own buffer up
        to C{link_buffer} bytes; past that a message for this peer is
        dropped, counted (L{LinkProtocol.dropped}) and logged at most once a
