@@ -630,6 +630,7 @@ class BadFrameTests(SynchronousTestCase):
             (wire.frame(wire.CONFIRM, b"\xff\xff\xff\xff" + b"\x00" * 16), "bad confirm"),
             (wire.frame(wire.CONFIRM, wire.encode_confirm([], [(1, 404, "x")])[wire.HEADER_SIZE : -1]), "bad confirm"),
             (wire.frame(wire.CONFIRM, wire.encode_confirm([], [])[wire.HEADER_SIZE :] + b"+"), "bad confirm"),
+            (wire.encode_confirm([[1, 1 << 31]] * 2, []), "bad confirm: more than"),
             (wire.encode_json(wire.CONSUME, {"id": 1, "vhost": "/", "queue": "q", "window": 0}), "bad consume"),
             (wire.encode_json(wire.CANCEL, {"id": "1"}), "an integer id"),
             (wire.encode_json(wire.DECLARE, {"vhost": "/", "queue": "q"}), "bad declare"),

@@ -74,6 +74,10 @@ _DEADLINE = CONFIRM_TIMEOUT + 1.0
 #: to a queue homed over that link is refused.
 MAX_UNCONFIRMED = 100_000
 
+#: Most sequence numbers one confirm frame may name (a home confirms what
+#: one turn took: far fewer; a bound on the work a frame can ask for).
+MAX_CONFIRM_RANGE = 4 * MAX_UNCONFIRMED
+
 #: The core's refusals by reply code, for a failed confirm.
 _ERRORS: dict[int, type[BrokerError]] = {404: NotFound, 406: PreconditionFailed, 506: ResourceLimit}
 
@@ -426,7 +430,11 @@ class RemoteQueues:
         frontend did not wait, as STOMP's SEND without a receipt) is
         dropped rather than fired: no one could see it fire."""
         pending = link.pending
+        if sum(count for _, count in ranges) > MAX_CONFIRM_RANGE:
+            raise wire.FrameError(f"bad confirm: more than {MAX_CONFIRM_RANGE} sequence numbers in one")
         for first, count in ranges:
+            if not pending:
+                break
             if count <= len(pending):
                 seqs: Any = range(first, first + count)
             else:  # bounded by what waits, whatever the frame says
@@ -451,11 +459,15 @@ class RemoteQueues:
         while deadlines and deadlines[0][1] <= now:
             deadlines.popleft()
             limit = deadlines[0][0] if deadlines else link.next_seq
-            while pending:
-                seq = next(iter(pending))
+            expired = []
+            for seq in pending:  # in sequence order: one pass, then failed
                 if seq >= limit:
                     break
-                d = pending.pop(seq)
+                expired.append(seq)
+            for seq in expired:
+                d = pending.pop(seq, None)
+                if d is None:
+                    continue
                 d.errback(
                     Unavailable(
                         f"Node {link.node!r} did not confirm the message within {CONFIRM_TIMEOUT:g} s: "
