@@ -632,6 +632,8 @@ class BadFrameTests(SynchronousTestCase):
             (wire.frame(wire.CONFIRM, wire.encode_confirm([], [])[wire.HEADER_SIZE :] + b"+"), "bad confirm"),
             (wire.encode_confirm([[1, 1 << 31]] * 2, []), "bad confirm: more than"),
             (wire.encode_json(wire.CONSUME, {"id": 1, "vhost": "/", "queue": "q", "window": 0}), "bad consume"),
+            (wire.encode_json(wire.CONSUME, {"id": 1, "vhost": "/", "queue": "q", "window": 10**6 + 1}), "bad consume"),
+            (wire.encode_settle([[1, 1, 60_000, 0], [2, 1, 60_000, 0]]), "more than the consumers' windows"),
             (wire.encode_json(wire.CANCEL, {"id": "1"}), "an integer id"),
             (wire.encode_json(wire.DECLARE, {"vhost": "/", "queue": "q"}), "bad declare"),
             (wire.frame(wire.FORWARD, b"\x00\x01"), "bad forward"),

@@ -78,6 +78,13 @@ MAX_UNCONFIRMED = 100_000
 #: one turn took: far fewer; a bound on the work a frame can ask for).
 MAX_CONFIRM_RANGE = 4 * MAX_UNCONFIRMED
 
+#: Settle frames naming more tags than this are checked against the
+#: windows of the peer's consumers (what they may hold unacked in all).
+SETTLE_CHECKED = 100_000
+#: The largest window a peer may ask for (C{[cluster] remote_window}'s
+#: maximum).
+MAX_WINDOW = 1_000_000
+
 #: The core's refusals by reply code, for a failed confirm.
 _ERRORS: dict[int, type[BrokerError]] = {404: NotFound, 406: PreconditionFailed, 506: ResourceLimit}
 
@@ -505,6 +512,9 @@ class RemoteQueues:
         dropped. A run longer than its consumer's window (what it may
         hold unacked) is a protocol error."""
         homed = link.homed
+        total = sum(run[2] for run in runs)
+        if total > SETTLE_CHECKED and total > sum(c.prefetch for c in homed.values()):
+            raise wire.FrameError(f"bad settle: {total} tags, more than the consumers' windows")
         for sub, first, count, outcome in runs:
             consumer = homed.get(sub)
             if consumer is None or consumer.channel is None:
@@ -605,7 +615,12 @@ class RemoteQueues:
         sub = _int(value.get("id"))
         window = value.get("window")
         vhost_name, name = value.get("vhost"), value.get("queue")
-        if not (isinstance(window, int) and window > 0 and isinstance(vhost_name, str) and isinstance(name, str)):
+        if not (
+            isinstance(window, int)
+            and 0 < window <= MAX_WINDOW
+            and isinstance(vhost_name, str)
+            and isinstance(name, str)
+        ):
             raise wire.FrameError("bad consume: id, vhost, queue and window expected")
         mesh = self.mesh
         consumer = HomeConsumer(link, sub, window)
