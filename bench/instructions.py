@@ -6,7 +6,8 @@
 CPU time on a shared machine moves by tens of percent between runs; the
 number of instructions a run executes does not. This runs the in-process
 benches (``delivery_cost.py``: ``dc:VARIANT:ACK``; ``durable_cost.py``:
-``dur:VARIANT``; ``amqp_cost.py``: ``amqp:ack|autoack|confirm``) under
+``dur:VARIANT``; ``amqp_cost.py``: ``amqp:ack|autoack|confirm``;
+``mesh_cost.py``: ``mesh:topic|queue:1|2|3``, nodes, every node's work) under
 ``valgrind --tool=cachegrind --cache-sim=no`` twice per tree and variant,
 with ``--small`` and ``--small + --number`` messages, and prints the
 difference divided by ``--number``: the instructions of one message,
@@ -29,7 +30,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 VARIANTS = ("dc:plain:auto,dc:other-header:auto,dc:ttl-header:auto,dc:priority:auto,"
-            "dc:plain:client-individual,dur:plain,dur:persistent,dur:log")
+            "dc:plain:client-individual,dur:plain,dur:persistent,dur:log,dur:consume")
 
 
 def child(variant: str, n: int) -> None:
@@ -53,6 +54,12 @@ def child(variant: str, n: int) -> None:
         import amqp_cost
 
         amqp_cost.amqp_run(n, 100, rest in ("ack", "confirm"), rest == "confirm")
+    elif kind == "mesh":
+        import mesh_cost
+
+        what, _, nodes = rest.partition(":")
+        scenario = {"1": "local", "2": "2 nodes", "3": "3 nodes"}[nodes or "2"]
+        mesh_cost.run(scenario, n, 100, what or "topic")
     else:
         raise SystemExit(f"unknown variant {variant!r}")
 
