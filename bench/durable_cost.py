@@ -20,7 +20,12 @@ batch's receipts go out on the next turn, as after a real fsync. Variants:
 ``log``
     ``store = "log"``, ``fsync = "always"`` (``persist-receipt-10``);
 ``log-never``
-    ``fsync = "never"``: receipts at once, no group-commit waiter.
+    ``fsync = "never"``: receipts at once, no group-commit waiter;
+``consume``
+    ``log`` with a consumer session subscribed to the ten queues
+    (``ack:client-individual``) that ACKs every MESSAGE each turn: the
+    publish, the delivery and the ack's settle record
+    (``persist-consume``'s path).
 
 Each figure is the best of ``--rounds`` in CPU microseconds per message,
 the variants taking turns, with the cyclic collector's share ("gc") and the
@@ -38,8 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import best_of, frame, run, time_collector  # noqa: E402
 
-VARIANTS = ("plain", "persistent", "log", "log-never")
-FSYNC = {"plain": None, "persistent": None, "log": "always", "log-never": "never"}
+VARIANTS = ("plain", "persistent", "log", "log-never", "consume")
+FSYNC = {"plain": None, "persistent": None, "log": "always", "log-never": "never", "consume": "always"}
 
 
 def measure(variant: str, number: int, per: int, producers: int = 10) -> tuple[float, float, float]:
@@ -52,7 +57,13 @@ def measure(variant: str, number: int, per: int, producers: int = 10) -> tuple[f
             h["persistent"] = "true"
         return frame("SEND", h, body)
 
-    return run(FSYNC[variant], number, per, producers, send)
+    subscribe = ()
+    if variant == "consume":
+        subscribe = tuple(
+            frame("SUBSCRIBE", {"destination": f"/queue/cost.{p}", "id": f"s{p}", "ack": "client-individual"})
+            for p in range(producers)
+        )
+    return run(FSYNC[variant], number, per, producers, send, subscribe=subscribe)
 
 
 def main() -> None:

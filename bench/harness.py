@@ -15,6 +15,7 @@ count, as ``twistd qmq`` tunes it.
 from __future__ import annotations
 
 import gc
+import re
 import shutil
 import tempfile
 import time
@@ -22,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 _gc = [0.0, 0.0]
+_ACK = re.compile(rb"\nack:([^\n]*)\n")
 
 
 def _gc_timer(phase: str, info: dict) -> None:
@@ -52,6 +54,7 @@ def run(
     producers: int,
     send: Callable[[int, int], bytes],
     prepare: Callable[[Any], None] | None = None,
+    subscribe: Sequence[bytes] = (),
 ) -> tuple[float, float, float]:
     """Feed ``number`` SENDs (each with a ``receipt``) and wait for every
     RECEIPT.
@@ -62,6 +65,9 @@ def run(
         ``send(n, p)``; it must ask for a receipt.
     :param prepare: called with the broker once it recovered, before the
         producers connect.
+    :param subscribe: SUBSCRIBE frames (``ack:client-individual``) of one
+        consumer session, which ACKs every MESSAGE each turn; then every
+        message must be acked too (``persist-consume``'s path).
     :return: CPU microseconds a message: the reactor thread, the writer,
         the collector.
     """
@@ -112,6 +118,37 @@ def run(
         clock.advance(0)
         transport.clear()
         clients.append((proto, transport))
+    consumer = None
+    if subscribe:
+        address = IPv4Address("TCP", "127.0.0.1", 39999)
+        proto = factory.buildProtocol(address)
+        transport = StringTransport(peerAddress=address)
+        proto.makeConnection(transport)
+        proto.dataReceived(frame("CONNECT", {"accept-version": "1.2", "host": "/"}) + b"".join(subscribe))
+        clock.advance(0)
+        transport.clear()
+        consumer = (proto, transport)
+    acked = 0
+
+    def ack_all() -> int:
+        out = consumer[1].value()
+        consumer[1].clear()
+        ids = _ACK.findall(out)
+        if ids:
+            consumer[0].dataReceived(b"".join(b"ACK\nid:" + i + b"\n\n\x00" for i in ids))
+        return len(ids)
+
+    def run_jobs() -> float:
+        spent = 0.0
+        while jobs:
+            f, args, d = jobs.pop(0)
+            t1 = time.process_time()
+            f(*args)
+            spent += time.process_time() - t1
+            d.callback(None)
+            clock.advance(0)
+        return spent
+
     turns = []
     n = 0
     for _ in range(number // (producers * per)):
@@ -132,19 +169,24 @@ def run(
         for (proto, _), data in zip(clients, reads, strict=True):
             proto.dataReceived(data)
         clock.advance(0)
-        while jobs:
-            f, args, d = jobs.pop(0)
-            t1 = time.process_time()
-            f(*args)
-            io_time += time.process_time() - t1
-            d.callback(None)
+        io_time += run_jobs()
+        if consumer is not None:
+            acked += ack_all()
             clock.advance(0)
+            io_time += run_jobs()
         for _, transport in clients:
             receipts += transport.value().count(b"RECEIPT")
             transport.clear()
+    for _ in range(1000):
+        if consumer is None or acked >= n:
+            break
+        acked += ack_all()
+        clock.advance(0)
+        io_time += run_jobs()
     spent = time.process_time() - t0 - io_time
     collector = _gc[0]
     assert receipts == n, (fsync, receipts, n)
+    assert consumer is None or acked == n, (fsync, acked, n)
     if directory is not None:
         shutil.rmtree(directory)
     return spent / n * 1e6, io_time / n * 1e6, collector / n * 1e6

@@ -7,7 +7,8 @@ CPU time on a shared machine moves by tens of percent between runs; the
 number of instructions a run executes does not. This runs the in-process
 benches (``delivery_cost.py``: ``dc:VARIANT:ACK``; ``durable_cost.py``:
 ``dur:VARIANT``; ``amqp_cost.py``: ``amqp:ack|autoack|confirm``;
-``http_cost.py``: ``http:single|batch``, HTTP API publishes) under
+``http_cost.py``: ``http:single|batch``, HTTP API publishes;
+``mesh_cost.py``: ``mesh:topic|queue:1|2|3``, nodes, every node's work) under
 ``valgrind --tool=cachegrind --cache-sim=no`` twice per tree and variant,
 with ``--small`` and ``--small + --number`` messages, and prints the
 difference divided by ``--number``: the instructions of one message,
@@ -31,7 +32,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 VARIANTS = ("dc:plain:auto,dc:other-header:auto,dc:ttl-header:auto,dc:priority:auto,"
-            "dc:plain:client-individual,dur:plain,dur:persistent,dur:log")
+            "dc:plain:client-individual,dur:plain,dur:persistent,dur:log,dur:consume")
 
 
 def child(variant: str, n: int) -> None:
@@ -66,6 +67,12 @@ def child(variant: str, n: int) -> None:
             bench.run(http_cost.publish(per), max(1, n // per))
         finally:
             shutil.rmtree(bench.data_dir, ignore_errors=True)
+    elif kind == "mesh":
+        import mesh_cost
+
+        what, _, nodes = rest.partition(":")
+        scenario = {"1": "local", "2": "2 nodes", "3": "3 nodes"}[nodes or "2"]
+        mesh_cost.run(scenario, n, 100, what or "topic")
     else:
         raise SystemExit(f"unknown variant {variant!r}")
 

@@ -35,6 +35,7 @@ flush before it is aborted).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,9 +47,13 @@ from zope.interface import Attribute, Interface, implementer
 from qmq.transport import IConnection
 
 __all__ = [
+    "ConnectionIds",
     "ConnectionRegistry",
     "ConnectionSettings",
     "IConnectionRegistry",
+    "connection_row",
+    "connection_rows",
+    "session_of",
     "REFUSAL_LOG_INTERVAL",
 ]
 
@@ -113,6 +118,59 @@ class _Refusals:
 
 
 @implementer(IConnectionRegistry)
+class ConnectionIds:
+    """The management API's ids of connections: 1, 2, ... in the order
+    they are first listed, held weakly (a closed connection's id is not
+    given again)."""
+
+    def __init__(self) -> None:
+        self._ids: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self._conns: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+        self._next = 1
+
+    def id_of(self, conn: Any) -> int:
+        cid = self._ids.get(conn)
+        if cid is None:
+            cid = self._ids[conn] = self._next
+            self._conns[cid] = conn
+            self._next += 1
+        return cid
+
+    def find(self, text: str) -> Any:
+        """The connection of id C{text}, or None."""
+        return self._conns.get(int(text)) if text.isdigit() and len(text) < 19 else None
+
+
+def session_of(conn: Any) -> Any:
+    """The STOMP session of a registered connection (over TCP, or a
+    WebSocket inside an HTTP connection), or None."""
+    session = getattr(conn, "session", None)
+    if session is None:
+        session = getattr(getattr(conn, "wrappedProtocol", None), "session", None)
+    return session
+
+
+def connection_row(conn: Any, ids: ConnectionIds) -> dict[str, str]:
+    """What the management API shows of C{conn}."""
+    session = session_of(conn)
+    return {
+        "id": str(ids.id_of(conn)),
+        "protocol": getattr(conn, "protocol_name", None) or type(conn).__name__,
+        "peer": str(getattr(conn, "peer", "") or getattr(conn, "peer_host", "")),
+        "user": str(getattr(session, "login", "") or "") if session is not None else "",
+    }
+
+
+def connection_rows(registry: Any, ids: ConnectionIds, limit: int = 1 << 62) -> list[dict[str, str]]:
+    """The first C{limit} connections of C{registry}, as the API shows them."""
+    rows = []
+    for conn in list(registry.connections()):
+        if len(rows) >= limit:
+            break
+        rows.append(connection_row(conn, ids))
+    return rows
+
+
 class ConnectionRegistry:
     """The open connections of every listener, their caps and their shutdown.
 
@@ -137,6 +195,9 @@ class ConnectionRegistry:
         self.closed: dict[str, int] = {}
         # (listener or None for all, Deferred) waiting for connections to go.
         self._waiting: list[tuple[str | None, defer.Deferred[None]]] = []
+        #: The management API's ids of these connections (every site's, and
+        #: the other nodes' requests: qmq.cluster.manage).
+        self.ids = ConnectionIds()
 
     # -- counts ------------------------------------------------------------------
 

@@ -91,6 +91,8 @@ class Client:
         context: ssl.SSLContext | None = None,
     ) -> None:
         self.url = url.rstrip("/")
+        #: Nodes a whole-broker listing lacked: node -> why (L{pages}).
+        self.missing: dict[str, str] = {}
         if urlsplit(self.url).scheme not in ("http", "https") or not urlsplit(self.url).netloc:
             raise CtlError(f"--url {url!r}: expected http://HOST:PORT or https://HOST:PORT", EXIT_USAGE)
         self.timeout = timeout
@@ -140,6 +142,9 @@ class Client:
             doc = self.request("GET", path, query={**(query or {}), "offset": offset} if offset else query)
             if not isinstance(doc, dict) or not isinstance(doc.get(key), list):
                 raise CtlError(f"unexpected answer from {self.url}{path}: no {key!r} list", EXIT_UNREACHABLE)
+            # A whole-broker listing (workers, a mesh) names the nodes it lacks.
+            if isinstance(doc.get("missing"), dict):
+                self.missing.update(doc["missing"])
             items.extend(doc[key])
             offset = doc.get("next_offset")
             if not offset:
@@ -211,7 +216,11 @@ def _out(args: argparse.Namespace, doc: Any, text: str, out: IO[str]) -> None:
     out.write(json.dumps(doc, indent=2) + "\n" if args.json else text)
 
 
-def cmd_list(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
+#: Columns a whole-broker listing adds (workers, a mesh): the node of each row.
+NODE_COLUMNS = {"queues": "home", "bindings": "home", "connections": "node"}
+
+
+def cmd_list(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str] | None = None) -> int:
     what = args.what
     vh = _vh(args.vhost)
     path = {
@@ -228,7 +237,16 @@ def cmd_list(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
         rows = doc.get(what, []) if isinstance(doc, dict) else []
     else:
         rows = client.pages(path, what)
-    _out(args, rows, table(rows, COLUMNS[what]), out)
+    columns = COLUMNS[what]
+    extra = NODE_COLUMNS.get(what)
+    if extra is not None and any(isinstance(r, dict) and extra in r for r in rows):
+        columns = (*columns, extra)
+    _out(args, rows, table(rows, columns), out)
+    if client.missing:
+        # A partial list says so, and the exit status too.
+        for node, why in sorted(client.missing.items()):
+            (err or sys.stderr).write(f"qmq-ctl: node {node} did not answer ({why}): its {what} are not listed\n")
+        return EXIT_UNREACHABLE
     return EXIT_OK
 
 
@@ -431,7 +449,7 @@ def main(
         client = Client(args.url, args.user, password, args.token, args.timeout, context)
         command = args.command
         if command == "list":
-            return cmd_list(client, args, out)
+            return cmd_list(client, args, out, err)
         if command == "purge":
             return cmd_purge(client, args, out)
         if command == "delete":

@@ -76,6 +76,17 @@ And one read of a request's head, not a hot path:
     body and the API refuses the publish then (the same answer, later).
     Pinned by C{tests/test_web_admission.py}.
 
+And one on the mesh's hot path:
+
+  - L{deferred_unobserved}: whether a Deferred has no callbacks (its
+    private C{_callbacks} list, L{DEFERRED_CALLBACKS}: the public
+    C{callbacks} is deprecated since Twisted 25.5 and warns on each read)
+    and nothing but its caller holds it. A forwarded publish's confirm
+    (L{qmq.cluster.queues}) is such a Deferred when the frontend did not
+    wait on it (a STOMP SEND without a receipt): it is dropped rather than
+    fired (firing it costs more than the rest of a confirm). Without the
+    field it answers False: every confirm fires.
+
 Nothing else in QMQ may touch a private attribute of Twisted or autobahn
 (tests/test_twisted_internals.py greps the frontends for it); a new trick
 of this kind goes here, with its check, its fallback and its test.
@@ -83,6 +94,7 @@ of this kind goes here, with its check, its fallback and its test.
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -97,10 +109,12 @@ __all__ = [
     "AUTOBAHN_PARSER_FIELDS",
     "AUTOBAHN_TIMER",
     "ClockTimer",
+    "DEFERRED_CALLBACKS",
     "WebSocketState",
     "cancel_close_timer",
     "REQUEST_LINE_FIELDS",
     "TCP_BUFFER_FIELDS",
+    "deferred_unobserved",
     "direct_writer",
     "endpoint_interface",
     "header_table",
@@ -120,6 +134,9 @@ TCP_BUFFER_FIELDS = ("_tempDataLen", "dataBuffer", "offset")
 
 #: The private fields of C{twisted.web.http.HTTPChannel} that L{request_line} reads.
 REQUEST_LINE_FIELDS = ("_command", "_path")
+
+#: The private field of C{Deferred} that L{deferred_unobserved} reads.
+DEFERRED_CALLBACKS = "_callbacks"
 
 _warned: set[str] = set()
 _MISSING = object()
@@ -429,3 +446,22 @@ def request_line(request: Any) -> tuple[bytes, bytes] | None:
     if channel is not None:
         _warn_once("request_line", "HTTPChannel keeps no _command and _path")
     return None
+
+
+_getrefcount = sys.getrefcount
+
+
+def deferred_unobserved(d: Any) -> bool:
+    """Whether C{d}, a Deferred its caller holds in one local variable
+    only, has no callbacks and no other holder: then nothing can ever see
+    it fire (see the module docstring).
+
+    @return: False where Deferreds keep their callbacks elsewhere now
+        (logged once), or on an interpreter without reference counts.
+    """
+    callbacks = getattr(d, DEFERRED_CALLBACKS, _MISSING)
+    if callbacks.__class__ is not list:
+        _warn_once("deferred_unobserved", "Deferred has no _callbacks list")
+        return False
+    # The caller's variable, this function's argument, getrefcount's own.
+    return not callbacks and _getrefcount(d) <= 3

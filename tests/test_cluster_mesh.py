@@ -196,9 +196,11 @@ class InterestTests(SynchronousTestCase):
 
     def test_exchange_declared_later(self) -> None:
         """Interest in an exchange this node does not have waits until it
-        is declared."""
+        is declared (here: told by its peer, qmq.cluster.manage)."""
         net = Net("a", "b")
         net.full_mesh()
+        # a does not take the topology b tells it (qmq.cluster.manage): declared here later.
+        net["a"].mesh.manage.handlers["exchange.declare"] = lambda link, args: None
         net["b"].broker.default_vhost.declare_exchange("ev", "topic")
         on_b = net["b"].subscribe("/exchange/ev/k")
         net.settle()
@@ -333,6 +335,10 @@ class LinkTests(SynchronousTestCase):
         link.dataReceived(wire.encode_json(wire.HELLO, {"node": "z", "version": 99}))
         self.assertEqual(link.state, "closed")
         self.assertIn("version 99", link.reason)
+        link = LinkProtocol(net["a"].mesh, False)
+        link.makeConnection(iosim.FakeTransport(link, isServer=True))
+        link.dataReceived(wire.encode_json(wire.HELLO, {"node": "z", "version": 2}))
+        self.assertIn("link protocol version 2 (this node speaks 3)", link.reason)
         link = LinkProtocol(net["a"].mesh, False)
         link.makeConnection(iosim.FakeTransport(link, isServer=True))
         link.dataReceived(wire.frame(wire.MESSAGE, b"x"))
@@ -488,3 +494,39 @@ class DiscoveryTests(SynchronousTestCase):
             [("a", "b", "up", ["b"]), ("a", "b", "down", [])],
         )
 
+
+
+class BatchTests(SynchronousTestCase):
+    def test_a_turn_in_one_frame_per_virtual_host(self) -> None:
+        """A turn's fan-out messages for a link share one message frame
+        while their virtual host is the same; another virtual host starts
+        another; each arrives in its own virtual host, in order."""
+        net = Net("a", "b")
+        for node in ("a", "b"):
+            net[node].broker.add_vhost("v2")
+        out, inbound = net.connect("a", "b")
+        on_b = net["b"].subscribe("/topic/x")
+        other = DestinationChannel(net["b"].broker, net["b"].broker.vhosts["v2"], "app2")
+        on_v2 = Recorder(other, ack_required=False)
+        other.subscribe(on_v2, "/topic/x")
+        net.settle()
+        seen: list[int] = []
+        handle = inbound._frame
+
+        def recording(type_: int, buffer: bytes, start: int, end: int) -> None:
+            seen.append(type_)
+            handle(type_, buffer, start, end)
+
+        inbound._frame = recording  # type: ignore[method-assign]
+        sender = DestinationChannel(net["a"].broker, net["a"].broker.vhosts["v2"], "app")
+        for i in range(5):
+            net["a"].publish("x", b"d%d" % i)
+        for i in range(3):
+            sender.publish("amq.topic", "x", sender.make_message("amq.topic", "x", None, b"v%d" % i))
+        net["a"].publish("x", b"d5")
+        net.settle()
+        self.assertEqual(seen, [wire.MESSAGE] * 3)
+        self.assertEqual(bodies(on_b), [b"d%d" % i for i in range(6)])
+        self.assertEqual(bodies(on_v2), [b"v0", b"v1", b"v2"])
+        self.assertEqual(inbound.messages_in, 9)
+        self.assertEqual(out.messages_out, 9)

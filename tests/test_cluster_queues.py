@@ -261,8 +261,8 @@ class ForwardTests(SynchronousTestCase):
         with self.assertRaises(PreconditionFailed) as e:
             vhost.bind(q, "amq.topic", "k")
         self.assertIn("lives on node 'b'", e.exception.message)
-        with self.assertRaises(PreconditionFailed):
-            channel(net, "a").get(q)
+        # A get is carried to the home (tests.test_workers_manage).
+        self.assertIsInstance(channel(net, "a").get(q), Deferred)
 
     def test_home_named_by_argument_or_defaults(self) -> None:
         """x-home-node (a SUBSCRIBE header's argument, as STOMP passes it)
@@ -359,13 +359,13 @@ class ConsumeTests(SynchronousTestCase):
         net.settle()
         queues = net["b"].mesh.queues
         frames: list[int] = []
-        settled = queues._settled
+        settled = queues.settled
 
-        def counting(link: Any, items: Any) -> None:
-            frames.append(len(items))
-            settled(link, items)
+        def counting(link: Any, runs: Any) -> None:
+            frames.append(sum(run[2] for run in runs))
+            settled(link, runs)
 
-        queues._settled = counting  # type: ignore[method-assign]
+        queues.settled = counting  # type: ignore[method-assign]
         for _i in range(100):
             send(net, "b", q, b"x")
         net.settle()
@@ -623,16 +623,24 @@ class BadFrameTests(SynchronousTestCase):
         """A malformed frame of queues across nodes closes the link with a
         protocol error naming it (the dialer reconnects)."""
         cases = [
-            (wire.encode_json(wire.SETTLE, {"s": "x"}), "bad settle"),
-            (wire.encode_json(wire.SETTLE, {"s": [[1, "t", 0]]}), "bad settle"),
-            (wire.encode_json(wire.CONFIRM, {"ok": 3}), "bad confirm"),
-            (wire.encode_json(wire.CONFIRM, {"ok": [], "failed": [["x"]]}), "bad confirm"),
+            (wire.frame(wire.SETTLE, b"x"), "bad settle"),
+            (wire.frame(wire.SETTLE, wire.RUN.pack(1, 1, 1, 7)), "bad settle"),
+            (wire.frame(wire.SETTLE, wire.RUN.pack(1, 1, 0, 0)), "bad settle"),
+            (wire.frame(wire.CONFIRM, b"\x00\x00"), "bad confirm"),
+            (wire.frame(wire.CONFIRM, b"\xff\xff\xff\xff" + b"\x00" * 16), "bad confirm"),
+            (wire.frame(wire.CONFIRM, wire.encode_confirm([], [(1, 404, "x")])[wire.HEADER_SIZE : -1]), "bad confirm"),
+            (wire.frame(wire.CONFIRM, wire.encode_confirm([], [])[wire.HEADER_SIZE :] + b"+"), "bad confirm"),
+            (wire.encode_confirm([[1, 1 << 31]] * 2, []), "bad confirm: more than"),
             (wire.encode_json(wire.CONSUME, {"id": 1, "vhost": "/", "queue": "q", "window": 0}), "bad consume"),
+            (wire.encode_json(wire.CONSUME, {"id": 1, "vhost": "/", "queue": "q", "window": 10**6 + 1}), "bad consume"),
+            (wire.encode_settle([[1, 1, 60_000, 0], [2, 1, 60_000, 0]]), "more than the consumers' windows"),
             (wire.encode_json(wire.CANCEL, {"id": "1"}), "an integer id"),
             (wire.encode_json(wire.DECLARE, {"vhost": "/", "queue": "q"}), "bad declare"),
             (wire.frame(wire.FORWARD, b"\x00\x01"), "bad forward"),
             (wire.frame(wire.DELIVER, b"\x00"), "bad deliver"),
-            (wire.frame(wire.FORWARD, wire.SEQ.pack(1) + b"junk"), "bad message frame"),
+            (wire.frame(wire.FORWARD, wire.batch_prefix(wire.FORWARD, b"/", 1) + b"junk"), "bad forward"),
+            (wire.frame(wire.DELIVER, wire.batch_prefix(wire.DELIVER, b"/")), "bad deliver"),
+            (wire.frame(wire.MESSAGE, wire.batch_prefix(wire.MESSAGE, b"/") + b"\x00" * 40), "bad message"),
         ]
         for data, expected in cases:
             net = Net("a", "b")
@@ -641,3 +649,92 @@ class BadFrameTests(SynchronousTestCase):
             self.assertEqual(out.state, "closed", expected)
             self.assertIn(expected, out.reason)
             self.assertIn("protocol error", out.reason)
+
+
+class BatchTests(SynchronousTestCase):
+    """Version 3 of the link protocol: a turn's messages in batch frames,
+    ranged confirms, settle runs."""
+
+    def setUp(self) -> None:
+        self.net = Net("a", "b")
+        self.net.full_mesh()
+        self.q = homed(self.net, "b")
+
+    def frames(self, link: Any) -> list[tuple[int, int]]:
+        """Record (type, payload size) of every frame C{link} reads."""
+        seen: list[tuple[int, int]] = []
+        handle = link._frame
+
+        def recording(type_: int, buffer: bytes, start: int, end: int) -> None:
+            seen.append((type_, end - start))
+            handle(type_, buffer, start, end)
+
+        link._frame = recording
+        return seen
+
+    def test_one_turn_one_frame(self) -> None:
+        """A turn's forwards to the home go in one forward frame, and are
+        confirmed by one range in one confirm frame."""
+        net, q = self.net, self.q
+        at_home = self.frames(net["b"].link_to(net["a"]))
+        back = self.frames(net["a"].link_to(net["b"]))
+        answers = [send(net, "a", q, b"m%d" % i) for i in range(50)]
+        net.settle()
+        self.assertEqual([t for t, _ in at_home], [wire.FORWARD])
+        self.assertEqual([t for t, _ in back], [wire.CONFIRM])
+        self.assertEqual(back[0][1], 4 + 12 + 4)  # one range, no refusal
+        for answer in answers:
+            self.successResultOf(answer)
+        home = net["b"].broker.default_vhost.queues[q]
+        self.assertEqual([m.body for m in home.messages()], [b"m%d" % i for i in range(50)])
+        self.assertEqual(net["a"].link_to(net["b"]).pending, {})
+
+    def test_batches_bounded(self) -> None:
+        """Batch frames close at BATCH_BYTES (a larger message goes alone),
+        and sequence numbers carry on across them: every forward is
+        confirmed, a refusal in the middle is that publish's alone."""
+        net, q = self.net, self.q
+        net["b"].broker.default_vhost.declare_queue(q, arguments={"x-max-length": 7, "x-overflow": "reject-publish"})
+        at_home = self.frames(net["b"].link_to(net["a"]))
+        body = b"x" * (wire.BATCH_BYTES // 3)
+        answers = [send(net, "a", q, body) for _ in range(6)]
+        answers.append(send(net, "a", q, b"y" * (wire.BATCH_BYTES * 2)))
+        answers += [send(net, "a", q, b"z") for _ in range(2)]
+        net.settle()
+        sizes = [n for t, n in at_home if t == wire.FORWARD]
+        self.assertEqual(len(sizes), 5)  # 2 + 2 + 2 of a third, the big one, the two small ones
+        self.assertTrue(all(n <= wire.BATCH_BYTES for n in sizes[:3] + sizes[4:]))
+        self.assertGreater(sizes[3], wire.BATCH_BYTES)
+        self.assertLess(sizes[4], 200)
+        for answer in answers[:7]:
+            self.successResultOf(answer)
+        self.assertEqual(self.failureResultOf(answers[7]).value.code, 506)
+        self.assertEqual(self.failureResultOf(answers[8]).value.code, 506)
+
+    def test_unobserved_confirm_not_fired_observed_fired(self) -> None:
+        """A confirm nobody waits on is dropped; one waited on fires."""
+        net, q = self.net, self.q
+        send(net, "a", q, b"dropped")
+        waited = send(net, "a", q, b"waited")
+        results: list[Any] = []
+        send(net, "a", q, b"callback only").addCallback(results.append)
+        net.settle()
+        self.successResultOf(waited)
+        self.assertEqual(results, [None])
+
+    def test_settle_run_past_the_window(self) -> None:
+        """A settle run longer than its consumer's window is a protocol
+        error naming the frame; a run for a consumer gone is ignored."""
+        net, q = self.net, self.q
+        consume(net, "a", q, prefetch=5)
+        net.settle()
+        out = net["a"].link_to(net["b"])
+        (sub,) = net["b"].link_to(net["a"]).homed
+        out.send(wire.encode_settle([[sub + 1, 1, 50, 0]]))
+        net.settle()
+        self.assertEqual(out.state, "up")
+        out.send(wire.encode_settle([[sub, 1, 6, 0]]))
+        net.settle()
+        inbound = [p.server for p in net.pumps if p.server.mesh is net["b"].mesh][0]
+        self.assertEqual(inbound.state, "closed")
+        self.assertIn("protocol error: bad settle: a run of 6 tags", inbound.reason)

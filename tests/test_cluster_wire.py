@@ -1,5 +1,5 @@
-"""Tests for L{qmq.cluster.wire}: the link protocol's frames, and messages
-in them as the commit log's publish records."""
+"""Tests for L{qmq.cluster.wire}: the link protocol's frames, batches of
+messages in them, binary confirms and settles."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from qmq.cluster import wire
 from qmq.core.message import Message
-from qmq.store import record
 
 
 def sample() -> Message:
@@ -28,53 +27,119 @@ def sample() -> Message:
     return message
 
 
+FIELDS = (
+    "exchange", "routing_key", "headers", "body", "timestamp", "persistent",
+    "priority", "expires", "properties", "deliver_at", "ack_timeout",
+)
+
+
+def one_frame(data: bytes) -> tuple[int, bytes, int, int]:
+    buffer, frames = wire.FrameReader(1 << 24).feed(data)
+    (type_, start, end), = frames
+    return type_, buffer, start, end
+
+
 class MessageCodecTests(SynchronousTestCase):
     def test_round_trip(self) -> None:
-        """Everything of the core's model crosses: id, exchange, key, typed
-        headers, properties, body, time, persistence, priority, expiry,
-        delivery time, ack timeout."""
+        """Everything of the core's model crosses but the id (the receiver
+        gives its own): exchange, key, typed headers, properties, body,
+        time, persistence, priority, expiry, delivery time, ack timeout."""
         original = sample()
-        chunks = wire.encode_message(b"/", original)
-        buffer, frames = wire.FrameReader(1 << 20).feed(b"".join(chunks))
-        self.assertEqual(len(frames), 1)
-        type_, start, end = frames[0]
-        payload = buffer[start:end]
+        plain = Message(2, "", "q", None, b"", 5.0)
+        data = wire.encode_batch(wire.MESSAGE, b"/", [wire.encode_item(original), wire.encode_item(plain)])
+        type_, buffer, start, end = one_frame(data)
         self.assertEqual(type_, wire.MESSAGE)
-        vhost, message = wire.decode_message(payload)
-        self.assertEqual(vhost, "/")
-        for name in (
-            "id", "exchange", "routing_key", "headers", "body", "timestamp", "persistent",
-            "priority", "expires", "properties", "deliver_at", "ack_timeout",
-        ):
+        vhost, seq, (message, other) = wire.Decoder().batch(type_, buffer, start, end)
+        self.assertEqual((vhost, seq, message.id), ("/", 0, 0))
+        for name in FIELDS:
             self.assertEqual(getattr(message, name), getattr(original, name), name)
+            self.assertEqual(getattr(other, name), getattr(plain, name), name)
+        self.assertIs(message.headers["b"], True)
+        self.assertIs(message.headers["n"].__class__, int)
 
-    def test_is_a_commit_log_record(self) -> None:
-        """The payload is the commit log's publish record, read back by the
-        store's own decoder."""
-        original = sample()
-        payload = b"".join(wire.encode_message(b"v", original))[wire.HEADER_SIZE :]
-        length, type_, _ = record.FRAME.unpack_from(payload)
-        self.assertEqual(type_, record.RECORD_PUBLISH)
-        decoded = record.decode_publish(payload, record.FRAME_SIZE, len(payload))
-        self.assertEqual((decoded.id, decoded.vhost, decoded.queues), (original.id, "v", []))
+    def test_forward_batch_numbers(self) -> None:
+        """A forward batch carries its first sequence number once."""
+        items = [wire.encode_item(Message(i, "", f"q{i}", None, b"m%d" % i)) for i in range(3)]
+        data = wire.encode_batch(wire.FORWARD, "vé".encode(), items, seq=(1 << 40) + 5)
+        vhost, seq, got = wire.Decoder().batch(*one_frame(data))
+        self.assertEqual((vhost, seq), ("vé", (1 << 40) + 5))
+        self.assertEqual([(m.routing_key, m.body) for m in got], [("q0", b"m0"), ("q1", b"m1"), ("q2", b"m2")])
+
+    def test_deliveries(self) -> None:
+        """A deliver batch: each item's consumer, tag and delivery count."""
+        m = sample()
+        items = [wire.encode_delivery(7, (1 << 33) + i, i, m) for i in range(2)]
+        vhost, _, got = wire.Decoder().batch(*one_frame(wire.encode_batch(wire.DELIVER, b"/", items)))
+        self.assertEqual([(s, t, d.delivery_count) for s, t, d in got], [(7, 1 << 33, 0), (7, (1 << 33) + 1, 1)])
+        for name in FIELDS:
+            self.assertEqual(getattr(got[1][2], name), getattr(m, name), name)
 
     def test_large_body_not_joined(self) -> None:
         """A large body is its own chunk (not copied into the head)."""
         body = b"x" * 100_000
-        message = Message(1, "e", "k", None, body)
-        chunks = wire.encode_message(b"/", message)
+        chunks, size = wire.encode_item(Message(1, "e", "k", None, body))
         self.assertIs(chunks[-1], body)
-        buffer, [(_, start, end)] = wire.FrameReader(1 << 20).feed(b"".join(chunks))
-        self.assertEqual(wire.decode_message(buffer, start, end)[1].body, body)
+        self.assertEqual(size, sum(map(len, chunks)))
+        _, _, [got] = wire.Decoder().batch(*one_frame(wire.encode_batch(wire.MESSAGE, b"/", [(chunks, size)])))
+        self.assertEqual(got.body, body)
 
-    def test_damaged(self) -> None:
-        """A damaged record fails its checksum; a frame that is no record is refused."""
-        payload = bytearray(b"".join(wire.encode_message(b"/", sample()))[wire.HEADER_SIZE :])
-        payload[-1] ^= 1
-        self.assertRaises(wire.FrameError, wire.decode_message, bytes(payload))
-        self.assertRaises(wire.FrameError, wire.decode_message, b"short")
-        head = record.frame(record.RECORD_SETTLE, b"12345")
-        self.assertRaises(wire.FrameError, wire.decode_message, head)
+    def test_malformed(self) -> None:
+        """Bytes that do not decode, wherever they are cut or changed, are a
+        FrameError naming the frame, never another exception."""
+        items = [wire.encode_item(sample()), wire.encode_item(Message(1, "x", "y", {"a": "b"}, b"z"))]
+        for type_ in (wire.MESSAGE, wire.FORWARD, wire.DELIVER):
+            if type_ == wire.DELIVER:
+                items = [wire.encode_delivery(1, 2, 0, sample()), wire.encode_delivery(1, 3, 0, sample())]
+            payload = wire.encode_batch(type_, b"/", items, seq=1)[wire.HEADER_SIZE :]
+            name = wire.NAMES[type_]
+            for cut in range(len(payload)):
+                if cut in (len(payload) - len(items[-1][0][0]),):
+                    continue  # a whole first item: a valid batch
+                e = self.assertRaises(wire.FrameError, wire.Decoder().batch, type_, payload[:cut], 0, cut)
+                self.assertIn(f"bad {name}", str(e))
+            for i in range(len(payload)):
+                damaged = bytearray(payload)
+                damaged[i] ^= 0xFF
+                try:
+                    wire.Decoder().batch(type_, bytes(damaged), 0, len(damaged))
+                except wire.FrameError as e:
+                    self.assertIn(f"bad {name}", str(e))
+
+    def test_bad_header_block(self) -> None:
+        """A static part whose header block does not decode is refused."""
+        static = b"\x06\x00\x00\x00\x00\x00\x00" + b"{nope"  # JSON headers, FLAG_MODEL
+        item = wire.ITEM.pack(wire.ITEM.size - 4 + len(static), 0, 0, 0.0, 0.0, len(static)) + static
+        payload = wire.batch_prefix(wire.MESSAGE, b"/") + item
+        e = self.assertRaises(wire.FrameError, wire.Decoder().batch, wire.MESSAGE, payload, 0, len(payload))
+        self.assertIn("bad message", str(e))
+
+
+class ConfirmSettleTests(SynchronousTestCase):
+    def test_confirm_round_trip(self) -> None:
+        data = wire.encode_confirm([[1, 3], [1 << 40, 1]], [(9, 506, "queue full é"), (10, 404, "x" * 900)])
+        type_, buffer, start, end = one_frame(data)
+        self.assertEqual(type_, wire.CONFIRM)
+        ranges, failed = wire.decode_confirm(buffer, start, end)
+        self.assertEqual(ranges, [(1, 3), (1 << 40, 1)])
+        self.assertEqual(failed[0], (9, 506, "queue full é"))
+        self.assertEqual(len(failed[1][2]), wire.MAX_REASON)
+
+    def test_settle_round_trip(self) -> None:
+        data = wire.encode_settle([[1, 5, 10, 0], [2, 1 << 40, 1, 2]])
+        ranges = wire.decode_settle(*one_frame(data)[1:])
+        self.assertEqual(ranges, [(1, 5, 10, 0), (2, 1 << 40, 1, 2)])
+
+    def test_malformed(self) -> None:
+        confirm = wire.encode_confirm([[1, 3]], [(9, 506, "full")])[wire.HEADER_SIZE :]
+        for cut in range(len(confirm)):
+            e = self.assertRaises(wire.FrameError, wire.decode_confirm, confirm, 0, cut)
+            self.assertIn("bad confirm", str(e))
+        settle = wire.encode_settle([[1, 5, 10, 0]])[wire.HEADER_SIZE :]
+        for cut in range(len(settle)):
+            e = self.assertRaises(wire.FrameError, wire.decode_settle, settle, 0, cut)
+            self.assertIn("bad settle", str(e))
+        bad = wire.RUN.pack(1, 1, 1, 3)
+        self.assertRaises(wire.FrameError, wire.decode_settle, bad, 0, len(bad))
 
 
 class FrameReaderTests(SynchronousTestCase):
@@ -107,14 +172,14 @@ class FrameReaderTests(SynchronousTestCase):
 
     def test_repeats_shared(self) -> None:
         """A link's decoder gives a stream's repeated headers and
-        properties as one dict each (checked once by the core)."""
+        properties as one dict each (checked once by the core), across
+        batches."""
         decoder = wire.Decoder()
         got = []
         for _ in range(3):
             m = sample()
             m.headers = {"a": "b"}
-            payload = b"".join(wire.encode_message(b"/", m))[wire.HEADER_SIZE :]
-            got.append(decoder.decode(payload, 0, len(payload))[1])
+            got += decoder.batch(*one_frame(wire.encode_batch(wire.MESSAGE, b"/", [wire.encode_item(m)])))[2]
         self.assertIs(got[0].headers, got[2].headers)
         self.assertIs(got[0].properties, got[2].properties)
         self.assertIs(got[0].routing_key, got[1].routing_key)
@@ -138,16 +203,13 @@ class StompBlockTests(SynchronousTestCase):
         """A link's messages share their headers dict (the decoder reuses
         it): the STOMP header block is made once for the stream; an equal
         dict of other types (1 and True) is not mistaken for it."""
-        from qmq.core.message import Message  # noqa: PLC0415
         from qmq.stomp.encoding import encode_message_headers  # noqa: PLC0415
 
         decoder = wire.Decoder()
         blocks = []
         for i in range(3):
             m = Message(i + 1, "amq.topic", "k", {"n": 1}, b"x", 1.0, False)
-            chunks = wire.encode_message(b"/", m)
-            data = b"".join(chunks)
-            _, got = decoder.decode(data, wire.HEADER_SIZE, len(data))
+            (got,) = decoder.batch(*one_frame(wire.encode_batch(wire.MESSAGE, b"/", [wire.encode_item(m)])))[2]
             blocks.append(encode_message_headers(got))
         self.assertIs(blocks[1], blocks[0])
         self.assertIs(blocks[2], blocks[0])
@@ -155,8 +217,7 @@ class StompBlockTests(SynchronousTestCase):
         other = Message(9, "amq.topic", "k", {"n": True}, b"x", 1.0, False)
         self.assertIn(b"\nn:true\n", encode_message_headers(other))
         # Nor does the decoder take {"n": True} for the {"n": 1} before it.
-        data = b"".join(wire.encode_message(b"/", other))
-        _, typed = decoder.decode(data, wire.HEADER_SIZE, len(data))
+        (typed,) = decoder.batch(*one_frame(wire.encode_batch(wire.MESSAGE, b"/", [wire.encode_item(other)])))[2]
         self.assertIs(typed.headers["n"], True)
         moved = Message(10, "amq.topic", "k2", got.headers, b"x", 1.0, False)
         self.assertIn(b"destination:/topic/k2", encode_message_headers(moved))

@@ -105,3 +105,17 @@ class CommandLineTests(unittest.SynchronousTestCase):
     def test_table(self) -> None:
         self.assertEqual(ctl.table([{"a": True, "b": ["x", "y"], "c": None}], ("a", "b", "c")),
                          "a    b    c\nyes  x,y\n")
+
+    def test_whole_broker_listing(self) -> None:
+        """With workers (a mesh), a listing shows each queue's home; a node
+        that did not answer is named on standard error, with exit status 3."""
+        answers = [{"queues": [{"name": "q1", "home": "w0"}, {"name": "q2", "home": "w1"}],
+                    "offset": 0, "next_offset": None, "total": 2, "missing": {"w2": "node 'w2' did not answer"}}]
+        client = ctl.Client("http://broker:1")
+        self.patch(client, "request", lambda method, path, query=None, body=None: answers.pop(0))
+        out, err = io.StringIO(), io.StringIO()
+        args = ctl.parser().parse_args(["list", "queues"])
+        self.assertEqual(ctl.cmd_list(client, args, out, err), ctl.EXIT_UNREACHABLE)
+        lines = out.getvalue().splitlines()
+        self.assertTrue(lines[0].split()[-1] == "home" and lines[1].split()[-1] == "w0", lines)
+        self.assertIn("node w2 did not answer (node 'w2' did not answer): its queues are not listed", err.getvalue())

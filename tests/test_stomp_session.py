@@ -273,6 +273,17 @@ class ConnectTests(SessionTestCase):
         self.assertEqual((c.session.login, c.session.client_id), ("alice", "app-1"))
 
 
+class ConnectionMemoryTests(SessionTestCase):
+    """What a connected session and its channel set lives in slots: with
+    more than 30 attributes in an instance dict, CPython 3.11 gives every
+    connection a full dict of its own (about 1.5 KiB each)."""
+
+    def test_session_and_channel_dicts_empty(self) -> None:
+        c = self.client(heart_beat="10000,10000")
+        self.assertEqual(vars(c.session), {})
+        self.assertEqual(set(vars(c.session.channel)) - {"session", "_targets", "temp_queues"}, set())
+
+
 class CountingTransport(StringTransportWithDisconnection):
     """Keeps every write call, to see how output was batched."""
 

@@ -425,3 +425,32 @@ class HeaderTableTests(SynchronousTestCase):
             requestHeaders = Changed(content_type=b"Application/JSON; charset=utf-8")
 
         self.assertEqual(_content_type(Request()), "application/json")
+
+
+class DeferredUnobservedTests(SynchronousTestCase):
+    def test_pinned(self) -> None:
+        """Deferred still keeps its callbacks in the private list read."""
+        from twisted.internet.defer import Deferred  # noqa: PLC0415
+
+        from qmq.twisted_internals import DEFERRED_CALLBACKS, deferred_unobserved  # noqa: PLC0415
+
+        self.assertIsInstance(getattr(Deferred(), DEFERRED_CALLBACKS), list)
+        table = {1: Deferred(), 2: Deferred(), 3: Deferred()}
+        held = table[2]
+        table[3].addCallback(lambda _: None)
+        d = table.pop(1)
+        self.assertTrue(deferred_unobserved(d))
+        d = table.pop(2)
+        self.assertFalse(deferred_unobserved(d))  # the test holds it too
+        d = table.pop(3)
+        self.assertFalse(deferred_unobserved(d))  # it has a callback
+        del held
+
+    def test_fallback(self) -> None:
+        """Without the field every Deferred counts as observed (fired)."""
+        from twisted.internet.defer import Deferred  # noqa: PLC0415
+
+        self.patch(twisted_internals, "DEFERRED_CALLBACKS", "_gone")
+        d = {1: Deferred()}.pop(1)
+        self.assertFalse(twisted_internals.deferred_unobserved(d))
+        twisted_internals._warned.discard("deferred_unobserved")

@@ -46,7 +46,7 @@ from typing import Any
 from pamqp import commands, decode
 from pamqp import exceptions as pamqp_exceptions
 from pamqp import frame as pamqp_frame
-from twisted.internet.defer import DeferredList
+from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -85,6 +85,7 @@ from qmq.core.errors import (
 )
 from qmq.core.management import Management, authorize_arguments
 from qmq.core.message import Message, check_user_id
+from qmq.core.remote import Unavailable
 from qmq.stream import BatchedOutput
 
 __all__ = ["AmqpChannel", "AmqpConsumer", "AmqpSession", "ConnectionError_", "REPLY_CODES"]
@@ -818,31 +819,41 @@ class AmqpChannel:
             self.send(commands.Queue.DeclareOk(queue.name, len(queue), len(queue.consumers)))
 
     def _check_lock(self, name: str) -> Any:
-        queue = self.core.vhost.queue(name)
+        queue = self.core.vhost.queue_or_stand_in(name)
         owner = queue.exclusive_owner
         if owner is not None and owner is not self.core.connection:
             raise ResourceLocked(f"queue {name!r} is exclusive to another connection")
         return queue
 
+    def _answer(self, result: Any, reply: Any, index: int) -> None:
+        """Send C{reply(result)} now, or, when the core answers later (an
+        operation carried to the queue's home node, L{qmq.core.remote}),
+        once it does: what the client sends meanwhile waits, unread
+        (L{AmqpSession.wait_for})."""
+        if isinstance(result, Deferred):
+            self.session.wait_for(self, result, reply, index)
+        elif reply is not None:
+            reply(result)
+
     def queue_bind(self, args: Any) -> None:
         name = self._queue_name(args.queue)
         self._check_lock(name)
-        self.management.bind(name, args.exchange, args.routing_key, from_table(args.arguments))
-        if not args.nowait:
-            self.send(commands.Queue.BindOk())
+        result = self.management.bind(name, args.exchange, args.routing_key, from_table(args.arguments))
+        self._answer(result, None if args.nowait else lambda _: self.send(commands.Queue.BindOk()),
+                     commands.Queue.Bind.index)
 
     def queue_unbind(self, args: Any) -> None:
         name = self._queue_name(args.queue)
         self._check_lock(name)
-        self.management.unbind(name, args.exchange, args.routing_key, from_table(args.arguments))
-        self.send(commands.Queue.UnbindOk())
+        result = self.management.unbind(name, args.exchange, args.routing_key, from_table(args.arguments))
+        self._answer(result, lambda _: self.send(commands.Queue.UnbindOk()), commands.Queue.Unbind.index)
 
     def queue_purge(self, args: Any) -> None:
         name = self._queue_name(args.queue)
         self._check_lock(name)
         count = self.management.purge_queue(name)
-        if not args.nowait:
-            self.send(commands.Queue.PurgeOk(count))
+        self._answer(count, None if args.nowait else lambda n: self.send(commands.Queue.PurgeOk(n)),
+                     commands.Queue.Purge.index)
 
     def queue_delete(self, args: Any) -> None:
         """queue.delete: its consumers' basic.cancel notifications follow the
@@ -851,18 +862,32 @@ class AmqpChannel:
         for the delete-ok)."""
         session = self.session
         session.held_cancels = held = []
+        later = None
         try:
-            self._queue_delete(args)
+            later = self._queue_delete(args)
         finally:
-            session.held_cancels = None
-            for channel, tag in held:
-                if not channel.closing:
-                    channel.send(commands.Basic.Cancel(tag, True))
+            if later is None:
+                self._send_cancels(held)
+        if later is not None:
+            # Deleted on the queue's home node: the cancels follow its answer.
+            later.addBoth(lambda result: (self._send_cancels(held), result)[1])
 
-    def _queue_delete(self, args: Any) -> None:
+    def _send_cancels(self, held: list) -> None:
+        session = self.session
+        if session.held_cancels is held:
+            session.held_cancels = None
+        for channel, tag in held:
+            if not channel.closing:
+                channel.send(commands.Basic.Cancel(tag, True))
+        held.clear()
+
+    def _queue_delete(self, args: Any) -> Deferred | None:
+        """@return: the Deferred of the queue's home node's answer, if it has one."""
         name = self._queue_name(args.queue)
         vhost = self.core.vhost
         queue = vhost.queues.get(name)
+        if queue is None:
+            queue = vhost.stand_in(name)  # homed on another node, not named here yet
         if queue is None:
             # RabbitMQ: deleting a queue that is not there succeeds.
             self.management.authorize("configure", Resource.queue(vhost.name, name))
@@ -879,9 +904,13 @@ class AmqpChannel:
                 self.management.authorize("configure", Resource.queue(vhost.name, name))
                 count = vhost.delete_queue(name)
             else:
-                count = self.management.delete_queue(name)
-        if not args.nowait:
-            self.send(commands.Queue.DeleteOk(count))
+                count = self.management.delete_queue(name, bool(args.if_unused), bool(args.if_empty))
+                if isinstance(count, Deferred):
+                    # Not on its home either: deleted, as RabbitMQ says.
+                    count.addErrback(_none_there)
+        self._answer(count, None if args.nowait else lambda n: self.send(commands.Queue.DeleteOk(n)),
+                     commands.Queue.Delete.index)
+        return count if isinstance(count, Deferred) else None
 
     # -- consuming ---------------------------------------------------------------------
 
@@ -937,6 +966,13 @@ class AmqpChannel:
 
     def basic_get(self, args: Any) -> None:
         got = self.core.get(self._queue_name(args.queue), not args.no_ack)
+        if isinstance(got, Deferred):
+            # A queue homed on another node: taken there.
+            self._answer(got, self._got, commands.Basic.Get.index)
+            return
+        self._got(got)
+
+    def _got(self, got: Any) -> None:
         if got is None:
             self.send(commands.Basic.GetEmpty())
             return
@@ -1100,6 +1136,7 @@ class AmqpSession(BatchedOutput):
         self._contents: dict[AmqpChannel, None] = {}
         self._buffer_since: float | None = None
         self._held: list[tuple[int, int, bytes]] | None = None
+        self._held_why = "before connection.open-ok"
         self._timers: list[Any] = []
         self._heartbeat_loop: LoopingCall | None = None
         self._watch_loop: LoopingCall | None = None
@@ -1245,7 +1282,7 @@ class AmqpSession(BatchedOutput):
                 # Logging in: what follows connection.open waits, unread
                 # (reading is paused), bounded by what one read brought.
                 if len(self._held) >= 1000:
-                    raise ConnectionError_(NOT_ALLOWED, "too many frames before connection.open-ok")
+                    raise ConnectionError_(NOT_ALLOWED, f"too many frames {self._held_why}")
                 self._held.append((ftype, number, payload))
                 continue
             self._frame(ftype, number, payload, channels)
@@ -1555,6 +1592,56 @@ class AmqpSession(BatchedOutput):
             channel.core.pause()
         channel.send(commands.Channel.OpenOk())
 
+    def wait_for(self, channel: AmqpChannel, d: Deferred, reply: Any, index: int) -> None:
+        """C{channel}'s method waits for the core's answer C{d} (an
+        operation carried to another node): until it comes, what the client
+        sends waits unread, as while it logs in, so that replies keep the
+        order of the requests; then C{reply(result)} is sent (None: no
+        reply), or the refusal closes the channel, and what waited is read."""
+        self._held = []
+        self._held_why = "while the broker waits for another node"
+        self.transport.pause_reading()
+
+        def done(result: Any) -> None:
+            if self.closed:
+                return
+            if reply is not None and not channel.closing:
+                reply(result)
+
+        def failed(failure: Failure) -> None:
+            if self.closed:
+                return
+            if failure.check(BrokerError):
+                self.core_error(channel, failure.value, index)
+            else:
+                log.failure("amqp: an operation of session {session} failed", failure, session=self.id)
+                self.connection_error(INTERNAL_ERROR, "internal error", index)
+
+        d.addCallbacks(done, failed)
+        d.addBoth(lambda _: self._read_held())
+
+    def _read_held(self) -> None:
+        """Read what waited (L{wait_for}); a frame that waits again keeps the rest waiting."""
+        held, self._held = self._held, None
+        if self.closed:
+            return
+        batcher = self._batcher
+        batcher.hold()
+        try:
+            for i, (ftype, number, payload) in enumerate(held or ()):
+                if self.closed or self.state == _CLOSING:
+                    break
+                self._frame(ftype, number, payload, self.channels)
+                if self._held is not None:
+                    self._held[:0] = held[i + 1 :]  # type: ignore[index]
+                    return
+        except ConnectionError_ as e:
+            self.connection_error(e.code, e.text, e.method)
+        finally:
+            batcher.release()
+        if not self.closed and not self.blocked:
+            self.transport.resume_reading()
+
     def channel_gone(self, channel: AmqpChannel) -> None:
         """The channel is closed both ways: forget it, give back what it held."""
         if self.channels.get(channel.number) is channel:
@@ -1725,3 +1812,10 @@ class AmqpSession(BatchedOutput):
             timer.cancel()
         self._release()
 
+
+def _none_there(failure: Failure) -> int:
+    """A queue's home node found no such queue: 0 deleted (RabbitMQ's
+    queue.delete of a missing queue succeeds); other failures pass on."""
+    if failure.check(NotFound) and not failure.check(Unavailable):
+        return 0
+    return failure  # type: ignore[return-value]

@@ -21,7 +21,9 @@ The flow of a link's life:
        nothing for three heart-beats is closed, and so is one whose hello
        does not come within L{HELLO_TIMEOUT}.
     4. Output goes out once per reactor turn (the broker's write batcher),
-       in one write. While the transport's buffer is full (Twisted pauses
+       in one write; the turn's messages of one kind and virtual host
+       share a batch frame (L{send_message}, L{qmq.cluster.wire}), its
+       confirms and settles one frame each. While the transport's buffer is full (Twisted pauses
        the link as its producer), messages wait in the link's own buffer up
        to C{link_buffer} bytes; past that a message for this peer is
        dropped, counted (L{LinkProtocol.dropped}) and logged at most once a
@@ -33,6 +35,7 @@ The flow of a link's life:
 
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet.interfaces import IPushProducer, ISSLTransport
@@ -40,7 +43,7 @@ from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from qmq.cluster import wire
+from qmq.cluster import manage, wire
 from qmq.core.ids import NODE_ID
 from qmq.logs import peer_address
 from qmq.tls import peer_identity
@@ -137,12 +140,29 @@ class LinkProtocol(Protocol):
         #: sequence numbers (confirmed together when it fires).
         self.group_waiter: Any = None
         self.group: list[int] | None = None
-        # Confirms, failures and settles to send, one frame each per turn.
-        self._confirms: list[int] = []
-        self._failures: list[list[Any]] = []
+        #: Deadlines of the forwards waiting for confirms: C{(first
+        #: sequence number, deadline)}, one entry a second at most.
+        self.deadlines: deque[tuple[int, float]] = deque()
+        # Confirms ([first, count] ranges), failures and settles ([id,
+        # first tag, count, outcome] runs) to send, one frame each per turn.
+        self._confirms: list[list[int]] = []
+        self._last_range: list[int] | None = None
+        self._failures: list[tuple[int, int, str]] = []
         self._settles: list[list[int]] = []
+        self._last_run: list[int] | None = None
+        # The batch frame being filled (its type, 0 for none), its virtual
+        # host, where its header goes in _out, its payload's size so far.
+        self._batch_type = 0
+        self._batch_vhost = b""
+        self._batch_at = 0
+        self._batch_size = 0
+        self._batch_seq = 0
+        self._batch_cap = min(wire.BATCH_BYTES, mesh.settings.max_frame - 64)
+        self._limit = mesh.settings.link_buffer
         #: Set once the mesh let it go (L{qmq.cluster.mesh.Mesh.link_down}).
         self.down = False
+        #: The peer takes management frames (its hello said so: L{qmq.cluster.manage}).
+        self.manages = False
         self._reader = wire.FrameReader(mesh.settings.max_frame)
         self.decoder = wire.Decoder()
         self._out: list[bytes] = []
@@ -164,7 +184,8 @@ class LinkProtocol(Protocol):
         self.transport.registerProducer(self, True)  # type: ignore[union-attr]
         if self.registry is not None:
             self.registry.add(self, self.listener)
-        self.send(wire.encode_json(wire.HELLO, {"node": self.mesh.node, "version": wire.VERSION}))
+        # "manage": it takes management frames (qmq.cluster.manage).
+        self.send(wire.encode_json(wire.HELLO, {"node": self.mesh.node, "version": wire.VERSION, "manage": 1}))
         self._beat = self.clock.callLater(self.mesh.settings.heartbeat, self._tick)
 
     def _tick(self) -> None:
@@ -209,32 +230,26 @@ class LinkProtocol(Protocol):
             batcher.release()
 
     def _frame(self, type_: int, buffer: bytes, start: int, end: int) -> None:
-        if type_ == wire.MESSAGE:
+        if type_ in _BATCHES:
             if self.state != "up":
                 raise wire.FrameError("a message before the hello")
-            self.messages_in += 1
+            vhost, seq, items = self.decoder.batch(type_, buffer, start, end)
+            self.messages_in += len(items)
             self.bytes_in += end - start + wire.HEADER_SIZE
-            self.mesh.received(self, *self.decoder.decode(buffer, start, end))
-            return
-        if type_ == wire.FORWARD or type_ == wire.DELIVER:
-            if self.state != "up":
-                raise wire.FrameError("a message before the hello")
-            self.messages_in += 1
-            self.bytes_in += end - start + wire.HEADER_SIZE
-            queues = self.mesh.queues
-            if type_ == wire.FORWARD:
-                if end - start < wire.SEQ.size:
-                    raise wire.FrameError("bad forward: too short")
-                (seq,) = wire.SEQ.unpack_from(buffer, start)
-                vhost, message = self.decoder.decode(buffer, start + wire.SEQ.size, end)
-                queues.forwarded(self, seq, vhost, message)
+            if type_ == wire.MESSAGE:
+                self.mesh.received(self, vhost, items)
+            elif type_ == wire.FORWARD:
+                self.mesh.queues.forwarded(self, seq, vhost, items)
             else:
-                if end - start < wire.DELIVERY.size:
-                    raise wire.FrameError("bad deliver: too short")
-                sub, tag, count = wire.DELIVERY.unpack_from(buffer, start)
-                _, message = self.decoder.decode(buffer, start + wire.DELIVERY.size, end)
-                message.delivery_count = count
-                queues.delivered(self, sub, tag, message)
+                self.mesh.queues.delivered(self, items)
+            return
+        if type_ == wire.CONFIRM or type_ == wire.SETTLE:
+            if self.state != "up":
+                raise wire.FrameError(f"{wire.NAMES[type_]} before the hello")
+            if type_ == wire.CONFIRM:
+                self.mesh.queues.confirmed(self, *wire.decode_confirm(buffer, start, end))
+            else:
+                self.mesh.queues.settled(self, wire.decode_settle(buffer, start, end))
             return
         payload = buffer[start:end]
         if type_ in _QUEUE_FRAMES:
@@ -281,6 +296,8 @@ class LinkProtocol(Protocol):
                 self.mesh.dialer_refused(self)
             log.info("link {link} closed by the peer: {reason}", link=self.describe(), reason=reason)
             self.close(None)
+        elif type_ in MANAGE_FRAMES:
+            self.mesh.manage.frame(self, type_, payload)
         else:
             raise wire.FrameError(f"unknown frame type {type_}")
 
@@ -296,6 +313,7 @@ class LinkProtocol(Protocol):
             self.refuse(f"{node!r} is not a node id")
             return
         self.node = node
+        self.manages = hello.get("manage") == 1
         if node == self.mesh.node:
             if self.outbound:
                 log.info(
@@ -327,6 +345,8 @@ class LinkProtocol(Protocol):
         """Queue a control frame (sent at the end of the reactor turn)."""
         if self.state == "closed":
             return
+        if self._batch_type:
+            self._close_batch()
         if self._confirms or self._failures or self._settles:
             # Settles first: a cancel after them must not overtake them
             # (the home would give back what they ack).
@@ -336,77 +356,138 @@ class LinkProtocol(Protocol):
         self._want_flush()
 
     def confirm(self, seq: int) -> None:
-        """The forwarded publish C{seq} is taken (sent with the turn's others)."""
-        self._confirms.append(seq)
+        """The forwarded publish C{seq} is taken (sent with the turn's
+        others, consecutive ones as one range)."""
+        last = self._last_range
+        if last is not None and last[0] + last[1] == seq:
+            last[1] += 1
+            return
+        last = self._last_range = [seq, 1]
+        self._confirms.append(last)
         self._want_flush()
 
     def fail(self, seq: int, code: int, text: str) -> None:
         """The forwarded publish C{seq} is refused (sent with the turn's others)."""
-        self._failures.append([seq, code, text])
+        self._failures.append((seq, code, text))
         self._want_flush()
 
-    def settle(self, sub: int, tag: int, outcome: int) -> None:
+    def settle(self, sub: int, tag: int, outcome: int, limit: int = 1) -> None:
         """Delivery C{tag} of consumer C{sub} is settled (0 ack, 1 requeue,
-        2 drop): sent with the turn's others, in one frame."""
-        self._settles.append([sub, tag, outcome])
+        2 drop): sent with the turn's others, in one frame, consecutive
+        tags of one consumer with one outcome as one run of at most
+        C{limit} (the window the consumer was opened with: the home
+        refuses a longer run)."""
+        last = self._last_run
+        if last is not None and last[1] + last[2] == tag and last[0] == sub and last[3] == outcome and last[2] < limit:
+            last[2] += 1
+            return
+        last = self._last_run = [sub, tag, 1, outcome]
+        self._settles.append(last)
         self._want_flush()
 
     @property
     def full(self) -> bool:
         """Whether the link's buffer holds C{link_buffer} bytes or more."""
-        return self._out_bytes >= self.mesh.settings.link_buffer
+        return self._out_bytes >= self._limit
 
-    def send_message(self, chunks: list[bytes], size: int, force: bool = False) -> bool:
-        """Queue a message frame (its chunks, C{size} bytes in all), or drop
-        it when the link's buffer is full (unless C{force}: a delivery to a
-        consumer of a queue, bounded by its window and paused when the
+    def send_message(
+        self, type_: int, vhost: bytes, chunks: list[bytes], size: int, force: bool = False, seq: int = 0
+    ) -> bool:
+        """Add a message to the turn's batch frame of C{type_} for
+        C{vhost} (a new batch when the last one is of another kind or full:
+        L{wire.BATCH_BYTES}); C{chunks} are its item (L{wire.encode_item},
+        L{wire.encode_delivery}), C{size} bytes in all; C{seq} is a
+        forward's sequence number (the next after the batch's last). It is
+        dropped when the link's buffer is full (unless C{force}: a delivery
+        to a consumer of a queue, bounded by its window and paused when the
         buffer is full, L{qmq.cluster.queues}).
 
         @return: whether it was queued."""
         if self.state == "closed":
             return False
-        if not force and self._out_bytes + size > self.mesh.settings.link_buffer and self._out:
-            self.dropped += 1
-            now = self.clock.seconds()
-            if self._dropped_logged is None or now - self._dropped_logged >= DROP_LOG_INTERVAL:
-                self._dropped_logged = now
-                log.warn(
-                    "link {link}: the peer does not read; messages for it are dropped "
-                    "({dropped} so far, {buffered} bytes waiting)",
-                    link=self.describe(),
-                    dropped=self.dropped,
-                    buffered=self._out_bytes,
-                )
+        out_bytes = self._out_bytes + size
+        if out_bytes > self._limit and not force and self._out:
+            self._drop()
             return False
-        self._out.extend(chunks)
-        self._out_bytes += size
+        batch = self._batch_size + size
+        if (
+            self._batch_type != type_
+            or batch > self._batch_cap
+            or seq != self._batch_seq
+            or self._batch_vhost != vhost
+        ):
+            prefix = self._open_batch(type_, vhost, seq)
+            batch = len(prefix) + size
+            out_bytes += len(prefix) + wire.HEADER_SIZE
+        self._batch_size = batch
+        if seq:
+            self._batch_seq = seq + 1
+        self._out += chunks
+        self._out_bytes = out_bytes
         self.messages_out += 1
         self.bytes_out += size
-        self._want_flush()
         return True
+
+    def _open_batch(self, type_: int, vhost: bytes, seq: int) -> bytes:
+        """Close the batch being filled, if any, and open one: its prefix."""
+        if self._batch_type:
+            self._close_batch()
+        out = self._out
+        prefix = wire.batch_prefix(type_, vhost, seq)
+        self._batch_type = type_
+        self._batch_vhost = vhost
+        self._batch_seq = seq
+        self._batch_at = len(out)
+        out.append(b"")  # the header, once the batch is whole
+        out.append(prefix)
+        self._want_flush()
+        return prefix
+
+    def _drop(self) -> None:
+        """A message for the peer is dropped: its buffer is full."""
+        self.dropped += 1
+        now = self.clock.seconds()
+        if self._dropped_logged is None or now - self._dropped_logged >= DROP_LOG_INTERVAL:
+            self._dropped_logged = now
+            log.warn(
+                "link {link}: the peer does not read; messages for it are dropped "
+                "({dropped} so far, {buffered} bytes waiting)",
+                link=self.describe(),
+                dropped=self.dropped,
+                buffered=self._out_bytes,
+            )
 
     def _want_flush(self) -> None:
         if not self._flush_wanted and not self._paused and self.state != "closed":
             self._flush_wanted = True
             self.mesh.broker.batcher.want_flush(self)
 
+    def _close_batch(self) -> None:
+        """The batch being filled is whole: its header goes in."""
+        self._out[self._batch_at] = wire.header(self._batch_type, self._batch_size)
+        self._batch_type = 0
+        self._batch_size = 0
+
     def _controls(self) -> None:
         """The turn's confirms and settles, one frame of each."""
         if self._confirms or self._failures:
-            value: dict[str, Any] = {"ok": self._confirms}
-            if self._failures:
-                value["failed"] = self._failures
-            self._confirms, self._failures = [], []
-            self._out.append(wire.encode_json(wire.CONFIRM, value))
+            data = wire.encode_confirm(self._confirms, self._failures)
+            self._confirms, self._failures, self._last_range = [], [], None
+            self._out.append(data)
+            self._out_bytes += len(data)
         if self._settles:
-            self._out.append(wire.encode_json(wire.SETTLE, {"s": self._settles}))
-            self._settles = []
+            data = wire.encode_settle(self._settles)
+            self._settles, self._last_run = [], None
+            self._out.append(data)
+            self._out_bytes += len(data)
 
     def flush(self) -> None:
         """Write what waits, in one write (the write batcher calls it)."""
         self._flush_wanted = False
         if self._paused or self.transport is None:
             return
+        if self._batch_type:
+            self._close_batch()
         if self._confirms or self._failures or self._settles:
             self._controls()
         if not self._out:
@@ -447,6 +528,8 @@ class LinkProtocol(Protocol):
             return
         if reason is not None:
             self.reason = reason
+            if self._batch_type:
+                self._close_batch()
             self._out.append(wire.encode_json(wire.CLOSE, {"reason": reason, **(extra or {})}))
             self._paused = False
             self.flush()
@@ -485,6 +568,7 @@ class LinkProtocol(Protocol):
         self._beat = self._abort = None
         self._out = []
         self._out_bytes = 0
+        self._batch_type = 0
         if not self.reason:
             self.reason = reason.getErrorMessage() if reason is not None else "connection lost"
         if was == "hello" and not self.node:
@@ -525,10 +609,13 @@ class LinkProtocol(Protocol):
         }
 
 
-#: The control frames of queues across nodes (L{qmq.cluster.queues}).
-_QUEUE_FRAMES = frozenset(
-    (wire.CONFIRM, wire.CONSUME, wire.SETTLE, wire.CANCEL, wire.CANCELLED, wire.DECLARE)
-)
+#: Management across nodes (L{qmq.cluster.manage}).
+MANAGE_FRAMES = manage.KINDS
+
+#: The JSON control frames of queues across nodes (L{qmq.cluster.queues}).
+_QUEUE_FRAMES = frozenset((wire.CONSUME, wire.CANCEL, wire.CANCELLED, wire.DECLARE))
+#: The frames that carry messages.
+_BATCHES = frozenset((wire.MESSAGE, wire.FORWARD, wire.DELIVER))
 
 
 def _interest_key(value: Any) -> tuple[str, str, str]:

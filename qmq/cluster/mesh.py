@@ -82,6 +82,7 @@ from twisted.logger import Logger
 from qmq.cluster import wire
 from qmq.cluster.endpoints import Credentials, Peer, client_endpoint, parse_peer
 from qmq.cluster.link import LinkProtocol
+from qmq.cluster.manage import Manage
 from qmq.cluster.placement import Placement
 from qmq.cluster.queues import RemoteQueues
 from qmq.core.channel import Channel
@@ -216,7 +217,7 @@ class Mesh(Service, Observer):
         # Dialers whose peer refused them: how many times in a row.
         self._refusals: dict[ClientService, int] = {}
         self._stop_observing: Any = None
-        self._encoded: tuple[Any, str, list[bytes], int] | None = None
+        self._encoded: tuple[Any, str, list[bytes], int, bytes] | None = None
         self._vhost_bytes: dict[str, bytes] = {}
         self._next_id = broker.message_ids.__next__
         #: Nodes linked since this node started (members of the placement).
@@ -227,6 +228,8 @@ class Mesh(Service, Observer):
             placement if placement is not None else Placement(self.node, self.members),
             settings.remote_window,
         )
+        #: Management across nodes, topology shared (L{qmq.cluster.manage}).
+        self.manage = Manage(self)
 
     def members(self) -> set[str]:
         """The configured membership queues are placed over
@@ -241,6 +244,7 @@ class Mesh(Service, Observer):
         self.broker.homes = self.queues
         self.queues.place_existing()
         self._stop_observing = self.broker.observe(self, replay=False)
+        self.manage.start()
         for vhost in self.broker.vhosts.values():
             events = vhost.events
             for (exchange, key), count in (events.interest.items() if events is not None else ()):
@@ -273,6 +277,7 @@ class Mesh(Service, Observer):
         if self._stop_observing is not None:
             self._stop_observing()
             self._stop_observing = None
+        self.manage.stop()
         for dialer in self.dialers:
             if dialer.running:
                 dialer.stopService()
@@ -342,6 +347,7 @@ class Mesh(Service, Observer):
         if peers:
             link.send(wire.encode_json(wire.PEERS, {"peers": peers}))
         self.queues.link_up(link)
+        self.manage.link_up(link)
         log.info("mesh: link {link} up", link=link.describe())
         self._announce(node, "up")
         return None
@@ -357,6 +363,7 @@ class Mesh(Service, Observer):
         for key in list(link.remote):
             self._unbind(link, key)
         self.queues.link_down(link)
+        self.manage.link_down(link)
         for channel in link.channels.values():
             channel.close()
         link.channels.clear()
@@ -581,48 +588,68 @@ class Mesh(Service, Observer):
             name = self._vhost_bytes.get(vhost)
             if name is None:
                 name = self._vhost_bytes[vhost] = vhost.encode()
-            chunks = wire.encode_message(name, message)
-            encoded = self._encoded = (message, vhost, chunks, sum(map(len, chunks)))
-        link.send_message(encoded[2], encoded[3])
+            chunks, size = wire.encode_item(message)
+            encoded = self._encoded = (message, vhost, chunks, size, name)
+        link.send_message(wire.MESSAGE, encoded[4], encoded[2], encoded[3])
 
-    def received(self, link: LinkProtocol, vhost_name: str, message: Any) -> None:
-        """A message from C{link}'s peer: published here, for this node's
-        subscribers only (through the link's channel, each exchange + key
-        resolved once, as STOMP's SEND does)."""
-        targets = link.targets
-        k = (vhost_name, message.exchange, message.routing_key)
-        found = targets.get(k)
-        if found is None or found[1][4].deleted:
-            vhost = self.broker.vhosts.get(vhost_name)
-            if vhost is None:
-                link.refused += 1
-                return
-            channel = self.channel_for(link, vhost)
+    def received(self, link: LinkProtocol, vhost_name: str, messages: list[Any]) -> None:
+        """Messages from C{link}'s peer (one batch frame): published here,
+        for this node's subscribers only (through the link's channel, each
+        exchange + key resolved once, as STOMP's SEND does; a run with the
+        same ones, which the link's decoder gives as the same strings,
+        looks them up once)."""
+        next_id = self._next_id
+        exchange = key = found = None
+        for message in messages:
+            if (
+                message.exchange is not exchange
+                or message.routing_key is not key
+                or found is None
+                or found[1][4].deleted
+            ):
+                exchange = message.exchange
+                key = message.routing_key
+                found = self._target(link, vhost_name, exchange, key)
+                if found is None:
+                    link.refused += 1
+                    continue
+            # An id of this node's (docs/cluster.rst): the sender's may meet
+            # this node's own, and the store needs them increasing.
+            message.id = next_id()
+            self.inbound = message
             try:
-                found = (channel, channel.target(message.exchange, message.routing_key))
+                durable = found[0].publish_target(found[1], message)
             except BrokerError:
                 link.refused += 1
-                return
-            if len(targets) >= TARGET_CACHE_SIZE:
-                targets.clear()
-            targets[k] = found
-        # An id of this node's (docs/cluster.rst): the sender's may meet
-        # this node's own, and the store needs them increasing.
-        message.id = self._next_id()
-        self.inbound = message
-        try:
-            durable = found[0].publish_target(found[1], message)
-        except BrokerError:
-            link.refused += 1
-            return
-        finally:
-            self.inbound = None
-        if durable is not None:
-            if durable is not link.last_waiter:
+                continue
+            finally:
+                self.inbound = None
+            if durable is not None and durable is not link.last_waiter:
                 # Once per waiter (the store's group commit shares one), and
                 # the failure passed on to the others waiting on it.
                 link.last_waiter = durable
                 durable.addErrback(_not_stored, link)
+
+    def _target(self, link: LinkProtocol, vhost_name: str, exchange: str, key: str) -> Any:
+        """(the link's channel, the resolved target) for C{exchange} and
+        C{key} in C{vhost_name}, cached per link; None when there is none
+        (no such virtual host, the core refuses the target)."""
+        targets = link.targets
+        k = (vhost_name, exchange, key)
+        found = targets.get(k)
+        if found is None or found[1][4].deleted:
+            vhost = self.broker.vhosts.get(vhost_name)
+            if vhost is None:
+                return None
+            channel = self.channel_for(link, vhost)
+            try:
+                found = (channel, channel.target(exchange, key))
+            except BrokerError:
+                return None
+            if len(targets) >= TARGET_CACHE_SIZE:
+                targets.clear()
+            targets[k] = found
+        return found
 
     # -- what the management API shows ----------------------------------------
 

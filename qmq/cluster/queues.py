@@ -45,6 +45,7 @@ from qmq.core.consumer import UNLIMITED, Consumer
 from qmq.core.errors import BrokerError, NotFound, PreconditionFailed, ResourceLimit
 from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX
 from qmq.core.remote import RemoteQueue, Unavailable
+from qmq.twisted_internals import deferred_unobserved
 
 if TYPE_CHECKING:
     from qmq.cluster.link import LinkProtocol
@@ -66,9 +67,23 @@ TARGET_CACHE_SIZE = 1000
 
 #: Seconds a forwarded publish waits for its confirm before it fails.
 CONFIRM_TIMEOUT = 60.0
+# A forward's deadline, from when it went (one a second: see forward).
+_DEADLINE = CONFIRM_TIMEOUT + 1.0
+
 #: Most forwarded publishes one link waits confirms for; past it a publish
 #: to a queue homed over that link is refused.
 MAX_UNCONFIRMED = 100_000
+
+#: Most sequence numbers one confirm frame may name (a home confirms what
+#: one turn took: far fewer; a bound on the work a frame can ask for).
+MAX_CONFIRM_RANGE = 4 * MAX_UNCONFIRMED
+
+#: Settle frames naming more tags than this are checked against the
+#: windows of the peer's consumers (what they may hold unacked in all).
+SETTLE_CHECKED = 100_000
+#: The largest window a peer may ask for (C{[cluster] remote_window}'s
+#: maximum).
+MAX_WINDOW = 1_000_000
 
 #: The core's refusals by reply code, for a failed confirm.
 _ERRORS: dict[int, type[BrokerError]] = {404: NotFound, 406: PreconditionFailed, 506: ResourceLimit}
@@ -106,7 +121,7 @@ class _Sub:
     was opened on (None while the home is not linked), and what it holds
     unsettled (message -> the home's delivery tag)."""
 
-    __slots__ = ("id", "queue", "consumer", "link", "tags")
+    __slots__ = ("id", "queue", "consumer", "link", "tags", "window")
 
     def __init__(self, id: int, queue: RemoteQueue, consumer: Consumer) -> None:
         self.id = id
@@ -114,6 +129,8 @@ class _Sub:
         self.consumer = consumer
         self.link: LinkProtocol | None = None
         self.tags: dict[Any, int] = {}
+        #: The window it was opened with on its home.
+        self.window = 1
 
 
 class RemoteQueues:
@@ -136,6 +153,7 @@ class RemoteQueues:
         self._held: dict[Any, _Sub] = {}
         self._here = False
         self._vhost_bytes: dict[str, bytes] = {}
+        self._seconds = mesh.clock.seconds
         #: Stand-ins made with arguments (told to their home at each link up).
         self._declared: dict[tuple[str, str], RemoteQueue] = {}
 
@@ -263,30 +281,47 @@ class RemoteQueues:
     def reachable(self, queue: RemoteQueue) -> None:
         self._link(queue)
 
+    def get(self, queue: RemoteQueue, ack: bool) -> Deferred:
+        """A basic.get on the home (L{qmq.cluster.manage.Manage.get})."""
+        return self.mesh.manage.get(queue, ack)
+
+    def operate(self, queue: RemoteQueue, op: str, args: dict[str, Any]) -> Deferred:
+        """A management operation on C{queue}, carried to its home
+        (L{qmq.cluster.manage}): a Deferred of the home's answer."""
+        return self.mesh.manage.ask(queue.home, op, {"vhost": queue.vhost.name, "queue": queue.name, **args})  # type: ignore[union-attr]
+
     def forward(self, queue: RemoteQueue, message: Message) -> Deferred:
-        link = self._link(queue)
-        if len(link.pending) >= MAX_UNCONFIRMED:
+        link = self.mesh.links.get(queue.home)
+        if link is None or link.state != "up":
+            link = self._link(queue)  # raises
+        pending = link.pending
+        if len(pending) >= MAX_UNCONFIRMED:
             raise Unavailable(
                 f"Node {queue.home!r}, home of queue {queue.name!r}, has not confirmed "
-                f"{len(link.pending)} messages yet: the message was not published; try again later.",
+                f"{len(pending)} messages yet: the message was not published; try again later.",
                 "home node busy",
             )
-        seq = link.next_seq
-        link.next_seq = seq + 1
         vhost = queue.vhost.name  # type: ignore[union-attr]
         name = self._vhost_bytes.get(vhost)
         if name is None:
             name = self._vhost_bytes[vhost] = vhost.encode()
-        chunks = wire.encode_message(name, message, wire.FORWARD, wire.SEQ.pack(seq))
-        if not link.send_message(chunks, sum(map(len, chunks))):
+        chunks, size = wire.encode_item(message)
+        seq = link.next_seq
+        if not link.send_message(wire.FORWARD, name, chunks, size, False, seq):
             raise Unavailable(
                 f"The link to node {queue.home!r}, home of queue {queue.name!r}, holds "
                 f"{link.mesh.settings.link_buffer} bytes it could not send yet (cluster.link_buffer): "
                 "the message was not published; try again later.",
                 "link to the home node full",
             )
-        d: Deferred = Deferred()
-        link.pending[seq] = (d, self.mesh.clock.seconds() + CONFIRM_TIMEOUT)
+        link.next_seq = seq + 1
+        d = pending[seq] = Deferred()
+        # One deadline a second: a forward fails no sooner than
+        # CONFIRM_TIMEOUT after it went, at most a second later.
+        deadline = self._seconds() + _DEADLINE
+        deadlines = link.deadlines
+        if not deadlines or deadlines[-1][1] + 1.0 <= deadline:
+            deadlines.append((seq, deadline))
         return d
 
     def open(self, queue: RemoteQueue, consumer: Consumer) -> None:
@@ -304,6 +339,7 @@ class RemoteQueues:
         if consumer.ack_required and consumer.prefetch < UNLIMITED:
             window = min(window, max(1, consumer.prefetch))
         sub.link = link
+        sub.window = window
         link.send(
             wire.encode_json(
                 wire.CONSUME,
@@ -340,11 +376,14 @@ class RemoteQueues:
         for message in messages:
             sub = held.pop(message, None)
             if sub is None:
-                continue  # given back on the home already (its link went)
+                # Got by a basic.get (qmq.cluster.manage), or given back on
+                # the home already (its link went).
+                self.mesh.manage.settled(message, outcome)
+                continue
             tag = sub.tags.pop(message)
             link = sub.link
             if link is not None and link.state == "up":
-                link.settle(sub.id, tag, outcome)
+                link.settle(sub.id, tag, outcome, sub.window)
 
     # -- frames from the home -------------------------------------------------------
 
@@ -353,10 +392,10 @@ class RemoteQueues:
         name = self._vhost_bytes.get(vhost)
         if name is None:
             name = self._vhost_bytes[vhost] = vhost.encode()
-        chunks = wire.encode_message(name, message, wire.DELIVER, wire.DELIVERY.pack(sub, tag, message.delivery_count))
+        chunks, size = wire.encode_delivery(sub, tag, message.delivery_count, message)
         # Never dropped (the window bounds what is out to a consumer): when
         # the link's buffer is full, the consumer pauses until it drains.
-        link.send_message(chunks, sum(map(len, chunks)), force=True)
+        link.send_message(wire.DELIVER, name, chunks, size, force=True)
         if link.full:
             consumer = link.homed.get(sub)
             if consumer is not None:
@@ -370,27 +409,27 @@ class RemoteQueues:
             if consumer.channel is not None and not consumer.channel.closed and link.homed.get(consumer.sub) is consumer:
                 consumer.resume()
 
-    def delivered(self, link: LinkProtocol, sub_id: int, tag: int, message: Message) -> None:
-        """A deliver frame: hand it to the consumer of the stand-in."""
-        sub = self._subs.get(sub_id)
-        if sub is None or sub.link is not link:
-            link.settle(sub_id, tag, REQUEUE)  # it went meanwhile: the home gives it back
-            return
-        message.id = next(self.mesh.broker.message_ids)
-        self._held[message] = sub
-        sub.tags[message] = tag
-        if not sub.queue.from_home(sub.consumer, message):
-            self._held.pop(message, None)
-            sub.tags.pop(message, None)
-            link.settle(sub_id, tag, REQUEUE)
+    def delivered(self, link: LinkProtocol, items: list[tuple[int, int, Message]]) -> None:
+        """A deliver frame: hand each to the consumer of the stand-in."""
+        subs = self._subs
+        held = self._held
+        ids = self.mesh.broker.message_ids
+        for sub_id, tag, message in items:
+            sub = subs.get(sub_id)
+            if sub is None or sub.link is not link:
+                link.settle(sub_id, tag, REQUEUE)  # it went meanwhile: the home gives it back
+                continue
+            message.id = next(ids)
+            held[message] = sub
+            sub.tags[message] = tag
+            if not sub.queue.from_home(sub.consumer, message):
+                held.pop(message, None)
+                sub.tags.pop(message, None)
+                link.settle(sub_id, tag, REQUEUE)
 
     def control(self, link: LinkProtocol, type_: int, value: dict[str, Any]) -> None:
-        """A confirm, consume, settle, cancel or cancelled frame."""
-        if type_ == wire.SETTLE:
-            self._settled(link, value.get("s"))
-        elif type_ == wire.CONFIRM:
-            self._confirmed(link, value)
-        elif type_ == wire.CONSUME:
+        """A consume, declare, cancel or cancelled frame."""
+        if type_ == wire.CONSUME:
             self._consume_here(link, value)
         elif type_ == wire.DECLARE:
             self._declare_here(link, value)
@@ -401,41 +440,60 @@ class RemoteQueues:
         else:
             self._cancelled(link, value)
 
-    def _confirmed(self, link: LinkProtocol, value: dict[str, Any]) -> None:
+    def confirmed(
+        self, link: LinkProtocol, ranges: list[tuple[int, int]], failed: list[tuple[int, int, str]]
+    ) -> None:
+        """A confirm frame: the forwards it names as taken succeed, those
+        refused fail with the home's reply code and reason. A confirm's
+        Deferred that nothing holds and nothing waits on (a publish whose
+        frontend did not wait, as STOMP's SEND without a receipt) is
+        dropped rather than fired: no one could see it fire."""
         pending = link.pending
-        ok = value.get("ok")
-        if not isinstance(ok, list):
-            raise wire.FrameError("bad confirm: no ok list")
-        for seq in ok:
-            entry = pending.pop(seq, None) if isinstance(seq, int) else None
-            if entry is not None:
-                entry[0].callback(None)
-        for item in value.get("failed") or ():
-            if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], int)):
-                raise wire.FrameError("bad confirm: failed items are [seq, code, text]")
-            entry = pending.pop(item[0], None)
-            if entry is not None:
-                cls = _ERRORS.get(item[1], BrokerError)
-                entry[0].errback(
-                    cls(f"node {link.node!r} refused it: {str(item[2])[:500]}", "refused by the home node")
-                )
+        if sum(count for _, count in ranges) > MAX_CONFIRM_RANGE:
+            raise wire.FrameError(f"bad confirm: more than {MAX_CONFIRM_RANGE} sequence numbers in one")
+        for first, count in ranges:
+            if not pending:
+                break
+            if count <= len(pending):
+                seqs: Any = range(first, first + count)
+            else:  # bounded by what waits, whatever the frame says
+                seqs = [s for s in pending if first <= s < first + count]
+            for seq in seqs:
+                d = pending.pop(seq, None)
+                if d is not None and not deferred_unobserved(d):
+                    d.callback(None)
+        for seq, code, text in failed:
+            d = pending.pop(seq, None)
+            if d is not None:
+                cls = _ERRORS.get(code, BrokerError)
+                d.errback(cls(f"node {link.node!r} refused it: {text[:500]}", "refused by the home node"))
+        if not pending:
+            link.deadlines.clear()
 
     def expire(self, link: LinkProtocol, now: float) -> None:
         """Forwards unconfirmed past L{CONFIRM_TIMEOUT} fail (the link's
         heart-beat asks): their publishers hear it, and may send again."""
         pending = link.pending
-        while pending:
-            seq, (d, deadline) = next(iter(pending.items()))
-            if deadline > now:
-                return
-            del pending[seq]
-            d.errback(
-                Unavailable(
-                    f"Node {link.node!r} did not confirm the message within {CONFIRM_TIMEOUT:g} s: "
-                    "it may or may not be there; send it again.",
-                    "no confirm from the home node",
+        deadlines = link.deadlines
+        while deadlines and deadlines[0][1] <= now:
+            deadlines.popleft()
+            limit = deadlines[0][0] if deadlines else link.next_seq
+            expired = []
+            for seq in pending:  # in sequence order: one pass, then failed
+                if seq >= limit:
+                    break
+                expired.append(seq)
+            for seq in expired:
+                d = pending.pop(seq, None)
+                if d is None:
+                    continue
+                d.errback(
+                    Unavailable(
+                        f"Node {link.node!r} did not confirm the message within {CONFIRM_TIMEOUT:g} s: "
+                        "it may or may not be there; send it again.",
+                        "no confirm from the home node",
+                    )
                 )
-            )
 
     def _cancelled(self, link: LinkProtocol, value: dict[str, Any]) -> None:
         sub = self._subs.get(_int(value.get("id")))
@@ -461,50 +519,72 @@ class RemoteQueues:
             queue.held.pop(consumer, None)
         consumer.cancelled()
 
-    def _settled(self, link: LinkProtocol, items: Any) -> None:
-        if not isinstance(items, list):
-            raise wire.FrameError("bad settle: no list")
+    def settled(self, link: LinkProtocol, runs: list[tuple[int, int, int, int]]) -> None:
+        """A settle frame: each run's deliveries are acked, given back or
+        dropped. A run longer than its consumer's window (what it may
+        hold unacked) is a protocol error."""
         homed = link.homed
-        for item in items:
-            if not (isinstance(item, list) and len(item) == 3 and all(isinstance(v, int) for v in item)):
-                raise wire.FrameError("bad settle: items are [id, tag, outcome]")
-            consumer = homed.get(item[0])
+        total = sum(run[2] for run in runs)
+        if total > SETTLE_CHECKED and total > sum(c.prefetch for c in homed.values()):
+            raise wire.FrameError(f"bad settle: {total} tags, more than the consumers' windows")
+        for sub, first, count, outcome in runs:
+            consumer = homed.get(sub)
             if consumer is None or consumer.channel is None:
                 continue
-            outcome = item[2]
-            consumer.channel.settle_delivery(consumer, item[1], outcome == ACK, outcome == REQUEUE)
+            if count > consumer.prefetch:
+                raise wire.FrameError(
+                    f"bad settle: a run of {count} tags for consumer {sub}, whose window is {consumer.prefetch}"
+                )
+            settle = consumer.channel.settle_delivery
+            ack = outcome == ACK
+            requeue = outcome == REQUEUE
+            for tag in range(first, first + count):
+                settle(consumer, tag, ack, requeue)
 
     # -- frames to the home ---------------------------------------------------------
 
-    def forwarded(self, link: LinkProtocol, seq: int, vhost_name: str, message: Message) -> None:
-        """A publish forwarded by a peer to a queue homed here: published
-        through the link's channel (each queue resolved once per link, as
-        STOMP's SEND resolves a destination), confirmed once it is as
-        durable as the store makes it."""
+    def forwarded(self, link: LinkProtocol, seq: int, vhost_name: str, messages: list[Message]) -> None:
+        """Publishes forwarded by a peer to queues homed here (sequence
+        numbers C{seq}, C{seq + 1}, ...): published through the link's
+        channel (each queue resolved once per link, as STOMP's SEND
+        resolves a destination), confirmed once each is as durable as the
+        store makes it."""
         targets = link.queue_targets
-        key = (vhost_name, message.routing_key)
-        found = targets.get(key)
-        try:
-            if found is None or found[1][4].deleted:
-                found = self._resolve(link, vhost_name, message.routing_key)
-                if len(targets) >= TARGET_CACHE_SIZE:
-                    targets.clear()
-                targets[key] = found
-            message.id = next(self.mesh.broker.message_ids)
-            durable = found[0].publish_target(found[1], message)
-        except BrokerError as e:
-            link.refused += 1
-            link.fail(seq, e.code, e.message)
-            return
-        if durable is None:
-            link.confirm(seq)
-        elif durable is link.group_waiter:
-            # The store's group commit: one waiter for the turn's publishes.
-            link.group.append(seq)  # type: ignore[union-attr]
-        else:
-            group = link.group = [seq]
-            link.group_waiter = durable
-            durable.addCallbacks(self._stored, self._not_stored, callbackArgs=(link, group), errbackArgs=(link, group))
+        ids = self.mesh.broker.message_ids
+        name = found = None
+        for message in messages:
+            try:
+                if message.routing_key is not name or found is None or found[1][4].deleted:
+                    # A run to one queue (one string: the link's decoder
+                    # shares it) looks it up once.
+                    found = None
+                    name = message.routing_key
+                    key = (vhost_name, name)
+                    found = targets.get(key)
+                    if found is None or found[1][4].deleted:
+                        found = self._resolve(link, vhost_name, name)
+                        if len(targets) >= TARGET_CACHE_SIZE:
+                            targets.clear()
+                        targets[key] = found
+                message.id = next(ids)
+                durable = found[0].publish_target(found[1], message)
+            except BrokerError as e:
+                link.refused += 1
+                link.fail(seq, e.code, e.message)
+                seq += 1
+                continue
+            if durable is None:
+                link.confirm(seq)
+            elif durable is link.group_waiter:
+                # The store's group commit: one waiter for the turn's publishes.
+                link.group.append(seq)  # type: ignore[union-attr]
+            else:
+                group = link.group = [seq]
+                link.group_waiter = durable
+                durable.addCallbacks(
+                    self._stored, self._not_stored, callbackArgs=(link, group), errbackArgs=(link, group)
+                )
+            seq += 1
 
     def _resolve(self, link: LinkProtocol, vhost_name: str, name: str) -> tuple[Any, Any]:
         """(the link's channel, the target) of queue C{name} homed here."""
@@ -547,7 +627,12 @@ class RemoteQueues:
         sub = _int(value.get("id"))
         window = value.get("window")
         vhost_name, name = value.get("vhost"), value.get("queue")
-        if not (isinstance(window, int) and window > 0 and isinstance(vhost_name, str) and isinstance(name, str)):
+        if not (
+            isinstance(window, int)
+            and 0 < window <= MAX_WINDOW
+            and isinstance(vhost_name, str)
+            and isinstance(name, str)
+        ):
             raise wire.FrameError("bad consume: id, vhost, queue and window expected")
         mesh = self.mesh
         consumer = HomeConsumer(link, sub, window)
@@ -594,7 +679,8 @@ class RemoteQueues:
         later acks of it go nowhere). The home side's consumers go with
         the link's channels (L{qmq.cluster.mesh.Mesh.link_down})."""
         pending, link.pending = link.pending, {}
-        for d, _ in pending.values():
+        link.deadlines.clear()
+        for d in pending.values():
             d.errback(
                 Unavailable(
                     f"The link to node {link.node!r} went down before it confirmed the message "

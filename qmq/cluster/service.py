@@ -31,5 +31,6 @@ def attach_mesh(service: Any, broker: Any, settings: Any, clock: Any) -> Any:
     from qmq.cluster.mesh import mesh_of  # noqa: PLC0415
 
     mesh = mesh_of(broker, settings, clock)
+    mesh.manage.registry = getattr(service, "connections", None)
     mesh.setServiceParent(service)
     return mesh

@@ -212,6 +212,19 @@ class Channel:
     @ivar window: the channel's own L{Window} (L{qos} global), or None.
     """
 
+    # Slots for what __init__ sets: a channel per connection, and with more
+    # than 30 attributes CPython 3.11 gives each instance a full dict of its
+    # own (about 1.5 KiB) instead of values sharing the class's keys. A
+    # subclass or a test may still add attributes (__dict__).
+    __slots__ = (
+        'broker', 'protocol', 'published', 'acked', 'user', 'backlog_budget', 'vhost',
+        'owner_name', '_own_connection', 'connection', 'token', 'owners', '_tags',
+        'consumers', 'consumer_tags', '_tag_of', '_ctag_serial', 'closed',
+        '_cumulative_upto', '_taken_back', 'prefetch_count', 'prefetch_bytes', 'window',
+        '_windows', '_gated', '_transport_paused', '_getters', '_writable',
+        '_checked_headers', '_checked_key', '_ids', '_seconds', '__dict__', '__weakref__'
+    )
+
     def __init__(
         self,
         broker: Broker,
@@ -1144,20 +1157,21 @@ class Channel:
 
     # -- polling -----------------------------------------------------------------
 
-    def get(self, queue: str, ack: bool = True) -> Got | None:
+    def get(self, queue: str, ack: bool = True) -> Got | None | Deferred:
         """Take the next ready message of C{queue} (AMQP's C{basic.get}).
 
         With C{ack}, the delivery waits for L{settle} (a nack requeues it;
         it goes back to the queue if the channel closes first); without,
         it is settled as it is taken.
 
-        @return: L{Got}, or None when the queue has nothing ready.
+        @return: L{Got}, or None when the queue has nothing ready; for a
+            queue whose home is another node, a Deferred of it.
         @raise NotFound: no such queue.
         @raise ResourceLocked: the queue is exclusive to another connection.
         @raise AccessRefused: no read permission, or the queue has an
             exclusive consumer.
         """
-        q = self.vhost.queue(queue)
+        q = self.vhost.queue_or_stand_in(queue)
         self._check_exclusive(q)
         if self.user is not None:
             self._authorize("read", queue, queue)
@@ -1167,6 +1181,10 @@ class Channel:
             raise AccessRefused(
                 f"Queue {queue!r} has an exclusive consumer.", "access refused (exclusive consumer)"
             )
+        if q.remote is not None:
+            # Its home is another node (qmq.core.remote): taken there.
+            d = q.remote.get(q, ack)
+            return d.addCallbacks(self._got_remote, self.vhost.not_on_home, (q, ack), None, (q,))  # type: ignore[no-any-return]
         message = q.get()
         if message is None:
             return None
@@ -1177,6 +1195,22 @@ class Channel:
             tag = next(self._tags)
             q.ack(getter, message)
         return Got(tag, message, len(q))
+
+    def _got_remote(self, got: tuple[Message, int] | None, queue: Queue, ack: bool) -> Got | None:
+        """What a queue's home node gave a L{get}: tracked here as a local one."""
+        if got is None:
+            return None
+        message, remaining = got
+        if self.closed:
+            if ack:
+                queue.requeue([message])
+            return None
+        getter = self._getter(queue)
+        if ack:
+            tag = self.track(getter, message)
+        else:
+            tag = next(self._tags)
+        return Got(tag, message, remaining)
 
     def _getter(self, queue: Queue) -> _Getter:
         """The channel's getter of C{queue}, made on first use."""

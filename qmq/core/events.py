@@ -16,7 +16,8 @@ Two kinds of events, per virtual host:
     one interest, told once when the first comes and once when the last
     goes: what a mesh link propagates to its peers (NATS's subject
     interest, ActiveMQ's conduit subscriptions).
-  - B{topology}: a queue or an exchange is declared or deleted.
+  - B{topology}: a queue or an exchange is declared or deleted; an
+    exchange is bound to another, or unbound.
 
 An observer that itself makes bindings (a mesh link binds on behalf of a
 peer) cannot tell its own from the others' by the first/last events alone:
@@ -43,7 +44,7 @@ and the operation goes on.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from twisted.logger import Logger
 
@@ -86,6 +87,17 @@ class Observer:
     def exchange_deleted(self, vhost: str, exchange: str) -> None:
         """Exchange C{exchange} was deleted."""
 
+    def exchange_bound(
+        self, vhost: str, destination: str, source: str, key: str, arguments: dict | None
+    ) -> None:
+        """Exchange C{destination} was bound to exchange C{source} with
+        C{key} (and C{arguments}, for a headers exchange)."""
+
+    def exchange_unbound(
+        self, vhost: str, destination: str, source: str, key: str, arguments: dict | None
+    ) -> None:
+        """That binding went."""
+
 
 class Events:
     """The observers of one virtual host, and its bindings counted by
@@ -105,7 +117,7 @@ class Events:
                 k = (exchange.name, key)
                 self.interest[k] = self.interest.get(k, 0) + 1
 
-    def _emit(self, method: str, *args: str | int) -> None:
+    def _emit(self, method: str, *args: Any) -> None:
         for observer in list(self.observers):
             try:
                 getattr(observer, method)(self.name, *args)
@@ -149,6 +161,12 @@ class Events:
 
     def exchange_deleted(self, exchange: Exchange) -> None:
         self._emit("exchange_deleted", exchange.name)
+
+    def exchange_bound(self, destination: Exchange, source: Exchange, key: str, arguments: dict | None) -> None:
+        self._emit("exchange_bound", destination.name, source.name, key, arguments)  # type: ignore[arg-type]
+
+    def exchange_unbound(self, destination: Exchange, source: Exchange, key: str, arguments: dict | None) -> None:
+        self._emit("exchange_unbound", destination.name, source.name, key, arguments)  # type: ignore[arg-type]
 
 
 def observe(vhost: VirtualHost, observer: Observer, replay: bool = True) -> Callable[[], None]:

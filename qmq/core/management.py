@@ -46,9 +46,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from twisted.logger import Logger
+
 from qmq.core.access import Resource, allowed, authorize
 from qmq.core.errors import AccessRefused, NotFound, PreconditionFailed
 from qmq.core.exchange import ALTERNATE_EXCHANGE, alternate_of
+from qmq.core.names import check_binding_key
 from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX, Owner, check_queue_access
 from qmq.core.policy import QueuePolicy, argument_name
 
@@ -59,7 +62,9 @@ if TYPE_CHECKING:
     from qmq.core.queue import Queue
     from qmq.core.vhost import VirtualHost
 
-__all__ = ["Management", "authorize_arguments", "check_equivalent", "writing_targets"]
+log = Logger()
+
+__all__ = ["Management", "authorize_arguments", "check_equivalent", "queue_facts", "writing_targets"]
 
 
 #: The queue arguments that make the broker write somewhere (by their core
@@ -164,6 +169,25 @@ def authorize_arguments(
             ) from None
 
 
+def queue_facts(queue: Any) -> dict[str, Any]:
+    """What a listing shows of C{queue} on its home: JSON-ready facts."""
+    unacked = sum(len(c.unacked) for c in queue.consumers)
+    return {
+        "name": queue.name,
+        "durable": queue.durable,
+        "auto_delete": queue.auto_delete,
+        "exclusive": queue.exclusive_owner is not None,
+        "arguments": queue.arguments or {},
+        "messages_ready": len(queue),
+        "messages_unacknowledged": unacked,
+        "ready_bytes": queue.ready_bytes,
+        "consumers": len(queue.consumers),
+        "dropped": queue.dropped,
+        "published": queue.published,
+        "delivered": queue.delivered,
+    }
+
+
 class Management:
     """Topology operations of one identity in one virtual host (see the
     module docstring).
@@ -258,30 +282,56 @@ class Management:
         queue = self.vhost.declare_queue(
             name, durable=durable, auto_delete=auto_delete, arguments=arguments or None, on_demand=True
         )
+        if queue.remote is not None:
+            # Its home is another node: declared there too, as asked (what
+            # this node asks of it next, a bind, follows on the same link).
+            args = {"durable": durable, "auto_delete": auto_delete, "arguments": arguments or None}
+            queue.remote.operate(queue, "queue.declare", args).addErrback(_not_declared, queue)
         return queue, not existed
 
     def queue(self, name: str, see_all: bool = False) -> Queue:
         """Queue C{name}, to describe. @param see_all: skip ownership (an
         administrator sees every queue's description).
         @raise NotFound, AccessRefused."""
-        queue = self.vhost.queue(name)
+        queue = self.vhost.queue_or_stand_in(name)
         authorize(self.user, "read", self._queue(name), None if see_all else self.owner)
         return queue
 
-    def delete_queue(self, name: str) -> int:
-        """Delete queue C{name}; return how many ready messages went with it.
-        @raise NotFound, AccessRefused (also: it belongs to a session)."""
-        queue = self.vhost.queue(name)
+    def delete_queue(self, name: str, if_unused: bool = False, if_empty: bool = False) -> int | Deferred:
+        """Delete queue C{name}; return how many ready messages went with it
+        (for a queue whose home is another node, a Deferred of it: the
+        home deletes it, then this node's stand-in goes).
+        @param if_unused: refuse if it has consumers (AMQP's C{if-unused}).
+        @param if_empty: refuse if it holds messages (AMQP's C{if-empty}).
+        @raise NotFound, AccessRefused (also: it belongs to a session),
+            PreconditionFailed (C{if_unused}, C{if_empty})."""
+        queue = self.vhost.queue_or_stand_in(name)
         self.authorize("configure", self._queue(name))
         if queue.exclusive_owner is not None:
             raise AccessRefused(f"Queue {name!r} belongs to a session.", "access refused (configure)")
+        if queue.remote is not None:
+            d = queue.remote.operate(queue, "queue.delete", {"if_unused": if_unused, "if_empty": if_empty})
+            return d.addCallbacks(self._stand_in_gone, self.vhost.not_on_home, (queue,), None, (queue,))
+        if if_unused and queue.consumers:
+            raise PreconditionFailed(f"queue {name!r} in vhost {self.vhost.name!r} in use")
+        if if_empty and len(queue):
+            raise PreconditionFailed(f"queue {name!r} in vhost {self.vhost.name!r} not empty")
         return self.vhost.delete_queue(name)
 
-    def purge_queue(self, name: str) -> int:
-        """Drop queue C{name}'s ready messages; return how many.
+    def _stand_in_gone(self, count: Any, queue: Queue) -> int:
+        if self.vhost.queues.get(queue.name) is queue:
+            self.vhost.delete_queue(queue.name)
+        return int(count or 0)
+
+    def purge_queue(self, name: str) -> int | Deferred:
+        """Drop queue C{name}'s ready messages; return how many (a Deferred
+        of it for a queue whose home is another node: purged there).
         @raise NotFound, AccessRefused."""
-        queue = self.vhost.queue(name)
+        queue = self.vhost.queue_or_stand_in(name)
         self.authorize("read", self._queue(name))
+        if queue.remote is not None:
+            d = queue.remote.operate(queue, "queue.purge", {})
+            return d.addCallbacks(lambda n: int(n or 0), self.vhost.not_on_home, errbackArgs=(queue,))
         return queue.purge()
 
     def scan(self, name: str, start: float, end: float, cursor: str | None = None, limit: int = 100) -> Deferred:
@@ -294,23 +344,39 @@ class Management:
     # -- bindings ------------------------------------------------------------------------
 
     def _binding(self, queue: str, exchange: str, key: str) -> None:
-        self.vhost.queue(queue)
+        self.vhost.queue_or_stand_in(queue)
         self.vhost.exchange(exchange)
         self.authorize("write", self._queue(queue))
         self.authorize("read", self._exchange(exchange, key))
 
-    def bind(self, queue: str, exchange: str, key: str = "", arguments: dict | None = None) -> None:
+    def bind(self, queue: str, exchange: str, key: str = "", arguments: dict | None = None) -> Deferred | None:
         """Bind C{queue} to C{exchange} with C{key} (and, for a headers
-        exchange, its C{arguments}).
+        exchange, its C{arguments}). A queue whose home is another node is
+        bound there (its bindings are its home's): a Deferred of the home's
+        answer.
         @raise NotFound, AccessRefused, PreconditionFailed."""
-        self._binding(queue, exchange, key)
-        self.vhost.bind(queue, exchange, key, arguments)
+        return self._bind("queue.bind", queue, exchange, key, arguments)
 
-    def unbind(self, queue: str, exchange: str, key: str = "", arguments: dict | None = None) -> None:
-        """Remove the binding of C{queue} to C{exchange} with C{key}.
+    def unbind(self, queue: str, exchange: str, key: str = "", arguments: dict | None = None) -> Deferred | None:
+        """Remove the binding of C{queue} to C{exchange} with C{key} (on
+        the queue's home, as L{bind}).
         @raise NotFound, AccessRefused."""
+        return self._bind("queue.unbind", queue, exchange, key, arguments)
+
+    def _bind(self, op: str, queue: str, exchange: str, key: str, arguments: dict | None) -> Deferred | None:
         self._binding(queue, exchange, key)
-        self.vhost.unbind(queue, exchange, key, arguments)
+        q = self.vhost.queue_or_stand_in(queue)
+        if q.remote is not None:
+            if op == "queue.bind":
+                check_binding_key(key, self.vhost.exchange(exchange))
+            args = {"exchange": exchange, "key": key, "arguments": arguments}
+            return q.remote.operate(q, op, args).addCallbacks(lambda _: None, self.vhost.not_on_home,
+                                                              errbackArgs=(q,))
+        if op == "queue.bind":
+            self.vhost.bind(queue, exchange, key, arguments)
+        else:
+            self.vhost.unbind(queue, exchange, key, arguments)
+        return None
 
     # -- exchanges -----------------------------------------------------------------------
 
@@ -355,3 +421,8 @@ class Management:
         self.vhost.exchange(name)
         self.authorize("configure", self._exchange(name))
         self.vhost.delete_exchange(name)
+
+
+def _not_declared(failure: Any, queue: Queue) -> None:
+    log.warn("queue {queue!r} was not declared on its home node {home!r}: {error}", queue=queue.name,
+             home=getattr(queue, "home", None), error=failure.getErrorMessage())

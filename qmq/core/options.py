@@ -154,6 +154,16 @@ def read_priority(value: Any) -> int:
     return _whole(value, "priority", 0, MAX_PRIORITY)
 
 
+def _epoch(expires: Any) -> float:
+    """An C{expires} option (epoch milliseconds) in epoch seconds."""
+    # Text seen before: a lookup (anything else is read, and may be
+    # unhashable).
+    ms = _EPOCHS.get(expires) if expires.__class__ is str else None
+    if ms is None:
+        ms = _memo(_EPOCHS, expires, "expires", MAX_EPOCH_MS)
+    return ms / 1000.0
+
+
 def read_expiry(now: float, expires: Any = None, ttl: Any = None) -> float:
     """When a message published at C{now} expires, in epoch seconds (0.0:
     never).
@@ -164,12 +174,7 @@ def read_expiry(now: float, expires: Any = None, ttl: Any = None) -> float:
     """
     at = 0.0
     if expires is not None:
-        # Text seen before: a lookup (anything else is read, and may be
-        # unhashable).
-        ms = _EPOCHS.get(expires) if expires.__class__ is str else None
-        if ms is None:
-            ms = _memo(_EPOCHS, expires, "expires", MAX_EPOCH_MS)
-        at = ms / 1000.0
+        at = _epoch(expires)
     if ttl is not None:
         ms = _SPANS.get(ttl) if ttl.__class__ is str else None
         if ms is None:
@@ -328,12 +333,7 @@ def parse(
     level = 0 if priority is None else read_priority(priority)
     at = 0.0
     if expires is not None:
-        # Text seen before: a lookup (anything else is read, and may be
-        # unhashable).
-        ms = _EPOCHS.get(expires) if expires.__class__ is str else None
-        if ms is None:
-            ms = _memo(_EPOCHS, expires, "expires", MAX_EPOCH_MS)
-        at = ms / 1000.0
+        at = _epoch(expires)
     span = None if ttl is None else _span(ttl, "ttl")
     first = 0.0 if deliver_at is None else _whole(deliver_at, "deliver-at", 0, MAX_EPOCH_MS) / 1000.0
     wait = None if delay is None else _span(delay, "delay")

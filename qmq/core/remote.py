@@ -81,6 +81,17 @@ class Homes(Protocol):
     def reachable(self, queue: RemoteQueue) -> None:
         """@raise Unavailable: the home of C{queue} is not reachable now."""
 
+    def get(self, queue: RemoteQueue, ack: bool) -> Deferred:
+        """Take the next ready message of C{queue} on its home (a basic.get):
+        a Deferred of (message, how many remain) or None. With C{ack} it
+        waits on the home until C{settle} names it."""
+
+    def operate(self, queue: RemoteQueue, op: str, args: dict[str, Any]) -> Deferred:
+        """Do management operation C{op} (C{queue.purge}, C{queue.delete},
+        C{queue.bind}, C{queue.unbind}) on C{queue}'s home, the caller's
+        access checked already: a Deferred of the home's answer, failing
+        with its refusal or L{Unavailable}."""
+
     def forward(self, queue: RemoteQueue, message: Message) -> Deferred:
         """Send C{message} to C{queue}'s home: a Deferred that fires once
         the home has it (as durable as its store makes it).

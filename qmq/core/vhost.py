@@ -39,6 +39,7 @@ from qmq.core.errors import (
     BrokerError,
     NoSuchExchange,
     NoSuchQueue,
+    NotFound,
     PreconditionFailed,
 )
 from qmq.core.events import Events, Observer, observe
@@ -56,7 +57,7 @@ from qmq.core.names import MAX_NAME_BYTES, check_binding_key, check_exchange, ch
 from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX
 from qmq.core.policy import DEFAULT_POLICY, QueuePolicy
 from qmq.core.queue import Queue
-from qmq.core.remote import RemoteQueue
+from qmq.core.remote import RemoteQueue, Unavailable
 from qmq.core.store import ScanPage
 
 if TYPE_CHECKING:
@@ -453,6 +454,31 @@ class VirtualHost:
             return None
         return self._add_stand_in(name, home, None)
 
+    def queue_or_stand_in(self, name: str) -> Queue:
+        """Queue C{name}, to act on by name (purge, delete, bind, get): the
+        queue here, or, when its home is another node, its stand-in (made
+        now: a queue that node holds may never have been named here).
+        @raise NoSuchQueue: neither."""
+        queue = self.queues.get(name)
+        if queue is None:
+            queue = self.stand_in(name)
+        return queue if queue is not None else self.queue(name)
+
+    def not_on_home(self, failure: Any, queue: Queue) -> Any:
+        """An errback for what C{queue}'s home answered: when the home has
+        no such queue, the stand-in goes too (unless clients use it), so
+        that names asked for and not found leave nothing here. The failure
+        passes on."""
+        if (
+            failure.check(NotFound)
+            and not failure.check(Unavailable)
+            and self.queues.get(queue.name) is queue
+            and queue.remote is not None
+            and not queue.consumers
+        ):
+            self.delete_queue(queue.name)
+        return failure
+
     def _add_stand_in(self, name: str, home: str, arguments: dict | None) -> Queue:
         assert self.broker is not None
         queue = RemoteQueue(self, name, home, self.broker.homes, arguments)
@@ -688,6 +714,7 @@ class VirtualHost:
             dest.sources.append((src, routing_key, arguments))
             if self.events is not None:
                 self.events.bound(src, routing_key)
+                self.events.exchange_bound(dest, src, routing_key, arguments)
             if src.durable and dest.durable and self.broker is not None:
                 self.broker.store.bind_exchange(self, dest, src, routing_key, arguments)
 
@@ -707,6 +734,7 @@ class VirtualHost:
                     break
         if self.events is not None:
             self.events.unbound(src, routing_key)
+            self.events.exchange_unbound(dest, src, routing_key, arguments)
         if src.durable and dest.durable and self.broker is not None:
             self.broker.store.unbind_exchange(self, dest, src, routing_key, arguments)
         self.maybe_auto_delete_exchange(src)

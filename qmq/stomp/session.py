@@ -143,6 +143,21 @@ class StompSession(ConnectMixin, TransactionsMixin, BatchedOutput):
         began, or None (set by the reader).
     """
 
+    # Slots for what __init__ sets (see qmq.core.channel.Channel's): one
+    # session per connection, with more than 30 attributes. The mixins give
+    # it a __dict__ for anything else.
+    __slots__ = (
+        'broker', 'settings', 'clock', 'transport', 'heartbeats_supported', '_subscription',
+        'peer', 'id', 'version', 'version_index', 'vhost', 'channel', 'connected', 'closed',
+        'paused', 'login', 'user', '_held', '_expiry', 'client_id', '_released',
+        'subscriptions', 'transactions', '_transaction_frames', '_transaction_bytes',
+        '_out', '_out_size', '_batcher', '_threshold', 'wrote', '_blocks', '_last_send',
+        '_fast_raw', '_last_expiry', '_seconds', '_msgid_prefix', '_waiting', '_group',
+        '_group_waiter', '_disconnecting', '_admission', '_blocked', '_blocked_persistent',
+        'last_read', 'frame_started', 'unfinished', '_recv_deadline', '_send_loop',
+        '_recv_loop', '_watch_loop', '_connect_timer'
+    )
+
     def __init__(
         self,
         broker: Broker,

@@ -171,6 +171,8 @@ def attach_worker(service: Any, role: WorkerRole, reactor: Any, lifeline: bool =
     mesh = mesh_of(broker, service.settings, reactor)
     if mesh.parent is None:
         mesh.setServiceParent(service)
+    # The other workers list and close this one's connections (qmq.cluster.manage).
+    mesh.manage.registry = service.connections
     # Links from the other workers.
     path = link_path(role.directory, role.index)
     spec = f"peer:unix:{path}"

@@ -20,8 +20,9 @@ is a 409 problem.
 
 It is a mixin because the resource dispatches a route to its handler by
 name (C{h_<route name>}, the table that the OpenAPI document is checked
-against). The mixin's state (C{_conn_ids}, C{_conns}, C{_next_conn}) is
-set in C{ApiResource.__init__}.
+against). Connection ids are the registry's (L{qmq.connections.ConnectionIds});
+in a mesh a listing holds every node's connections, each id naming its
+node (C{ID@NODE}), and a close goes to that node (L{qmq.cluster.manage}).
 """
 
 from __future__ import annotations
@@ -30,9 +31,13 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.logger import Logger
 
+from qmq.connections import ConnectionIds, connection_row, connection_rows, session_of
 from qmq.core import names
+from qmq.core.errors import NotFound
+from qmq.core.remote import Unavailable
 from qmq.web.api.params import Response, _arg, _object_body, json_response
 from qmq.web.api.problem import Problem, bad_request
+from qmq.web.api.topology import _gaps
 
 if TYPE_CHECKING:
     from twisted.web.server import Request
@@ -43,16 +48,6 @@ log = Logger(namespace="qmq.web.api.resource")
 
 #: Most characters of a user name.
 MAX_USER_NAME = 128
-
-
-def _session(conn: Any) -> Any:
-    """The STOMP session of a registered connection (over TCP, or a
-    WebSocket inside an HTTP connection), or None."""
-    session = getattr(conn, "session", None)
-    if session is None:
-        session = getattr(getattr(conn, "wrappedProtocol", None), "session", None)
-    return session
-
 
 
 class AdminMixin:
@@ -71,31 +66,38 @@ class AdminMixin:
             raise Problem(404, "not-found", "This broker keeps no connection registry.")
         return registry
 
-    def _conn_id(self, conn: Any) -> int:
-        cid = self._conn_ids.get(conn)
-        if cid is None:
-            cid = self._conn_ids[conn] = self._next_conn
-            self._conns[cid] = conn
-            self._next_conn += 1
-        return cid
+    def _ids(self, registry: Any) -> ConnectionIds:
+        """The ids of C{registry}'s connections (shared by every site of
+        this node and the other nodes' requests)."""
+        ids = getattr(registry, "ids", None)
+        if ids is None:
+            ids = self.__dict__.setdefault("_own_ids", ConnectionIds())
+        return ids  # type: ignore[no-any-return]
 
-    def h_list_connections(self, request: Request) -> Response:
+    def h_list_connections(self, request: Request) -> Any:
         self._require_admin(request)
         registry = self._registry()
+        manage = self._manage()  # type: ignore[attr-defined]
+        if manage is not None:
+            # The whole broker: each node's connections, in node order, each
+            # id naming its node (ID@NODE) and the node named.
+            def merged(result: tuple[dict, dict]) -> Response:
+                answers, missing = result
+                by_node = {manage.mesh.node: connection_rows(registry, self._ids(registry))}
+                truncated = []
+                for node, answer in answers.items():
+                    by_node[node] = answer.get("connections") or []
+                    if answer.get("truncated"):
+                        truncated.append(node)
+                rows = [{**row, "id": f"{row['id']}@{node}", "node": node}
+                        for node in sorted(by_node) for row in by_node[node]]
+                page, meta = self._page(request, rows, len(rows))  # type: ignore[attr-defined]
+                return json_response({"connections": page, **meta, **_gaps(missing, truncated)})
+
+            return manage.ask_all("connections", {}).addCallback(merged)
         conns = list(registry.connections())
-        page, meta = self._page(request, conns, len(conns))
-        rows = []
-        for conn in page:
-            session = _session(conn)
-            rows.append(
-                {
-                    "id": str(self._conn_id(conn)),
-                    "protocol": getattr(conn, "protocol_name", None) or type(conn).__name__,
-                    "peer": str(getattr(conn, "peer", "") or getattr(conn, "peer_host", "")),
-                    "user": str(getattr(session, "login", "") or "") if session is not None else "",
-                }
-            )
-        return json_response({"connections": rows, **meta})
+        page, meta = self._page(request, conns, len(conns))  # type: ignore[attr-defined]
+        return json_response({"connections": [connection_row(conn, self._ids(registry)) for conn in page], **meta})
 
     def h_list_links(self, request: Request) -> Response:
         """This node's links to the other nodes of its mesh, with their
@@ -105,10 +107,21 @@ class AdminMixin:
         links = mesh.snapshot() if mesh is not None else []
         return json_response({"node": self.broker.node, "links": links})
 
-    def h_close_connection(self, request: Request, connection: str) -> Response:
+    def h_close_connection(self, request: Request, connection: str) -> Any:
         self._require_admin(request)
         registry = self._registry()
-        conn = self._conns.get(int(connection)) if connection.isdigit() and len(connection) < 19 else None
+        cid, _, node = connection.partition("@")
+        mesh = getattr(self.broker, "mesh", None)
+        if node and mesh is not None and node != mesh.node:
+            # Another node's (ID@NODE, from a whole-broker listing): closed there.
+            def refused(failure: Any) -> Any:
+                if failure.check(NotFound) and not failure.check(Unavailable):
+                    raise Problem(404, "unknown-connection", f"No connection {connection[:60]!r}; list them first.")
+                return failure
+
+            d = mesh.manage.ask(node, "connection.close", {"id": cid})
+            return d.addCallbacks(lambda _: json_response({"closed": connection}), refused)
+        conn = self._ids(registry).find(cid) if not node or (mesh is not None and node == mesh.node) else None
         if conn is None or conn not in registry.connections():
             raise Problem(404, "unknown-connection", f"No connection {connection[:40]!r}; list them first.")
         conn.shutdown("closed by an administrator (HTTP API)")
@@ -234,7 +247,7 @@ class AdminMixin:
         if registry is not None:
             # As RabbitMQ does: the deleted user's connections close.
             for conn in list(registry.connections()):
-                who = getattr(_session(conn), "user", None)
+                who = getattr(session_of(conn), "user", None)
                 if who is not None and who.account == user:
                     conn.shutdown(f"user {user!r} was deleted by an administrator")
                     closed += 1

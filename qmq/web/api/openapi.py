@@ -38,7 +38,9 @@ _REASONS = {
     421: "The Host header names no name of this broker ([web] allowed_hosts; a DNS rebinding guard).",
     429: "A queue is full (reject-publish), the cap on followers is reached, or too many "
     "failed logins; retry later.",
-    503: "Not accepted: publishers are held back (memory or disk alarm), or the store could not keep the messages; retry after Retry-After.",
+    503: "Not accepted: publishers are held back (memory or disk alarm), or the store could not keep the messages, "
+    "or (in a mesh, with workers) the node that holds the queue or connection is down or did not answer; "
+    "retry later (after Retry-After when given).",
 }
 
 
@@ -427,8 +429,8 @@ def _schemas(s: ApiSettings) -> dict:
                 "messages": {"type": "integer"}, "messages_ready": {"type": "integer"},
                 "messages_unacknowledged": {"type": "integer"}, "ready_bytes": {"type": "integer"},
                 "consumers": {"type": "integer"}, "dropped": {"type": "integer"},
-                "home": {"type": "string", "description": "In a mesh only: the node the queue lives on "
-                         "(on another node, this is its stand-in: its counts are the home's to give)."},
+                "home": {"type": "string", "description": "In a mesh (and with workers) only: the node the "
+                         "queue lives on; its counts are the home's, asked by the node that answers."},
                 "message_stats": {
                     "type": "object",
                     "description": "Messages routed to the queue (publish) and handed out by it over every "
@@ -478,7 +480,9 @@ def _schemas(s: ApiSettings) -> dict:
             "type": "object",
             "required": ["queue", "exchange", "routing_key", "arguments"],
             "properties": {"queue": {"type": "string"}, "exchange": {"type": "string"},
-                           "routing_key": {"type": "string"}, "arguments": {"type": "object"}},
+                           "routing_key": {"type": "string"}, "arguments": {"type": "object"},
+                           "home": {"type": "string", "description": "In a mesh only: the queue's node, "
+                                    "which holds the binding."}},
         },
         "BindingDeclaration": {
             "type": "object",
@@ -490,8 +494,11 @@ def _schemas(s: ApiSettings) -> dict:
         "Connection": {
             "type": "object",
             "required": ["id", "protocol", "peer", "user"],
-            "properties": {"id": {"type": "string"}, "protocol": {"type": "string"}, "peer": {"type": "string"},
-                           "user": {"type": "string"}},
+            "properties": {"id": {"type": "string", "description": "In a mesh (and with workers): ID@NODE."},
+                           "protocol": {"type": "string"}, "peer": {"type": "string"},
+                           "user": {"type": "string"},
+                           "node": {"type": "string", "description": "In a mesh only: the node (worker) the "
+                                    "connection is on."}},
         },
         "Link": {
             "type": "object",
@@ -564,12 +571,23 @@ def _schemas(s: ApiSettings) -> dict:
     }
 
 
-def _list(key: str, item: str, total: bool = True) -> dict:
+#: The fields of a whole-broker listing in a mesh (qmq.cluster.manage).
+_WHOLE = {
+    "missing": {"type": "object", "additionalProperties": {"type": "string"},
+                "description": "In a mesh (and with workers) only: the nodes that did not answer in time, each "
+                "with why; the list lacks their items (empty when every node answered)."},
+    "truncated": {"type": "array", "items": {"type": "string"},
+                  "description": "Nodes whose answer was cut at 10,000 items."},
+}
+
+
+def _list(key: str, item: str, total: bool = True, whole: bool = False) -> dict:
     schema: dict[str, Any] = {
         "type": "object",
         "required": [key, "offset", "next_offset"] + (["total"] if total else []),
         "properties": {key: {"type": "array", "items": _ref(item)}, "offset": {"type": "integer"},
-                       "next_offset": {"type": ["integer", "null"]}, "total": {"type": "integer"}},
+                       "next_offset": {"type": ["integer", "null"]}, "total": {"type": "integer"},
+                       **(_WHOLE if whole else {})},
     }
     return schema
 
@@ -691,22 +709,22 @@ def document(s: ApiSettings | None = None) -> dict:
                                               tag="management")},
         "/api/v1/vhosts/{vhost}/messages": {"post": _publish_op("Publish to named destinations", [VHOST], named=True)},
         "/api/v1/vhosts/{vhost}/queues": {"get": _op(
-            "List queues", _ok(_list("queues", "Queue")), 400, 404,
+            "List queues", _ok(_list("queues", "Queue", whole=True)), 400, 404,
             params=[VHOST, *_paging(s), _query("prefix", {"type": "string"}, "Only queues whose name starts so.")],
             tag="management")},
         "/api/v1/vhosts/{vhost}/queues/{queue}": {
-            "get": _op("Get a queue", _ok(_ref("Queue")), 404, params=[VHOST, QUEUE], tag="management"),
+            "get": _op("Get a queue", _ok(_ref("Queue")), 404, 503, params=[VHOST, QUEUE], tag="management"),
             "put": _op("Declare a queue", {**_ok(_ref("Queue"), "It existed"), **_ok(_ref("Queue"), "Created", 201)},
                        400, 403, 404, 408, 409, 413, 415, params=[VHOST, QUEUE],
                        body={"required": False, "content": _json(_ref("QueueDeclaration"))}, tag="management"),
             "delete": _op("Delete a queue", _ok({"type": "object", "required": ["deleted", "messages"], "properties": {
-                "deleted": {"type": "string"}, "messages": {"type": "integer"}}}), 403, 404,
+                "deleted": {"type": "string"}, "messages": {"type": "integer"}}}), 403, 404, 503,
                 params=[VHOST, QUEUE], tag="management"),
         },
         "/api/v1/vhosts/{vhost}/queues/{queue}/messages": {
             "post": _publish_op("Publish to a queue", [VHOST, QUEUE]),
             "delete": _op("Purge a queue", _ok({"type": "object", "required": ["purged"],
-                                                "properties": {"purged": {"type": "integer"}}}), 404,
+                                                "properties": {"purged": {"type": "integer"}}}), 404, 503,
                           params=[VHOST, QUEUE], tag="management"),
         },
         "/api/v1/vhosts/{vhost}/queues/{queue}/receive": {"post": _op(
@@ -774,23 +792,23 @@ def document(s: ApiSettings | None = None) -> dict:
         "/api/v1/vhosts/{vhost}/exchanges/{exchange}/messages": {
             "post": _publish_op("Publish to an exchange", [VHOST, EXCHANGE])},
         "/api/v1/vhosts/{vhost}/bindings": {
-            "get": _op("List bindings", _ok(_list("bindings", "Binding", total=False)), 400, 404,
+            "get": _op("List bindings", _ok(_list("bindings", "Binding", total=False, whole=True)), 400, 404,
                        params=[VHOST, *_paging(s)], tag="management"),
-            "post": _op("Bind a queue", _ok(_ref("Binding"), "Bound", 201), 400, 403, 404, 408, 409, 413, 415,
+            "post": _op("Bind a queue", _ok(_ref("Binding"), "Bound", 201), 400, 403, 404, 408, 409, 413, 415, 503,
                         params=[VHOST], body={"required": True, "content": _json(_ref("BindingDeclaration"))},
                         tag="management"),
             "delete": _op("Unbind a queue", _ok({"type": "object", "required": ["deleted"], "properties": {
-                "deleted": {"type": "object"}}}), 400, 403, 404, params=[
+                "deleted": {"type": "object"}}}), 400, 403, 404, 503, params=[
                 VHOST, {**_query("queue", NAME, "The queue."), "required": True},
                 {**_query("exchange", EXCHANGE_NAME, "The exchange."), "required": True},
                 _query("routing_key", KEY, "The routing key (empty if not given).")],
                 tag="management"),
         },
-        "/api/v1/connections": {"get": _op("List connections", _ok(_list("connections", "Connection")), 400, 404,
+        "/api/v1/connections": {"get": _op("List connections", _ok(_list("connections", "Connection", whole=True)), 400, 404,
                                            params=_paging(s), tag="management")},
         "/api/v1/connections/{connection}": {"delete": _op(
             "Close a connection", _ok({"type": "object", "required": ["closed"],
-                                       "properties": {"closed": {"type": "string"}}}), 404,
+                                       "properties": {"closed": {"type": "string"}}}), 404, 503,
             params=[_path_param("connection", "The id from the listing.")], tag="management")},
         "/api/v1/links": {"get": _op(
             "List the mesh's links", _ok({"type": "object", "required": ["node", "links"], "properties": {

@@ -30,7 +30,6 @@ import binascii
 import hashlib
 import json
 import math
-import weakref
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
@@ -190,9 +189,6 @@ class ApiResource(HealthHandlers, TopologyMixin, AdminMixin, DefinitionsMixin, R
         self.frontend = HttpFrontend(self.broker, settings, self.clock)
         self.followers: dict[str, CursorFollower] = {}
         self.streams: set[SseFollower] = set()
-        self._conn_ids: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
-        self._conns: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
-        self._next_conn = 1
         self._openapi: bytes | None = None
         self._users: dict[tuple, tuple[Any, float, int]] = {}
         self._rates: dict[tuple[str, str], tuple[float, int, int, float, float]] = {}

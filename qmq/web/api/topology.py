@@ -26,7 +26,10 @@ from __future__ import annotations
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
+from twisted.internet.defer import Deferred
+
 from qmq.core.exchange import EXCHANGE_TYPES
+from qmq.core.management import queue_facts
 from qmq.core.queue import Queue
 from qmq.core.remote import home_of
 from qmq.web.api.params import Response, _arg, _int_arg, _object_body, json_response
@@ -51,36 +54,39 @@ class TopologyMixin:
     # -- queues --------------------------------------------------------------------
 
     def _queue_doc(self, fe_name: str, q: Queue) -> dict:
-        unacked = sum(len(c.unacked) for c in q.consumers)
+        return self._facts_doc(fe_name, queue_facts(q), home_of(q))
+
+    def _facts_doc(self, fe_name: str, facts: dict, home: str | None) -> dict:
+        """A queue's document from its facts (L{queue_facts}: this node's
+        queue, or one another node listed), C{home} naming its node in a mesh."""
+        ready, unacked = facts["messages_ready"], facts["messages_unacknowledged"]
         doc = {
-            "name": q.name,
+            "name": facts["name"],
             "vhost": fe_name,
-            "durable": q.durable,
-            "auto_delete": q.auto_delete,
-            "exclusive": q.exclusive_owner is not None,
-            "arguments": q.arguments or {},
-            "messages": len(q) + unacked,
-            "messages_ready": len(q),
+            "durable": facts["durable"],
+            "auto_delete": facts["auto_delete"],
+            "exclusive": facts["exclusive"],
+            "arguments": facts["arguments"],
+            "messages": ready + unacked,
+            "messages_ready": ready,
             "messages_unacknowledged": unacked,
-            "ready_bytes": q.ready_bytes,
-            "consumers": len(q.consumers),
-            "dropped": q.dropped,
-            "message_stats": self._message_stats(fe_name, q),
+            "ready_bytes": facts["ready_bytes"],
+            "consumers": facts["consumers"],
+            "dropped": facts["dropped"],
+            "message_stats": self._message_stats(fe_name, facts["name"], facts["published"], facts["delivered"]),
         }
-        home = home_of(q)
         if home is not None:
             # In a mesh, the node it lives on (docs/cluster.rst).
             doc["home"] = home
         return doc
 
-    def _message_stats(self, vhost: str, q: Queue) -> dict:
+    def _message_stats(self, vhost: str, name: str, published: int, delivered: int) -> dict:
         """A queue's publish and deliver counts and rates. A rate is the
         change of its count per second since the previous reading at least
         L{RATE_INTERVAL} seconds before (0 at the first); nothing is
         sampled in between, so the queues nobody asks about cost nothing."""
         now = self.clock.seconds()
-        key = (vhost, q.name)
-        published, delivered = q.published, q.delivered
+        key = (vhost, name)
         sample = self._rates.get(key)
         if sample is None or published < sample[1] or delivered < sample[2]:
             if len(self._rates) >= _RATE_SAMPLES:
@@ -97,10 +103,36 @@ class TopologyMixin:
         return {"publish": published, "deliver": delivered, "publish_rate": publish_rate,
                 "deliver_rate": deliver_rate}
 
-    def h_list_queues(self, request: Request, vhost: str) -> Response:
+    def _manage(self) -> Any:
+        """The mesh's management across nodes when there are other nodes
+        to ask (L{qmq.cluster.manage}), else None: this node answers alone."""
+        mesh = getattr(self.broker, "mesh", None)
+        manage = getattr(mesh, "manage", None)
+        return manage if manage is not None and manage.others() else None
+
+    def h_list_queues(self, request: Request, vhost: str) -> Any:
         mgmt = self._management(request, vhost)
         v = mgmt.vhost
         prefix = _arg(request, "prefix")
+        manage = self._manage()
+        if manage is not None:
+            # The whole broker: each queue from its home, in node order.
+            def merged(result: tuple[dict, dict]) -> Response:
+                answers, missing = result
+                by_node = {manage.mesh.node: [queue_facts(q) for q in v.queues.values()
+                                              if q.remote is None and q.name.startswith(prefix or "")]}
+                truncated = []
+                for node, answer in answers.items():
+                    by_node[node] = answer.get("queues") or []
+                    if answer.get("truncated"):
+                        truncated.append(node)
+                rows = [(node, f) for node in sorted(by_node) for f in by_node[node]
+                        if self._listed(request, mgmt, f["name"])]
+                page, meta = self._page(request, rows, len(rows))
+                return json_response({"queues": [self._facts_doc(vhost, f, node) for node, f in page], **meta,
+                                      **_gaps(missing, truncated)})
+
+            return manage.ask_all("queues", {"vhost": v.name, "prefix": prefix or ""}).addCallback(merged)
         queues: Any = v.queues.values()
         total = len(v.queues)
         if prefix or request.qmq_user is not None:
@@ -110,8 +142,14 @@ class TopologyMixin:
         page, meta = self._page(request, queues, total)
         return json_response({"queues": [self._queue_doc(vhost, q) for q in page], **meta})
 
-    def h_get_queue(self, request: Request, vhost: str, queue: str) -> Response:
+    def h_get_queue(self, request: Request, vhost: str, queue: str) -> Any:
         q = self._management(request, vhost).queue(queue, see_all=self._is_admin(request))
+        mesh = getattr(self.broker, "mesh", None)
+        if q.remote is not None and getattr(mesh, "manage", None) is not None:
+            # Its home's counts (a stand-in holds none).
+            d = mesh.manage.ask(q.home, "queue", {"vhost": q.vhost.name, "queue": q.name})
+            return d.addCallbacks(lambda facts: json_response(self._facts_doc(vhost, facts, q.home)),
+                                  q.vhost.not_on_home, errbackArgs=(q,))
         return json_response(self._queue_doc(vhost, q))
 
     def h_put_queue(self, request: Request, vhost: str, queue: str) -> Response:
@@ -127,12 +165,14 @@ class TopologyMixin:
         )
         return json_response(self._queue_doc(vhost, q), 201 if made else 200)
 
-    def h_delete_queue(self, request: Request, vhost: str, queue: str) -> Response:
-        dropped = self._management(request, vhost).delete_queue(queue)
-        return json_response({"deleted": queue, "messages": dropped})
+    def h_delete_queue(self, request: Request, vhost: str, queue: str) -> Any:
+        # A queue homed on another node is deleted there (a Deferred).
+        return _then(self._management(request, vhost).delete_queue(queue),
+                     lambda dropped: json_response({"deleted": queue, "messages": dropped}))
 
-    def h_purge_queue(self, request: Request, vhost: str, queue: str) -> Response:
-        return json_response({"purged": self._management(request, vhost).purge_queue(queue)})
+    def h_purge_queue(self, request: Request, vhost: str, queue: str) -> Any:
+        return _then(self._management(request, vhost).purge_queue(queue),
+                     lambda purged: json_response({"purged": purged}))
 
     # -- exchanges and bindings -----------------------------------------------------------
 
@@ -186,21 +226,42 @@ class TopologyMixin:
         self._management(request, vhost).delete_exchange(exchange)
         return json_response({"deleted": exchange})
 
-    def h_list_bindings(self, request: Request, vhost: str) -> Response:
+    def h_list_bindings(self, request: Request, vhost: str) -> Any:
         mgmt = self._management(request, vhost)
+        manage = self._manage()
+        if manage is not None:
+            # The whole broker: each queue's bindings from its home, in node order.
+            def merged(result: tuple[dict, dict]) -> Response:
+                answers, missing = result
+                by_node = {manage.mesh.node: [[q.name, ex.name, key, args or {}]
+                                              for q in mgmt.vhost.queues.values() if q.remote is None and q.bindings
+                                              for ex, key, args in q.bindings]}
+                truncated = []
+                for node, answer in answers.items():
+                    by_node[node] = answer.get("bindings") or []
+                    if answer.get("truncated"):
+                        truncated.append(node)
+                rows = ({"queue": b[0], "exchange": b[1], "routing_key": b[2], "arguments": b[3], "home": node}
+                        for node in sorted(by_node) for b in by_node[node] if self._listed(request, mgmt, b[0]))
+                return self._bindings_page(request, rows, _gaps(missing, truncated))
+
+            return manage.ask_all("bindings", {"vhost": mgmt.vhost.name}).addCallback(merged)
         rows = (
             {"queue": q.name, "exchange": ex.name, "routing_key": key, "arguments": args or {}}
             for q in mgmt.vhost.queues.values()
             if q.bindings and self._listed(request, mgmt, q.name)
             for ex, key, args in q.bindings
         )
+        return self._bindings_page(request, rows, {})
+
+    def _bindings_page(self, request: Request, rows: Any, extra: dict) -> Response:
         limit = _int_arg(request, "limit", min(1000, self.settings.max_list), 1, self.settings.max_list)
         offset = _int_arg(request, "offset", 0, 0, 1 << 62)
         page = list(islice(rows, offset, offset + limit + 1))
         more = len(page) > limit
         page = page[:limit]
         return json_response(
-            {"bindings": page, "offset": offset, "next_offset": offset + limit if more else None}
+            {"bindings": page, "offset": offset, "next_offset": offset + limit if more else None, **extra}
         )
 
     def _binding_fields(self, doc: dict) -> tuple[str, str, str]:
@@ -212,8 +273,8 @@ class TopologyMixin:
             request, {"queue": (str,), "exchange": (str,), "routing_key": (str,)}, ("queue", "exchange")
         )
         queue, exchange, key = self._binding_fields(doc)
-        mgmt.bind(queue, exchange, key)
-        return json_response({"queue": queue, "exchange": exchange, "routing_key": key, "arguments": {}}, 201)
+        return _then(mgmt.bind(queue, exchange, key), lambda _: json_response(
+            {"queue": queue, "exchange": exchange, "routing_key": key, "arguments": {}}, 201))
 
     def h_delete_binding(self, request: Request, vhost: str) -> Response:
         mgmt = self._management(request, vhost)
@@ -222,5 +283,21 @@ class TopologyMixin:
         if queue is None or exchange is None:
             raise bad_request("name the binding with the query parameters 'queue' and 'exchange' (and 'routing_key', empty if left out)")
         key = _arg(request, "routing_key") or ""
-        mgmt.unbind(queue, exchange, key)
-        return json_response({"deleted": {"queue": queue, "exchange": exchange, "routing_key": key}})
+        return _then(mgmt.unbind(queue, exchange, key), lambda _: json_response(
+            {"deleted": {"queue": queue, "exchange": exchange, "routing_key": key}}))
+
+
+def _then(result: Any, answer: Any) -> Any:
+    """C{answer(result)}, or, for a Deferred (an operation carried to another node), once it fires."""
+    if isinstance(result, Deferred):
+        return result.addCallback(answer)
+    return answer(result)
+
+
+def _gaps(missing: dict[str, str], truncated: list[str]) -> dict:
+    """What a whole-broker listing lacks: the nodes that did not answer
+    (C{missing}: node -> why) and those whose answer was cut (C{truncated})."""
+    gaps: dict[str, Any] = {"missing": dict(sorted(missing.items()))}
+    if truncated:
+        gaps["truncated"] = sorted(truncated)
+    return gaps

@@ -499,6 +499,17 @@ function plot(canvas, series, unit) {
 
 // -- queues ------------------------------------------------------------------------------
 
+// With workers (a mesh), a listing is the whole broker's: each row names its
+// node, and the nodes that did not answer are named (page.missing).
+function nodeColumn(rows, field, label) {
+  return rows.some((r) => r[field] !== undefined) ? [{ label, value: (r) => r[field] }] : [];
+}
+
+function missingText(page) {
+  const missing = Object.entries(page.missing || {});
+  return missing.length ? ` — not listed, no answer from: ${missing.map(([n, why]) => `${n} (${why})`).join("; ")}` : "";
+}
+
 async function loadQueues() {
   const prefix = $("queue-filter").value;
   const page = await call("GET", vpath(
@@ -506,11 +517,13 @@ async function loadQueues() {
   const qs = page.queues;
   const from = state.queueOffset;
   $("queues-count").textContent = page.total > qs.length
-    ? `${fmt(from + (qs.length ? 1 : 0))}–${fmt(from + qs.length)} of ${fmt(page.total)} queues` : `${qs.length} queues`;
+    ? `${fmt(from + (qs.length ? 1 : 0))}–${fmt(from + qs.length)} of ${fmt(page.total)} queues${missingText(page)}`
+    : `${qs.length} queues${missingText(page)}`;
   $("queues-previous").hidden = from === 0;
   $("queues-next").hidden = page.next_offset === null || page.next_offset === undefined;
   $("queue-table").replaceChildren(table([
     { label: "Name", value: (q) => q.name, key: "name" },
+    ...nodeColumn(qs, "home", "Home"),
     { label: "Ready", value: (q) => q.messages_ready, num: true, key: "ready" },
     { label: "Unacked", value: (q) => q.messages_unacknowledged, num: true, key: "unacked" },
     { label: "Consumers", value: (q) => q.consumers, num: true, key: "consumers" },
@@ -613,6 +626,7 @@ async function loadExchanges() {
     { label: "Exchange", value: (b) => b.exchange || "(default)" },
     { label: "Queue", value: (b) => b.queue },
     { label: "Routing key", value: (b) => b.routing_key },
+    ...nodeColumn(bindings.bindings, "home", "Home"),
     { label: "", cls: "actions", value: (b) => [button("Unbind", () => act(
       `Unbind ${b.queue} from ${b.exchange} (${b.routing_key})?`, "DELETE",
       vpath(`/bindings?${new URLSearchParams({ queue: b.queue, exchange: b.exchange, routing_key: b.routing_key })}`),
@@ -635,9 +649,10 @@ async function loadConnections() {
   const page = await call("GET", `/api/v1/connections?limit=${LIST_LIMIT}`);
   const by = {};
   for (const c of page.connections) by[c.protocol] = (by[c.protocol] || 0) + 1;
-  $("connections-count").textContent = `${fmt(page.total)} open: ${Object.entries(by).map(([p, n]) => `${p} ${n}`).join(", ")}`;
+  $("connections-count").textContent = `${fmt(page.total)} open: ${Object.entries(by).map(([p, n]) => `${p} ${n}`).join(", ")}${missingText(page)}`;
   $("connection-table").replaceChildren(table([
     { label: "Id", value: (c) => c.id },
+    ...nodeColumn(page.connections, "node", "Worker"),
     { label: "Protocol", value: (c) => c.protocol, key: "protocol" },
     { label: "Peer", value: (c) => c.peer },
     { label: "User", value: (c) => c.user },

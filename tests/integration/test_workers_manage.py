@@ -1,0 +1,169 @@
+"""The management API for the whole broker, for real: C{twistd -n qmq
+--workers 2} on 127.0.0.1 (L{tests.integration.test_workers.WorkersCase}).
+
+  - the HTTP API queried on each worker (one kept-alive connection stays
+    on one worker; C{/api/v1/links} names it) gives the same merged list of
+    queues, each once with its C{home}, and every worker's connections;
+    C{qmq-ctl list queues} shows the C{home} column;
+  - a purge through w0 of a queue homed on w1;
+  - an exchange declared over AMQP (pika) on one worker, a queue bound to
+    it: publishes made on both workers (STOMP clients chosen per worker)
+    reach the queue; after w1 is killed and restarted, again;
+  - a worker stopped (SIGSTOP) is named C{missing} in the listing of the
+    other, within the deadline.
+"""
+
+from __future__ import annotations
+
+import http.client
+import io
+import json
+import os
+import signal
+import time
+from typing import Any
+from urllib.parse import quote
+
+from twisted.python import log
+
+from qmq import ctl
+from qmq.cluster.placement import rendezvous
+from tests.integration.test_mesh import FLOW_TIMEOUT
+from tests.integration.test_workers import START_TIMEOUT, WorkersCase
+
+
+def homed(worker: str, prefix: str) -> str:
+    """A queue name whose home is C{worker} among w0 and w1."""
+    return next(f"{prefix}{i}" for i in range(1000) if rendezvous("/", f"{prefix}{i}", ["w0", "w1"]) == worker)
+
+
+class ManagementTests(WorkersCase):
+    def api_on(self, worker: str) -> http.client.HTTPConnection:
+        """A kept-alive HTTP connection that landed on C{worker}."""
+        for _ in range(200):
+            conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=15)
+            if self.call(conn, "GET", "/api/v1/links")[1]["node"] == worker:
+                self.addCleanup(conn.close)
+                return conn
+            conn.close()
+        raise AssertionError(f"no HTTP connection landed on {worker} in 200")
+
+    @staticmethod
+    def call(conn: http.client.HTTPConnection, method: str, path: str) -> tuple[int, Any]:
+        conn.request(method, path)
+        response = conn.getresponse()
+        return response.status, json.loads(response.read() or b"null")
+
+    def fill(self) -> dict[str, str]:
+        """A queue homed on each worker, with 3, 5 messages."""
+        queues = {"w0": homed("w0", "m"), "w1": homed("w1", "m")}
+        producer = self.client()
+        for count, queue in zip((3, 5), queues.values(), strict=True):
+            for i in range(count):
+                producer.request("SEND", {"destination": f"/queue/{queue}", "persistent": "true"}, b"%d" % i)
+        return queues
+
+    def test_sameListOnEachWorker(self) -> None:
+        """Each worker answers the whole broker's queues (each once, from
+        its home, with the home's counts) and connections (both workers');
+        qmq-ctl shows the home."""
+        queues = self.fill()
+        stomp = {w: self.client_on(w) for w in ("w0", "w1")}
+        listings = {}
+        for worker in ("w0", "w1"):
+            conn = self.api_on(worker)
+            status, doc = self.call(conn, "GET", "/api/v1/vhosts/%2F/queues")
+            self.assertEqual((status, doc["missing"]), (200, {}), doc)
+            listings[worker] = [(q["name"], q["home"], q["messages"]) for q in doc["queues"]]
+            status, doc = self.call(conn, "GET", "/api/v1/connections")
+            self.assertEqual(doc["missing"], {})
+            nodes = {c["node"] for c in doc["connections"]}
+            self.assertEqual(nodes, {"w0", "w1"})
+            self.assertTrue(all(c["id"].endswith("@" + c["node"]) for c in doc["connections"]))
+        self.assertEqual(listings["w0"], listings["w1"])
+        conn = self.api_on("w0")
+        started = time.monotonic()
+        for _ in range(50):
+            self.call(conn, "GET", "/api/v1/vhosts/%2F/queues")
+        log.msg(f"workers management: a whole-broker queue listing (2 workers, {len(listings['w0'])} queues) "
+                f"took {(time.monotonic() - started) / 50 * 1000:.2f} ms on average over 50")
+        mine = [row for row in listings["w0"] if row[0] in queues.values()]
+        self.assertEqual(mine, [(queues["w0"], "w0", 3), (queues["w1"], "w1", 5)])
+        self.assertIn(("bound", "w1", 0), listings["w0"])  # configured, homed on w1 only
+        out, err = io.StringIO(), io.StringIO()
+        status = ctl.main(["--url", f"http://127.0.0.1:{self.http_port}", "list", "queues"], out, err)
+        self.assertEqual((status, err.getvalue()), (0, ""))
+        lines = out.getvalue().splitlines()
+        self.assertEqual(lines[0].split()[-1], "home")
+        self.assertIn([queues["w1"], "5", "0", "0", "yes", "no", "w1"], [line.split() for line in lines])
+        self.assertTrue(stomp)
+
+    def test_purgeThroughTheOtherWorker(self) -> None:
+        queues = self.fill()
+        conn = self.api_on("w0")
+        name = quote(queues["w1"], safe="")
+        status, doc = self.call(conn, "DELETE", f"/api/v1/vhosts/%2F/queues/{name}/messages")
+        self.assertEqual((status, doc), (200, {"purged": 5}))
+        status, doc = self.call(conn, "GET", f"/api/v1/vhosts/%2F/queues/{name}")
+        self.assertEqual((status, doc["home"], doc["messages"]), (200, "w1", 0))
+        status, doc = self.call(self.api_on("w1"), "DELETE", f"/api/v1/vhosts/%2F/queues/{quote(queues['w0'])}")
+        self.assertEqual((status, doc), (200, {"deleted": queues["w0"], "messages": 3}))
+
+    def test_exchangeDeclaredOnOneWorker(self) -> None:
+        """An exchange and a binding made over AMQP on whichever worker the
+        connection landed on: publishes on both workers route to the queue;
+        after w1's SIGKILL and restart, still."""
+        import pika  # noqa: PLC0415
+
+        params = pika.ConnectionParameters("127.0.0.1", self.amqp_port, connection_attempts=3)
+        conn = pika.BlockingConnection(params)
+        ch = conn.channel()
+        ch.exchange_declare("runtime", "topic", durable=True)
+        queue = homed("w1", "rt")
+        ch.queue_declare(queue, durable=True)
+        ch.queue_bind(queue, "runtime", "k.#")
+        conn.close()
+        publishers = {w: self.client_on(w) for w in ("w0", "w1")}
+
+        def publish_and_count(tag: str) -> None:
+            for worker, publisher in publishers.items():
+                for i in range(10):
+                    publisher.request("SEND", {"destination": "/exchange/runtime/k.x", "persistent": "true"},
+                                      f"{tag}-{worker}-{i}".encode())
+            consumer = self.client()
+            consumer.request("SUBSCRIBE", {"destination": f"/queue/{queue}", "id": "1", "ack": "auto"})
+            got: list[bytes] = []
+            deadline = time.monotonic() + FLOW_TIMEOUT
+            while len(got) < 20 and time.monotonic() < deadline:
+                got += consumer.messages(1.0)
+            consumer.close()
+            self.assertEqual(sorted(got), sorted(f"{tag}-{w}-{i}".encode() for w in publishers for i in range(10)))
+
+        publish_and_count("first")
+        for publisher in publishers.values():
+            publisher.close()
+        before = self.worker_pids()["w1"]
+        os.kill(before, signal.SIGKILL)
+        self.wait_for("w1 started again", lambda: self.worker_pids()["w1"] != before)
+        self.wait_for("w1 linked again", lambda: self.linked({"w0", "w1"}), START_TIMEOUT)
+        publishers = {w: self.client_on(w) for w in ("w0", "w1")}
+        publish_and_count("second")
+
+    def test_stoppedWorkerNamedMissing(self) -> None:
+        """A worker that does not answer (SIGSTOP) is named in the other's
+        listing, within the deadline, with its queues left out."""
+        queues = self.fill()
+        conn = self.api_on("w0")
+        pid = self.worker_pids()["w1"]
+        os.kill(pid, signal.SIGSTOP)
+        self.addCleanup(os.kill, pid, signal.SIGCONT)
+        started = time.monotonic()
+        status, doc = self.call(conn, "GET", "/api/v1/vhosts/%2F/queues")
+        took = time.monotonic() - started
+        log.msg(f"workers management: the listing with w1 stopped answered in {took:.2f} s")
+        self.assertLess(took, 7.0)
+        self.assertEqual(status, 200)
+        self.assertEqual(list(doc["missing"]), ["w1"], doc["missing"])
+        names = [q["name"] for q in doc["queues"]]
+        self.assertIn(queues["w0"], names)
+        self.assertNotIn(queues["w1"], names)

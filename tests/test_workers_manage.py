@@ -1,0 +1,575 @@
+"""Tests for management across nodes (L{qmq.cluster.manage}): the whole
+broker answered by any node (queues, bindings, connections listed from
+every node, the nodes that did not answer named), operations carried to the
+node that owns the thing, exchanges declared on one node made on all.
+Nodes (each a real core) linked over fake transports, as workers are
+(docs/workers.rst), driven by one L{twisted.internet.task.Clock}."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import unquote
+
+from twisted.internet.defer import Deferred
+from twisted.trial.unittest import SynchronousTestCase
+from twisted.web.server import NOT_DONE_YET
+from twisted.web.test.requesthelper import DummyRequest
+
+from qmq.auth.permissions import Permission, User
+from qmq.cluster import manage
+from qmq.connections import ConnectionRegistry
+from qmq.core.errors import AccessRefused, BrokerError, NotFound, PreconditionFailed
+from qmq.core.management import Management
+from qmq.core.remote import RemoteQueue, Unavailable
+from qmq.web.api import ApiResource
+from tests.test_cluster_mesh import Net
+from tests.test_cluster_queues import homed, send
+from tests.web_api_helpers import Ctx, validate
+
+
+def management(net: Net, node: str, user: Any = None) -> Management:
+    return Management(net[node].broker.default_vhost, user, "app")
+
+
+def settled(net: Net, result: Any) -> Any:
+    """The result of an operation, once the network moved."""
+    net.settle()
+    if isinstance(result, Deferred):
+        return result
+    raise AssertionError(f"{result!r} is no Deferred: the operation was not carried")
+
+
+def _request(path: str, method: bytes = b"GET") -> DummyRequest:
+    path, _, query = path.partition("?")
+    request = DummyRequest([unquote(p).encode() for p in path.split("/")])
+    request.method = method
+    request.channel = None
+    request.startedWriting = False
+    for item in filter(None, query.split("&")):
+        key, _, value = item.partition("=")
+        request.addArg(key.encode(), value.encode())
+    return request
+
+
+class TopologyTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.net = Net("a", "b", "c")
+        self.net.full_mesh()
+
+    def vhost(self, node: str) -> Any:
+        return self.net[node].broker.default_vhost
+
+    def test_exchange_declared_on_every_node(self) -> None:
+        """An exchange declared on a exists on b and c, with its type,
+        flags and arguments; a publish to it on c reaches a queue bound
+        to it on a; deleted on b, it goes everywhere."""
+        net = self.net
+        self.vhost("a").declare_exchange("orders", "topic", durable=True, arguments={"x-note": "n"})
+        net.settle()
+        for node in "bc":
+            ex = self.vhost(node).exchanges["orders"]
+            self.assertEqual((ex.type, ex.durable, ex.auto_delete, ex.arguments), ("topic", True, False, {"x-note": "n"}))
+        q = homed(net, "a")
+        self.vhost("a").declare_queue(q, durable=False)
+        self.vhost("a").bind(q, "orders", "eu.#")
+        net.settle()
+        net["c"].publish("eu.fr", b"one", exchange="orders")
+        net["c"].publish("us.ca", b"not", exchange="orders")
+        net.settle()
+        self.assertEqual(len(self.vhost("a").queues[q]), 1)
+        self.vhost("b").delete_exchange("orders")
+        net.settle()
+        for node in "abc":
+            self.assertNotIn("orders", self.vhost(node).exchanges)
+
+    def test_exchange_to_exchange_binding_on_every_node(self) -> None:
+        """An exchange bound to another on a is bound on b and c: a publish
+        on b reaches a queue on c bound to the destination, once; unbound
+        on a, nowhere."""
+        net = self.net
+        a = self.vhost("a")
+        a.declare_exchange("src", "topic")
+        a.declare_exchange("dst", "fanout")
+        net.settle()
+        a.bind_exchange("dst", "src", "k.#")
+        q = homed(net, "c")
+        self.vhost("c").declare_queue(q, durable=False)
+        self.vhost("c").bind(q, "dst", "")
+        net.settle()
+        for node in "bc":
+            self.assertEqual([(s.name, key) for s, key, _ in self.vhost(node).exchanges["dst"].sources], [("src", "k.#")])
+        net["b"].publish("k.x", b"one", exchange="src")
+        net.settle()
+        self.assertEqual(len(self.vhost("c").queues[q]), 1)
+        a.unbind_exchange("dst", "src", "k.#")
+        net.settle()
+        self.assertEqual(self.vhost("b").exchanges["dst"].sources, [])
+        net["b"].publish("k.x", b"two", exchange="src")
+        net.settle()
+        self.assertEqual(len(self.vhost("c").queues[q]), 1)
+
+    def test_exchange_declared_while_unlinked(self) -> None:
+        """A node that comes up (a link up) is told every exchange of its
+        peer: those it lacks are made; an exchange of another type stays as
+        it is (logged)."""
+        net = Net("a", "b")
+        self.vhost_a = net["a"].broker.default_vhost
+        net["a"].broker.default_vhost.declare_exchange("late", "fanout", durable=False)
+        net["a"].broker.default_vhost.declare_exchange("clash", "fanout")
+        net["b"].broker.default_vhost.declare_exchange("clash", "direct")
+        net["a"].broker.default_vhost.bind_exchange("late", "amq.topic", "x.#")
+        net.full_mesh()
+        b = net["b"].broker.default_vhost
+        self.assertEqual([(s.name, k) for s, k, _ in b.exchanges["late"].sources], [("amq.topic", "x.#")])
+        self.assertEqual((b.exchanges["late"].type, b.exchanges["late"].durable), ("fanout", False))
+        self.assertEqual(b.exchanges["clash"].type, "direct")
+        self.assertEqual(net["a"].broker.default_vhost.exchanges["clash"].type, "fanout")
+        self.assertTrue(self.flushLoggedErrors() == [])
+
+    def test_auto_delete_deletion_is_each_nodes(self) -> None:
+        """An auto-delete exchange goes with a node's last binding on that
+        node only."""
+        net = self.net
+        self.vhost("a").declare_exchange("tmp", "direct", auto_delete=True)
+        net.settle()
+        self.assertIn("tmp", self.vhost("c").exchanges)
+        self.vhost("a").delete_exchange("tmp")
+        net.settle()
+        self.assertNotIn("tmp", self.vhost("a").exchanges)
+        self.assertIn("tmp", self.vhost("c").exchanges)
+
+
+class QueueOperationTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.net = Net("a", "b")
+        self.net.full_mesh()
+        self.q = homed(self.net, "b")
+        for body in (b"1", b"2", b"3"):
+            send(self.net, "a", self.q, body)
+        self.net.settle()
+        self.home = self.net["b"].broker.default_vhost.queues[self.q]
+        self.assertEqual(len(self.home), 3)
+
+    def test_purge_carried_to_the_home(self) -> None:
+        net = self.net
+        d = settled(net, management(net, "a").purge_queue(self.q))
+        self.assertEqual(self.successResultOf(d), 3)
+        self.assertEqual(len(self.home), 0)
+
+    def test_delete_carried_to_the_home(self) -> None:
+        """Deleted on its home; the stand-in goes too; if-empty refused
+        with the home's verdict."""
+        net = self.net
+        a = net["a"].broker.default_vhost
+        self.assertIsInstance(a.queues[self.q], RemoteQueue)
+        d = settled(net, management(net, "a").delete_queue(self.q, if_empty=True))
+        self.assertIsInstance(self.failureResultOf(d, PreconditionFailed).value, PreconditionFailed)
+        self.assertIn(self.q, net["b"].broker.default_vhost.queues)
+        d = settled(net, management(net, "a").delete_queue(self.q))
+        self.assertEqual(self.successResultOf(d), 3)
+        self.assertNotIn(self.q, net["b"].broker.default_vhost.queues)
+        self.assertNotIn(self.q, a.queues)
+
+    def test_bind_carried_to_the_home(self) -> None:
+        """A binding of a queue homed on b, made on a, is b's; a publish on
+        a to the exchange reaches the queue; unbound the same way."""
+        net = self.net
+        a = net["a"].broker.default_vhost
+        a.declare_exchange("ev", "direct")
+        net.settle()
+        d = settled(net, management(net, "a").bind(self.q, "ev", "k"))
+        self.successResultOf(d)
+        self.assertEqual([(ex.name, key) for ex, key, _ in self.home.bindings], [("ev", "k")])
+        net["a"].publish("k", b"routed", exchange="ev")
+        net.settle()
+        self.assertEqual(len(self.home), 4)
+        d = settled(net, management(net, "a").unbind(self.q, "ev", "k"))
+        self.successResultOf(d)
+        self.assertEqual(self.home.bindings, [])
+        # The core's checks hold where the request arrives: no such exchange here.
+        with self.assertRaises(NotFound):
+            management(net, "a").bind(self.q, "nope", "k")
+
+    def test_authorized_where_it_arrives(self) -> None:
+        """An identity without the permission is refused on the node it
+        called, and nothing reaches the home."""
+        net = self.net
+        bob = User("bob", permissions={"/": Permission.of(r"^bob\.", r"^bob\.", r"^bob\.")})
+        sent = net["a"].link_to(net["b"]).bytes_out
+        with self.assertRaises(AccessRefused):
+            management(net, "a", bob).purge_queue(self.q)
+        with self.assertRaises(AccessRefused):
+            management(net, "a", bob).delete_queue(self.q)
+        net.settle()
+        self.assertEqual(net["a"].link_to(net["b"]).bytes_out, sent)
+        self.assertEqual(len(self.home), 3)
+
+    def test_home_down(self) -> None:
+        """The home not linked: refused at once (Unavailable: HTTP 503)."""
+        net = self.net
+        net["a"].link_to(net["b"]).transport.loseConnection()  # type: ignore[union-attr]
+        net.settle()
+        d = management(net, "a").purge_queue(self.q)
+        self.assertIsInstance(self.failureResultOf(d, Unavailable).value, Unavailable)
+
+    def test_no_answer_in_time(self) -> None:
+        """A home that does not answer within the deadline: Unavailable,
+        naming it; its late answer is dropped."""
+        net = self.net
+        late: Deferred = Deferred()
+        net["b"].mesh.manage.handlers["queue.purge"] = lambda link, args: late
+        d = management(net, "a").purge_queue(self.q)
+        net.settle()
+        self.assertNoResult(d)
+        net.clock.advance(manage.TIMEOUT)
+        error = self.failureResultOf(d, Unavailable).value
+        self.assertIn("'b' did not answer within 5 s", error.message)
+        late.callback(1)
+        net.settle()
+        self.assertEqual(net["a"].mesh.manage._pending, {})
+
+    def test_bad_frames(self) -> None:
+        """A malformed request closes the link, as any bad frame does."""
+        net = self.net
+        link = net["a"].link_to(net["b"])
+        link.send(manage.wire.frame(manage.ASK, b'{"id": "x"}'))
+        net.settle()
+        self.assertNotIn("a", net["b"].mesh.links)
+        self.flushLoggedErrors()
+
+
+class ListingTests(SynchronousTestCase):
+    """The HTTP API on any node answers for all."""
+
+    def setUp(self) -> None:
+        self.net = Net("a", "b", "c")
+        self.net.full_mesh()
+        self.registries = {}
+        for node in "abc":
+            registry = self.registries[node] = ConnectionRegistry(clock=self.net.clock)
+            self.net[node].mesh.manage.registry = registry
+            self.net[node].broker.mesh = self.net[node].mesh  # as mesh_of makes it
+        self.queues = {node: homed(self.net, node, f"q{node}") for node in "abc"}
+        for q in self.queues.values():
+            send(self.net, "a", q, b"x")
+        self.net.settle()
+
+    def get(self, node: str, path: str, method: bytes = b"GET") -> tuple[int, Any]:
+        ctx = Ctx(broker=self.net[node].broker, clock=self.net.clock, connections=self.registries[node])
+        api = ApiResource(ctx)
+        request = _request(path, method)
+        result = api.render(request)
+        if result is NOT_DONE_YET:
+            self.net.settle()
+            self.assertEqual(request.finished, 1, "no answer")
+            body = b"".join(request.written)
+        else:
+            body = result
+        status = request.responseCode or 200
+        kind = request.responseHeaders.getRawHeaders(b"content-type", [b"application/json"])[0].decode()
+        # Every document as the OpenAPI document describes it.
+        validate(request.method.decode(), "http://broker/api/" + path.partition("?")[0], status, kind, body)
+        return status, json.loads(body)
+
+    def test_queues_from_every_node(self) -> None:
+        """Each queue once, from its home, named; the same list on every node."""
+        lists = {}
+        for node in "abc":
+            status, doc = self.get(node, "v1/vhosts/%2F/queues")
+            self.assertEqual(status, 200)
+            self.assertEqual(doc["missing"], {})
+            lists[node] = [(q["name"], q["home"], q["messages"]) for q in doc["queues"]]
+        self.assertEqual(lists["a"], sorted(((q, n, 1) for n, q in self.queues.items()), key=lambda t: t[1]))
+        self.assertEqual(lists["a"], lists["b"])
+        self.assertEqual(lists["b"], lists["c"])
+        status, doc = self.get("b", "v1/vhosts/%2F/queues?limit=1&offset=1")
+        self.assertEqual((doc["total"], doc["offset"], doc["next_offset"]), (3, 1, 2))
+        self.assertEqual([q["home"] for q in doc["queues"]], ["b"])
+
+    def test_missing_node_named(self) -> None:
+        """A node that does not answer in time is named, with why; its
+        queues are not in the list."""
+        net = self.net
+        net["c"].mesh.manage.handlers["queues"] = lambda link, args: Deferred()
+        ctx = Ctx(broker=net["a"].broker, clock=net.clock, connections=self.registries["a"])
+        request = _request("v1/vhosts/%2F/queues")
+        self.assertIs(ApiResource(ctx).render(request), NOT_DONE_YET)
+        net.settle()
+        net.clock.advance(manage.TIMEOUT)
+        doc = json.loads(b"".join(request.written))
+        self.assertEqual(list(doc["missing"]), ["c"])
+        self.assertIn("did not answer", doc["missing"]["c"])
+        self.assertEqual(sorted(q["home"] for q in doc["queues"]), ["a", "b"])
+
+    def test_unlinked_member_named(self) -> None:
+        net = self.net
+        net["a"].link_to(net["c"]).transport.loseConnection()  # type: ignore[union-attr]
+        net.settle()
+        status, doc = self.get("a", "v1/vhosts/%2F/queues")
+        self.assertEqual(list(doc["missing"]), ["c"])
+
+    def test_get_queue_from_its_home(self) -> None:
+        """A queue's document on a node that is not its home is the home's."""
+        q = self.queues["c"]
+        status, doc = self.get("a", "v1/vhosts/%2F/queues/" + q)
+        self.assertEqual((status, doc["home"], doc["messages"]), (200, "c", 1))
+
+    def test_purge_through_another_node(self) -> None:
+        status, doc = self.get("a", "v1/vhosts/%2F/queues/" + self.queues["c"] + "/messages", b"DELETE")
+        self.assertEqual((status, doc), (200, {"purged": 1}))
+        self.assertEqual(len(self.net["c"].broker.default_vhost.queues[self.queues["c"]]), 0)
+
+    def test_bindings_from_every_node(self) -> None:
+        net = self.net
+        for node, q in self.queues.items():
+            net[node].broker.default_vhost.bind(q, "amq.topic", f"k.{node}")
+        net.settle()
+        status, doc = self.get("b", "v1/vhosts/%2F/bindings")
+        self.assertEqual(doc["missing"], {})
+        self.assertEqual([(b["queue"], b["routing_key"], b["home"]) for b in doc["bindings"]],
+                         [(self.queues[n], f"k.{n}", n) for n in "abc"])
+
+    def test_connections_from_every_node_and_closed_there(self) -> None:
+        """Every node's connections, named by node (ids ID@NODE); a close
+        through a of c's connection closes it on c."""
+        closed = []
+
+        class Conn:
+            protocol_name = "stomp"
+            peer = "127.0.0.1:5"
+            peer_host = "127.0.0.1"
+
+            def shutdown(self, reason: str) -> None:
+                closed.append(reason)
+
+        conns = {node: Conn() for node in "abc"}
+        for node, conn in conns.items():
+            self.registries[node].add(conn, "stomp:tcp:0")
+        status, doc = self.get("a", "v1/connections")
+        self.assertEqual([(c["id"], c["node"]) for c in doc["connections"]], [("1@a", "a"), ("1@b", "b"), ("1@c", "c")])
+        status, doc = self.get("a", "v1/connections/1@c", b"DELETE")
+        self.assertEqual((status, doc), (200, {"closed": "1@c"}))
+        self.assertEqual(closed, ["closed by an administrator (HTTP API)"])
+        status, doc = self.get("a", "v1/connections/7@c", b"DELETE")
+        self.assertEqual(status, 404)
+        self.assertEqual(doc["code"], "unknown-connection")
+
+
+class NotFoundTests(SynchronousTestCase):
+    def test_unknown_operation_refused(self) -> None:
+        net = Net("a", "b")
+        net.full_mesh()
+        d = net["a"].mesh.manage.ask("b", "no.such", {})
+        net.settle()
+        self.assertIn("knows no operation", self.failureResultOf(d, BrokerError).value.message)
+        d = net["a"].mesh.manage.ask("b", "queue.purge", {"vhost": "/", "queue": "nope"})
+        net.settle()
+        self.failureResultOf(d, NotFound)
+
+
+class AmqpTests(SynchronousTestCase):
+    """AMQP's queue.purge, queue.bind, queue.delete of a queue homed on
+    another node: carried there; the reply comes with the home's verdict,
+    and what the client sent meanwhile waits, so replies keep their order."""
+
+    def setUp(self) -> None:
+        from qmq.amqp.protocol import AmqpFactory  # noqa: PLC0415
+        from qmq.amqp.settings import AmqpSettings  # noqa: PLC0415
+        from tests.test_amqp_session import Client  # noqa: PLC0415
+
+        self.net = Net("a", "b")
+        self.net.full_mesh()
+        self.q = homed(self.net, "b")
+        for body in (b"1", b"2"):
+            send(self.net, "a", self.q, body)
+        self.net.settle()
+        registry = ConnectionRegistry(clock=self.net.clock)
+        factory = AmqpFactory(self.net["a"].broker, AmqpSettings(), clock=self.net.clock, registry=registry)
+        self.client = Client(factory)
+        self.client.handshake()
+        self.client.channel()
+        self.home = self.net["b"].broker.default_vhost.queues[self.q]
+
+    def test_purge_then_pipelined(self) -> None:
+        from pamqp import commands  # noqa: PLC0415
+
+        c = self.client
+        c.send(commands.Queue.Purge(queue=self.q), 1)
+        c.send(commands.Queue.Declare(queue=self.q, passive=True), 1)
+        self.assertEqual(c.methods(), [])  # waiting for b
+        self.net.settle()
+        replies = c.methods()
+        self.assertEqual([type(m) for m in replies], [commands.Queue.PurgeOk, commands.Queue.DeclareOk])
+        self.assertEqual(replies[0].message_count, 2)
+        self.assertEqual(len(self.home), 0)
+
+    def test_bind_then_delete_refused(self) -> None:
+        from pamqp import commands  # noqa: PLC0415
+
+        c = self.client
+        c.send(commands.Queue.Bind(queue=self.q, exchange="amq.direct", routing_key="k"), 1)
+        self.net.settle()
+        self.assertIsInstance(c.expect(commands.Queue.BindOk), commands.Queue.BindOk)
+        self.assertEqual([(ex.name, key) for ex, key, _ in self.home.bindings], [("amq.direct", "k")])
+        c.send(commands.Queue.Delete(queue=self.q, if_empty=True), 1)
+        self.net.settle()
+        close = c.close_error()
+        self.assertEqual(close.reply_code, 406)
+        self.assertIn("not empty", close.reply_text)
+        self.assertIn(self.q, self.net["b"].broker.default_vhost.queues)
+
+    def test_get_with_ack_then_ack(self) -> None:
+        """basic.get of a queue homed on b: the message comes from b, held
+        unacked there; the client's ack settles it there; a reject
+        requeues it there."""
+        from pamqp import commands  # noqa: PLC0415
+
+        c = self.client
+        c.send(commands.Basic.Get(queue=self.q), 1)
+        self.net.settle()
+        frames = c.read()
+        ok = frames[0][1]
+        self.assertIsInstance(ok, commands.Basic.GetOk)
+        self.assertEqual((ok.message_count, ok.redelivered), (1, False))
+        self.assertEqual(frames[-1][1].value, b"1")
+        self.assertEqual((len(self.home), sum(len(cn.unacked) for cn in self.home_channel_consumers())), (1, 1))
+        c.send(commands.Basic.Reject(ok.delivery_tag, requeue=True), 1)
+        self.net.settle()
+        self.assertEqual(len(self.home), 2)
+        c.send(commands.Basic.Get(queue=self.q), 1)
+        self.net.settle()
+        ok = c.read()[0][1]
+        self.assertTrue(ok.redelivered)
+        c.send(commands.Basic.Ack(ok.delivery_tag), 1)
+        self.net.settle()
+        self.assertEqual(len(self.home), 1)
+        self.assertEqual(sum(len(cn.unacked) for cn in self.home_channel_consumers()), 0)
+        self.assertEqual(self.net["a"].mesh.manage.got, {})
+
+    def test_get_no_ack_and_empty(self) -> None:
+        from pamqp import commands  # noqa: PLC0415
+
+        c = self.client
+        for _ in range(2):
+            c.send(commands.Basic.Get(queue=self.q, no_ack=True), 1)
+            self.net.settle()
+            self.assertIsInstance(c.read()[0][1], commands.Basic.GetOk)
+        c.send(commands.Basic.Get(queue=self.q, no_ack=True), 1)
+        self.net.settle()
+        self.assertIsInstance(c.expect(commands.Basic.GetEmpty), commands.Basic.GetEmpty)
+        self.assertEqual(len(self.home), 0)
+
+    def test_get_then_link_lost(self) -> None:
+        """A got message whose link goes is given back on its home; the
+        client's later ack goes nowhere."""
+        from pamqp import commands  # noqa: PLC0415
+
+        c = self.client
+        c.send(commands.Basic.Get(queue=self.q), 1)
+        self.net.settle()
+        ok = c.read()[0][1]
+        self.net["a"].link_to(self.net["b"]).transport.loseConnection()  # type: ignore[union-attr]
+        self.net.settle()
+        self.assertEqual(len(self.home), 2)
+        c.send(commands.Basic.Ack(ok.delivery_tag), 1)
+        self.net.settle()
+        self.assertEqual(len(self.home), 2)
+
+    def home_channel_consumers(self) -> list[Any]:
+        """The getters of b's channels for the link from a."""
+        link = self.net["b"].link_to(self.net["a"])
+        return [g for ch in link.channels.values() for g in ch._getters.values()]
+
+    def test_delete_with_a_consumer_cancels_after_delete_ok(self) -> None:
+        """A consumer of the stand-in on the deleting channel hears its
+        basic.cancel after the delete-ok (as RabbitMQ orders them)."""
+        from pamqp import commands  # noqa: PLC0415
+
+        c = self.client
+        c.send(commands.Basic.Consume(queue=self.q, consumer_tag="t"), 1)
+        self.net.settle()
+        c.read()  # consume-ok and the two messages
+        c.send(commands.Queue.Delete(queue=self.q), 1)
+        self.net.settle()
+        methods = [m for m in c.methods() if isinstance(m, commands.Queue.DeleteOk | commands.Basic.Cancel)]
+        self.assertEqual([type(m) for m in methods], [commands.Queue.DeleteOk, commands.Basic.Cancel])
+        self.assertNotIn(self.q, self.net["b"].broker.default_vhost.queues)
+
+
+class OlderNodeTests(SynchronousTestCase):
+    def test_no_management_frames_to_an_older_node(self) -> None:
+        """A peer whose hello does not say "manage" gets no management
+        frame (it would close the link on one): named missing instead."""
+        net = Net("a", "b")
+        net.full_mesh()
+        link = net["a"].link_to(net["b"])
+        link.manages = False
+        sent = link.bytes_out
+        net["a"].broker.default_vhost.declare_exchange("x1", "topic")
+        d = net["a"].mesh.manage.ask_all("queues", {"vhost": "/"})
+        net.settle()
+        answers, missing = self.successResultOf(d)
+        self.assertEqual((answers, list(missing)), ({}, ["b"]))
+        self.assertIn("older version", missing["b"])
+        self.assertEqual(link.bytes_out, sent)
+        self.assertNotIn("x1", net["b"].broker.default_vhost.exchanges)
+        self.assertIn("b", net["a"].mesh.links)
+
+
+class NeverNamedHereTests(SynchronousTestCase):
+    """A queue homed on b that a never named (no stand-in there yet): an
+    operation by its name on a reaches it all the same."""
+
+    def setUp(self) -> None:
+        self.net = Net("a", "b")
+        self.net.full_mesh()
+        self.q = homed(self.net, "b")
+        self.net["b"].broker.default_vhost.declare_queue(self.q, durable=False)
+        send(self.net, "b", self.q, b"x")
+        self.net.settle()
+        self.assertNotIn(self.q, self.net["a"].broker.default_vhost.queues)
+
+    def test_purge(self) -> None:
+        d = settled(self.net, management(self.net, "a").purge_queue(self.q))
+        self.assertEqual(self.successResultOf(d), 1)
+
+    def test_get(self) -> None:
+        d = self.net["a"].channel.get(self.q, ack=False)
+        self.net.settle()
+        self.assertEqual(self.successResultOf(d).message.body, b"x")
+
+    def test_missing_everywhere(self) -> None:
+        """A name homed on b that b does not have either: b's 404."""
+        other = homed(self.net, "b", "none")
+        d = settled(self.net, management(self.net, "a").purge_queue(other))
+        self.assertIn("no queue", self.failureResultOf(d, NotFound).value.message)
+
+    def test_declared_here_made_on_the_home(self) -> None:
+        """A queue declared on a (AMQP queue.declare, HTTP PUT) whose home
+        is b is made on b as declared, so that a bind from a, next on the
+        same link, finds it."""
+        net = self.net
+        other = homed(net, "b", "decl")
+        mgmt = management(net, "a")
+        queue, made = mgmt.declare_queue(other, durable=True, arguments={"x-max-length": 5})
+        self.assertTrue(made)
+        d = mgmt.bind(other, "amq.topic", "k")
+        net.settle()
+        self.successResultOf(d)
+        home = net["b"].broker.default_vhost.queues[other]
+        self.assertEqual((home.durable, home.remote, [(e.name, k) for e, k, _ in home.bindings]),
+                         (True, None, [("amq.topic", "k")]))
+
+    def test_names_not_found_leave_nothing(self) -> None:
+        """A purge, get or GET of a name its home does not have leaves no
+        stand-in behind (names asked for cost nothing here)."""
+        other = homed(self.net, "b", "none")
+        vhost = self.net["a"].broker.default_vhost
+        d = settled(self.net, management(self.net, "a").purge_queue(other))
+        self.failureResultOf(d, NotFound)
+        self.assertNotIn(other, vhost.queues)
+        d = self.net["a"].channel.get(other)
+        self.net.settle()
+        self.failureResultOf(d, NotFound)
+        self.assertNotIn(other, vhost.queues)
