@@ -248,9 +248,10 @@ def _static(message: Message) -> bytes:
     return static
 
 
-def encode_item(message: Message) -> tuple[list[bytes], int]:
-    """An item of a message or forward batch: its chunks (a large body is
-    not copied) and their size."""
+def _static_flags(message: Message) -> tuple[bytes, int]:
+    """What an item of C{message} shares with the last one encoded when they
+    share their headers and properties (exchange, key, headers, properties,
+    then its timing), and its flags."""
     last = _last
     if (
         message.headers is last[2]
@@ -261,11 +262,18 @@ def encode_item(message: Message) -> tuple[list[bytes], int]:
         static = last[4]
     else:
         static = _static(message)
-    body = message.body
     flags = _PERSISTENT if message.persistent else 0
     if message.deliver_at or message.ack_timeout:
         flags |= _FLAG_TIMING
         static = static + _TIMING.pack(message.deliver_at, message.ack_timeout)
+    return static, flags
+
+
+def encode_item(message: Message) -> tuple[list[bytes], int]:
+    """An item of a message or forward batch: its chunks (a large body is
+    not copied) and their size."""
+    static, flags = _static_flags(message)
+    body = message.body
     size = _ITEM_HEAD + len(static) + len(body)
     head = ITEM.pack(size, flags, message.priority, message.timestamp, message.expires, len(static)) + static
     if len(body) <= _INLINE_BODY:
@@ -276,21 +284,8 @@ def encode_item(message: Message) -> tuple[list[bytes], int]:
 def encode_delivery(sub: int, tag: int, count: int, message: Message) -> tuple[list[bytes], int]:
     """An item of a deliver batch: consumer C{sub}'s delivery C{tag}
     (C{count} as its delivery count)."""
-    last = _last
-    if (
-        message.headers is last[2]
-        and message.properties is last[3]
-        and message.exchange == last[0]
-        and message.routing_key == last[1]
-    ):
-        static = last[4]
-    else:
-        static = _static(message)
+    static, flags = _static_flags(message)
     body = message.body
-    flags = _PERSISTENT if message.persistent else 0
-    if message.deliver_at or message.ack_timeout:
-        flags |= _FLAG_TIMING
-        static = static + _TIMING.pack(message.deliver_at, message.ack_timeout)
     size = _DELIVERY_HEAD + len(static) + len(body)
     head = DELIVERY_ITEM.pack(
         size, sub, tag, count, flags, message.priority, message.timestamp, message.expires, len(static)
