@@ -194,6 +194,93 @@ class InterestTests(SynchronousTestCase):
         net.settle()
         self.assertEqual(len(vhost.queues["q"]), 1)
 
+    def test_headers_exchange_across_links(self) -> None:
+        """A queue bound to a headers exchange on its home gets what is
+        published to it on any node, once, as its x-match and arguments
+        choose; a node without such bindings gets nothing, and the
+        interest goes with the last binding."""
+        net = Net("a", "b", "c")
+        net.full_mesh()
+        vhost = net["b"].broker.default_vhost
+        for name in ("all", "any"):
+            vhost.declare_queue(name, durable=False, arguments={"x-home-node": "b"})
+        vhost.bind("all", "amq.headers", "", {"x-match": "all", "h": "v", "n": 1})
+        vhost.bind("any", "amq.headers", "k", {"x-match": "any", "h": "z", "n": 2})
+        net.settle()
+        self.assertEqual(net["b"].mesh.local, {("/", "amq.headers", "")})
+        channel = net["a"].channel
+        cases = [
+            ({"h": "v", "n": 1}, b"all"),
+            ({"h": "v", "n": "1"}, b"all, as text"),
+            ({"n": 2}, b"any"),
+            ({"h": "v", "n": 2}, b"any, not all"),
+            ({"h": "v"}, b"neither"),
+            (None, b"no headers"),
+        ]
+        for headers, body in cases:
+            message = channel.make_message("amq.headers", "r", headers, body)
+            channel.publish("amq.headers", "r", message)
+        net.settle()
+
+        def held(name: str) -> list[bytes]:
+            return [m.body for m in vhost.queues[name].messages()]
+
+        self.assertEqual(held("all"), [b"all", b"all, as text"])
+        self.assertEqual(held("any"), [b"any", b"any, not all"])
+        a = net["a"]
+        self.assertEqual(a.link_to(net["b"]).messages_out, len(cases))
+        self.assertEqual(a.link_to(net["c"]).messages_out, 0)
+        self.assertEqual(net["b"].link_to(net["c"]).messages_out, 0)
+        # The last binding's going takes the interest (one of two first).
+        vhost.unbind("any", "amq.headers", "k", {"x-match": "any", "h": "z", "n": 2})
+        net.settle()
+        self.assertIn(("/", "amq.headers", ""), a.link_to(net["b"]).remote)
+        vhost.unbind("all", "amq.headers", "", {"x-match": "all", "h": "v", "n": 1})
+        net.settle()
+        self.assertEqual((net["b"].mesh.local, net["b"].mesh.headers), (set(), {}))
+        self.assertEqual(a.link_to(net["b"]).remote, {})
+        self.assertEqual(a.mesh.own, {})
+        channel.publish("amq.headers", "r", channel.make_message("amq.headers", "r", {"h": "v", "n": 1}, b"late"))
+        net.settle()
+        self.assertEqual(a.link_to(net["b"]).messages_out, len(cases))
+
+    def test_headers_bindings_on_both_sides(self) -> None:
+        """Two nodes with bindings of the same headers exchange: each
+        binds the other's interest, which is not its own (its own comes and
+        goes with its own bindings), and a message reaches each queue once
+        whichever node it is published on."""
+        net = Net("a", "b")
+        net.full_mesh()
+        queues = {}
+        for name in ("a", "b"):
+            vhost = net[name].broker.default_vhost
+            vhost.declare_exchange("hx", "headers")
+        net.settle()
+        for name in ("a", "b"):
+            vhost = net[name].broker.default_vhost
+            vhost.declare_queue("q" + name, durable=False, arguments={"x-home-node": name})
+            vhost.bind("q" + name, "hx", "", {"to": name})
+            queues[name] = vhost.queues["q" + name]
+        net.settle()
+        key = ("/", "hx", "")
+        for name in ("a", "b"):
+            self.assertEqual(net[name].mesh.local, {key})
+            self.assertEqual(net[name].mesh.own, {key: 1})
+        for origin in ("a", "b"):
+            channel = net[origin].channel
+            for to in ("a", "b"):
+                body = f"{origin}->{to}".encode()
+                channel.publish("hx", "", channel.make_message("hx", "", {"to": to}, body))
+        net.settle()
+        # (Each in the order it reached the queue: its own node's first.)
+        self.assertEqual([m.body for m in queues["a"].messages()], [b"a->a", b"b->a"])
+        self.assertEqual([m.body for m in queues["b"].messages()], [b"b->b", b"a->b"])
+        net["a"].broker.default_vhost.unbind("qa", "hx", "", {"to": "a"})
+        net.settle()
+        self.assertEqual(net["a"].mesh.local, set())
+        self.assertEqual(net["b"].link_to(net["a"]).remote, {})
+        self.assertEqual(net["a"].mesh.own, {key: 1})
+
     def test_exchange_declared_later(self) -> None:
         """Interest in an exchange this node does not have waits until it
         is declared (here: told by its peer, qmq.cluster.manage)."""

@@ -16,6 +16,10 @@ Interest, out (what this node's clients want):
     (an interest frame); a link that comes up is told all of it at once (a
     sync frame), so a reconnect re-synchronises.
 
+    A headers exchange routes on arguments, not keys: while it has local
+    bindings (any key), its interest is one key, L{HEADERS_KEY} ("every
+    message of it"), and the home of each binding matches the arguments.
+
 Interest, in (what a peer's clients want):
     For each (virtual host, exchange, key) a peer wants, the mesh consumes
     on that exchange with that key through the link's channel: a
@@ -100,9 +104,16 @@ log = Logger()
 INITIAL_DELAY = 0.5
 MAX_DELAY = 30.0
 
-#: Exchange types whose interest is a key: headers exchanges match on
-#: arguments, which the core's events do not carry (not propagated).
+#: Exchange types whose interest is a binding key.
 PROPAGATED_TYPES = ("direct", "fanout", "topic")
+
+#: The key of a headers exchange's interest: "any message of it". Its
+#: bindings match on arguments, which the core's events do not carry: a node
+#: with bindings of a headers exchange wants every message published to it
+#: elsewhere, and its own bindings (x-match and arguments) choose among
+#: them. A peer binds it as a live consumer without arguments, which a
+#: headers exchange routes everything to.
+HEADERS_KEY = ""
 
 Key = tuple[str, str, str]
 
@@ -201,6 +212,9 @@ class Mesh(Service, Observer):
         self.all_links: set[LinkProtocol] = set()
         self.local: set[Key] = set()
         self.own: dict[Key, int] = {}
+        #: (vhost, headers exchange) -> its keys with local bindings, while
+        #: any (then (vhost, exchange, L{HEADERS_KEY}) is in L{local}).
+        self.headers: dict[tuple[str, str], set[str]] = {}
         self.inbound: Any = None
         self.peers = [parse_peer(text) for text in settings.peers]
         self.listed = {p.node for p in self.peers} if self.peers and all(p.node for p in self.peers) else None
@@ -476,16 +490,48 @@ class Mesh(Service, Observer):
     def bindings_changed(self, vhost: str, exchange: str, key: str, count: int) -> None:
         k = (vhost, exchange, key)
         wanted = count - self.own.get(k, 0) > 0
+        if self.headers:
+            keys = self.headers.get((vhost, exchange))
+            if keys is not None:
+                self._headers_changed(vhost, exchange, keys, key, wanted)
+                return
         if wanted == (k in self.local):
             return
         if wanted:
             ex = self.broker.vhosts[vhost].exchanges.get(exchange)
-            if ex is None or ex.type not in PROPAGATED_TYPES:
+            if ex is None:
+                return
+            if ex.type == "headers":
+                self._headers_changed(vhost, exchange, set(), key, wanted)
+                return
+            if ex.type not in PROPAGATED_TYPES:
                 return
             self.local.add(k)
         else:
             self.local.discard(k)
-        frame = wire.encode_json(wire.INTEREST, {"i": list(k), "on": wanted})
+        self._tell_interest(k, wanted)
+
+    def _headers_changed(self, vhost: str, exchange: str, keys: set[str], key: str, wanted: bool) -> None:
+        """Headers exchange C{exchange} has local bindings with C{key}, or
+        no longer: its interest (L{HEADERS_KEY}) is on while any key has."""
+        was = bool(keys)
+        if wanted:
+            keys.add(key)
+        else:
+            keys.discard(key)
+        if bool(keys) == was:
+            return
+        k = (vhost, exchange, HEADERS_KEY)
+        if keys:
+            self.headers[(vhost, exchange)] = keys
+            self.local.add(k)
+        else:
+            self.headers.pop((vhost, exchange), None)
+            self.local.discard(k)
+        self._tell_interest(k, bool(keys))
+
+    def _tell_interest(self, k: Key, on: bool) -> None:
+        frame = wire.encode_json(wire.INTEREST, {"i": list(k), "on": on})
         for link in self.links.values():
             link.send(frame)
 

@@ -13,6 +13,10 @@ used by STOMP clients on raw sockets (L{tests.integration.test_mesh.Stomp}).
     both workers reach the bound queue once each;
   - AMQP (pika): publishes with confirms on several connections, consumed
     with acks on another;
+  - a headers exchange: queues homed on each worker, bound with x-match
+    all and any (over AMQP, from w0), get what is published on either
+    worker (STOMP and AMQP publishers chosen per worker) that matches,
+    once, and nothing else;
   - SIGKILL of a queue's home worker under receipted persistent load from
     both workers: the supervisor starts it again, it serves again (clients
     land on it, its link is up again), and every message given a RECEIPT
@@ -177,6 +181,31 @@ class WorkersCase(unittest.TestCase):
             client.close()
         raise AssertionError(f"no connection landed on {worker} in 200")
 
+    def amqp_on(self, worker: str) -> Any:
+        """A pika connection that landed on C{worker} (connecting until one
+        does): the one new AMQP connection in the whole broker's listing
+        names its node."""
+        import pika  # noqa: PLC0415
+
+        params = pika.ConnectionParameters("127.0.0.1", self.amqp_port, connection_attempts=3)
+
+        def amqp_ids() -> dict[str, str]:
+            url = f"http://127.0.0.1:{self.http_port}/api/v1/connections?limit=1000"
+            with urllib.request.urlopen(url, timeout=10) as r:
+                doc = json.load(r)
+            assert doc["missing"] == {}, doc["missing"]
+            return {c["id"]: c["node"] for c in doc["connections"] if c["protocol"] == "amqp"}
+
+        for _ in range(50):
+            before = amqp_ids()
+            conn = pika.BlockingConnection(params)
+            new = {cid: node for cid, node in amqp_ids().items() if cid not in before}
+            if list(new.values()) == [worker]:
+                self.addCleanup(lambda c=conn: c.is_open and c.close())
+                return conn
+            conn.close()
+        raise AssertionError(f"no AMQP connection landed on {worker} in 50")
+
     def flowing(self, publisher: Stomp, destination: str, subscribers: list[Stomp]) -> None:
         deadline = time.monotonic() + FLOW_TIMEOUT
         waiting = list(subscribers)
@@ -330,6 +359,78 @@ class WorkersTests(WorkersCase):
 
         got = scenario()
         self.assertEqual(sorted(got), sorted(f"{n}-{i}".encode() for n in range(4) for i in range(25)))
+
+    def test_headersExchange(self) -> None:
+        """Queues homed on each worker, bound to amq.headers (x-match all
+        and any) over AMQP from w0: what is published on either worker
+        (STOMP: text headers; AMQP: typed ones) reaches each queue whose
+        binding matches, once, and no other."""
+        import pika  # noqa: PLC0415
+
+        from tests.integration.test_workers_manage import homed  # noqa: PLC0415
+
+        bindings = {
+            "all": {"x-match": "all", "a": "1", "b": "x"},
+            "any": {"x-match": "any", "a": 2, "c": "y"},
+        }
+        queues = {(w, kind): homed(w, f"h{kind}") for w in ("w0", "w1") for kind in bindings}
+        ch = self.amqp_on("w0").channel()
+        for (_, kind), queue in queues.items():
+            ch.queue_declare(queue, durable=True)
+            ch.queue_bind(queue, "amq.headers", arguments=bindings[kind])
+        consumers = {}
+        for key, queue in queues.items():
+            consumer = consumers[key] = self.client()
+            consumer.request("SUBSCRIBE", {"destination": f"/queue/{queue}", "id": "1", "ack": "auto"})
+        publishers = {w: self.client_on(w) for w in ("w0", "w1")}
+        every = {"a": "1", "b": "x", "c": "y"}  # matches every binding
+
+        def send(worker: str, headers: dict[str, str], body: bytes) -> None:
+            publishers[worker].sock.sendall(
+                frame("SEND", {"destination": "/exchange/amq.headers/r", **headers}, body))
+
+        # Interest reaches the other worker a round trip after the binding.
+        deadline = time.monotonic() + FLOW_TIMEOUT
+        waiting = {(w, key) for w in publishers for key in consumers}
+        while waiting:
+            self.assertLess(time.monotonic(), deadline, f"no probe reached {sorted(waiting)}")
+            for worker in {w for w, _ in waiting}:
+                send(worker, every, f"probe-{worker}".encode())
+            for key, consumer in consumers.items():
+                for body in consumer.messages(0.2):
+                    waiting.discard((body.decode().removeprefix("probe-"), key))
+        cases = [
+            ({"a": "1", "b": "x"}, "all"),
+            ({"a": "2"}, "any"),
+            ({"a": "1", "c": "y"}, "any"),  # b missing: not all
+            ({"a": "1"}, None),
+            ({"b": "x", "c": "z"}, None),
+        ]
+        typed = [({"a": 1, "b": "x"}, "all"), ({"a": 2}, "any"), ({"a": 3}, None)]
+        expected: dict[str, list[bytes]] = {kind: [] for kind in bindings}
+        for worker in publishers:
+            # AMQP first, confirmed: it is on the link before the markers below.
+            amqp = self.amqp_on(worker).channel()
+            amqp.confirm_delivery()
+            for i, (headers, kind) in enumerate(typed):
+                body = f"amqp-{worker}-{i}".encode()
+                amqp.basic_publish("amq.headers", "r", body, pika.BasicProperties(headers=headers))
+                if kind:
+                    expected[kind].append(body)
+            for i, (headers, kind) in enumerate(cases):
+                body = f"stomp-{worker}-{i}".encode()
+                send(worker, headers, body)
+                if kind:
+                    expected[kind].append(body)
+            send(worker, every, f"end-{worker}".encode())
+        for (home, kind), consumer in consumers.items():
+            got: list[bytes] = []
+            deadline = time.monotonic() + FLOW_TIMEOUT
+            for worker in publishers:
+                if f"end-{worker}".encode() not in got:
+                    got += consumer.until(f"end-{worker}".encode(), deadline)
+            got = [b for b in got if not b.startswith((b"probe-", b"end-"))]
+            self.assertEqual(sorted(got), sorted(expected[kind]), (home, kind))
 
     def test_killWorker(self) -> None:
         """SIGKILL of w1, the home of /queue/h0, while producers on both
