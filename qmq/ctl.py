@@ -299,7 +299,7 @@ def cmd_set_permissions(client: Client, args: argparse.Namespace, out: IO[str]) 
     return EXIT_OK
 
 
-def cmd_export(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
+def cmd_export(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str] | None = None) -> int:
     doc = client.request("GET", "/api/v1/definitions")
     text = json.dumps(doc, indent=2) + "\n"
     if args.file and args.file != "-":
@@ -309,9 +309,15 @@ def cmd_export(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
         except OSError as e:
             raise CtlError(f"cannot write {args.file}: {e.strerror or e}", EXIT_REFUSED) from None
         counts = ", ".join(f"{len(doc.get(k, []))} {k}" for k in ("users", "exchanges", "queues", "bindings"))
-        sys.stderr.write(f"exported {counts} to {args.file}\n")
+        (err or sys.stderr).write(f"exported {counts} to {args.file}\n")
     else:
         out.write(text)
+    missing = doc.get("missing") if isinstance(doc, dict) else None
+    if missing and isinstance(missing, dict):
+        # A partial export (workers, a mesh) says so, and the exit status too.
+        for node, why in sorted(missing.items()):
+            (err or sys.stderr).write(f"qmq-ctl: node {node} did not answer ({why}): its queues are not exported\n")
+        return EXIT_UNREACHABLE
     return EXIT_OK
 
 
@@ -461,7 +467,7 @@ def main(
         if command == "set":
             return cmd_set_permissions(client, args, out)
         if command == "export":
-            return cmd_export(client, args, out)
+            return cmd_export(client, args, out, err)
         if command == "import":
             return cmd_import(client, args, out, inp)
         return cmd_health(client, args, out)

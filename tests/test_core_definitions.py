@@ -267,6 +267,15 @@ class ParseTests(SynchronousTestCase):
     def test_version(self) -> None:
         self.assertInvalid({"qmq_version": {}}, "qmq_version", "expected a string")
 
+    def test_whole_broker_informational(self) -> None:
+        """What an export from workers or a mesh lacked (C{missing},
+        C{truncated}) is informational: such a document parses."""
+        defs = parse({"missing": {"w1": "node 'w1' did not answer within 5 s"}, "truncated": ["w2"],
+                      "queues": [{"vhost": "/", "name": "q"}]})
+        self.assertEqual([q.name for q in defs.queues], ["q"])
+        self.assertInvalid({"missing": []}, "missing", "expected an object")
+        self.assertInvalid({"truncated": {}}, "truncated", "expected an array")
+
     def test_defaults(self) -> None:
         defs = parse({"qmq_version": "0.1", "queues": [{"vhost": "/", "name": "q"}]})
         self.assertEqual(defs.queues[0].durable, True)

@@ -119,3 +119,18 @@ class CommandLineTests(unittest.SynchronousTestCase):
         lines = out.getvalue().splitlines()
         self.assertTrue(lines[0].split()[-1] == "home" and lines[1].split()[-1] == "w0", lines)
         self.assertIn("node w2 did not answer (node 'w2' did not answer): its queues are not listed", err.getvalue())
+
+    def test_partial_export(self) -> None:
+        """An export that lacks a node's queues prints what it got, names
+        the node on standard error and exits with status 3."""
+        doc = {"queues": [{"vhost": "/", "name": "q1"}], "missing": {"w1": "node 'w1' did not answer within 5 s"}}
+        client = ctl.Client("http://broker:1")
+        self.patch(client, "request", lambda method, path, query=None, body=None: doc)
+        out, err = io.StringIO(), io.StringIO()
+        args = ctl.parser().parse_args(["export", "definitions"])
+        self.assertEqual(ctl.cmd_export(client, args, out, err), ctl.EXIT_UNREACHABLE)
+        self.assertEqual(json.loads(out.getvalue()), doc)
+        self.assertEqual(err.getvalue(), "qmq-ctl: node w1 did not answer (node 'w1' did not answer within 5 s): "
+                         "its queues are not exported\n")
+        doc["missing"] = {}
+        self.assertEqual(ctl.cmd_export(client, args, io.StringIO(), err), ctl.EXIT_OK)

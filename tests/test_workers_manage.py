@@ -7,6 +7,7 @@ Nodes (each a real core) linked over fake transports, as workers are
 
 from __future__ import annotations
 
+import io
 import json
 from typing import Any
 from urllib.parse import unquote
@@ -239,8 +240,9 @@ class QueueOperationTests(SynchronousTestCase):
         self.flushLoggedErrors()
 
 
-class ListingTests(SynchronousTestCase):
-    """The HTTP API on any node answers for all."""
+class WholeBrokerCase(SynchronousTestCase):
+    """Three nodes, a queue homed on each with a message, and the HTTP API
+    of each."""
 
     def setUp(self) -> None:
         self.net = Net("a", "b", "c")
@@ -255,10 +257,13 @@ class ListingTests(SynchronousTestCase):
             send(self.net, "a", q, b"x")
         self.net.settle()
 
-    def get(self, node: str, path: str, method: bytes = b"GET") -> tuple[int, Any]:
+    def get(self, node: str, path: str, method: bytes = b"GET", body: Any = None) -> tuple[int, Any]:
         ctx = Ctx(broker=self.net[node].broker, clock=self.net.clock, connections=self.registries[node])
         api = ApiResource(ctx)
         request = _request(path, method)
+        if body is not None:
+            request.content = io.BytesIO(json.dumps(body).encode())
+            request.requestHeaders.setRawHeaders(b"content-type", [b"application/json"])
         result = api.render(request)
         if result is NOT_DONE_YET:
             self.net.settle()
@@ -271,6 +276,10 @@ class ListingTests(SynchronousTestCase):
         # Every document as the OpenAPI document describes it.
         validate(request.method.decode(), "http://broker/api/" + path.partition("?")[0], status, kind, body)
         return status, json.loads(body)
+
+
+class ListingTests(WholeBrokerCase):
+    """The HTTP API on any node answers for all."""
 
     def test_queues_from_every_node(self) -> None:
         """Each queue once, from its home, named; the same list on every node."""
@@ -354,6 +363,134 @@ class ListingTests(SynchronousTestCase):
         status, doc = self.get("a", "v1/connections/7@c", b"DELETE")
         self.assertEqual(status, 404)
         self.assertEqual(doc["code"], "unknown-connection")
+
+
+class DefinitionsTests(WholeBrokerCase):
+    """C{/api/v1/definitions} on any node: the whole broker's, exported
+    and imported."""
+
+    def bind_on_homes(self) -> None:
+        net = self.net
+        for node, q in self.queues.items():
+            net[node].broker.default_vhost.bind(q, "amq.topic", f"k.{node}")
+        net["c"].broker.default_vhost.bind(self.queues["c"], "amq.headers", "", {"x-match": "any", "h": "v"})
+        management(net, "b").declare_exchange("made-on-b", "fanout")
+        net.settle()
+
+    def test_export_from_every_node(self) -> None:
+        """Every node exports the same document: each queue once (from its
+        home), every binding, every exchange once."""
+        self.bind_on_homes()
+        docs = {}
+        for node in "abc":
+            status, doc = self.get(node, "v1/definitions")
+            self.assertEqual((status, doc["missing"]), (200, {}))
+            docs[node] = doc
+        self.assertEqual(docs["a"], docs["b"])
+        self.assertEqual(docs["b"], docs["c"])
+        doc = docs["a"]
+        self.assertEqual([q["name"] for q in doc["queues"]], [self.queues[n] for n in "abc"])
+        self.assertEqual(
+            sorted((b["destination"], b["source"], b["routing_key"], b["arguments"]) for b in doc["bindings"]),
+            sorted([(q, "amq.topic", f"k.{n}", {}) for n, q in self.queues.items()]
+                   + [(self.queues["c"], "amq.headers", "", {"x-match": "any", "h": "v"})]),
+        )
+        self.assertEqual([x["name"] for x in doc["exchanges"]], ["made-on-b"])
+        # What was exported imports (here: nothing new).
+        status, result = self.get("b", "v1/definitions", b"POST", doc)
+        self.assertEqual(status, 200, result)
+        self.assertEqual(result["created"], dict.fromkeys(result["created"], 0))
+        self.assertEqual((result["unchanged"]["queues"], result["unchanged"]["bindings"]), (3, 4))
+
+    def test_export_names_missing(self) -> None:
+        """A node that does not answer in time is named, its queues are not
+        in the document, which still imports."""
+        net = self.net
+        net["c"].mesh.manage.handlers["definitions"] = lambda link, args: Deferred()
+        ctx = Ctx(broker=net["a"].broker, clock=net.clock, connections=self.registries["a"])
+        request = _request("v1/definitions")
+        self.assertIs(ApiResource(ctx).render(request), NOT_DONE_YET)
+        net.settle()
+        net.clock.advance(manage.TIMEOUT)
+        doc = json.loads(b"".join(request.written))
+        self.assertEqual(list(doc["missing"]), ["c"])
+        self.assertIn("did not answer", doc["missing"]["c"])
+        self.assertEqual([q["name"] for q in doc["queues"]], [self.queues["a"], self.queues["b"]])
+        net["c"].mesh.manage.handlers["definitions"] = manage.Manage(net["c"].mesh).handlers["definitions"]
+        status, result = self.get("b", "v1/definitions", b"POST", doc)
+        self.assertEqual(status, 200, result)
+
+    def document(self) -> dict[str, Any]:
+        """New queues homed on b and c, bound to a new exchange and to
+        amq.headers."""
+        names = {node: homed(self.net, node, f"imported-{node}-") for node in "bc"}
+        return {
+            "exchanges": [{"vhost": "/", "name": "imported-x", "type": "direct"}],
+            "queues": [{"vhost": "/", "name": names["b"], "durable": False},
+                       {"vhost": "/", "name": names["c"], "arguments": {"x-max-length": 5}}],
+            "bindings": [
+                {"vhost": "/", "source": "imported-x", "destination": names["b"], "routing_key": "k"},
+                {"vhost": "/", "source": "amq.headers", "destination": names["c"],
+                 "arguments": {"x-match": "all", "h": "v"}},
+            ],
+        }
+
+    def test_import_on_any_node_declares_on_the_home(self) -> None:
+        """A document imported on a: each queue declared on its home (as
+        the document has it), bound there; importing again changes
+        nothing."""
+        doc = self.document()
+        status, result = self.get("a", "v1/definitions", b"POST", doc)
+        self.assertEqual(status, 200, result)
+        self.assertEqual({k: result["created"][k] for k in ("exchanges", "queues", "bindings")},
+                         {"exchanges": 1, "queues": 2, "bindings": 2})
+        for item, node in zip(doc["queues"], "bc", strict=True):
+            queue = self.net[node].broker.default_vhost.queues[item["name"]]
+            self.assertIsNone(queue.remote)
+            self.assertEqual(queue.durable, item.get("durable", True))
+        home_c = self.net["c"].broker.default_vhost.queues[doc["queues"][1]["name"]]
+        self.assertEqual((home_c.policy.max_length, [(ex.name, args) for ex, _, args in home_c.bindings]),
+                         (5, [("amq.headers", {"x-match": "all", "h": "v"})]))
+        home_b = self.net["b"].broker.default_vhost.queues[doc["queues"][0]["name"]]
+        self.assertEqual([(ex.name, key) for ex, key, _ in home_b.bindings], [("imported-x", "k")])
+        status, result = self.get("a", "v1/definitions", b"POST", doc)
+        self.assertEqual(status, 200, result)
+        self.assertEqual(result["created"], dict.fromkeys(result["created"], 0))
+        self.assertEqual({k: result["unchanged"][k] for k in ("exchanges", "queues", "bindings")},
+                         {"exchanges": 1, "queues": 2, "bindings": 2})
+
+    def test_import_conflict_on_the_home(self) -> None:
+        """A queue its home has with other arguments is a conflict found
+        before anything changes, wherever the import arrives."""
+        doc = self.document()
+        name = doc["queues"][1]["name"]
+        self.net["c"].broker.default_vhost.declare_queue(name, arguments={"x-max-length": 9})
+        status, problem = self.get("a", "v1/definitions", b"POST", doc)
+        self.assertEqual((status, problem["code"]), (409, "definitions-conflict"))
+        self.assertIn(name, problem["item"])
+        self.assertNotIn("imported-x", self.net["a"].broker.default_vhost.exchanges)
+        self.assertNotIn(doc["queues"][0]["name"], self.net["b"].broker.default_vhost.queues)
+
+    def test_import_needs_every_node(self) -> None:
+        """An import is planned with every node's queues: one that does not
+        answer makes it a 503 naming it, with nothing changed."""
+        net = self.net
+        net["c"].link_to(net["a"]).transport.loseConnection()  # type: ignore[union-attr]
+        net.settle()
+        status, problem = self.get("a", "v1/definitions", b"POST", self.document())
+        self.assertEqual((status, problem["code"], list(problem["missing"])), (503, "node-unavailable", ["c"]))
+        self.assertNotIn("imported-x", net["a"].broker.default_vhost.exchanges)
+
+    def test_refused_on_the_home(self) -> None:
+        """The home's refusal of a binding is the answer, naming the item."""
+        def refuse(link: Any, args: dict[str, Any]) -> None:
+            raise AccessRefused("not here", "access refused")
+
+        self.net["c"].mesh.manage.handlers["queue.bind"] = refuse
+        status, problem = self.get("a", "v1/definitions", b"POST", self.document())
+        self.assertEqual((status, problem["code"]), (403, "access-refused"))
+        self.assertIn("bindings[1]", problem["detail"])
+        self.assertIn("not here", problem["detail"])
 
 
 class NotFoundTests(SynchronousTestCase):

@@ -19,7 +19,9 @@ Requests and answers (frames L{ASK} and L{ANSWER}, JSON):
 
     Operations (L{Manage.handlers}, done on the node asked): C{queues},
     C{queue} (one queue's facts), C{bindings} (of the queues homed there),
-    C{connections}; C{queue.purge}, C{queue.delete}, C{queue.bind},
+    C{connections}, C{definitions} (the queues homed there and their
+    bindings as a definitions document has them, for an export or import
+    of the whole broker: L{qmq.core.definitions.home_definitions}); C{queue.purge}, C{queue.delete}, C{queue.bind},
     C{queue.unbind}, C{queue.get} and C{queue.settle} (AMQP's C{basic.get}:
     the message waits unacked on the link's channel there) of a queue homed
     there; C{connection.close}. The identity is checked where the request
@@ -52,6 +54,7 @@ from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.logger import Logger
 
 from qmq.cluster import wire
+from qmq.core.definitions import home_definitions
 from qmq.core.errors import (
     AccessRefused,
     BrokerError,
@@ -143,6 +146,7 @@ class Manage(Observer):
             "queue": self._queue,
             "bindings": self._bindings,
             "connections": self._connections,
+            "definitions": self._definitions,
             "queue.purge": self._purge,
             "queue.declare": self._declare_queue,
             "queue.get": self._get,
@@ -479,6 +483,9 @@ class Manage(Observer):
                         return {"bindings": rows, "truncated": True}
                     rows.append([queue.name, ex.name, key, arguments or {}])
         return {"bindings": rows, "truncated": False}
+
+    def _definitions(self, link: LinkProtocol, args: dict[str, Any]) -> dict[str, Any]:
+        return home_definitions(self.broker, MAX_ITEMS)
 
     def _connections(self, link: LinkProtocol, args: dict[str, Any]) -> dict[str, Any]:
         from qmq.connections import connection_rows  # noqa: PLC0415

@@ -30,6 +30,17 @@ are (it never changes a password).
 Who may export and import (an administrator, C{http_api.admins}) is the
 frontend's rule; the permissions on each exchange and queue are the
 core's (L{Management}).
+
+Across nodes (workers, a mesh): a queue and its bindings live on its home
+node. Each node tells what it holds as a home (L{home_definitions}); the
+node that exports adds the others' (C{others}: node -> their answer) to
+its own, each queue once, filtered by the exporter's permissions there;
+exchanges are every node's alike (declared on all), exported from the node
+asked. An import plans with the same answers (a queue that exists on its
+home, with other arguments, is a conflict), declares each queue through
+L{Management} (a queue homed elsewhere is declared on its home too) and
+binds a queue homed elsewhere on its home: those answers come later, as
+Deferreds the frontend waits for (C{pending}).
 """
 
 from __future__ import annotations
@@ -39,21 +50,28 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+
 import qmq
 from qmq.core.access import Resource
 from qmq.core.errors import BrokerError, PreconditionFailed
 from qmq.core.exchange import EXCHANGE_TYPES
 from qmq.core.management import Management, check_equivalent
 from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX
+from qmq.core.policy import QueuePolicy
 
 __all__ = [
     "DefinitionConflict",
     "Definitions",
     "InvalidDefinitions",
     "export_definitions",
+    "home_definitions",
     "import_definitions",
     "parse",
 ]
+
+log = Logger()
 
 #: The sections of a document, in the order an import applies them.
 SECTIONS = ("users", "vhosts", "permissions", "exchanges", "queues", "bindings")
@@ -157,7 +175,53 @@ def _is_own_queue(queue: Any) -> bool:
     )
 
 
-def export_definitions(broker: Any, user: Any = None, owner: Any = "") -> dict[str, Any]:
+def _queue_doc(vhost: str, q: Any) -> dict[str, Any]:
+    return {
+        "vhost": vhost,
+        "name": q.name,
+        "durable": q.durable,
+        "auto_delete": q.auto_delete,
+        "arguments": dict(q.arguments or {}),
+    }
+
+
+def home_definitions(broker: Any, limit: int | None = None) -> dict[str, Any]:
+    """What this node holds as the home of its queues, for another node's
+    export or import (see the module docstring): C{queues} (as a document
+    has them, every one: the node that asks filters by its caller's
+    permissions), C{bindings} (theirs), C{exclusive} (C{[vhost, name]} of
+    the sessions' exclusive queues here, which an import may not declare)
+    and C{truncated} (a list was cut at C{limit} items).
+    """
+    if limit is None:
+        limit = MAX_ITEMS
+    queues: list[dict[str, Any]] = []
+    bindings: list[dict[str, Any]] = []
+    exclusive: list[list[str]] = []
+    truncated = False
+    for vhost in broker.vhosts.values():
+        for q in vhost.queues.values():
+            if q.remote is not None:
+                continue
+            if q.exclusive_owner is not None:
+                if len(exclusive) < limit:
+                    exclusive.append([vhost.name, q.name])
+                continue
+            if _is_own_queue(q):
+                continue
+            if len(queues) >= limit or len(bindings) + len(q.bindings or ()) > limit:
+                truncated = True
+                continue
+            queues.append(_queue_doc(vhost.name, q))
+            for ex, key, arguments in q.bindings or ():
+                bindings.append(_binding_doc(vhost.name, ex.name, q.name, "queue", key, arguments))
+    return {"queues": queues, "bindings": bindings, "exclusive": exclusive, "truncated": truncated}
+
+
+def export_definitions(
+    broker: Any, user: Any = None, owner: Any = "", others: Mapping[str, Mapping[str, Any]] | None = None,
+    node: str = "",
+) -> dict[str, Any]:
     """
     The broker's definitions as a JSON-ready document.
 
@@ -165,6 +229,9 @@ def export_definitions(broker: Any, user: Any = None, owner: Any = "") -> dict[s
         authentication off): exchanges and queues it may not read are
         left out (L{Management}).
     @param owner: its owner name, for durable subscriptions.
+    @param others: the other nodes' L{home_definitions} (node -> its
+        answer), added to this node's, in node order (this node is
+        C{node}): each queue once, from its home, with its bindings.
     """
     auth = getattr(broker, "auth", None)
     users = []
@@ -186,6 +253,8 @@ def export_definitions(broker: Any, user: Any = None, owner: Any = "") -> dict[s
     exchanges = []
     queues = []
     bindings = []
+    queue_bindings: list[dict[str, Any]] = []
+    exchange_bindings: list[dict[str, Any]] = []
     vhosts = []
     for vhost in broker.vhosts.values():
         vhosts.append({"name": vhost.name})
@@ -207,22 +276,22 @@ def export_definitions(broker: Any, user: Any = None, owner: Any = "") -> dict[s
         for q in vhost.queues.values():
             if _is_own_queue(q) or not mgmt.may_read_queue(q.name, see_all=True):
                 continue
-            queues.append(
-                {
-                    "vhost": vhost.name,
-                    "name": q.name,
-                    "durable": q.durable,
-                    "auto_delete": q.auto_delete,
-                    "arguments": dict(q.arguments or {}),
-                }
-            )
+            queues.append(_queue_doc(vhost.name, q))
             for ex, key, arguments in q.bindings or ():
                 bindings.append(_binding_doc(vhost.name, ex.name, q.name, "queue", key, arguments))
+                queue_bindings.append(bindings[-1])
         for dest in vhost.exchanges.values():
             if not mgmt.may_read_exchange(dest.name):
                 continue
             for src, key, arguments in dest.sources or ():
                 bindings.append(_binding_doc(vhost.name, src.name, dest.name, "exchange", key, arguments))
+                exchange_bindings.append(bindings[-1])
+    if others:
+        # Every node's queues and their bindings in node order, then the
+        # exchanges' bindings (every node's alike): the same document
+        # whichever node is asked.
+        queues, queue_bindings = _whole(broker, user, owner, queues, queue_bindings, others, node)
+        bindings = queue_bindings + exchange_bindings
     return {
         "qmq_version": qmq.__version__,
         "users": users,
@@ -232,6 +301,37 @@ def export_definitions(broker: Any, user: Any = None, owner: Any = "") -> dict[s
         "queues": queues,
         "bindings": bindings,
     }
+
+
+def _whole(
+    broker: Any, user: Any, owner: Any, mine: list[dict[str, Any]], my_bindings: list[dict[str, Any]],
+    others: Mapping[str, Mapping[str, Any]], node: str,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every node's queues and their bindings, in node order (this node's
+    are C{mine} and C{my_bindings}; the others' those this identity may
+    read)."""
+    managers: dict[str, Management] = {}
+    by_node: dict[str, list[dict[str, Any]]] = {node: mine}
+    bindings_by_node: dict[str, list[dict[str, Any]]] = {node: my_bindings}
+    for other, answer in others.items():
+        if other == node:
+            continue
+        shown = by_node[other] = []
+        seen = set()
+        for q in _items(answer, "queues", ("vhost", "name")):
+            vhost = broker.vhosts.get(q["vhost"])
+            if vhost is None:
+                continue
+            mgmt = managers.get(vhost.name)
+            if mgmt is None:
+                mgmt = managers[vhost.name] = Management(vhost, user, owner)
+            if mgmt.may_read_queue(q["name"], see_all=True):
+                shown.append(q)
+                seen.add((vhost.name, q["name"]))
+        bindings_by_node[other] = [b for b in _items(answer, "bindings", ("vhost", "source", "destination"))
+                                   if (b["vhost"], b["destination"]) in seen]
+    order = sorted(by_node)
+    return [q for n in order for q in by_node[n]], [b for n in order for b in bindings_by_node[n]]
 
 
 def _binding_doc(
@@ -358,22 +458,32 @@ _ITEMS: dict[str, tuple[type, dict[str, tuple[_Check, bool]]]] = {
 #: Most items in one document, over every section: an import's work is bounded.
 MAX_ITEMS = 100_000
 
+#: Keys of a document that say something of it and import nothing.
+INFORMATIONAL = ("qmq_version", "missing", "truncated")
+
 
 def parse(document: object) -> Definitions:
     """
     Check a document (as L{export_definitions} writes it) and read it.
 
     Unknown keys are errors, at every level: a misspelt key must not be
-    ignored.  C{qmq_version} is informational.
+    ignored.  C{qmq_version} is informational, and so are C{missing} and
+    C{truncated} (what an export from workers or a mesh lacked).
 
     @raise InvalidDefinitions: naming the item and what was expected.
     """
     doc = _object(document, "")
-    unknown = sorted(set(doc) - {*SECTIONS, "qmq_version"})
+    unknown = sorted(set(doc) - {*SECTIONS, *INFORMATIONAL})
     if unknown:
-        raise InvalidDefinitions(unknown[0], f"unknown key (expected one of: {', '.join(SECTIONS)}, qmq_version)")
+        raise InvalidDefinitions(
+            unknown[0], f"unknown key (expected one of: {', '.join(SECTIONS)}, {', '.join(INFORMATIONAL)})"
+        )
     if not isinstance(doc.get("qmq_version", ""), str):
         raise InvalidDefinitions("qmq_version", "expected a string (the exporting broker's version)")
+    if not isinstance(doc.get("missing", {}), dict):
+        raise InvalidDefinitions("missing", "expected an object (node -> why it did not answer)")
+    if not isinstance(doc.get("truncated", []), list):
+        raise InvalidDefinitions("truncated", "expected an array (the nodes whose answer was cut)")
     count = 0
     parsed: dict[str, Any] = {}
     for section in SECTIONS:
@@ -443,9 +553,60 @@ class _Plan:
     unchanged: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SECTIONS, 0))
 
 
-def _plan(broker: Any, defs: Definitions) -> _Plan:
+class _HomeQueue:
+    """A queue as its home told it (L{home_definitions}): what
+    L{check_equivalent} compares."""
+
+    def __init__(self, vhost: Any, doc: Mapping[str, Any]) -> None:
+        self.name = doc["name"]
+        self.durable = bool(doc.get("durable"))
+        self.auto_delete = bool(doc.get("auto_delete"))
+        self.exclusive_owner = None
+        arguments = doc.get("arguments") if isinstance(doc.get("arguments"), dict) else None
+        defaults = vhost.queue_defaults
+        self.policy = QueuePolicy.from_arguments(arguments, defaults) if arguments else defaults
+        self.bindings = ()
+
+
+def _homes(broker: Any, others: Mapping[str, Mapping[str, Any]]) -> tuple[dict, set, set]:
+    """The other nodes' queues ((vhost, name) -> L{_HomeQueue}), their
+    queues' bindings ((vhost, source, queue, key, arguments as a sorted
+    tuple)) and their exclusive queues ((vhost, name))."""
+    queues: dict[tuple[str, str], _HomeQueue] = {}
+    bindings: set[tuple[Any, ...]] = set()
+    exclusive: set[tuple[str, str]] = set()
+    for answer in others.values():
+        for q in _items(answer, "queues", ("vhost", "name")):
+            vhost = broker.vhosts.get(q["vhost"])
+            if vhost is not None:
+                queues[(vhost.name, q["name"])] = _HomeQueue(vhost, q)
+        for b in _items(answer, "bindings", ("vhost", "source", "destination")):
+            arguments = b.get("arguments")
+            bindings.add(_binding_key(b["vhost"], b["source"], b["destination"], str(b.get("routing_key", "")),
+                                      arguments if isinstance(arguments, dict) else None))
+        for pair in answer.get("exclusive") or ():
+            if isinstance(pair, list) and len(pair) == 2:
+                exclusive.add((str(pair[0]), str(pair[1])))
+    return queues, bindings, exclusive
+
+
+def _items(answer: Any, key: str, names: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The items of another node's answer that have C{names} as strings
+    (what a node of another version sends in other shapes is skipped)."""
+    items = answer.get(key) if isinstance(answer, dict) else None
+    if not isinstance(items, list):
+        return []
+    return [i for i in items if isinstance(i, dict) and all(isinstance(i.get(n), str) for n in names)]
+
+
+def _binding_key(vhost: str, source: str, queue: str, key: str, arguments: Mapping[str, Any] | None) -> tuple:
+    return (vhost, source, queue, key, repr(sorted((arguments or {}).items())))
+
+
+def _plan(broker: Any, defs: Definitions, others: Mapping[str, Mapping[str, Any]] | None = None) -> _Plan:
     plan = _Plan()
     auth = getattr(broker, "auth", None)
+    home_queues, home_bindings, home_exclusive = _homes(broker, others or {})
 
     def vhost_of(item: str, name: str) -> Any:
         vhost = broker.vhosts.get(name)
@@ -507,6 +668,11 @@ def _plan(broker: Any, defs: Definitions) -> _Plan:
     for i, q in enumerate(defs.queues):
         item = f"queues[{i}] ({q.vhost!r}, {q.name!r})"
         have = vhost_of(item, q.vhost).queues.get(q.name)
+        if have is None or have.remote is not None:
+            # Not here, or a stand-in: as its home has it, if it does.
+            if (q.vhost, q.name) in home_exclusive:
+                raise DefinitionConflict(item, "an exclusive queue of a session has that name")
+            have = home_queues.get((q.vhost, q.name))
         if have is None:
             plan.todo["queues"].append((item, q))
             new_queues.add((q.vhost, q.name))
@@ -533,12 +699,17 @@ def _plan(broker: Any, defs: Definitions) -> _Plan:
             raise DefinitionConflict(item, f"no exchange {b.source!r} on this broker or in the document")
         if b.destination_type == "queue":
             dest = vhost.queues.get(b.destination)
-            if dest is None and (b.vhost, b.destination) not in new_queues:
-                raise DefinitionConflict(item, f"no queue {b.destination!r} on this broker or in the document")
-            bound = dest is not None and source is not None and any(
-                ex is source and key == b.routing_key and (args or {}) == dict(b.arguments)
-                for ex, key, args in dest.bindings or ()
-            )
+            if dest is not None and dest.remote is not None:
+                dest = None  # a stand-in: the queue and its bindings are its home's
+            if dest is None:
+                if (b.vhost, b.destination) not in new_queues and (b.vhost, b.destination) not in home_queues:
+                    raise DefinitionConflict(item, f"no queue {b.destination!r} on this broker or in the document")
+                bound = _binding_key(b.vhost, b.source, b.destination, b.routing_key, b.arguments) in home_bindings
+            else:
+                bound = source is not None and any(
+                    ex is source and key == b.routing_key and (args or {}) == dict(b.arguments)
+                    for ex, key, args in dest.bindings or ()
+                )
         else:
             dest = vhost.exchanges.get(b.destination)
             if dest is None and (b.vhost, b.destination) not in new_exchanges:
@@ -555,7 +726,12 @@ def _plan(broker: Any, defs: Definitions) -> _Plan:
 
 
 def import_definitions(
-    broker: Any, defs: Definitions, user: Any = None, owner: Any = ""
+    broker: Any,
+    defs: Definitions,
+    user: Any = None,
+    owner: Any = "",
+    others: Mapping[str, Mapping[str, Any]] | None = None,
+    pending: list[Deferred] | None = None,
 ) -> dict[str, dict[str, int]]:
     """
     Make what C{defs} has and the broker has not.
@@ -563,6 +739,12 @@ def import_definitions(
     @param user: the importing identity (its permissions are checked on
         each exchange, queue and binding by L{Management}).
     @param owner: its owner name.
+    @param others: the other nodes' L{home_definitions} (node -> its
+        answer): the queues and bindings they hold as homes, planned with.
+    @param pending: where the answers of the homes of queues homed on
+        other nodes go (their declarations and bindings, done there): each
+        a Deferred that fails with the home's refusal, naming the item.
+        None: such refusals are logged.
     @return: C{{"created": {section: count}, "unchanged": {section: count}}}.
     @raise DefinitionConflict: an item disagrees with the broker; nothing
         was changed.
@@ -570,7 +752,7 @@ def import_definitions(
         a bad name or argument), its message naming the item; what came
         before it stays (importing again after fixing it is safe).
     """
-    plan = _plan(broker, defs)
+    plan = _plan(broker, defs, others)
     created = dict.fromkeys(SECTIONS, 0)
     auth = getattr(broker, "auth", None)
     managers: dict[str, Management] = {}
@@ -584,7 +766,7 @@ def import_definitions(
     for section in SECTIONS:
         for item, d in plan.todo[section]:
             try:
-                _apply(section, d, auth, management)
+                later = _apply(section, d, auth, management)
             except BrokerError as e:
                 # The core's own error (its status for the frontend),
                 # naming the item.
@@ -593,11 +775,32 @@ def import_definitions(
                 raise
             except ValueError as e:  # a certificate name of another user
                 raise DefinitionConflict(item, str(e)) from None
+            if later is not None:
+                later.addErrback(_named, item)
+                if pending is not None:
+                    pending.append(later)
+                else:
+                    later.addErrback(_log_refused)
             created[section] += 1
     return {"created": created, "unchanged": plan.unchanged}
 
 
-def _apply(section: str, d: Any, auth: Any, management: Callable[[str], Management]) -> None:
+def _named(failure: Any, item: str) -> Any:
+    """The home's refusal, naming the item (a Deferred's errback)."""
+    error = failure.value
+    if isinstance(error, BrokerError) and not error.message.startswith(item):
+        error.message = f"{item}: {error.message}"
+        error.args = (error.message,)
+    return failure
+
+
+def _log_refused(failure: Any) -> None:
+    log.warn("definitions: refused on the home node: {error}", error=failure.getErrorMessage())
+
+
+def _apply(section: str, d: Any, auth: Any, management: Callable[[str], Management]) -> Deferred | None:
+    """Make one item; a Deferred when its queue's home is another node (the
+    home's answer)."""
     if section == "users":
         auth.set_user(d.name, d.password_hash, d.certificate_names)
     elif section == "permissions":
@@ -607,7 +810,10 @@ def _apply(section: str, d: Any, auth: Any, management: Callable[[str], Manageme
             d.name, d.type, d.durable, d.auto_delete, d.internal, dict(d.arguments) or None
         )
     elif section == "queues":
-        management(d.vhost).declare_queue(d.name, d.durable, d.auto_delete, dict(d.arguments) or None)
+        waiting: list[Deferred] = []
+        management(d.vhost).declare_queue(d.name, d.durable, d.auto_delete, dict(d.arguments) or None,
+                                          wait=waiting)
+        return waiting[0] if waiting else None
     elif section == "bindings":
         mgmt = management(d.vhost)
         vhost = mgmt.vhost
@@ -616,7 +822,9 @@ def _apply(section: str, d: Any, auth: Any, management: Callable[[str], Manageme
         # destination, read on the source with the key.
         source = vhost.exchange(d.source)
         if d.destination_type == "queue":
-            vhost.queue(d.destination)
+            if vhost.queue_or_stand_in(d.destination).remote is not None:
+                # Bound on its home (Management's checks, then carried there).
+                return mgmt.bind(d.destination, d.source, d.routing_key, arguments)
             mgmt.authorize("write", Resource.queue(vhost.name, d.destination))
             mgmt.authorize("read", Resource.exchange(vhost.name, source.name, d.routing_key))
             vhost.bind(d.destination, d.source, d.routing_key, arguments)
@@ -625,3 +833,4 @@ def _apply(section: str, d: Any, auth: Any, management: Callable[[str], Manageme
             mgmt.authorize("write", Resource.exchange(vhost.name, d.destination))
             mgmt.authorize("read", Resource.exchange(vhost.name, source.name, d.routing_key))
             vhost.bind_exchange(d.destination, d.source, d.routing_key, arguments)
+    return None

@@ -243,9 +243,13 @@ class Management:
         durable: bool = True,
         auto_delete: bool = False,
         arguments: dict[str, Any] | None = None,
+        wait: list[Deferred] | None = None,
     ) -> tuple[Queue, bool]:
         """Declare queue C{name} (made on demand: the virtual host's
         defaults under its C{arguments}); return it and whether it was made.
+
+        @param wait: where the home's answer goes (a Deferred) when the
+            queue's home is another node; None: its refusal is logged.
 
         @raise AccessRefused: an C{amq.} name or a new C{durable.} name
             (the broker's own), no
@@ -286,7 +290,11 @@ class Management:
             # Its home is another node: declared there too, as asked (what
             # this node asks of it next, a bind, follows on the same link).
             args = {"durable": durable, "auto_delete": auto_delete, "arguments": arguments or None}
-            queue.remote.operate(queue, "queue.declare", args).addErrback(_not_declared, queue)
+            answer = queue.remote.operate(queue, "queue.declare", args)
+            if wait is not None:
+                wait.append(answer)
+            else:
+                answer.addErrback(_not_declared, queue)
         return queue, not existed
 
     def queue(self, name: str, see_all: bool = False) -> Queue:

@@ -10,7 +10,10 @@
     it: publishes made on both workers (STOMP clients chosen per worker)
     reach the queue; after w1 is killed and restarted, again;
   - a worker stopped (SIGSTOP) is named C{missing} in the listing of the
-    other, within the deadline.
+    other, within the deadline;
+  - definitions: exported from w0 and from w1, the same document, with
+    the queues homed on each; imported on w0, a queue homed on w1 is
+    declared and bound there (a publish on either worker reaches it).
 """
 
 from __future__ import annotations
@@ -49,8 +52,11 @@ class ManagementTests(WorkersCase):
         raise AssertionError(f"no HTTP connection landed on {worker} in 200")
 
     @staticmethod
-    def call(conn: http.client.HTTPConnection, method: str, path: str) -> tuple[int, Any]:
-        conn.request(method, path)
+    def call(conn: http.client.HTTPConnection, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        if body is None:
+            conn.request(method, path)
+        else:
+            conn.request(method, path, json.dumps(body), {"content-type": "application/json"})
         response = conn.getresponse()
         return response.status, json.loads(response.read() or b"null")
 
@@ -167,3 +173,50 @@ class ManagementTests(WorkersCase):
         names = [q["name"] for q in doc["queues"]]
         self.assertIn(queues["w0"], names)
         self.assertNotIn(queues["w1"], names)
+
+    def test_definitionsOfTheWholeBroker(self) -> None:
+        """GET /api/v1/definitions on w0 and on w1: the same document, with
+        the queues homed on each (and their bindings); POST on w0 of a
+        queue homed on w1, bound: declared and bound on w1."""
+        import pika  # noqa: PLC0415
+
+        queues = self.fill()
+        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", self.amqp_port, connection_attempts=3))
+        ch = conn.channel()
+        for worker, queue in queues.items():
+            ch.queue_bind(queue, "amq.topic", f"{worker}.k")
+        conn.close()
+        docs = {}
+        for worker in ("w0", "w1"):
+            status, doc = self.call(self.api_on(worker), "GET", "/api/v1/definitions")
+            self.assertEqual((status, doc["missing"]), (200, {}), doc)
+            docs[worker] = doc
+        self.assertEqual(docs["w0"], docs["w1"])
+        names = [q["name"] for q in docs["w0"]["queues"]]
+        self.assertEqual(len(names), len(set(names)), names)
+        for worker, queue in queues.items():
+            self.assertIn(queue, names)
+            self.assertIn((queue, f"{worker}.k"), [(b["destination"], b["routing_key"]) for b in docs["w0"]["bindings"]])
+        self.assertIn("bound", names)  # configured, homed on w1 only
+
+        imported = homed("w1", "imported")
+        doc = {"queues": [{"vhost": "/", "name": imported}],
+               "bindings": [{"vhost": "/", "source": "amq.topic", "destination": imported, "routing_key": "imp.#"}]}
+        conn0 = self.api_on("w0")
+        status, result = self.call(conn0, "POST", "/api/v1/definitions", doc)
+        self.assertEqual((status, result["created"]["queues"], result["created"]["bindings"]), (200, 1, 1), result)
+        status, result = self.call(conn0, "POST", "/api/v1/definitions", doc)
+        self.assertEqual((status, result["unchanged"]["queues"], result["unchanged"]["bindings"]), (200, 1, 1), result)
+        status, listing = self.call(self.api_on("w1"), "GET", "/api/v1/vhosts/%2F/bindings")
+        self.assertIn((imported, "imp.#", "w1"),
+                      [(b["queue"], b["routing_key"], b["home"]) for b in listing["bindings"]])
+        # Published on w1 (its home), then on w0 until the binding's
+        # interest reached w0 (a round trip after the bind).
+        self.client_on("w1").request("SEND", {"destination": "/topic/imp.x"}, b"w1")
+        on_w0, conn1 = self.client_on("w0"), self.api_on("w1")
+
+        def arrived() -> bool:
+            on_w0.request("SEND", {"destination": "/topic/imp.x"}, b"w0")
+            return self.call(conn1, "GET", f"/api/v1/vhosts/%2F/queues/{imported}")[1]["messages"] >= 2
+
+        self.wait_for("a publish on w0 in the imported queue", arrived)

@@ -887,6 +887,7 @@ def _definitions() -> tuple[dict, dict]:
             "subscriptions' durable.* queues) are left out.",
             "properties": {
                 "qmq_version": {"type": "string", "description": "The exporting broker's version."},
+                **_WHOLE,
                 "users": {"type": "array", "items": {**item, "required": ["name"], "properties": {
                     "name": user,
                     "password_hash": {"type": ["string", "null"], "pattern": SCRYPT_HASH,
@@ -924,8 +925,10 @@ def _definitions() -> tuple[dict, dict]:
     paths = {
         "/api/v1/definitions": {
             "get": _op("Export definitions", _ok(_ref("Definitions")), tag="management",
-                       description=ADMIN_ONLY + " Exchanges and queues the caller may not read are left out."),
-            "post": _op("Import definitions", _ok(_ref("DefinitionsImported")), 409, 415, tag="management",
+                       description=ADMIN_ONLY + " Exchanges and queues the caller may not read are left out. "
+                       "With workers or in a mesh: the whole broker's, each queue and its bindings from its "
+                       "home; 'missing' names the nodes that did not answer (their queues are not in it)."),
+            "post": _op("Import definitions", _ok(_ref("DefinitionsImported")), 409, 415, 503, tag="management",
                         body={"required": True, "content": _json(_ref("Definitions"))},
                         description=ADMIN_ONLY + " Makes what the document has and the broker has not; what "
                         "exists and agrees is left as it is, so importing twice changes nothing. 409 "
@@ -934,7 +937,10 @@ def _definitions() -> tuple[dict, dict]:
                         "virtual host it does not have), and nothing was changed. A user the broker has is "
                         "left as it is. 400 (code "
                         "bad-definitions): the document is malformed. Users and permissions are kept in memory "
-                        "only, as with PUT /api/v1/users."),
+                        "only, as with PUT /api/v1/users. With workers or in a mesh: planned with what every "
+                        "node holds (503, code node-unavailable, 'missing' naming them: a node did not answer, "
+                        "nothing was changed); each queue is declared and bound on its home, and the answer "
+                        "waits for the homes' (their refusal: its problem, naming the item)."),
         },
     }
     return paths, schemas
