@@ -7,8 +7,10 @@ Nodes (each a real core) linked over fake transports, as workers are
 
 from __future__ import annotations
 
+import base64
 import io
 import json
+from dataclasses import replace
 from typing import Any
 from urllib.parse import unquote
 
@@ -237,6 +239,17 @@ class QueueOperationTests(SynchronousTestCase):
         link.send(manage.wire.frame(manage.ASK, b'{"id": "x"}'))
         net.settle()
         self.assertNotIn("a", net["b"].mesh.links)
+        self.flushLoggedErrors()
+
+    def test_bad_got_frames(self) -> None:
+        """A got frame too short, with a head longer than itself, or
+        without its facts closes the link."""
+        for payload in (b"\0\0", b"\0\0\0\x09{}", b'\0\0\0\x08{"id":1}rest'):
+            net = Net("a", "b")
+            net.full_mesh()
+            net["a"].link_to(net["b"]).send(manage.wire.frame(manage.GOT, payload))
+            net.settle()
+            self.assertNotIn("a", net["b"].mesh.links, payload)
         self.flushLoggedErrors()
 
 
@@ -596,6 +609,51 @@ class AmqpTests(SynchronousTestCase):
         self.net.settle()
         self.assertIsInstance(c.expect(commands.Basic.GetEmpty), commands.Basic.GetEmpty)
         self.assertEqual(len(self.home), 0)
+
+    def test_get_large(self) -> None:
+        """A message of 5 MiB, past what a JSON answer carries, comes from
+        its home whole (a GOT frame) and is acked there; one larger than a
+        link frame is refused (406: consume it) and stays in the queue."""
+        from pamqp import commands  # noqa: PLC0415
+
+        big = bytes(range(256)) * (5 * 4096)
+        self.assertGreater(len(big), manage.MAX_GET)
+        self.home.purge()
+        send(self.net, "b", self.q, big, persistent=True)
+        c = self.client
+        c.send(commands.Basic.Get(queue=self.q), 1)
+        self.net.settle()
+        frames = c.read()
+        ok = frames[0][1]
+        self.assertIsInstance(ok, commands.Basic.GetOk)
+        self.assertEqual(frames[1][1].body_size, len(big))
+        self.assertEqual(b"".join(f[1].value for f in frames[2:]), big)
+        c.send(commands.Basic.Ack(ok.delivery_tag), 1)
+        self.net.settle()
+        self.assertEqual((len(self.home), sum(len(cn.unacked) for cn in self.home_channel_consumers())), (0, 0))
+        # Larger than the link's frame (cluster.max_frame of the asker, here).
+        self.net["a"].mesh.settings = replace(self.net["a"].mesh.settings, max_frame=len(big) // 2)
+        send(self.net, "b", self.q, big)
+        c.send(commands.Basic.Get(queue=self.q), 1)
+        self.net.settle()
+        close = c.close_error()
+        self.assertEqual(close.reply_code, 406)
+        self.assertIn("consume it instead", close.reply_text)
+        self.assertEqual(len(self.home), 1)
+
+    def test_get_large_from_an_older_node(self) -> None:
+        """Asked without "frame" (a node of the version before GOT frames),
+        the home answers in JSON, and refuses what does not fit there."""
+        link = self.net["b"].link_to(self.net["a"])
+        home = self.net["b"].mesh.manage
+        args = {"vhost": "/", "queue": self.q, "ack": False}
+        answer = home._get(link, dict(args))
+        self.assertEqual(base64.b64decode(answer["m"])[-1:], b"1")
+        self.home.purge()
+        send(self.net, "b", self.q, b"x" * (manage.MAX_GET + 1))
+        with self.assertRaises(PreconditionFailed):
+            home._get(link, dict(args))
+        self.assertEqual(len(self.home), 1)
 
     def test_get_then_link_lost(self) -> None:
         """A got message whose link goes is given back on its home; the

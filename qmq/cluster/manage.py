@@ -13,7 +13,9 @@ Requests and answers (frames L{ASK} and L{ANSWER}, JSON):
     (L{TIMEOUT}); at most L{MAX_PENDING} wait at once; an answer is at most
     L{MAX_ANSWER} bytes (and a list at most L{MAX_ITEMS} items, the answer
     saying C{"truncated"}); a link that goes fails what waits on it at
-    once. L{Manage.ask_all} asks every other node of the membership and
+    once. A C{queue.get}'s message goes in a L{GOT} frame instead, as
+    is, up to the asker's and the home's C{max_frame}, when the asker says
+    it takes one. L{Manage.ask_all} asks every other node of the membership and
     names those that did not answer (C{missing}): a listing says which
     nodes it lacks rather than passing a partial list for the whole.
 
@@ -47,6 +49,7 @@ from __future__ import annotations
 
 import base64
 import json
+import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -80,7 +83,12 @@ log = Logger()
 # Frame types, above those of every other part of the link protocol.
 ASK = 41  # JSON: {"id": n, "op": name, "args": {...}}; id 0: a notice, no answer
 ANSWER = 42  # JSON: {"id": n, "ok": value} or {"id": n, "error": [code, text]}
-KINDS = frozenset((ASK, ANSWER))
+# The answer of a queue.get whose asker said it takes one ("frame": its
+# max_frame): a 4-byte length, that JSON ({"id": n, "ok": {"tag", "count",
+# "remaining"}}), then the message's record as is (no base64, no JSON).
+GOT = 43
+KINDS = frozenset((ASK, ANSWER, GOT))
+_LENGTH = struct.Struct(">I")
 
 #: Seconds a node waits for an answer.
 TIMEOUT = 5.0
@@ -90,9 +98,12 @@ MAX_PENDING = 1000
 MAX_ANSWER = 4 * 1024 * 1024
 #: Most items of one list answer.
 MAX_ITEMS = 10_000
-#: Most bytes of a message a get from another node carries (its encoded
-#: record; base64 in the answer).
+#: Most bytes of a message a get from another node carries in a JSON answer
+#: (its encoded record, base64), to a node that takes no L{GOT} frame.
 MAX_GET = MAX_ANSWER * 3 // 4 - 4096
+#: Room a L{GOT} frame keeps for its header and JSON head: the record may
+#: take the rest of the asker's and the home's C{max_frame}.
+GOT_OVERHEAD = 1024
 
 _ERRORS: dict[int, type[BrokerError]] = {
     404: NotFound,
@@ -305,10 +316,26 @@ class Manage(Observer):
         @raise wire.FrameError: it is malformed."""
         if link.state != "up":
             raise wire.FrameError(f"management frame {type_} before the hello")
+        record = None
+        if type_ == GOT:
+            if len(payload) < _LENGTH.size:
+                raise wire.FrameError("bad got frame: too short")
+            (size,) = _LENGTH.unpack_from(payload, 0)
+            end = _LENGTH.size + size
+            if end > len(payload):
+                raise wire.FrameError("bad got frame: its head is longer than the frame")
+            record = bytes(payload[end:])
+            payload = bytes(payload[_LENGTH.size:end])
         value = wire.decode_json(payload)
         rid = value.get("id")
         if not isinstance(rid, int):
             raise wire.FrameError("bad management frame: an integer id expected")
+        if record is not None:
+            if not isinstance(value.get("ok"), dict):
+                raise wire.FrameError("bad got frame: its head has no ok object")
+            value["ok"]["record"] = record
+            self._answered(link, rid, value)
+            return
         if type_ == ANSWER:
             self._answered(link, rid, value)
             return
@@ -327,6 +354,13 @@ class Manage(Observer):
 
     def _answer(self, value: Any, link: LinkProtocol, rid: int) -> None:
         if link.state != "up":
+            return
+        if value.__class__ is _Record:
+            head = json.dumps({"id": rid, "ok": value.facts}, separators=(",", ":")).encode()
+            # Two pieces of one frame (nothing comes between them): the
+            # record, up to max_frame, is not copied.
+            link.send(wire.header(GOT, _LENGTH.size + len(head) + len(value.record)) + _LENGTH.pack(len(head)) + head)
+            link.send(value.record)
             return
         try:
             data = _encode(ANSWER, {"id": rid, "ok": value})
@@ -418,14 +452,18 @@ class Manage(Observer):
         tells the home what became of it (or the link goes: it goes back)."""
         link = self.mesh.links.get(queue.home)
         vhost = queue.vhost.name
-        d = self.ask(queue.home, "queue.get", {"vhost": vhost, "queue": queue.name, "ack": ack})
+        # "frame": this node takes the message as a GOT frame, within its max_frame.
+        d = self.ask(queue.home, "queue.get", {"vhost": vhost, "queue": queue.name, "ack": ack,
+                                               "frame": self.mesh.settings.max_frame})
 
         def got(value: Any) -> Any:
             if value is None:
                 return None
-            if not (isinstance(value, dict) and isinstance(value.get("m"), str) and isinstance(value.get("tag"), int)):
+            if not (isinstance(value, dict) and isinstance(value.get("tag"), int)
+                    and (isinstance(value.get("m"), str) or isinstance(value.get("record"), bytes))):
                 raise wire.FrameError("bad get answer")
-            message = _decode_message(base64.b64decode(value["m"]))
+            record = value.get("record")
+            message = _decode_message(record if record is not None else base64.b64decode(value["m"]))
             message.id = next(self.broker.message_ids)
             message.delivery_count = int(value.get("count") or 0)
             if ack and link is not None:
@@ -445,22 +483,35 @@ class Manage(Observer):
             self.tell("queue.settle", {"vhost": vhost, "tag": tag, "outcome": outcome}, link)
         return True
 
-    def _get(self, link: LinkProtocol, args: dict[str, Any]) -> dict[str, Any] | None:
+    def _get(self, link: LinkProtocol, args: dict[str, Any]) -> dict[str, Any] | _Record | None:
         vhost, queue = self._local_queue(args)
         channel = self.mesh.channel_for(link, vhost)
         got = channel.get(queue.name, ack=True)
         if got is None:
             return None
         payload = _encode_message(vhost.name.encode(), got.message)
-        if len(payload) > MAX_GET:
+        room = args.get("frame")
+        binary = isinstance(room, int) and not isinstance(room, bool)
+        limit = min(room, self.mesh.settings.max_frame) - GOT_OVERHEAD if binary else MAX_GET
+        if len(payload) > limit:
             channel.settle_delivery(channel.owners.get(got.tag), got.tag, False, True)
             raise PreconditionFailed(
                 f"the next message of queue {queue.name!r} holds {len(payload)} bytes, more than a get from "
-                f"another node carries ({MAX_GET}); consume it instead (basic.consume)", "message too large")
+                f"another node carries ({limit}: cluster.max_frame); consume it instead (basic.consume)",
+                "message too large")
+        if len(payload) > MAX_ANSWER and link.full:
+            # Up to max_frame in one frame: not on top of a full link buffer.
+            channel.settle_delivery(channel.owners.get(got.tag), got.tag, False, True)
+            raise Unavailable(
+                f"the link from node {self.mesh.node!r}, home of queue {queue.name!r}, holds "
+                f"{self.mesh.settings.link_buffer} bytes it could not send yet (cluster.link_buffer): "
+                "the message stays in the queue; get it again later", "home node busy")
         if not args.get("ack"):
             channel.settle_delivery(channel.owners.get(got.tag), got.tag, True, False)
-        return {"m": base64.b64encode(payload).decode(), "tag": got.tag, "count": got.message.delivery_count,
-                "remaining": got.remaining}
+        facts = {"tag": got.tag, "count": got.message.delivery_count, "remaining": got.remaining}
+        if binary:
+            return _Record(facts, payload)
+        return {"m": base64.b64encode(payload).decode(), **facts}
 
     def _settle(self, link: LinkProtocol, args: dict[str, Any]) -> None:
         tag, outcome = args.get("tag"), args.get("outcome")
@@ -643,6 +694,17 @@ class Manage(Observer):
             self._auto.discard((vhost, exchange))
             return
         self.tell("exchange.delete", {"vhost": vhost, "name": exchange})
+
+
+class _Record:
+    """A get's answer sent as a L{GOT} frame: its facts and the message's
+    record."""
+
+    __slots__ = ("facts", "record")
+
+    def __init__(self, facts: dict[str, Any], record: bytes) -> None:
+        self.facts = facts
+        self.record = record
 
 
 def _failed(error: BrokerError) -> Deferred:
