@@ -11,6 +11,8 @@
     reach the queue; after w1 is killed and restarted, again;
   - a worker stopped (SIGSTOP) is named C{missing} in the listing of the
     other, within the deadline;
+  - basic.get (pika) on w0 of a 5 MiB message in a queue homed on w1:
+    the message whole, acked there;
   - definitions: exported from w0 and from w1, the same document, with
     the queues homed on each; imported on w0, a queue homed on w1 is
     declared and bound there (a publish on either worker reaches it).
@@ -220,3 +222,21 @@ class ManagementTests(WorkersCase):
             return self.call(conn1, "GET", f"/api/v1/vhosts/%2F/queues/{imported}")[1]["messages"] >= 2
 
         self.wait_for("a publish on w0 in the imported queue", arrived)
+
+    def test_largeGetFromTheOtherWorker(self) -> None:
+        """basic.get on w0 of a 5 MiB message of a queue homed on w1 (past
+        what a JSON answer between workers carries): whole, and acked on w1."""
+        queue = homed("w1", "big")
+        ch = self.amqp_on("w0").channel()
+        ch.queue_declare(queue, durable=True)
+        ch.confirm_delivery()
+        big = os.urandom(5 * 1024 * 1024)
+        ch.basic_publish("", queue, big)
+        method, _props, body = ch.basic_get(queue)
+        self.assertIsNotNone(method)
+        self.assertEqual((len(body), body == big), (len(big), True))
+        ch.basic_ack(method.delivery_tag)
+        conn1 = self.api_on("w1")
+        path = f"/api/v1/vhosts/%2F/queues/{queue}"
+        self.wait_for("acked on w1", lambda: self.call(conn1, "GET", path)[1]["messages"] == 0)
+        self.assertEqual(self.call(conn1, "GET", path)[1]["home"], "w1")
