@@ -19,9 +19,12 @@ Each queue lives on its home worker (the mesh's placement over the
 workers). The queue scenarios run twice: C{clients: home}, producer and
 consumer placed on the queue's home worker (connecting again until the
 CONNECTED frame's C{session} names it): the best case, nothing crosses a
-link; C{clients: any}, where the kernel puts them: with 2 workers, about
-half of the SENDs and deliveries cross a link. Topics cross workers
-through the links.
+link; C{clients: any}, the average of where the kernel puts them without
+its luck: pair I's producer is on the home when bit 0 of I is clear, on
+another worker when set, its consumer likewise by bit 1 (with 4 pairs:
+one each of home/home, away/home, home/away, away/away, so half of the
+SENDs and half of the deliveries cross a link, as on average with 2
+workers). Topics cross workers through the links.
 
 Reported: rate (messages or deliveries per second, counted at the
 consumers, from the first SEND to the last message), broker CPU seconds
@@ -97,9 +100,11 @@ def connect_on(port: int, worker: str | None) -> Conn:
 
 
 def pair(port: int, worker: str | None, queue: str, messages: int, ack: bool) -> dict[str, float]:
-    """One producer and one consumer of C{queue}, both on C{worker}."""
-    consumer = connect_on(port, worker)
-    producer = connect_on(port, worker)
+    """One producer and one consumer of C{queue}: C{worker} is where both
+    go, or C{"PRODUCER,CONSUMER"}."""
+    on_producer, _, on_consumer = (worker or "").partition(",")
+    consumer = connect_on(port, (on_consumer or on_producer) or None)
+    producer = connect_on(port, on_producer or None)
     headers = {"destination": queue, "id": "1", "ack": "client" if ack else "auto"}
     if ack:
         headers["prefetch-count"] = "500"
@@ -305,8 +310,13 @@ def main() -> None:
                         for i in range(args.pairs):
                             name = f"b-{run}-{scenario}-{placed}-{i}"
                             where = "-"
-                            if placed == "home" and nodes != [None]:
-                                where = rendezvous("/", name, nodes)
+                            if nodes != [None]:
+                                home = nodes.index(rendezvous("/", name, nodes))
+                                if placed == "home":
+                                    where = nodes[home]
+                                else:  # every combination in turn: see the module docstring
+                                    away = nodes[(home + 1) % len(nodes)]
+                                    where = f"{(nodes[home], away)[i & 1]},{(nodes[home], away)[(i >> 1) & 1]}"
                             procs.append(spawn("pair", broker.stomp, where, f"/queue/{name}", args.messages,
                                                "ack" if ack else "auto"))
                         return procs, "messages"
