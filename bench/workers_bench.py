@@ -19,9 +19,12 @@ Each queue lives on its home worker (the mesh's placement over the
 workers). The queue scenarios run twice: C{clients: home}, producer and
 consumer placed on the queue's home worker (connecting again until the
 CONNECTED frame's C{session} names it): the best case, nothing crosses a
-link; C{clients: any}, where the kernel puts them: with 2 workers, about
-half of the SENDs and deliveries cross a link. Topics cross workers
-through the links.
+link; C{clients: any}, the average of where the kernel puts them without
+its luck: pair I's producer is on the home when bit 0 of I is clear, on
+another worker when set, its consumer likewise by bit 1 (with 4 pairs:
+one each of home/home, away/home, home/away, away/away, so half of the
+SENDs and half of the deliveries cross a link, as on average with 2
+workers). Topics cross workers through the links.
 
 Reported: rate (messages or deliveries per second, counted at the
 consumers, from the first SEND to the last message), broker CPU seconds
@@ -29,8 +32,13 @@ consumers, from the first SEND to the last message), broker CPU seconds
 and the load generator's CPU seconds (its processes' own): on a 2-core
 machine the load generator takes a share of the cores the broker wants.
 
+With C{--peers rabbitmq activemq} the peers (started by
+C{../shared/peers/peers.sh}, or already running) then run the queue, acks
+and fan-out scenarios with the same clients, as one worker does.
+
 Run: C{PYTHONPATH=. python bench/workers_bench.py [--workers 1 2]
-[--pairs 4] [--messages 100000] [--subscribers 10] [--fanout-messages 40000]}.
+[--pairs 4] [--messages 100000] [--subscribers 10] [--fanout-messages 40000]
+[--peers rabbitmq activemq]}.
 """
 
 from __future__ import annotations
@@ -50,6 +58,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -75,7 +84,10 @@ class Conn:
     def __init__(self, port: int) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock.sendall(frame("CONNECT", {"accept-version": "1.2", "host": "/", "heart-beat": "0,0"}))
+        connect = {"accept-version": "1.2", "host": "/", "heart-beat": "0,0"}
+        if os.environ.get("BENCH_LOGIN"):  # a peer's (RabbitMQ's guest)
+            connect["login"] = connect["passcode"] = os.environ["BENCH_LOGIN"]
+        self.sock.sendall(frame("CONNECT", connect))
         data = b""
         while b"\x00" not in data:
             chunk = self.sock.recv(65536)
@@ -83,8 +95,10 @@ class Conn:
                 raise ConnectionError("closed before CONNECTED")
             data += chunk
         head = data.split(b"\x00", 1)[0].decode()
-        session = [line for line in head.split("\n") if line.startswith("session:")][0][8:]
-        self.worker = session.split(".", 1)[0]
+        if not head.startswith("CONNECTED"):
+            raise ConnectionError(f"refused: {head[:300]!r}")
+        sessions = [line[8:] for line in head.split("\n") if line.startswith("session:")]
+        self.worker = sessions[0].split(".", 1)[0] if sessions else None
 
 
 def connect_on(port: int, worker: str | None) -> Conn:
@@ -97,12 +111,14 @@ def connect_on(port: int, worker: str | None) -> Conn:
 
 
 def pair(port: int, worker: str | None, queue: str, messages: int, ack: bool) -> dict[str, float]:
-    """One producer and one consumer of C{queue}, both on C{worker}."""
-    consumer = connect_on(port, worker)
-    producer = connect_on(port, worker)
+    """One producer and one consumer of C{queue}: C{worker} is where both
+    go, or C{"PRODUCER,CONSUMER"}."""
+    on_producer, _, on_consumer = (worker or "").partition(",")
+    consumer = connect_on(port, (on_consumer or on_producer) or None)
+    producer = connect_on(port, on_producer or None)
     headers = {"destination": queue, "id": "1", "ack": "client" if ack else "auto"}
     if ack:
-        headers["prefetch-count"] = "500"
+        headers["prefetch-count"] = headers["activemq.prefetchSize"] = "500"
     consumer.sock.sendall(frame("SUBSCRIBE", {**headers, "receipt": "s"}))
     consumer.sock.recv(65536)  # the RECEIPT
     batch = [frame("SEND", {"destination": queue}, BODY) for _ in range(BATCH - 1)]
@@ -256,7 +272,32 @@ class Broker:
         self.log.close()
 
 
-def measure(broker: Broker, scenario: str, make: object) -> dict[str, object]:
+class PeerBroker:
+    """A peer (RabbitMQ's STOMP, ActiveMQ) started by C{peers.sh}, run with
+    the same clients as one QMQ worker (C{clients: any})."""
+
+    PORTS = {"rabbitmq": 61633, "activemq": 61623}
+
+    def __init__(self, name: str) -> None:
+        from compare import Peer
+
+        self.workers = name
+        self.stomp = self.PORTS[name]
+        self.nodes: list[str | None] = [None]
+        self.peer = Peer(name, self.stomp, ROOT.parent / "shared", wipe=False, adopt=True)
+        self.peer.start()
+        if name == "rabbitmq":
+            os.environ["BENCH_LOGIN"] = "guest"
+
+    def cpu(self) -> float:
+        return cpu_seconds(self.peer.pid, tree=True)
+
+    def stop(self) -> None:
+        os.environ.pop("BENCH_LOGIN", None)
+        self.peer.stop()
+
+
+def measure(broker: Broker | PeerBroker, scenario: str, make: object) -> dict[str, object]:
     cpu0 = broker.cpu()
     processes, count_key = make()  # type: ignore[operator]
     results = collect(processes)
@@ -286,27 +327,36 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=100_000)
     ap.add_argument("--subscribers", type=int, default=10)
     ap.add_argument("--fanout-messages", type=int, default=40_000)
+    ap.add_argument("--peers", nargs="*", default=[], choices=sorted(PeerBroker.PORTS),
+                    help="peers run after QMQ with the same clients (peers.sh starts them; ../shared/peers)")
     args = ap.parse_args()
     directory = Path(tempfile.mkdtemp(prefix="qmq-workers-bench-"))
     try:
-        for workers in args.workers:
-            broker = Broker(workers, directory)
+        for workers in [*args.workers, *args.peers]:
+            broker = Broker(workers, directory) if isinstance(workers, int) else PeerBroker(workers)
             try:
                 run = f"{workers}-{int(time.time())}"
                 nodes = broker.nodes
                 for scenario, ack, placed in (
                     ("queue", False, "home"), ("acks", True, "home"), ("queue", False, "any"), ("acks", True, "any")
                 ):
+                    if placed == "home" and isinstance(workers, str):
+                        continue  # a peer has no homes
                     def pairs(
-                        scenario: str = scenario, ack: bool = ack, placed: str = placed, broker: Broker = broker,
+                        scenario: str = scenario, ack: bool = ack, placed: str = placed, broker: Any = broker,
                         nodes: list = nodes, run: str = run,
                     ) -> tuple[list[subprocess.Popen[str]], str]:
                         procs = []
                         for i in range(args.pairs):
                             name = f"b-{run}-{scenario}-{placed}-{i}"
                             where = "-"
-                            if placed == "home" and nodes != [None]:
-                                where = rendezvous("/", name, nodes)
+                            if nodes != [None]:
+                                home = nodes.index(rendezvous("/", name, nodes))
+                                if placed == "home":
+                                    where = nodes[home]
+                                else:  # every combination in turn: see the module docstring
+                                    away = nodes[(home + 1) % len(nodes)]
+                                    where = f"{(nodes[home], away)[i & 1]},{(nodes[home], away)[(i >> 1) & 1]}"
                             procs.append(spawn("pair", broker.stomp, where, f"/queue/{name}", args.messages,
                                                "ack" if ack else "auto"))
                         return procs, "messages"
@@ -314,7 +364,7 @@ def main() -> None:
                     print(json.dumps({**measure(broker, scenario, pairs), "clients": placed}), flush=True)
 
                 def fanout(
-                    broker: Broker = broker, nodes: list = nodes, run: str = run
+                    broker: Any = broker, nodes: list = nodes, run: str = run
                 ) -> tuple[list[subprocess.Popen[str]], str]:
                     topic = f"/topic/b-{run}-fanout"
                     per = args.fanout_messages // len(nodes)

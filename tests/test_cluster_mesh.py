@@ -425,7 +425,7 @@ class LinkTests(SynchronousTestCase):
         link = LinkProtocol(net["a"].mesh, False)
         link.makeConnection(iosim.FakeTransport(link, isServer=True))
         link.dataReceived(wire.encode_json(wire.HELLO, {"node": "z", "version": 2}))
-        self.assertIn("link protocol version 2 (this node speaks 3)", link.reason)
+        self.assertIn("link protocol version 2 (this node speaks 4)", link.reason)
         link = LinkProtocol(net["a"].mesh, False)
         link.makeConnection(iosim.FakeTransport(link, isServer=True))
         link.dataReceived(wire.frame(wire.MESSAGE, b"x"))

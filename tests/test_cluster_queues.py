@@ -9,6 +9,7 @@ from typing import Any
 from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase
 
+from qmq.cluster import queues as queues_module
 from qmq.cluster import wire
 from qmq.cluster.placement import Placement, rendezvous
 from qmq.core.channel import Channel
@@ -351,18 +352,20 @@ class ConsumeTests(SynchronousTestCase):
         net.settle()
         self.assertEqual(len(on_a.got), 4)
 
-    def test_auto_ack_settles_in_batches(self) -> None:
-        """An auto-ack consumer: what it got is acked on the home, all of a
-        turn's in one settle frame."""
+    def test_auto_ack_takes_credit_in_batches(self) -> None:
+        """An auto-ack consumer: the home tracks nothing (its consumer there
+        does not ack, each delivery leaves the queue as it goes); what the
+        client got gives the home its credit back, all of a turn's in one
+        credit run."""
         net, q = self.net, self.q
         on_a = consume(net, "a", q, ack=False)
         net.settle()
         queues = net["b"].mesh.queues
-        frames: list[int] = []
+        frames: list[list[tuple[int, int, int, int]]] = []
         settled = queues.settled
 
         def counting(link: Any, runs: Any) -> None:
-            frames.append(sum(run[2] for run in runs))
+            frames.append(list(runs))
             settled(link, runs)
 
         queues.settled = counting  # type: ignore[method-assign]
@@ -371,9 +374,77 @@ class ConsumeTests(SynchronousTestCase):
         net.settle()
         self.assertEqual(len(on_a.got), 100)
         (remote,) = self.home_queue().consumers
+        self.assertFalse(remote.ack_required)
         self.assertEqual(len(remote.unacked), 0)
-        self.assertEqual(sum(frames), 100)
+        self.assertEqual(len(self.home_queue()), 0)
         self.assertEqual(len(frames), 1)
+        ((sub, first, count, outcome),) = frames[0]
+        self.assertEqual((first, count, outcome), (0, 100, queues_module.CREDIT))
+        self.assertEqual(remote.credit, remote.prefetch)
+
+    def test_auto_ack_window_is_credit(self) -> None:
+        """Without acks the window still bounds what is out: a paused client
+        holds at most the window on its node, the rest waits on the home,
+        and all comes once it resumes."""
+        net = Net("a", "b", remote_window=5)
+        net.full_mesh()
+        q = homed(net, "b")
+        on_a = consume(net, "a", q, ack=False)
+        net.settle()
+        ch = channel(net, "a")
+        ch.pause()
+        for i in range(20):
+            send(net, "b", q, b"m%d" % i)
+        net.settle()
+        home = net["b"].broker.default_vhost.queues[q]
+        stand_in = net["a"].broker.default_vhost.queues[q]
+        self.assertEqual((len(home), sum(map(len, stand_in.held.values())), on_a.got), (15, 5, []))
+        ch.resume()
+        for _ in range(10):
+            net.settle()
+        self.assertEqual(on_a.bodies(), [b"m%d" % i for i in range(20)])
+        self.assertEqual(len(home), 0)
+
+    def test_auto_ack_consumer_leaves_gives_back(self) -> None:
+        """An auto-ack consumer goes while deliveries wait for it on its
+        node (its client paused) and while more are on their way from the
+        home: none is lost, all are in the queue on the home again."""
+        net, q = self.net, self.q
+        on_a = consume(net, "a", q, ack=False)
+        net.settle()
+        ch = channel(net, "a")
+        ch.pause()
+        for i in range(3):
+            send(net, "b", q, b"held%d" % i)
+        net.settle()
+        ch.unsubscribe(on_a)  # its cancel waits for the end of the turn
+        for i in range(2):
+            send(net, "b", q, b"flying%d" % i)
+        net.settle()
+        home = self.home_queue()
+        self.assertEqual(on_a.got, [])
+        self.assertEqual(home.consumers, ())
+        self.assertEqual(
+            sorted(m.body for m in home.messages()), sorted([b"held0", b"held1", b"held2", b"flying0", b"flying1"])
+        )
+
+    def test_bad_credit_closes_the_link(self) -> None:
+        """Credit past what an auto-ack consumer spent, or for a consumer that
+        acks, is a protocol error naming the frame."""
+        for ack, expected in ((False, "more than it spent"), (True, "which acks")):
+            net = Net("a", "b")
+            net.full_mesh()
+            q = homed(net, "b")
+            consume(net, "a", q, ack=ack)
+            net.settle()
+            out = net["a"].link_to(net["b"])
+            (sub,) = net["b"].link_to(net["a"]).homed
+            out.send(wire.encode_settle([[sub, 0, 1, queues_module.CREDIT]]))
+            net.settle()
+            inbound = [p.server for p in net.pumps if p.server.mesh is net["b"].mesh][0]
+            self.assertEqual(inbound.state, "closed")
+            self.assertIn("protocol error: bad settle: credit", inbound.reason)
+            self.assertIn(expected, inbound.reason)
 
     def test_link_cut_gives_back_and_consumes_again(self) -> None:
         """The link to the home goes with unacked messages: the home has

@@ -138,7 +138,7 @@ class ConfirmSettleTests(SynchronousTestCase):
         for cut in range(len(settle)):
             e = self.assertRaises(wire.FrameError, wire.decode_settle, settle, 0, cut)
             self.assertIn("bad settle", str(e))
-        bad = wire.RUN.pack(1, 1, 1, 3)
+        bad = wire.RUN.pack(1, 1, 1, 4)
         self.assertRaises(wire.FrameError, wire.decode_settle, bad, 0, len(bad))
 
 

@@ -385,6 +385,18 @@ class LinkProtocol(Protocol):
         self._settles.append(last)
         self._want_flush()
 
+    def credit(self, sub: int, limit: int) -> None:
+        """Consumer C{sub} (without acks) took one more delivery: its home
+        may send one more (sent with the turn's settles, a run of at most
+        C{limit}, the consumer's window)."""
+        last = self._last_run
+        if last is not None and last[0] == sub and last[3] == 3 and last[2] < limit:
+            last[2] += 1
+            return
+        last = self._last_run = [sub, 0, 1, 3]
+        self._settles.append(last)
+        self._want_flush()
+
     @property
     def full(self) -> bool:
         """Whether the link's buffer holds C{link_buffer} bytes or more."""

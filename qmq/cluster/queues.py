@@ -57,6 +57,8 @@ __all__ = ["HomeConsumer", "RemoteQueues"]
 log = Logger()
 
 ACK, REQUEUE, DROP = 0, 1, 2
+#: A settle run's outcome for a consumer without acks: credit, not tags.
+CREDIT = 3
 
 #: Queue names that always live on their client's node (a connection's own
 #: queues, durable subscriptions).
@@ -81,6 +83,10 @@ MAX_CONFIRM_RANGE = 4 * MAX_UNCONFIRMED
 #: Settle frames naming more tags than this are checked against the
 #: windows of the peer's consumers (what they may hold unacked in all).
 SETTLE_CHECKED = 100_000
+
+#: Consumers without acks that went, remembered so that what their home
+#: had sent already goes back to the queue (L{RemoteQueues.delivered}).
+GONE_REMEMBERED = 4096
 #: The largest window a peer may ask for (C{[cluster] remote_window}'s
 #: maximum).
 MAX_WINDOW = 1_000_000
@@ -91,17 +97,32 @@ _ERRORS: dict[int, type[BrokerError]] = {404: NotFound, 406: PreconditionFailed,
 
 class HomeConsumer(Consumer):
     """A peer's consumer of a queue homed here: each delivery goes over
-    the link with its tag."""
+    the link with its tag.
+
+    A consumer that acks (C{auto} false) holds its deliveries unacked here
+    until the peer settles them, at most its window. One that does not
+    (C{auto}: STOMP's C{ack:auto}, AMQP's C{no-ack}) takes each message
+    off the queue as it goes, as a local consumer without acks does, with
+    tag 0; its window is credit, one spent a delivery and given back
+    (L{RemoteQueues.settled}, outcome L{CREDIT}) once the peer handed the
+    message to its client.
+    """
 
     __slots__ = ("link", "sub")
 
-    def __init__(self, link: LinkProtocol, sub: int, window: int) -> None:
-        super().__init__(True, window)
+    def __init__(self, link: LinkProtocol, sub: int, window: int, auto: bool = False) -> None:
+        super().__init__(not auto, window)
+        if auto:
+            self.prefetch = self.credit = window
         self.link = link
         self.sub = sub
 
     def deliver(self, message: Message, queue: Any) -> None:
-        tag = self.channel.track(self, message)  # type: ignore[union-attr]
+        if self.ack_required:
+            tag = self.channel.track(self, message)  # type: ignore[union-attr]
+        else:
+            self.credit -= 1
+            tag = 0
         self.link.mesh.queues.send_delivery(self.link, self.sub, tag, message, queue)
 
     def cancelled(self) -> None:
@@ -156,6 +177,9 @@ class RemoteQueues:
         self._seconds = mesh.clock.seconds
         #: Stand-ins made with arguments (told to their home at each link up).
         self._declared: dict[tuple[str, str], RemoteQueue] = {}
+        #: The stand-ins of consumers without acks that went (newest last, at
+        #: most GONE_REMEMBERED): a delivery in flight to one goes back.
+        self._gone: dict[int, RemoteQueue] = {}
 
     # -- Homes: what the core asks ------------------------------------------------
 
@@ -349,6 +373,7 @@ class RemoteQueues:
                     "queue": sub.queue.name,
                     "window": window,
                     "exclusive": consumer.exclusive,
+                    "auto": not consumer.ack_required,
                 },
             )
         )
@@ -359,6 +384,12 @@ class RemoteQueues:
             return
         del self._subs[sub.id]
         self._forget(sub)
+        if not consumer.ack_required:
+            # What the home sent before it hears of the cancel comes back.
+            gone = self._gone
+            if len(gone) >= GONE_REMEMBERED:
+                del gone[next(iter(gone))]
+            gone[sub.id] = queue
         link = sub.link
         if link is not None and link.state == "up":
             link.send(wire.encode_json(wire.CANCEL, {"id": sub.id}))
@@ -416,6 +447,15 @@ class RemoteQueues:
         ids = self.mesh.broker.message_ids
         for sub_id, tag, message in items:
             sub = subs.get(sub_id)
+            if not tag:
+                # To a consumer without acks: this node's now (taken off the
+                # queue on the home); given back if the consumer went.
+                message.id = next(ids)
+                if sub is None:
+                    self._give_back(sub_id, message)
+                elif not sub.queue.from_home(sub.consumer, message):
+                    sub.queue.publish(message)
+                continue
             if sub is None or sub.link is not link:
                 link.settle(sub_id, tag, REQUEUE)  # it went meanwhile: the home gives it back
                 continue
@@ -426,6 +466,28 @@ class RemoteQueues:
                 held.pop(message, None)
                 sub.tags.pop(message, None)
                 link.settle(sub_id, tag, REQUEUE)
+
+    def _give_back(self, sub_id: int, message: Message) -> None:
+        """A delivery without acks for consumer C{sub_id}, which went before
+        it came: back to its queue (forwarded to the home again)."""
+        queue = self._gone.get(sub_id)
+        if queue is None:
+            log.warn(
+                "mesh: a message for consumer {sub}, gone long ago, was lost (more than {n} consumers went since)",
+                sub=sub_id,
+                n=GONE_REMEMBERED,
+            )
+            return
+        queue.publish(message)
+
+    def credit(self, queue: RemoteQueue, consumer: Consumer) -> None:
+        """C{consumer} (without acks) handed a delivery of C{queue} to its
+        client: its home may send one more."""
+        sub = self._by_consumer.get(consumer)
+        if sub is not None:
+            link = sub.link
+            if link is not None and link.state == "up":
+                link.credit(sub.id, sub.window)
 
     def control(self, link: LinkProtocol, type_: int, value: dict[str, Any]) -> None:
         """A consume, declare, cancel or cancelled frame."""
@@ -535,6 +597,18 @@ class RemoteQueues:
                 raise wire.FrameError(
                     f"bad settle: a run of {count} tags for consumer {sub}, whose window is {consumer.prefetch}"
                 )
+            if outcome == CREDIT:
+                if consumer.ack_required or consumer.credit + count > consumer.prefetch:
+                    raise wire.FrameError(
+                        f"bad settle: credit of {count} for consumer {sub}, more than it spent"
+                        if not consumer.ack_required
+                        else f"bad settle: credit for consumer {sub}, which acks"
+                    )
+                consumer.credit += count
+                queue = consumer.queue
+                if queue is not None and not consumer.paused:
+                    queue.drain()
+                continue
             settle = consumer.channel.settle_delivery
             ack = outcome == ACK
             requeue = outcome == REQUEUE
@@ -635,7 +709,7 @@ class RemoteQueues:
         ):
             raise wire.FrameError("bad consume: id, vhost, queue and window expected")
         mesh = self.mesh
-        consumer = HomeConsumer(link, sub, window)
+        consumer = HomeConsumer(link, sub, window, auto=value.get("auto") is True)
         try:
             old = link.homed.pop(sub, None)
             if old is not None and old.channel is not None:
@@ -694,7 +768,8 @@ class RemoteQueues:
             if sub.link is link:
                 sub.link = None
                 self._forget(sub)
-                sub.queue.held.pop(sub.consumer, None)
+                if sub.consumer.ack_required:  # given back on the home; without acks, this node's
+                    sub.queue.held.pop(sub.consumer, None)
 
 
 def _int(value: Any) -> int:

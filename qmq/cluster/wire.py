@@ -26,7 +26,9 @@ binary and ranged. The payloads, big-endian:
               those refused
     settle    runs, each u32 consumer id, u64 first delivery tag, u32
               count, u8 outcome (0 ack, 1 requeue, 2 drop): the tags
-              first, first + 1, ... of that consumer
+              first, first + 1, ... of that consumer; or outcome 3
+              (credit, first 0): a consumer without acks took count
+              more deliveries (version 4)
 
 An item (L{ITEM}) is u32 size (of the rest of the item), u8 flags (the
 commit log's L{qmq.store.record.FLAG_PERSISTENT} and FLAG_TIMING), u8
@@ -105,8 +107,9 @@ __all__ = [
 ]
 
 #: The link protocol's version, in every hello (2: queues across nodes;
-#: 3: batched messages, binary ranged confirms and settles).
-VERSION = 3
+#: 3: batched messages, binary ranged confirms and settles; 4: consumers
+#: without acks take credit, their deliveries untracked on the home).
+VERSION = 4
 
 # Frame types. Never renumber: peers of other versions read them.
 HELLO = 1
@@ -363,14 +366,17 @@ class Decoder:
             raise FrameError(f"bad {name}: {e.__class__.__name__}: {e}") from None
 
     def _items(self, data: bytes, pos: int, end: int) -> list[Message]:
-        out = []
+        out: list[Message] = []
+        append = out.append
         unpack = ITEM.unpack_from
         fixed = ITEM.size
-        timing = _FLAG_TIMING
+        new = Message
         # The static part of the item before (a stream repeats it): compared
-        # in place, without a copy.
+        # in place, without a copy; decoded (or found in the cache) when it
+        # changes.
         last = b""
-        found: tuple[str, str, Any, Any] = ("", "", None, None)
+        exchange = key = ""
+        headers = properties = None
         while pos < end:
             if end - pos < fixed:
                 raise FrameError("a message cut short")
@@ -380,30 +386,32 @@ class Decoder:
             b = s + n
             if stop > end or b > stop:
                 raise FrameError("a message longer than its frame")
-            if flags & timing:
+            if flags & _FLAG_TIMING:
                 b -= 16
-            if b - s != len(last) or not data.startswith(last, s) or not last:
+            if b - s != len(last) or not last or not data.startswith(last, s):
                 last = data[s:b]
-                found = self._found(last)
-            message = Message(
-                0, found[0], found[1], found[2], data[b + 16 if flags & timing else b : stop], timestamp,
-                flags & 1 != 0, priority, expires,
-            )
-            if found[3] is not None:
-                message.properties = found[3]
-            if flags & timing:
+                exchange, key, headers, properties = self._found(last)
+            if flags & _FLAG_TIMING:
+                message = new(0, exchange, key, headers, data[b + 16 : stop], timestamp, flags & 1 != 0, priority, expires)
                 message.deliver_at, message.ack_timeout = _TIMING.unpack_from(data, b)
-            out.append(message)
+            else:
+                message = new(0, exchange, key, headers, data[b:stop], timestamp, flags & 1 != 0, priority, expires)
+            if properties is not None:
+                message.properties = properties
+            append(message)
             pos = stop
         return out
 
     def _deliveries(self, data: bytes, pos: int, end: int) -> list[tuple[int, int, Message]]:
-        out = []
+        # _items' loop, with a consumer id, a tag and a delivery count.
+        out: list[tuple[int, int, Message]] = []
+        append = out.append
         unpack = DELIVERY_ITEM.unpack_from
         fixed = DELIVERY_ITEM.size
-        timing = _FLAG_TIMING
+        new = Message
         last = b""
-        found: tuple[str, str, Any, Any] = ("", "", None, None)
+        exchange = key = ""
+        headers = properties = None
         while pos < end:
             if end - pos < fixed:
                 raise FrameError("a message cut short")
@@ -413,21 +421,20 @@ class Decoder:
             b = s + n
             if stop > end or b > stop:
                 raise FrameError("a message longer than its frame")
-            if flags & timing:
+            if flags & _FLAG_TIMING:
                 b -= 16
-            if b - s != len(last) or not data.startswith(last, s) or not last:
+            if b - s != len(last) or not last or not data.startswith(last, s):
                 last = data[s:b]
-                found = self._found(last)
-            message = Message(
-                0, found[0], found[1], found[2], data[b + 16 if flags & timing else b : stop], timestamp,
-                flags & 1 != 0, priority, expires,
-            )
-            message.delivery_count = count
-            if found[3] is not None:
-                message.properties = found[3]
-            if flags & timing:
+                exchange, key, headers, properties = self._found(last)
+            if flags & _FLAG_TIMING:
+                message = new(0, exchange, key, headers, data[b + 16 : stop], timestamp, flags & 1 != 0, priority, expires)
                 message.deliver_at, message.ack_timeout = _TIMING.unpack_from(data, b)
-            out.append((sub, tag, message))
+            else:
+                message = new(0, exchange, key, headers, data[b:stop], timestamp, flags & 1 != 0, priority, expires)
+            message.delivery_count = count
+            if properties is not None:
+                message.properties = properties
+            append((sub, tag, message))
             pos = stop
         return out
 
@@ -537,7 +544,7 @@ def decode_settle(data: bytes, start: int, end: int) -> list[tuple[int, int, int
         raise FrameError(f"bad settle: {end - start} bytes is no whole number of runs")
     runs = list(RUN.iter_unpack(data[start:end]))
     for _, _, count, outcome in runs:
-        if outcome > 2 or count < 1:
+        if outcome > 3 or count < 1:
             raise FrameError(f"bad settle: a run of {count} with outcome {outcome}")
     return runs
 

@@ -26,7 +26,11 @@ decided here, once, for every frontend:
       consumer on the home node, with a window. What the home delivers
       comes back through L{RemoteQueue.from_home}, and the channel's
       settles (acks, nacks, rejects, a channel closing) go back through
-      C{Homes.settle} and C{Homes.close}.
+      C{Homes.settle} and C{Homes.close}. A consumer without acks takes
+      its deliveries off the queue on the home as they go (as a local one
+      does); each handed to its client gives the home one more credit
+      (C{Homes.credit}), and what it had not taken when it goes is
+      published to the queue again.
 
 Queues that are never remote: names starting with C{amq.} or C{durable.}
 (a connection's own queues, durable subscriptions: the node of their
@@ -110,6 +114,11 @@ class Homes(Protocol):
     ) -> None:
         """Messages C{queue} delivered are acked, or given back (C{requeue})
         or dropped on the home."""
+
+    def credit(self, queue: RemoteQueue, consumer: Consumer) -> None:
+        """C{consumer}, which does not ack, took a delivery of C{queue}:
+        the home may send it one more (its deliveries left the queue on
+        the home as they went)."""
 
 
 class RemoteQueue(Queue):
@@ -198,15 +207,23 @@ class RemoteQueue(Queue):
         except (ValueError, AttributeError):
             return
         consumer.queue = None
-        self.held.pop(consumer, None)
+        held = self.held.pop(consumer, None)
         self.remote.close(self, consumer)
         if not self.consumers:
             self.consumers = ()
+        if held and not consumer.ack_required:
+            self._give_back(held)
+
+    def _give_back(self, messages: deque[Message]) -> None:
+        """Deliveries without acks a consumer that went never took: this
+        node's (they left the queue on the home), so back to the queue."""
+        for message in messages:
+            self.publish(message)
 
     def detach_all(self) -> list[Consumer]:
         consumers = super().detach_all()
         for consumer in consumers:
-            self.held.pop(consumer, None)
+            self.held.pop(consumer, None)  # deleted: what it held goes with the queue
             self.remote.close(self, consumer)
         return consumers
 
@@ -234,7 +251,7 @@ class RemoteQueue(Queue):
             consumer.deliver(message, self)
         else:
             consumer.deliver(message, self)
-            self.remote.settle(self, [message], True, False)
+            self.remote.credit(self, consumer)
 
     def drain(self) -> None:
         """Hand what waited to the consumers that may take it now."""
