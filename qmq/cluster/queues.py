@@ -626,6 +626,9 @@ class RemoteQueues:
         targets = link.queue_targets
         ids = self.mesh.broker.message_ids
         name = found = None
+        # Taken at once (no store to wait for): confirmed as one range, from
+        # taken to seq, when the run ends.
+        taken = seq
         for message in messages:
             try:
                 if message.routing_key is not name or found is None or found[1][4].deleted:
@@ -643,13 +646,20 @@ class RemoteQueues:
                 message.id = next(ids)
                 durable = found[0].publish_target(found[1], message)
             except BrokerError as e:
+                if taken < seq:
+                    link.confirm(taken, seq - taken)
                 link.refused += 1
                 link.fail(seq, e.code, e.message)
                 seq += 1
+                taken = seq
                 continue
             if durable is None:
-                link.confirm(seq)
-            elif durable is link.group_waiter:
+                seq += 1
+                continue
+            if taken < seq:
+                link.confirm(taken, seq - taken)
+            taken = seq + 1
+            if durable is link.group_waiter:
                 # The store's group commit: one waiter for the turn's publishes.
                 link.group.append(seq)  # type: ignore[union-attr]
             else:
@@ -659,6 +669,8 @@ class RemoteQueues:
                     self._stored, self._not_stored, callbackArgs=(link, group), errbackArgs=(link, group)
                 )
             seq += 1
+        if taken < seq:
+            link.confirm(taken, seq - taken)
 
     def _resolve(self, link: LinkProtocol, vhost_name: str, name: str) -> tuple[Any, Any]:
         """(the link's channel, the target) of queue C{name} homed here."""
