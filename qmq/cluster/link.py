@@ -511,6 +511,8 @@ class LinkProtocol(Protocol):
             self._close_batch()
         out = self._out
         prefix = wire.batch_prefix(type_, vhost, seq)
+        if type_ == wire.FORWARD:
+            self.mesh.queues.batch_opened(self, seq)
         self._batch_type = type_
         self._batch_vhost = vhost
         self._batch_seq = seq

@@ -340,13 +340,17 @@ class RemoteQueues:
             )
         link.next_seq = seq + 1
         d = pending[seq] = Deferred()
-        # One deadline a second: a forward fails no sooner than
-        # CONFIRM_TIMEOUT after it went, at most a second later.
+        return d
+
+    def batch_opened(self, link: LinkProtocol, seq: int) -> None:
+        """A forward batch from C{seq} on opened on C{link} (its first
+        forward of a reactor turn, or past L{wire.BATCH_BYTES}): its
+        forwards' deadline, one a second at most. A forward fails no sooner
+        than CONFIRM_TIMEOUT after it went, at most a second later."""
         deadline = self._seconds() + _DEADLINE
         deadlines = link.deadlines
         if not deadlines or deadlines[-1][1] + 1.0 <= deadline:
             deadlines.append((seq, deadline))
-        return d
 
     def open(self, queue: RemoteQueue, consumer: Consumer) -> None:
         sub = _Sub(self._next_sub, queue, consumer)
