@@ -69,6 +69,8 @@ from qmq.cluster.placement import rendezvous  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 #: Messages per SEND batch (the last one asks for a RECEIPT).
 BATCH = 500
+#: SEND batches a producer has in flight (each waits for its RECEIPT).
+IN_FLIGHT = int(os.environ.get("BENCH_IN_FLIGHT", "2"))
 BODY = b"x" * 100
 ACK_HEADER = re.compile(rb"\nack:([^\n]*)\n")
 
@@ -131,7 +133,7 @@ def pair(port: int, worker: str | None, queue: str, messages: int, ack: bool) ->
     started = time.perf_counter()
     last = started
     while received < messages:
-        while sent < messages and batches - receipts < 2:
+        while sent < messages and batches - receipts < IN_FLIGHT:
             batches += 1
             producer.sock.sendall(
                 b"".join(batch) + frame("SEND", {"destination": queue, "receipt": str(batches)}, BODY)

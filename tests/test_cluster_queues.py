@@ -195,6 +195,23 @@ class ForwardTests(SynchronousTestCase):
         self.net.settle()
         return d
 
+    def test_refusals_inside_a_batch(self) -> None:
+        """One forward frame whose publishes the home takes, refuses, then
+        takes again (a queue of 3 rejecting publishes, a consumer taking
+        none): each answer is its own, in order."""
+        net, q = self.net, self.q
+        net["b"].broker.default_vhost.declare_queue(
+            q, arguments={"x-max-length": 3, "x-overflow": "reject-publish"}
+        )
+        other = homed(net, "b", prefix="other")
+        answers = [send(net, "a", q, b"%d" % i) for i in range(5)] + [send(net, "a", other, b"x")]
+        net.settle()
+        for d in answers[:3] + answers[5:]:
+            self.assertIsNone(self.successResultOf(d))
+        for d in answers[3:5]:
+            self.assertEqual(self.failureResultOf(d).value.code, 506)
+        self.assertEqual(net["a"].link_to(net["b"]).snapshot()["unconfirmed"], 0)
+
     def test_arguments_reach_the_home(self) -> None:
         """A queue declared with arguments on a node that is not its home
         (AMQP's queue.declare): the home makes it with them, now or when

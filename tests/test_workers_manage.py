@@ -641,8 +641,8 @@ class AmqpTests(SynchronousTestCase):
         self.assertIn("consume it instead", close.reply_text)
         self.assertEqual(len(self.home), 1)
 
-    def test_get_large_from_an_older_node(self) -> None:
-        """Asked without "frame" (a node of the version before GOT frames),
+    def test_get_large_without_got_frames(self) -> None:
+        """Asked without "frame" (a request that takes no GOT frame),
         the home answers in JSON, and refuses what does not fit there."""
         link = self.net["b"].link_to(self.net["a"])
         home = self.net["b"].mesh.manage

@@ -86,6 +86,71 @@ class LinkProtocol(Protocol):
         such exchange yet).
     """
 
+    # Slots: past 30 attributes CPython 3.11 gives an instance a dict of its
+    # own, and every attribute read on the hot path (a forward, a delivery,
+    # a confirm) the slow way. Twisted's own (transport, connected) stay in
+    # the instance dict the base class expects.
+    __slots__ = (
+        "_abort",
+        "_batch_at",
+        "_batch_cap",
+        "_batch_seq",
+        "_batch_size",
+        "_batch_type",
+        "_batch_vhost",
+        "_beat",
+        "_confirms",
+        "_dropped_logged",
+        "_failures",
+        "_flush_wanted",
+        "_heard",
+        "_last_range",
+        "_last_run",
+        "_limit",
+        "_out",
+        "_out_bytes",
+        "_paused",
+        "_reader",
+        "_settles",
+        "address",
+        "bytes_in",
+        "bytes_out",
+        "channels",
+        "clock",
+        "connected_at",
+        "deadlines",
+        "decoder",
+        "dialer",
+        "down",
+        "dropped",
+        "group",
+        "group_waiter",
+        "held_back",
+        "homed",
+        "last_sent",
+        "last_waiter",
+        "listener",
+        "manages",
+        "mesh",
+        "messages_in",
+        "messages_out",
+        "next_seq",
+        "node",
+        "outbound",
+        "peer",
+        "peer_host",
+        "pending",
+        "queue_targets",
+        "reason",
+        "refused",
+        "registry",
+        "remote",
+        "rtt",
+        "state",
+        "targets",
+        "up_at",
+    )
+
     protocol_name = "peer"
 
     def __init__(
@@ -355,14 +420,14 @@ class LinkProtocol(Protocol):
         self._out_bytes += len(data)
         self._want_flush()
 
-    def confirm(self, seq: int) -> None:
-        """The forwarded publish C{seq} is taken (sent with the turn's
-        others, consecutive ones as one range)."""
+    def confirm(self, seq: int, count: int = 1) -> None:
+        """The forwarded publishes C{seq} to C{seq + count - 1} are taken
+        (sent with the turn's others, consecutive ones as one range)."""
         last = self._last_range
         if last is not None and last[0] + last[1] == seq:
-            last[1] += 1
+            last[1] += count
             return
-        last = self._last_range = [seq, 1]
+        last = self._last_range = [seq, count]
         self._confirms.append(last)
         self._want_flush()
 
@@ -446,6 +511,8 @@ class LinkProtocol(Protocol):
             self._close_batch()
         out = self._out
         prefix = wire.batch_prefix(type_, vhost, seq)
+        if type_ == wire.FORWARD:
+            self.mesh.queues.batch_opened(self, seq)
         self._batch_type = type_
         self._batch_vhost = vhost
         self._batch_seq = seq

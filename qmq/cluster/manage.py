@@ -99,7 +99,7 @@ MAX_ANSWER = 4 * 1024 * 1024
 #: Most items of one list answer.
 MAX_ITEMS = 10_000
 #: Most bytes of a message a get from another node carries in a JSON answer
-#: (its encoded record, base64), to a node that takes no L{GOT} frame.
+#: (its encoded record, base64), to a request that takes no L{GOT} frame.
 MAX_GET = MAX_ANSWER * 3 // 4 - 4096
 #: Room a L{GOT} frame keeps for its header and JSON head: the record may
 #: take the rest of the asker's and the home's C{max_frame}.

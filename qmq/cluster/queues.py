@@ -340,13 +340,17 @@ class RemoteQueues:
             )
         link.next_seq = seq + 1
         d = pending[seq] = Deferred()
-        # One deadline a second: a forward fails no sooner than
-        # CONFIRM_TIMEOUT after it went, at most a second later.
+        return d
+
+    def batch_opened(self, link: LinkProtocol, seq: int) -> None:
+        """A forward batch from C{seq} on opened on C{link} (its first
+        forward of a reactor turn, or past L{wire.BATCH_BYTES}): its
+        forwards' deadline, one a second at most. A forward fails no sooner
+        than CONFIRM_TIMEOUT after it went, at most a second later."""
         deadline = self._seconds() + _DEADLINE
         deadlines = link.deadlines
         if not deadlines or deadlines[-1][1] + 1.0 <= deadline:
             deadlines.append((seq, deadline))
-        return d
 
     def open(self, queue: RemoteQueue, consumer: Consumer) -> None:
         sub = _Sub(self._next_sub, queue, consumer)
@@ -626,6 +630,9 @@ class RemoteQueues:
         targets = link.queue_targets
         ids = self.mesh.broker.message_ids
         name = found = None
+        # Taken at once (no store to wait for): confirmed as one range, from
+        # taken to seq, when the run ends.
+        taken = seq
         for message in messages:
             try:
                 if message.routing_key is not name or found is None or found[1][4].deleted:
@@ -643,13 +650,20 @@ class RemoteQueues:
                 message.id = next(ids)
                 durable = found[0].publish_target(found[1], message)
             except BrokerError as e:
+                if taken < seq:
+                    link.confirm(taken, seq - taken)
                 link.refused += 1
                 link.fail(seq, e.code, e.message)
                 seq += 1
+                taken = seq
                 continue
             if durable is None:
-                link.confirm(seq)
-            elif durable is link.group_waiter:
+                seq += 1
+                continue
+            if taken < seq:
+                link.confirm(taken, seq - taken)
+            taken = seq + 1
+            if durable is link.group_waiter:
                 # The store's group commit: one waiter for the turn's publishes.
                 link.group.append(seq)  # type: ignore[union-attr]
             else:
@@ -659,6 +673,8 @@ class RemoteQueues:
                     self._stored, self._not_stored, callbackArgs=(link, group), errbackArgs=(link, group)
                 )
             seq += 1
+        if taken < seq:
+            link.confirm(taken, seq - taken)
 
     def _resolve(self, link: LinkProtocol, vhost_name: str, name: str) -> tuple[Any, Any]:
         """(the link's channel, the target) of queue C{name} homed here."""

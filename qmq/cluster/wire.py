@@ -372,8 +372,8 @@ class Decoder:
         fixed = ITEM.size
         new = Message
         # The static part of the item before (a stream repeats it): compared
-        # in place, without a copy; decoded (or found in the cache) when it
-        # changes.
+        # as a slice (cheaper than bytes.startswith's argument parsing);
+        # decoded (or found in the cache) when it changes.
         last = b""
         exchange = key = ""
         headers = properties = None
@@ -388,7 +388,7 @@ class Decoder:
                 raise FrameError("a message longer than its frame")
             if flags & _FLAG_TIMING:
                 b -= 16
-            if b - s != len(last) or not last or not data.startswith(last, s):
+            if b - s != len(last) or not last or data[s:b] != last:
                 last = data[s:b]
                 exchange, key, headers, properties = self._found(last)
             if flags & _FLAG_TIMING:
@@ -423,7 +423,7 @@ class Decoder:
                 raise FrameError("a message longer than its frame")
             if flags & _FLAG_TIMING:
                 b -= 16
-            if b - s != len(last) or not last or not data.startswith(last, s):
+            if b - s != len(last) or not last or data[s:b] != last:
                 last = data[s:b]
                 exchange, key, headers, properties = self._found(last)
             if flags & _FLAG_TIMING:

@@ -9,6 +9,9 @@ used by STOMP clients on raw sockets (L{tests.integration.test_mesh.Stomp}).
     once;
   - a queue whose home is the other worker (the stable hash of its
     virtual host and name), produced and consumed with acks from w0;
+  - an auto-ack consumer of that queue on w0 that stops reading and
+    leaves mid-stream: each message either reached it or is in the queue
+    again, once;
   - an exchange and a binding declared in the configuration: publishes on
     both workers reach the bound queue once each;
   - AMQP (pika): publishes with confirms on several connections, consumed
@@ -306,6 +309,32 @@ class WorkersTests(WorkersCase):
             again.append(body)
         self.assertEqual(sorted(again), sorted(held))
         self.assertEqual(home.messages(1.0), [])  # the acked ones are gone
+
+    def test_autoAckConsumerLeavesMidStream(self) -> None:
+        """An auto-ack consumer on w0 of /queue/h0 (homed on w1) stops
+        reading while 3,000 messages of 4 KiB stream to it (its socket
+        fills; the rest waits on w0, in flight on the link, or on the home),
+        then unsubscribes: every message is either among those it had been
+        sent or in the queue again for a consumer on the home, each once."""
+        producer = self.client_on("w1")
+        total = 3000
+        for i in range(total):
+            producer.send("/queue/h0", b"%05d" % i + b"x" * 4096)
+        producer.request("SEND", {"destination": "/queue/h0"}, b"end" + b"x" * 4096)
+        consumer = self.client_on("w0")
+        consumer.sock.sendall(frame("SUBSCRIBE", {"destination": "/queue/h0", "id": "1", "ack": "auto"}))
+        time.sleep(1.0)  # not read: the socket's buffers fill, w0 holds the rest
+        consumer.request("UNSUBSCRIBE", {"id": "1"})  # what came first is kept
+        first = consumer.messages(0.5)  # with those read while waiting for the receipt
+        self.assertLess(len(first), total + 1, "the consumer was never paused: nothing to test")
+        home = self.client_on("w1")
+        home.request("SUBSCRIBE", {"destination": "/queue/h0", "id": "1", "ack": "auto"})
+        rest: list[bytes] = []
+        deadline = time.monotonic() + FLOW_TIMEOUT
+        while len(first) + len(rest) < total + 1 and time.monotonic() < deadline:
+            rest += home.messages(1.0)
+        names = sorted(body[:5] for body in first + rest)
+        self.assertEqual(names, sorted([b"%05d" % i for i in range(total)] + [b"endxx"]))
 
     def test_configuredBinding(self) -> None:
         """An exchange and a queue bound to it, declared in the
