@@ -12,6 +12,7 @@ import base64
 import dataclasses
 import io
 import json
+from urllib.parse import quote
 
 import fastavro
 from twisted.internet import defer, reactor
@@ -489,6 +490,39 @@ class ManagementTests(ApiTestCase):
         self.assertEqual(([q["name"] for q in doc["queues"]], doc["next_offset"]), (["q0", "q1"], 2))
         _, _, _, doc = yield self.call("GET", f"{Q}?limit=2&offset=4")
         self.assertEqual(([q["name"] for q in doc["queues"]], doc["next_offset"]), (["q4"], None))
+
+    @defer.inlineCallbacks
+    def test_headers_binding_with_arguments(self) -> None:
+        """A headers exchange's binding made over HTTP with its arguments
+        routes as one made over AMQP would (the core decides), is listed
+        with them, and is deleted by naming them; bad arguments are a
+        problem document."""
+        E = "/api/v1/vhosts/%2F/exchanges"
+        B = "/api/v1/vhosts/%2F/bindings"
+        yield self.call("PUT", f"{E}/hx", {"type": "headers"})
+        yield self.call("PUT", f"{Q}/hq")
+        args = {"x-match": "any", "region": "eu", "tier": "gold"}
+        code, _, _, doc = yield self.call("POST", B, {"queue": "hq", "exchange": "hx", "arguments": args})
+        self.assertEqual((code, doc["arguments"]), (201, args))
+        _, _, _, doc = yield self.call("GET", B)
+        self.assertIn({"queue": "hq", "exchange": "hx", "routing_key": "", "arguments": args}, doc["bindings"])
+        for headers in ({"region": "eu"}, {"tier": "gold"}, {"region": "us"}, {}):
+            code, _, _, _ = yield self.call("POST", f"{E}/hx/messages", {"body": "m", "headers": headers})
+            self.assertEqual(code, 201)
+        self.assertEqual(len(self.broker.default_vhost.queues["hq"]), 2)
+        code, _, _, doc = yield self.call("POST", B, {"queue": "hq", "exchange": "hx", "arguments": {"x-match": "some"}})
+        self.assertEqual(code, 409, doc)
+        self.assertIn("x-match", doc["detail"])
+        code, _, _, doc = yield self.call("POST", B, {"queue": "hq", "exchange": "hx", "arguments": "x-match=all"})
+        self.assertEqual(code, 400)
+        code, _, _, doc = yield self.call("DELETE", f"{B}?queue=hq&exchange=hx&arguments=%5B1%5D")
+        self.assertEqual((code, doc["status"]), (400, 400))
+        self.assertIn("JSON object", doc["detail"])
+        encoded = quote(json.dumps(args))
+        code, _, _, doc = yield self.call("DELETE", f"{B}?queue=hq&exchange=hx&arguments={encoded}")
+        self.assertEqual((code, doc["deleted"]["arguments"]), (200, args))
+        _, _, _, doc = yield self.call("GET", B)
+        self.assertNotIn("hx", [b["exchange"] for b in doc["bindings"]])
 
     @defer.inlineCallbacks
     def test_exchanges_and_bindings(self) -> None:

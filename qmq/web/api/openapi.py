@@ -489,7 +489,9 @@ def _schemas(s: ApiSettings) -> dict:
             "required": ["queue", "exchange"],
             "additionalProperties": False,
             "properties": {"queue": {"type": "string"}, "exchange": {"type": "string"},
-                           "routing_key": {"type": "string", "default": ""}},
+                           "routing_key": {"type": "string", "default": ""},
+                           "arguments": {"type": "object", "description": "A headers exchange's binding "
+                                         "arguments (x-match all or any, and the headers to match)."}},
         },
         "Connection": {
             "type": "object",
@@ -801,7 +803,9 @@ def document(s: ApiSettings | None = None) -> dict:
                 "deleted": {"type": "object"}}}), 400, 403, 404, 503, params=[
                 VHOST, {**_query("queue", NAME, "The queue."), "required": True},
                 {**_query("exchange", EXCHANGE_NAME, "The exchange."), "required": True},
-                _query("routing_key", KEY, "The routing key (empty if not given).")],
+                _query("routing_key", KEY, "The routing key (empty if not given)."),
+                _query("arguments", {"type": "string"}, "The binding's arguments as a JSON object "
+                       "(a headers exchange's), as it was made with them.")],
                 tag="management"),
         },
         "/api/v1/connections": {"get": _op("List connections", _ok(_list("connections", "Connection", whole=True)), 400, 404,

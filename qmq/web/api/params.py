@@ -117,6 +117,25 @@ def _content_type(request: Request) -> str:
     return value.decode("utf-8").split(";", 1)[0].strip().lower()
 
 
+def _json_object_arg(request: Request, name: str) -> dict | None:
+    """Query parameter C{name} as a JSON object (a headers binding's
+    arguments, as the binding was made with them), None if not given or
+    empty.
+
+    @raise Problem: 400, it is not a JSON object.
+    """
+    text = _arg(request, name)
+    if text is None:
+        return None
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        value = None
+    if value.__class__ is not dict:
+        raise bad_request(f"query parameter {name!r} must be a JSON object (the binding's arguments)")
+    return value or None
+
+
 def _json_body(request: Request) -> Any:
     kind = _content_type(request)
     if kind != JSON and not kind.endswith("+json"):

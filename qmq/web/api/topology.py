@@ -32,7 +32,14 @@ from qmq.core.exchange import EXCHANGE_TYPES
 from qmq.core.management import queue_facts
 from qmq.core.queue import Queue
 from qmq.core.remote import home_of
-from qmq.web.api.params import Response, _arg, _int_arg, _object_body, json_response
+from qmq.web.api.params import (
+    Response,
+    _arg,
+    _int_arg,
+    _json_object_arg,
+    _object_body,
+    json_response,
+)
 from qmq.web.api.problem import bad_request
 
 if TYPE_CHECKING:
@@ -270,11 +277,14 @@ class TopologyMixin:
     def h_add_binding(self, request: Request, vhost: str) -> Response:
         mgmt = self._management(request, vhost)
         doc = _object_body(
-            request, {"queue": (str,), "exchange": (str,), "routing_key": (str,)}, ("queue", "exchange")
+            request,
+            {"queue": (str,), "exchange": (str,), "routing_key": (str,), "arguments": (dict,)},
+            ("queue", "exchange"),
         )
         queue, exchange, key = self._binding_fields(doc)
-        return _then(mgmt.bind(queue, exchange, key), lambda _: json_response(
-            {"queue": queue, "exchange": exchange, "routing_key": key, "arguments": {}}, 201))
+        arguments = doc.get("arguments") or None
+        return _then(mgmt.bind(queue, exchange, key, arguments), lambda _: json_response(
+            {"queue": queue, "exchange": exchange, "routing_key": key, "arguments": arguments or {}}, 201))
 
     def h_delete_binding(self, request: Request, vhost: str) -> Response:
         mgmt = self._management(request, vhost)
@@ -283,8 +293,9 @@ class TopologyMixin:
         if queue is None or exchange is None:
             raise bad_request("name the binding with the query parameters 'queue' and 'exchange' (and 'routing_key', empty if left out)")
         key = _arg(request, "routing_key") or ""
-        return _then(mgmt.unbind(queue, exchange, key), lambda _: json_response(
-            {"deleted": {"queue": queue, "exchange": exchange, "routing_key": key}}))
+        arguments = _json_object_arg(request, "arguments")
+        return _then(mgmt.unbind(queue, exchange, key, arguments), lambda _: json_response(
+            {"deleted": {"queue": queue, "exchange": exchange, "routing_key": key, "arguments": arguments or {}}}))
 
 
 def _then(result: Any, answer: Any) -> Any:
