@@ -275,6 +275,8 @@ class ParseTests(SynchronousTestCase):
         self.assertEqual([q.name for q in defs.queues], ["q"])
         self.assertInvalid({"missing": []}, "missing", "expected an object")
         self.assertInvalid({"truncated": {}}, "truncated", "expected an array")
+        self.assertInvalid({"truncated": [{}]}, "truncated", "array of node ids")
+        self.assertInvalid({"missing": {"w1": 5}}, "missing", "expected an object")
 
     def test_defaults(self) -> None:
         defs = parse({"qmq_version": "0.1", "queues": [{"vhost": "/", "name": "q"}]})

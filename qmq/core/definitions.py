@@ -480,10 +480,12 @@ def parse(document: object) -> Definitions:
         )
     if not isinstance(doc.get("qmq_version", ""), str):
         raise InvalidDefinitions("qmq_version", "expected a string (the exporting broker's version)")
-    if not isinstance(doc.get("missing", {}), dict):
+    missing = doc.get("missing", {})
+    if not isinstance(missing, dict) or not all(isinstance(v, str) for v in missing.values()):
         raise InvalidDefinitions("missing", "expected an object (node -> why it did not answer)")
-    if not isinstance(doc.get("truncated", []), list):
-        raise InvalidDefinitions("truncated", "expected an array (the nodes whose answer was cut)")
+    truncated = doc.get("truncated", [])
+    if not isinstance(truncated, list) or not all(isinstance(v, str) for v in truncated):
+        raise InvalidDefinitions("truncated", "expected an array of node ids (the nodes whose answer was cut)")
     count = 0
     parsed: dict[str, Any] = {}
     for section in SECTIONS:

@@ -800,12 +800,13 @@ def document(s: ApiSettings | None = None) -> dict:
                         params=[VHOST], body={"required": True, "content": _json(_ref("BindingDeclaration"))},
                         tag="management"),
             "delete": _op("Unbind a queue", _ok({"type": "object", "required": ["deleted"], "properties": {
-                "deleted": {"type": "object"}}}), 400, 403, 404, 503, params=[
+                "deleted": {"type": "object"}}}), 400, 403, 404, 409, 503, params=[
                 VHOST, {**_query("queue", NAME, "The queue."), "required": True},
                 {**_query("exchange", EXCHANGE_NAME, "The exchange."), "required": True},
                 _query("routing_key", KEY, "The routing key (empty if not given)."),
-                _query("arguments", {"type": "string"}, "The binding's arguments as a JSON object "
-                       "(a headers exchange's), as it was made with them.")],
+                {"name": "arguments", "in": "query", "required": False,
+                 "description": "The binding's arguments as a JSON object (a headers exchange's), as it was "
+                 "made with them.", "content": {"application/json": {"schema": {"type": "object"}}}}],
                 tag="management"),
         },
         "/api/v1/connections": {"get": _op("List connections", _ok(_list("connections", "Connection", whole=True)), 400, 404,

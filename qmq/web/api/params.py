@@ -125,7 +125,7 @@ def _json_object_arg(request: Request, name: str) -> dict | None:
     @raise Problem: 400, it is not a JSON object.
     """
     text = _arg(request, name)
-    if text is None:
+    if not text:
         return None
     try:
         value = orjson.loads(text)
