@@ -290,6 +290,21 @@ class WholeBrokerCase(SynchronousTestCase):
         validate(request.method.decode(), "http://broker/api/" + path.partition("?")[0], status, kind, body)
         return status, json.loads(body)
 
+    def _without_c(self, request_kind: str, path: str) -> Any:
+        """GET C{path} on a while node c does not answer its C{request_kind}
+        requests: the answer, which names c missing, with why."""
+        net = self.net
+        net["c"].mesh.manage.handlers[request_kind] = lambda link, args: Deferred()
+        ctx = Ctx(broker=net["a"].broker, clock=net.clock, connections=self.registries["a"])
+        request = _request(path)
+        self.assertIs(ApiResource(ctx).render(request), NOT_DONE_YET)
+        net.settle()
+        net.clock.advance(manage.TIMEOUT)
+        doc = json.loads(b"".join(request.written))
+        self.assertEqual(list(doc["missing"]), ["c"])
+        self.assertIn("did not answer", doc["missing"]["c"])
+        return doc
+
 
 class ListingTests(WholeBrokerCase):
     """The HTTP API on any node answers for all."""
@@ -312,16 +327,7 @@ class ListingTests(WholeBrokerCase):
     def test_missing_node_named(self) -> None:
         """A node that does not answer in time is named, with why; its
         queues are not in the list."""
-        net = self.net
-        net["c"].mesh.manage.handlers["queues"] = lambda link, args: Deferred()
-        ctx = Ctx(broker=net["a"].broker, clock=net.clock, connections=self.registries["a"])
-        request = _request("v1/vhosts/%2F/queues")
-        self.assertIs(ApiResource(ctx).render(request), NOT_DONE_YET)
-        net.settle()
-        net.clock.advance(manage.TIMEOUT)
-        doc = json.loads(b"".join(request.written))
-        self.assertEqual(list(doc["missing"]), ["c"])
-        self.assertIn("did not answer", doc["missing"]["c"])
+        doc = self._without_c("queues", "v1/vhosts/%2F/queues")
         self.assertEqual(sorted(q["home"] for q in doc["queues"]), ["a", "b"])
 
     def test_unlinked_member_named(self) -> None:
@@ -419,15 +425,7 @@ class DefinitionsTests(WholeBrokerCase):
         """A node that does not answer in time is named, its queues are not
         in the document, which still imports."""
         net = self.net
-        net["c"].mesh.manage.handlers["definitions"] = lambda link, args: Deferred()
-        ctx = Ctx(broker=net["a"].broker, clock=net.clock, connections=self.registries["a"])
-        request = _request("v1/definitions")
-        self.assertIs(ApiResource(ctx).render(request), NOT_DONE_YET)
-        net.settle()
-        net.clock.advance(manage.TIMEOUT)
-        doc = json.loads(b"".join(request.written))
-        self.assertEqual(list(doc["missing"]), ["c"])
-        self.assertIn("did not answer", doc["missing"]["c"])
+        doc = self._without_c("definitions", "v1/definitions")
         self.assertEqual([q["name"] for q in doc["queues"]], [self.queues["a"], self.queues["b"]])
         net["c"].mesh.manage.handlers["definitions"] = manage.Manage(net["c"].mesh).handlers["definitions"]
         status, result = self.get("b", "v1/definitions", b"POST", doc)
