@@ -435,15 +435,30 @@ class ConsumeTests(SynchronousTestCase):
             send(net, "b", q, b"held%d" % i)
         net.settle()
         ch.unsubscribe(on_a)  # its cancel waits for the end of the turn
+        queues = net["a"].mesh.queues
+        self.assertEqual(queues.unanswered_cancels, 1)
         for i in range(2):
             send(net, "b", q, b"flying%d" % i)
         net.settle()
+        self.assertEqual(queues.unanswered_cancels, 0)  # the home answered: nothing more comes
         home = self.home_queue()
         self.assertEqual(on_a.got, [])
         self.assertEqual(home.consumers, ())
         self.assertEqual(
             sorted(m.body for m in home.messages()), sorted([b"held0", b"held1", b"held2", b"flying0", b"flying1"])
         )
+
+    def test_unanswered_cancel_forgotten_with_its_link(self) -> None:
+        """An auto-ack consumer's cancel the home never answers (the link
+        went first) is not remembered past the link."""
+        net, q = self.net, self.q
+        on_a = consume(net, "a", q, ack=False)
+        net.settle()
+        channel(net, "a").unsubscribe(on_a)
+        queues = net["a"].mesh.queues
+        self.assertEqual(queues.unanswered_cancels, 1)
+        net["a"].link_to(net["b"]).close("cut")
+        self.assertEqual(queues.unanswered_cancels, 0)
 
     def test_bad_credit_closes_the_link(self) -> None:
         """Credit past what an auto-ack consumer spent, or for a consumer that

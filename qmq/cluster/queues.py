@@ -84,9 +84,11 @@ MAX_CONFIRM_RANGE = 4 * MAX_UNCONFIRMED
 #: windows of the peer's consumers (what they may hold unacked in all).
 SETTLE_CHECKED = 100_000
 
-#: Consumers without acks that went, remembered so that what their home
-#: had sent already goes back to the queue (L{RemoteQueues.delivered}).
-GONE_REMEMBERED = 4096
+#: Consumers without acks that went and whose home has not yet answered
+#: their cancel (at most this many a node: a bound, not a working limit;
+#: each is remembered for a round trip), so that what their home had sent
+#: already goes back to the queue (L{RemoteQueues.delivered}).
+GONE_REMEMBERED = 100_000
 #: The largest window a peer may ask for (C{[cluster] remote_window}'s
 #: maximum).
 MAX_WINDOW = 1_000_000
@@ -177,9 +179,10 @@ class RemoteQueues:
         self._seconds = mesh.clock.seconds
         #: Stand-ins made with arguments (told to their home at each link up).
         self._declared: dict[tuple[str, str], RemoteQueue] = {}
-        #: The stand-ins of consumers without acks that went (newest last, at
-        #: most GONE_REMEMBERED): a delivery in flight to one goes back.
-        self._gone: dict[int, RemoteQueue] = {}
+        #: Consumers without acks that went, until their home answers the
+        #: cancel: their id -> (the link, the stand-in). A delivery in
+        #: flight to one goes back to the queue.
+        self._gone: dict[int, tuple[LinkProtocol, RemoteQueue]] = {}
 
     # -- Homes: what the core asks ------------------------------------------------
 
@@ -388,14 +391,15 @@ class RemoteQueues:
             return
         del self._subs[sub.id]
         self._forget(sub)
-        if not consumer.ack_required:
-            # What the home sent before it hears of the cancel comes back.
-            gone = self._gone
-            if len(gone) >= GONE_REMEMBERED:
-                del gone[next(iter(gone))]
-            gone[sub.id] = queue
         link = sub.link
         if link is not None and link.state == "up":
+            if not consumer.ack_required:
+                # What the home sends before it hears of the cancel (it
+                # answers with a cancelled frame, code 0) comes back.
+                gone = self._gone
+                if len(gone) >= GONE_REMEMBERED:
+                    del gone[next(iter(gone))]
+                gone[sub.id] = (link, queue)
             link.send(wire.encode_json(wire.CANCEL, {"id": sub.id}))
 
     def _forget(self, sub: _Sub) -> None:
@@ -474,15 +478,22 @@ class RemoteQueues:
     def _give_back(self, sub_id: int, message: Message) -> None:
         """A delivery without acks for consumer C{sub_id}, which went before
         it came: back to its queue (forwarded to the home again)."""
-        queue = self._gone.get(sub_id)
-        if queue is None:
+        gone = self._gone.get(sub_id)
+        if gone is None:
             log.warn(
-                "mesh: a message for consumer {sub}, gone long ago, was lost (more than {n} consumers went since)",
+                "mesh: a message for consumer {sub}, which went, was lost: more than {n} consumers went "
+                "before their homes answered",
                 sub=sub_id,
                 n=GONE_REMEMBERED,
             )
             return
-        queue.publish(message)
+        gone[1].publish(message)
+
+    @property
+    def unanswered_cancels(self) -> int:
+        """Consumers without acks that went, whose home has not answered
+        their cancel yet."""
+        return len(self._gone)
 
     def credit(self, queue: RemoteQueue, consumer: Consumer) -> None:
         """C{consumer} (without acks) handed a delivery of C{queue} to its
@@ -500,9 +511,12 @@ class RemoteQueues:
         elif type_ == wire.DECLARE:
             self._declare_here(link, value)
         elif type_ == wire.CANCEL:
-            consumer = link.homed.pop(_int(value.get("id")), None)
+            sub = _int(value.get("id"))
+            consumer = link.homed.pop(sub, None)
             if consumer is not None and consumer.channel is not None and not consumer.channel.closed:
                 consumer.channel.unsubscribe(consumer)
+            # Nothing more goes to it: the peer may forget it.
+            link.send(wire.encode_json(wire.CANCELLED, {"id": sub, "code": 0, "reason": "cancelled"}))
         else:
             self._cancelled(link, value)
 
@@ -562,8 +576,13 @@ class RemoteQueues:
                 )
 
     def _cancelled(self, link: LinkProtocol, value: dict[str, Any]) -> None:
-        sub = self._subs.get(_int(value.get("id")))
+        sub_id = _int(value.get("id"))
+        sub = self._subs.get(sub_id)
         if sub is None or sub.link is not link:
+            # The answer to a cancel (code 0): nothing more comes for it.
+            gone = self._gone.get(sub_id)
+            if gone is not None and gone[0] is link:
+                del self._gone[sub_id]
             return
         reason = str(value.get("reason", ""))[:500]
         log.info(
@@ -780,6 +799,9 @@ class RemoteQueues:
             )
         link.homed.clear()
         link.held_back.clear()
+        gone = self._gone
+        for sub_id in [i for i, (went_on, _) in gone.items() if went_on is link]:
+            del gone[sub_id]  # nothing more comes from that link
         for sub in self._subs.values():
             if sub.link is link:
                 sub.link = None

@@ -127,7 +127,7 @@ CONSUME = 11  # JSON: {"id": n, "vhost": v, "queue": q, "window": w, "exclusive"
 DELIVER = 12  # a batch of deliveries to consumers of the sender's queues
 SETTLE = 13  # binary: runs of delivery tags of one consumer: ack, requeue or drop
 CANCEL = 14  # JSON: {"id": n}: the consumer goes (its unacked messages go back)
-CANCELLED = 15  # JSON: {"id": n, "code": c, "reason": text}: the home ended it
+CANCELLED = 15  # JSON: {"id": n, "code": c, "reason": text}: the home ended it (code 0: answers a cancel)
 DECLARE = 16  # JSON: {"vhost": v, "queue": q, "arguments": {...}}: declared on another node
 
 NAMES = {
