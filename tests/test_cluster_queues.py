@@ -9,7 +9,6 @@ from typing import Any
 from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase
 
-from qmq.cluster import queues as queues_module
 from qmq.cluster import wire
 from qmq.cluster.placement import Placement, rendezvous
 from qmq.core.channel import Channel
@@ -396,7 +395,7 @@ class ConsumeTests(SynchronousTestCase):
         self.assertEqual(len(self.home_queue()), 0)
         self.assertEqual(len(frames), 1)
         ((sub, first, count, outcome),) = frames[0]
-        self.assertEqual((first, count, outcome), (0, 100, queues_module.CREDIT))
+        self.assertEqual((first, count, outcome), (0, 100, wire.CREDIT))
         self.assertEqual(remote.credit, remote.prefetch)
 
     def test_auto_ack_window_is_credit(self) -> None:
@@ -471,7 +470,7 @@ class ConsumeTests(SynchronousTestCase):
             net.settle()
             out = net["a"].link_to(net["b"])
             (sub,) = net["b"].link_to(net["a"]).homed
-            out.send(wire.encode_settle([[sub, 0, 1, queues_module.CREDIT]]))
+            out.send(wire.encode_settle([[sub, 0, 1, wire.CREDIT]]))
             net.settle()
             inbound = [p.server for p in net.pumps if p.server.mesh is net["b"].mesh][0]
             self.assertEqual(inbound.state, "closed")

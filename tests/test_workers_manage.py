@@ -574,8 +574,7 @@ class AmqpTests(SynchronousTestCase):
         from pamqp import commands  # noqa: PLC0415
 
         c = self.client
-        c.send(commands.Basic.Get(queue=self.q), 1)
-        self.net.settle()
+        self.get()
         frames = c.read()
         ok = frames[0][1]
         self.assertIsInstance(ok, commands.Basic.GetOk)
@@ -585,8 +584,7 @@ class AmqpTests(SynchronousTestCase):
         c.send(commands.Basic.Reject(ok.delivery_tag, requeue=True), 1)
         self.net.settle()
         self.assertEqual(len(self.home), 2)
-        c.send(commands.Basic.Get(queue=self.q), 1)
-        self.net.settle()
+        self.get()
         ok = c.read()[0][1]
         self.assertTrue(ok.redelivered)
         c.send(commands.Basic.Ack(ok.delivery_tag), 1)
@@ -600,11 +598,9 @@ class AmqpTests(SynchronousTestCase):
 
         c = self.client
         for _ in range(2):
-            c.send(commands.Basic.Get(queue=self.q, no_ack=True), 1)
-            self.net.settle()
+            self.get(no_ack=True)
             self.assertIsInstance(c.read()[0][1], commands.Basic.GetOk)
-        c.send(commands.Basic.Get(queue=self.q, no_ack=True), 1)
-        self.net.settle()
+        self.get(no_ack=True)
         self.assertIsInstance(c.expect(commands.Basic.GetEmpty), commands.Basic.GetEmpty)
         self.assertEqual(len(self.home), 0)
 
@@ -619,8 +615,7 @@ class AmqpTests(SynchronousTestCase):
         self.home.purge()
         send(self.net, "b", self.q, big, persistent=True)
         c = self.client
-        c.send(commands.Basic.Get(queue=self.q), 1)
-        self.net.settle()
+        self.get()
         frames = c.read()
         ok = frames[0][1]
         self.assertIsInstance(ok, commands.Basic.GetOk)
@@ -632,8 +627,7 @@ class AmqpTests(SynchronousTestCase):
         # Larger than the link's frame (cluster.max_frame of the asker, here).
         self.net["a"].mesh.settings = replace(self.net["a"].mesh.settings, max_frame=len(big) // 2)
         send(self.net, "b", self.q, big)
-        c.send(commands.Basic.Get(queue=self.q), 1)
-        self.net.settle()
+        self.get()
         close = c.close_error()
         self.assertEqual(close.reply_code, 406)
         self.assertIn("consume it instead", close.reply_text)
@@ -659,8 +653,7 @@ class AmqpTests(SynchronousTestCase):
         from pamqp import commands  # noqa: PLC0415
 
         c = self.client
-        c.send(commands.Basic.Get(queue=self.q), 1)
-        self.net.settle()
+        self.get()
         ok = c.read()[0][1]
         self.net["a"].link_to(self.net["b"]).transport.loseConnection()  # type: ignore[union-attr]
         self.net.settle()
@@ -668,6 +661,14 @@ class AmqpTests(SynchronousTestCase):
         c.send(commands.Basic.Ack(ok.delivery_tag), 1)
         self.net.settle()
         self.assertEqual(len(self.home), 2)
+
+    def get(self, no_ack: bool = False) -> None:
+        """A basic.get of the queue homed on b, sent by the client on a,
+        and every frame it makes moved."""
+        from pamqp import commands  # noqa: PLC0415
+
+        self.client.send(commands.Basic.Get(queue=self.q, no_ack=no_ack), 1)
+        self.net.settle()
 
     def home_channel_consumers(self) -> list[Any]:
         """The getters of b's channels for the link from a."""

@@ -455,10 +455,10 @@ class LinkProtocol(Protocol):
         may send one more (sent with the turn's settles, a run of at most
         C{limit}, the consumer's window)."""
         last = self._last_run
-        if last is not None and last[0] == sub and last[3] == 3 and last[2] < limit:
+        if last is not None and last[0] == sub and last[3] == wire.CREDIT and last[2] < limit:
             last[2] += 1
             return
-        last = self._last_run = [sub, 0, 1, 3]
+        last = self._last_run = [sub, 0, 1, wire.CREDIT]
         self._settles.append(last)
         self._want_flush()
 

@@ -56,9 +56,7 @@ __all__ = ["HomeConsumer", "RemoteQueues"]
 
 log = Logger()
 
-ACK, REQUEUE, DROP = 0, 1, 2
-#: A settle run's outcome for a consumer without acks: credit, not tags.
-CREDIT = 3
+ACK, REQUEUE, DROP, CREDIT = wire.ACK, wire.REQUEUE, wire.DROP, wire.CREDIT
 
 #: Queue names that always live on their client's node (a connection's own
 #: queues, durable subscriptions).
@@ -621,12 +619,10 @@ class RemoteQueues:
                     f"bad settle: a run of {count} tags for consumer {sub}, whose window is {consumer.prefetch}"
                 )
             if outcome == CREDIT:
-                if consumer.ack_required or consumer.credit + count > consumer.prefetch:
-                    raise wire.FrameError(
-                        f"bad settle: credit of {count} for consumer {sub}, more than it spent"
-                        if not consumer.ack_required
-                        else f"bad settle: credit for consumer {sub}, which acks"
-                    )
+                if consumer.ack_required:
+                    raise wire.FrameError(f"bad settle: credit for consumer {sub}, which acks")
+                if consumer.credit + count > consumer.prefetch:
+                    raise wire.FrameError(f"bad settle: credit of {count} for consumer {sub}, more than it spent")
                 consumer.credit += count
                 queue = consumer.queue
                 if queue is not None and not consumer.paused:

@@ -72,14 +72,17 @@ from qmq.core.message import Message
 from qmq.store import record
 
 __all__ = [
+    "ACK",
     "BATCH_BYTES",
     "CANCEL",
     "CANCELLED",
     "CLOSE",
     "CONFIRM",
     "CONSUME",
+    "CREDIT",
     "DECLARE",
     "DELIVER",
+    "DROP",
     "FORWARD",
     "HELLO",
     "INTEREST",
@@ -87,6 +90,7 @@ __all__ = [
     "PING",
     "PEERS",
     "PONG",
+    "REQUEUE",
     "SETTLE",
     "SYNC",
     "VERSION",
@@ -216,6 +220,9 @@ _RANGE = struct.Struct(">QI")
 _FAILED = struct.Struct(">QHH")
 #: A settle run: consumer id, first tag, count, outcome.
 RUN = struct.Struct(">IQIB")
+#: A settle run's outcomes: its tags acked, requeued or dropped; or, for a
+#: consumer without acks, credit (first tag 0, count deliveries taken).
+ACK, REQUEUE, DROP, CREDIT = 0, 1, 2, 3
 
 _PERSISTENT = record.FLAG_PERSISTENT
 _FLAG_TIMING = record.FLAG_TIMING
@@ -544,7 +551,7 @@ def decode_settle(data: bytes, start: int, end: int) -> list[tuple[int, int, int
         raise FrameError(f"bad settle: {end - start} bytes is no whole number of runs")
     runs = list(RUN.iter_unpack(data[start:end]))
     for _, _, count, outcome in runs:
-        if outcome > 3 or count < 1:
+        if outcome > CREDIT or count < 1:
             raise FrameError(f"bad settle: a run of {count} with outcome {outcome}")
     return runs
 
