@@ -46,6 +46,12 @@ def children_tree(pid: int) -> list[int]:
     return tree
 
 
+def user_system_seconds(pid: int) -> tuple[float, float]:
+    """Return the user and the system CPU seconds of ``pid`` alone."""
+    fields = _stat_fields(pid)
+    return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
+
+
 def cpu_seconds(pid: int, tree: bool = True) -> float:
     """Return utime+stime of ``pid`` (and descendants), in seconds."""
     total = 0

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import sys
@@ -32,32 +31,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import workers_bench as wb  # noqa: E402
-
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def times(pid: int) -> tuple[float, float]:
-    """User and system CPU seconds of process C{pid}."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) / TICK, int(fields[12]) / TICK
+from procstat import children_tree, user_system_seconds  # noqa: E402
 
 
-def worker_index(pid: int) -> int:
-    """The index I of a worker process (its C{--worker I:N:DIR})."""
+def worker_index(pid: int) -> int | None:
+    """The index I of a worker process (its C{--worker I:N:DIR}), or None."""
     argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    return int(argv[argv.index(b"--worker") + 1].split(b":")[0])
-
-
-def children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    out.append(int(entry.name))
-            except (OSError, ValueError, IndexError):
-                pass
-    return sorted(out)
+    return int(argv[argv.index(b"--worker") + 1].split(b":")[0]) if b"--worker" in argv else None
 
 
 def main() -> None:
@@ -69,7 +49,7 @@ def main() -> None:
     broker = wb.Broker(2, directory)
     try:
         nodes = broker.nodes  # sorted: node I is worker I's
-        workers = sorted(children(broker.process.pid), key=worker_index)
+        workers = sorted((p for p in children_tree(broker.process.pid) if worker_index(p) is not None), key=worker_index)
         for placed in ("home", "away"):
             name = f"crossing-{placed}-{int(time.time())}"
             home = nodes.index(wb.rendezvous("/", name, nodes))
@@ -77,7 +57,7 @@ def main() -> None:
             frames = b"".join(
                 wb.frame("SEND", {"destination": f"/queue/{name}"}, wb.BODY) for _ in range(args.batch - 1)
             )
-            before = [times(p) for p in workers]
+            before = [user_system_seconds(p) for p in workers]
             cpu0 = broker.cpu()
             waits = []
             for n in range(args.batches):
@@ -88,7 +68,7 @@ def main() -> None:
                     data += conn.sock.recv(65536)
                 waits.append(time.perf_counter() - started)
             messages = args.batches * args.batch
-            after = [times(p) for p in workers]
+            after = [user_system_seconds(p) for p in workers]
             per = 1e6 / messages
             print(json.dumps({
                 "placed": placed,

@@ -493,19 +493,21 @@ class Manage(Observer):
         room = args.get("frame")
         binary = isinstance(room, int) and not isinstance(room, bool)
         limit = min(room, self.mesh.settings.max_frame) - GOT_OVERHEAD if binary else MAX_GET
+        error: BrokerError | None = None
         if len(payload) > limit:
-            channel.settle_delivery(channel.owners.get(got.tag), got.tag, False, True)
-            raise PreconditionFailed(
+            error = PreconditionFailed(
                 f"the next message of queue {queue.name!r} holds {len(payload)} bytes, more than a get from "
                 f"another node carries ({limit}: cluster.max_frame); consume it instead (basic.consume)",
                 "message too large")
-        if len(payload) > MAX_ANSWER and link.full:
+        elif len(payload) > MAX_ANSWER and link.full:
             # Up to max_frame in one frame: not on top of a full link buffer.
-            channel.settle_delivery(channel.owners.get(got.tag), got.tag, False, True)
-            raise Unavailable(
+            error = Unavailable(
                 f"the link from node {self.mesh.node!r}, home of queue {queue.name!r}, holds "
                 f"{self.mesh.settings.link_buffer} bytes it could not send yet (cluster.link_buffer): "
                 "the message stays in the queue; get it again later", "home node busy")
+        if error is not None:
+            channel.settle_delivery(channel.owners.get(got.tag), got.tag, False, True)  # back in the queue
+            raise error
         if not args.get("ack"):
             channel.settle_delivery(channel.owners.get(got.tag), got.tag, True, False)
         facts = {"tag": got.tag, "count": got.message.delivery_count, "remaining": got.remaining}
