@@ -767,3 +767,151 @@ class NeverNamedHereTests(SynchronousTestCase):
         self.net.settle()
         self.failureResultOf(d, NotFound)
         self.assertNotIn(other, vhost.queues)
+
+
+class NamedOnlyOnItsHomeTests(SynchronousTestCase):
+    """A queue declared on b, its home, and never named on a: what a client
+    of a names as a queue that exists (AMQP basic.consume and passive
+    queue.declare, the HTTP API's receive) is asked of b first, so it is
+    found, with b's counts, and a name b does not have is 404 as for a
+    queue of a's own, leaving nothing behind on either node (a consume
+    makes no queue)."""
+
+    def setUp(self) -> None:
+        from qmq.amqp.protocol import AmqpFactory  # noqa: PLC0415
+        from qmq.amqp.settings import AmqpSettings  # noqa: PLC0415
+        from tests.test_amqp_session import Client  # noqa: PLC0415
+
+        self.net = net = Net("a", "b")
+        net.full_mesh()
+        self.q = homed(net, "b", "only")
+        self.missing = homed(net, "b", "none")
+        net["b"].broker.default_vhost.declare_queue(self.q, durable=False, arguments={"x-max-length": 10})
+        for body in (b"1", b"2"):
+            send(net, "b", self.q, body)
+        net.settle()
+        self.a = net["a"].broker.default_vhost
+        self.b = net["b"].broker.default_vhost
+        self.assertNotIn(self.q, self.a.queues)
+        self.registry = ConnectionRegistry(clock=net.clock)
+        factory = AmqpFactory(net["a"].broker, AmqpSettings(), clock=net.clock, registry=self.registry)
+        self.client = Client(factory)
+        self.client.handshake()
+        self.client.channel()
+
+    def assertLeftNothing(self, name: str) -> None:
+        self.assertNotIn(name, self.a.queues)
+        self.assertNotIn(name, self.b.queues)
+
+    def test_consume(self) -> None:
+        from pamqp import commands  # noqa: PLC0415
+
+        c = self.client
+        c.send(commands.Basic.Consume(queue=self.q, consumer_tag="t"), 1)
+        c.send(commands.Basic.Qos(prefetch_count=5), 1)
+        self.assertEqual(c.methods(), [])  # b is asked first; the qos waits
+        self.net.settle()
+        frames = c.read()
+        methods = [f for _, f in frames if isinstance(f, (commands.Basic.ConsumeOk, commands.Basic.Deliver,
+                                                          commands.Basic.QosOk))]
+        self.assertEqual([type(m) for m in methods],
+                         [commands.Basic.ConsumeOk, commands.Basic.QosOk, commands.Basic.Deliver,
+                          commands.Basic.Deliver])
+        c.send(commands.Basic.Ack(methods[3].delivery_tag, multiple=True), 1)
+        self.net.settle()
+        self.assertEqual(len(self.b.queues[self.q]), 0)
+        self.assertEqual(sum(len(cn.unacked) for cn in self.b.queues[self.q].consumers), 0)
+
+    def test_consume_missing(self) -> None:
+        from pamqp import commands  # noqa: PLC0415
+
+        c = self.client
+        c.send(commands.Basic.Consume(queue=self.missing), 1)
+        self.net.settle()
+        close = c.close_error()
+        self.assertEqual((close.reply_code, close.class_id, close.method_id), (404, 60, 20))
+        self.assertIn(f"no queue {self.missing!r}", close.reply_text)
+        self.assertLeftNothing(self.missing)
+
+    def test_consume_deleted_on_its_home(self) -> None:
+        """a's stand-in stays when b's queue is deleted by a client of b;
+        a consume on a is then 404, as b says, not a new queue on b."""
+        from pamqp import commands  # noqa: PLC0415
+
+        send(self.net, "a", self.q, b"3")  # a names it: a stand-in
+        self.net.settle()
+        self.assertIsInstance(self.a.queues[self.q], RemoteQueue)
+        self.b.delete_queue(self.q)
+        c = self.client
+        c.send(commands.Basic.Consume(queue=self.q), 1)
+        self.net.settle()
+        self.assertEqual(c.close_error().reply_code, 404)
+        self.assertLeftNothing(self.q)
+
+    def test_passive_declare(self) -> None:
+        """The declare-ok carries b's counts; equivalent arguments pass,
+        others are 406, as for a queue of a's."""
+        from pamqp import commands  # noqa: PLC0415
+
+        c = self.client
+        c.send(commands.Queue.Declare(queue=self.q, passive=True), 1)
+        c.send(commands.Queue.Declare(queue=self.q, passive=True, arguments={"x-max-length": 10}), 1)
+        self.net.settle()
+        replies = c.methods()
+        self.assertEqual([(r.queue, r.message_count, r.consumer_count) for r in replies], [(self.q, 2, 0)] * 2)
+        c.send(commands.Queue.Declare(queue=self.q, passive=True, arguments={"x-max-length": 3}), 1)
+        self.net.settle()
+        close = c.close_error()
+        self.assertEqual(close.reply_code, 406)
+        self.assertIn("other arguments", close.reply_text)
+
+    def test_passive_declare_missing(self) -> None:
+        from pamqp import commands  # noqa: PLC0415
+
+        c = self.client
+        c.send(commands.Queue.Declare(queue=self.missing, passive=True), 1)
+        self.net.settle()
+        close = c.close_error()
+        self.assertEqual((close.reply_code, close.class_id, close.method_id), (404, 50, 10))
+        self.assertLeftNothing(self.missing)
+
+    def test_home_down(self) -> None:
+        """b not linked: 404 at once, naming b (RabbitMQ's answer for a
+        queue whose node is down)."""
+        from pamqp import commands  # noqa: PLC0415
+
+        net = self.net
+        net["a"].link_to(net["b"]).transport.loseConnection()  # type: ignore[union-attr]
+        net.settle()
+        c = self.client
+        c.send(commands.Basic.Consume(queue=self.q), 1)
+        close = c.close_error()
+        self.assertEqual(close.reply_code, 404)
+        self.assertIn("'b'", close.reply_text)
+
+    def receive(self, node: str, queue: str) -> tuple[int, Any]:
+        ctx = Ctx(broker=self.net[node].broker, clock=self.net.clock)
+        request = _request(f"v1/vhosts/%2F/queues/{queue}/receive?max=5", b"POST")
+        result = ApiResource(ctx).render(request)
+        if result is NOT_DONE_YET:
+            self.net.settle()
+            self.net.clock.advance(0)  # the receiver's flush
+            self.assertEqual(request.finished, 1, "no answer")
+            result = b"".join(request.written)
+        status = request.responseCode or 200
+        validate("POST", f"http://broker/api/v1/vhosts/%2F/queues/{queue}/receive", status,
+                 "application/problem+json" if status >= 400 else "application/json", result)
+        return status, json.loads(result)
+
+    def test_http_receive(self) -> None:
+        """The HTTP API on a receives from the queue on b; a name b does
+        not have is the same 404 problem as a name a does not have."""
+        status, doc = self.receive("a", self.q)
+        self.assertEqual((status, [m["body"] for m in doc["messages"]]), (200, ["1", "2"]))
+        verdicts = []
+        for node in ("a", "b"):
+            status, doc = self.receive(node, self.missing)
+            verdicts.append((status, doc["code"], doc["detail"]))
+        self.assertEqual(verdicts[0], verdicts[1])
+        self.assertEqual(verdicts[0][:2], (404, "unknown-queue"))
+        self.assertLeftNothing(self.missing)

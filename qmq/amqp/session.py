@@ -170,6 +170,11 @@ _CONTENT_HEAD = struct.Struct(">BHIHHQ")
 _U16 = struct.Struct(">H")
 
 
+def _count(value: Any) -> int:
+    """A count another node reported, as a declare-ok's unsigned 32 bits."""
+    return min(value, 0xFFFFFFFF) if isinstance(value, int) and value > 0 else 0
+
+
 class ConnectionError_(Exception):
     """A connection exception: close the connection with C{code} and C{text}."""
 
@@ -785,7 +790,11 @@ class AmqpChannel:
         vhost = core.vhost
         arguments = from_table(args.arguments)
         if args.passive:
-            queue = core.declare_queue(self._queue_name(name), passive=True)
+            queue = core.declare_queue(self._queue_name(name), passive=True, arguments=arguments)
+            if isinstance(queue, Deferred):
+                # Its home is another node: asked there, answered with its counts.
+                self._answer(queue, lambda found: self._declared_remote(found, args), commands.Queue.Declare.index)
+                return
         elif not name or args.exclusive:
             if not name:
                 name = f"amq.gen-{secrets.token_urlsafe(16)}"
@@ -817,6 +826,14 @@ class AmqpChannel:
         self.last_queue = queue.name
         if not args.nowait:
             self.send(commands.Queue.DeclareOk(queue.name, len(queue), len(queue.consumers)))
+
+    def _declared_remote(self, found: tuple[Any, dict[str, Any]], args: Any) -> None:
+        """A passive declare of a queue homed on another node: the counts are the home's."""
+        queue, facts = found
+        self.last_queue = queue.name
+        if not args.nowait:
+            self.send(commands.Queue.DeclareOk(queue.name, _count(facts.get("messages_ready")),
+                                               _count(facts.get("consumers"))))
 
     def _check_lock(self, name: str) -> Any:
         queue = self.core.vhost.queue_or_stand_in(name)
@@ -932,6 +949,16 @@ class AmqpChannel:
             queue = self._consume_direct_reply(args)
         else:
             queue = self._queue_name(args.queue)
+            found = self.core.find_queue(queue)
+            if isinstance(found, Deferred):
+                # Its home is another node, which says whether it has it
+                # first (a consume does not make a queue): then as here.
+                found.addCallback(lambda _: self._consume(args, consumer, queue, tag))
+                self._answer(found, None, commands.Basic.Consume.index)
+                return
+        self._consume(args, consumer, queue, tag)
+
+    def _consume(self, args: Any, consumer: AmqpConsumer, queue: str, tag: str) -> None:
         tag = self.core.consume(consumer, queue, tag=tag or "", exclusive=bool(args.exclusive))
         consumer.set_tag(tag)
         self.consumers[tag] = consumer

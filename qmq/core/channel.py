@@ -58,7 +58,7 @@ from qmq.core.access import Resource, authorize, resource_named
 from qmq.core.consumer import UNLIMITED, BacklogBudget, Consumer
 from qmq.core.errors import AccessRefused, NotAllowed, NotFound, PreconditionFailed, ResourceLocked
 from qmq.core.ids import Counter
-from qmq.core.management import authorize_arguments, check_equivalent
+from qmq.core.management import authorize_arguments, check_equivalent, check_equivalent_policy
 from qmq.core.message import Message
 from qmq.core.names import check_binding_key, check_exchange, check_headers, check_routing_key
 from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX, check_queue_access, durable_queue_name
@@ -402,7 +402,9 @@ class Channel:
         An exclusive queue belongs to this channel's L{Connection}: only its
         channels may use it, and it goes when the connection closes.
 
-        @param passive: only find it (L{NotFound} if there is none).
+        @param passive: only find it (L{NotFound} if there is none); for
+            a queue whose home is another node, the answer is a Deferred
+            of (its stand-in, the home's facts), as L{find_queue}'s.
         @raise ResourceLocked: it is exclusive to another connection.
         @raise PreconditionFailed: it exists with other arguments, or a
             bad name or argument.
@@ -410,6 +412,13 @@ class Channel:
         """
         vhost = self.vhost
         queue = vhost.queues.get(name)
+        if passive and (queue is None or queue.remote is not None):
+            found = self.find_queue(name)
+            if found.__class__ is not Queue:
+                if arguments:
+                    found.addCallback(self._check_found_arguments, arguments)  # type: ignore[union-attr]
+                return found  # type: ignore[return-value]
+            queue = found  # type: ignore[assignment]
         if queue is not None or passive:
             if queue is None:
                 raise NotFound(f"no queue {name!r} in virtual host {vhost.name!r}", "no such queue")
@@ -430,6 +439,42 @@ class Channel:
         if exclusive:
             self.connection.owns(queue)
         return queue
+
+    def find_queue(self, name: str) -> Queue | Deferred:
+        """Queue C{name}, which a client names as one that exists (AMQP's
+        C{basic.consume} and passive C{queue.declare}, the HTTP API's
+        receive), not one to make on first use (L{named_queue}).
+
+        A queue here is returned as it is. When its home is another node
+        (L{qmq.core.remote}) the home is asked, even if this node has its
+        stand-in (another node may have deleted it there since): the answer
+        is a Deferred of (the stand-in, the home's facts of it,
+        L{qmq.core.management.queue_facts}), failing with L{NotFound} when
+        the home has no such queue (a stand-in made for the question goes
+        again) or L{qmq.core.remote.Unavailable}. The caller's checks
+        (read permission, exclusivity) are its own, as for a queue here.
+
+        @raise NotFound: no such queue here, and no other node is its home.
+        """
+        vhost = self.vhost
+        queue = vhost.queues.get(name)
+        if queue is None:
+            queue = vhost.stand_in(name)
+            if queue is None:
+                return vhost.queue(name)  # raises NoSuchQueue
+        elif queue.remote is None:
+            return queue
+        d = queue.remote.operate(queue, "queue", {})  # type: ignore[union-attr]
+        return d.addCallbacks(_with_facts, vhost.not_on_home, (queue,), None, (queue,))  # type: ignore[no-any-return]
+
+    def _check_found_arguments(self, found: tuple[Queue, dict[str, Any]], arguments: dict[str, Any]) -> Any:
+        """A passive declare's C{arguments}, for a queue found on its home:
+        they must agree with those the home has, as for a queue here."""
+        queue, facts = found
+        home = facts.get("arguments")
+        policy = QueuePolicy.from_arguments(home if isinstance(home, dict) else None, self.vhost.queue_defaults)
+        check_equivalent_policy(queue.name, policy, arguments)
+        return found
 
     def _check_exclusive(self, queue: Queue) -> None:
         """@raise ResourceLocked: C{queue} is exclusive to another connection."""
@@ -1382,3 +1427,8 @@ def _buffer_policy(consumer: Consumer) -> QueuePolicy | None:
 
 
 __all__ = ["Channel", "Connection", "Got", "PreconditionFailed", "Published", "SendTarget", "Window"]
+
+
+def _with_facts(facts: Any, queue: Queue) -> tuple[Queue, dict[str, Any]]:
+    """(C{queue}, what its home said of it), for L{Channel.find_queue}."""
+    return queue, facts if isinstance(facts, dict) else {}

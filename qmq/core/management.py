@@ -127,11 +127,17 @@ def check_equivalent(queue: Queue, arguments: dict[str, Any]) -> None:
 
     @raise PreconditionFailed: they do not, naming them.
     """
-    wanted = QueuePolicy.from_arguments(arguments, queue.policy)
-    if wanted != queue.policy:
+    check_equivalent_policy(queue.name, queue.policy, arguments)
+
+
+def check_equivalent_policy(name: str, policy: QueuePolicy, arguments: dict[str, Any]) -> None:
+    """L{check_equivalent} for queue C{name} whose policy is C{policy}
+    (a queue on another node: the policy of the arguments its home has)."""
+    wanted = QueuePolicy.from_arguments(arguments, policy)
+    if wanted != policy:
         given = ", ".join(f"{k}={v}" for k, v in sorted(arguments.items()))
         raise PreconditionFailed(
-            f"Queue {queue.name!r} exists with other arguments than those given ({given}); "
+            f"Queue {name!r} exists with other arguments than those given ({given}); "
             "delete it or declare it without them.",
             "inequivalent queue arguments",
         )

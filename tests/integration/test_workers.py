@@ -354,39 +354,48 @@ class WorkersTests(WorkersCase):
         self.assertEqual(sorted(got), sorted(f"{w}-{i}".encode() for w in publishers for i in range(50)))
 
     def test_amqp(self) -> None:
-        """AMQP 0-9-1 (pika) on shared listeners: four connections publish
-        with confirms to a durable queue (wherever each landed: most likely
-        some on each worker, the queue's home or not), a fifth consumes
-        with acks: every message once."""
+        """AMQP 0-9-1 (pika) on shared listeners, a durable queue homed on
+        w1: two connections on w1 declare it and publish with confirms; a
+        consumer on w0, where no client named it before, finds it (a
+        passive declare answers w1's count) and consumes with acks; then
+        connections on w0 publish (forwarded to w1) and a consumer on w1
+        takes the rest: every message once."""
         import pika  # noqa: PLC0415
 
-        params = pika.ConnectionParameters("127.0.0.1", self.amqp_port, connection_attempts=3)
+        from tests.integration.test_workers_manage import homed  # noqa: PLC0415
 
-        def scenario() -> list[bytes]:
-            for n in range(4):
-                conn = pika.BlockingConnection(params)
-                ch = conn.channel()
-                ch.confirm_delivery()
-                ch.queue_declare("amqp-q", durable=True)
-                for i in range(25):
-                    ch.basic_publish("", "amqp-q", f"{n}-{i}".encode(), pika.BasicProperties(delivery_mode=2))
-                conn.close()
-            conn = pika.BlockingConnection(params)
-            ch = conn.channel()
+        queue = homed("w1", "amqp-q")
+
+        def publish(worker: str, n: int) -> None:
+            ch = self.amqp_on(worker).channel()
+            ch.confirm_delivery()
+            ch.queue_declare(queue, durable=True)
+            for i in range(25):
+                ch.basic_publish("", queue, f"{n}-{i}".encode(), pika.BasicProperties(delivery_mode=2))
+            ch.connection.close()
+
+        def consume(worker: str, count: int) -> list[bytes]:
+            ch = self.amqp_on(worker).channel()
+            self.assertEqual(ch.queue_declare(queue, passive=True).method.message_count, count)
             ch.basic_qos(prefetch_count=10)
             got = []
-            for method, _props, body in ch.consume("amqp-q", inactivity_timeout=5):
+            for method, _props, body in ch.consume(queue, inactivity_timeout=FLOW_TIMEOUT):
                 if method is None:
                     break
                 got.append(body)
                 ch.basic_ack(method.delivery_tag)
-                if len(got) == 100:
+                if len(got) == count:
                     break
             ch.cancel()
-            conn.close()
+            ch.connection.close()
             return got
 
-        got = scenario()
+        for n in (0, 1):
+            publish("w1", n)
+        got = consume("w0", 50)
+        for n in (2, 3):
+            publish("w0", n)
+        got += consume("w1", 50)
         self.assertEqual(sorted(got), sorted(f"{n}-{i}".encode() for n in range(4) for i in range(25)))
 
     def test_headersExchange(self) -> None:

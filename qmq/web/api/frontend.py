@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from qmq.core import options
 from qmq.core.admission import RETRY_AFTER
@@ -49,6 +50,7 @@ from qmq.core.consumer import Consumer
 from qmq.core.errors import BrokerError, NotFound
 from qmq.core.message import Message, check_user_id
 from qmq.core.names import check_headers
+from qmq.core.remote import Unavailable
 from qmq.stomp.destinations import DestinationChannel
 from qmq.web.api.codec import Parsed
 from qmq.web.api.problem import Problem, from_broker_error
@@ -62,6 +64,11 @@ if TYPE_CHECKING:
 log = Logger()
 
 Delivered = list[tuple[int, "Message"]]
+
+
+#: Seconds a first receive from a queue homed on another node waits at
+#: least for the messages its home said it has (L{PollConsumer.first_wait}).
+REMOTE_FIRST_WAIT = 1.0
 
 
 class Waiter:
@@ -96,7 +103,7 @@ class _Batch:
 class PollConsumer(Consumer):
     """The HTTP receivers of one queue (see the module docstring)."""
 
-    __slots__ = ("frontend", "channel", "name", "token", "waiters", "flush_call", "batch_of", "clock")
+    __slots__ = ("frontend", "channel", "name", "token", "waiters", "flush_call", "batch_of", "clock", "first_wait")
 
     def __init__(self, frontend: VHostFrontend, name: str, max_unacked: int) -> None:
         super().__init__(True, max_unacked, owner=frontend.channel)
@@ -111,11 +118,16 @@ class PollConsumer(Consumer):
         self.flush_call: Any = None
         self.batch_of: dict[int, _Batch] = {}
         self.paused = True
+        #: The least wait of the first receive: for a queue homed on another
+        #: node that has messages, the time they may take to come.
+        self.first_wait = 0.0
 
     # -- receiving -------------------------------------------------------------
 
     def receive(self, want: int, wait: float, visibility: float) -> Waiter:
         """A waiter for up to C{want} messages, answered within C{wait} seconds."""
+        if self.first_wait:
+            wait, self.first_wait = max(wait, self.first_wait), 0.0
         waiter = Waiter(want, visibility)
         self.waiters.append(waiter)
         if len(self.waiters) == 1:
@@ -433,20 +445,49 @@ class VHostFrontend:
 
     # -- receiving --------------------------------------------------------------
 
-    def poller(self, name: str) -> PollConsumer:
-        """The consumer of queue C{name} (attached on first use).
+    def poller(self, name: str) -> PollConsumer | defer.Deferred:
+        """The consumer of queue C{name} (attached on first use); for a
+        queue whose home is another node, attached once the home said it
+        has it (L{qmq.core.channel.Channel.find_queue}): a Deferred of it.
 
         @raise Problem: no such queue, or it is exclusive to a session.
         """
         poller = self.pollers.get(name)
         if poller is not None and poller.queue is not None:
             return poller
-        queue = self.vhost.queues.get(name)
-        if queue is None:
-            # In a mesh, a queue homed on another node (qmq.core.remote).
-            queue = self.vhost.stand_in(name)
-        if queue is None:
-            raise Problem(404, "unknown-queue", f"No queue {name!r} in virtual host {self.vhost.name!r}.")
+        try:
+            found = self.channel.find_queue(name)
+        except NotFound:
+            raise self._unknown(name) from None
+        if isinstance(found, defer.Deferred):
+            return found.addCallbacks(self._attach_found, self._not_found, (name,), None, (name,))
+        return self._attach(name, found)
+
+    def _attach_found(self, found: tuple[Queue, dict[str, Any]], name: str) -> PollConsumer:
+        """Attached to a queue homed on another node: when the home has
+        messages, a first receive waits for them a little (they come from
+        the home as its consumer there fills its window), even one that
+        asked not to wait."""
+        queue, facts = found
+        poller = self._attach(name, queue)
+        ready = facts.get("messages_ready")
+        if isinstance(ready, int) and ready > 0:
+            poller.first_wait = REMOTE_FIRST_WAIT
+        return poller
+
+    def _unknown(self, name: str) -> Problem:
+        return Problem(404, "unknown-queue", f"No queue {name!r} in virtual host {self.vhost.name!r}.")
+
+    def _not_found(self, failure: Failure, name: str) -> Failure:
+        """The home of queue C{name} has no such queue: the same problem as here."""
+        if failure.check(NotFound) and not failure.check(Unavailable):
+            raise self._unknown(name)
+        return failure
+
+    def _attach(self, name: str, queue: Queue) -> PollConsumer:
+        poller = self.pollers.get(name)
+        if poller is not None and poller.queue is not None:
+            return poller  # attached by another receive meanwhile
         if queue.exclusive_owner is not None:
             raise Problem(403, "access-refused", f"Queue {name!r} belongs to a session.")
         poller = PollConsumer(self, name, self.settings.max_unacked)

@@ -632,6 +632,14 @@ class ApiResource(HealthHandlers, TopologyMixin, AdminMixin, DefinitionsMixin, R
         self._own(request, vhost, queue)
         fe = self._fe(request, vhost)
         poller = fe.poller(queue)
+        if isinstance(poller, defer.Deferred):
+            # A queue homed on another node, asked there first.
+            return poller.addCallback(self._receive, request, want, wait, visibility, force64, avro)
+        return self._receive(poller, request, want, wait, visibility, force64, avro)
+
+    def _receive(
+        self, poller: Any, request: Request, want: int, wait: float, visibility: float, force64: bool, avro: bool
+    ) -> Any:
         waiter = poller.receive(want, wait, visibility)
         token = poller.token
 
