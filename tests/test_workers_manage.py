@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any
 from urllib.parse import unquote
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.server import NOT_DONE_YET
 from twisted.web.test.requesthelper import DummyRequest
@@ -24,7 +24,10 @@ from qmq.cluster import manage
 from qmq.connections import ConnectionRegistry
 from qmq.core.errors import AccessRefused, BrokerError, NotFound, PreconditionFailed
 from qmq.core.management import Management
+from qmq.core.message import Message
 from qmq.core.remote import RemoteQueue, Unavailable
+from qmq.core.store import ScanPage
+from qmq.core.vhost import make_cursor
 from qmq.web.api import ApiResource
 from tests.test_cluster_mesh import Net
 from tests.test_cluster_queues import homed, send
@@ -915,3 +918,197 @@ class NamedOnlyOnItsHomeTests(SynchronousTestCase):
         self.assertEqual(verdicts[0], verdicts[1])
         self.assertEqual(verdicts[0][:2], (404, "unknown-queue"))
         self.assertLeftNothing(self.missing)
+
+
+class ScanTests(SynchronousTestCase):
+    """A range scan of a queue homed on b, asked on a: b's log holds its
+    messages, so b scans and sends the page (its records, in a GOT frame),
+    cut to fit a frame with its cursor after the last message sent; the
+    messages keep b's ids and the page names b. (b's store here is the
+    memory store: its scan is replaced to answer pages; the real log is in
+    tests.integration.test_workers_manage.)"""
+
+    def setUp(self) -> None:
+        self.net = net = Net("a", "b", max_frame=64 * 1024)
+        net.full_mesh()
+        self.q = homed(net, "b", "scanned")
+        self.b = net["b"].broker.default_vhost
+        self.b.declare_queue(self.q)
+        self.asked: list[tuple] = []
+        self.pages: list[Any] = []
+
+        def scan(name: str, start: float, end: float, cursor: str | None, limit: int) -> Deferred:
+            self.asked.append((name, start, end, cursor, limit))
+            return succeed(self.pages.pop(0))
+
+        self.b.scan = scan  # type: ignore[method-assign]
+
+    def message(self, mid: int, size: int = 10) -> Message:
+        m = Message(mid, "", self.q, {"k": "v"}, bytes([mid % 256]) * size, 1000.0 + mid, True, 3)
+        m.properties = {"correlation_id": f"c{mid}"}
+        return m
+
+    def scan(self, cursor: str | None = None, limit: int = 100) -> Any:
+        return settled(self.net, management(self.net, "a").scan(self.q, 10.0, 2000.0, cursor, limit))
+
+    def test_page_from_the_home(self) -> None:
+        sent = [self.message(i) for i in (7, 8, 9)]
+        self.pages.append(ScanPage(sent, "i9"))
+        page = self.successResultOf(self.scan("i6", 3))
+        self.assertEqual(self.asked, [(self.q, 10.0, 2000.0, "i6", 3)])
+        self.assertEqual((page.node, page.next_cursor), ("b", "i9"))
+        self.assertEqual(
+            [(m.id, m.body, m.headers, m.timestamp, m.priority, m.persistent, m.properties) for m in page.messages],
+            [(m.id, m.body, m.headers, m.timestamp, m.priority, m.persistent, m.properties) for m in sent])
+
+    def test_last_page(self) -> None:
+        self.pages.append(ScanPage([], None))
+        page = self.successResultOf(self.scan())
+        self.assertEqual((page.messages, page.next_cursor), ([], None))
+
+    def test_page_cut_to_a_frame(self) -> None:
+        """Three messages of 30 KiB in a 64 KiB frame: two come, and the
+        cursor goes on after the second (not after the page b read)."""
+        self.pages.append(ScanPage([self.message(i, 30 * 1024) for i in (1, 2, 3)], "i3"))
+        page = self.successResultOf(self.scan())
+        self.assertEqual(([m.id for m in page.messages], page.next_cursor), ([1, 2], make_cursor(2)))
+
+    def test_message_larger_than_a_frame(self) -> None:
+        self.pages.append(ScanPage([self.message(1, 70 * 1024)], None))
+        failure = self.failureResultOf(self.scan(), PreconditionFailed)
+        self.assertIn("more than a scan from another node carries", failure.value.message)
+        self.assertIn("node 'b'", failure.value.message)
+
+    def test_refused_on_the_home(self) -> None:
+        """b's own refusal (here: its memory store keeps no log) comes back,
+        and over HTTP it is the same 400 as on b."""
+        del self.b.scan
+        failure = self.failureResultOf(self.scan(), PreconditionFailed)
+        self.assertIn("cannot be scanned", failure.value.message)
+        verdicts = []
+        for node in ("a", "b"):
+            ctx = Ctx(broker=self.net[node].broker, clock=self.net.clock)
+            request = _request(f"v1/vhosts/%2F/queues/{self.q}/scan")
+            result = ApiResource(ctx).render(request)
+            if result is NOT_DONE_YET:
+                self.net.settle()
+                result = b"".join(request.written)
+            doc = json.loads(result)
+            verdicts.append((request.responseCode, doc["code"]))
+        self.assertEqual(verdicts, [(400, "cannot-scan")] * 2)
+
+    def test_missing(self) -> None:
+        """A name b does not have: 404, and a keeps no stand-in."""
+        other = homed(self.net, "b", "none")
+        d = settled(self.net, management(self.net, "a").scan(other, 0.0, 1.0, None, 10))
+        self.failureResultOf(d, NotFound)
+        self.assertNotIn(other, self.net["a"].broker.default_vhost.queues)
+
+    def test_bad_answer(self) -> None:
+        """Records that are not whole publish records close nothing here
+        but fail the scan."""
+        from qmq.cluster import wire  # noqa: PLC0415
+
+        for data in (b"\x00\x00", manage._encode_message(b"/", self.message(1))[:-1]):
+            self.assertRaises(wire.FrameError, manage._decode_messages, data)
+
+
+class HandlesTests(WholeBrokerCase):
+    """An HTTP client's next connection may land on another node (worker):
+    a receipt handle is settled wherever it arrives, by the node whose
+    receiver made it (its token starts with that node's id), for the same
+    identity; and on one node, whichever listener's API made it."""
+
+    def receive(self, node: str, queue: str, visibility: float = 30.0) -> str:
+        status, doc = self.get(node, f"v1/vhosts/%2F/queues/{queue}/receive?max=1&wait=1&visibility={visibility}",
+                               b"POST")
+        self.net.clock.advance(0)
+        self.assertEqual((status, len(doc["messages"])), (200, 1), doc)
+        return doc["messages"][0]["handle"]
+
+    def settle(self, node: str, queue: str, verb: str, handles: list[str], **more: Any) -> Any:
+        status, doc = self.get(node, f"v1/vhosts/%2F/queues/{queue}/{verb}", b"POST", {"handles": handles, **more})
+        self.assertEqual(status, 200, doc)
+        return doc
+
+    def home(self, node: str) -> Any:
+        return self.net[node].broker.default_vhost.queues[self.queues[node]]
+
+    def unacked(self, node: str) -> int:
+        return sum(len(c.unacked) for c in self.home(node).consumers)
+
+    def test_ack_on_another_node(self) -> None:
+        """Received on b, acked on a: done on b, never redelivered."""
+        handle = self.receive("b", self.queues["b"])
+        self.assertTrue(handle.startswith("b."), handle)
+        self.assertEqual(self.unacked("b"), 1)
+        doc = self.settle("a", self.queues["b"], "ack", [handle])
+        self.assertEqual(doc, {"settled": 1, "unknown": []})
+        self.net.clock.advance(60)
+        self.assertEqual((len(self.home("b")), self.unacked("b")), (0, 0))
+        # Again: it is gone.
+        self.assertEqual(self.settle("c", self.queues["b"], "ack", [handle]), {"settled": 0, "unknown": [handle]})
+
+    def test_receiver_on_a_third_node(self) -> None:
+        """Received on a from c's queue (a's receiver, through the link),
+        acked on b: b asks a, whose receiver acks it to c."""
+        handle = self.receive("a", self.queues["c"])
+        self.assertTrue(handle.startswith("a."), handle)
+        self.assertEqual(self.settle("b", self.queues["c"], "ack", [handle]), {"settled": 1, "unknown": []})
+        self.net.settle()
+        self.assertEqual((len(self.home("c")), self.unacked("c")), (0, 0))
+
+    def test_nack_on_another_node(self) -> None:
+        handle = self.receive("b", self.queues["b"])
+        self.assertEqual(self.settle("c", self.queues["b"], "nack", [handle])["settled"], 1)
+        self.assertEqual((len(self.home("b")), self.unacked("b")), (1, 0))
+
+    def test_extend_on_another_node(self) -> None:
+        """Extended on c: the deadline moves on b; then acked on a."""
+        handle = self.receive("b", self.queues["b"], visibility=10)
+        self.assertEqual(self.settle("c", self.queues["b"], "extend", [handle], visibility=100)["settled"], 1)
+        for _ in range(50):  # the links' heartbeats go on
+            self.net.clock.advance(1)
+            self.net.settle()
+        self.assertEqual((len(self.home("b")), self.unacked("b")), (0, 1))
+        self.assertEqual(self.settle("a", self.queues["b"], "ack", [handle])["settled"], 1)
+        self.assertEqual(self.unacked("b"), 0)
+
+    def test_another_listener_on_the_same_node(self) -> None:
+        """Each call here is another ApiResource (another listener): a
+        handle of one is settled by another on the same node."""
+        handle = self.receive("a", self.queues["a"])
+        self.assertEqual(self.settle("a", self.queues["a"], "ack", [handle]), {"settled": 1, "unknown": []})
+        self.assertEqual((len(self.home("a")), self.unacked("a")), (0, 0))
+
+    def test_unknown(self) -> None:
+        """Handles of no receiver, of a receiver of another queue, or of a
+        node not linked stay unknown; the others are settled."""
+        handle = self.receive("b", self.queues["b"])
+        other = self.receive("c", self.queues["c"])
+        net = self.net
+        net["a"].link_to(net["c"]).transport.loseConnection()  # type: ignore[union-attr]
+        net.settle()
+        bogus = ["b.zz.nothing.7", "nope.x.y.1"]
+        doc = self.settle("a", self.queues["b"], "ack", [handle, other, *bogus])
+        self.assertEqual(doc, {"settled": 1, "unknown": [other, *bogus]})
+        self.assertEqual(self.unacked("c"), 1)
+        # c's handle named with the wrong queue, asked of b: unknown there.
+        self.assertEqual(self.settle("b", self.queues["a"], "ack", [other])["unknown"], [other])
+
+    def test_other_identity(self) -> None:
+        """A handle counts only for its receiver's identity."""
+        from qmq.web.api.frontend import settle_by_token  # noqa: PLC0415
+
+        handle = self.receive("b", self.queues["b"])
+        broker = self.net["b"].broker
+        self.assertEqual(settle_by_token(broker, "/", self.queues["b"], ("password", "mallory"), [handle],
+                                         True, False), [handle])
+        self.assertEqual(settle_by_token(broker, "/", self.queues["b"], None, [handle], True, False), [])
+        self.assertEqual(self.unacked("b"), 0)
+
+    def test_bad_request(self) -> None:
+        """A malformed http.settle is refused, naming what it needs."""
+        d = self.net["a"].mesh.manage.ask("b", "http.settle", {"vhost": "/", "queue": "q", "handles": "x"})
+        self.net.settle()
+        self.assertIn("http.settle needs", self.failureResultOf(d, PreconditionFailed).value.message)

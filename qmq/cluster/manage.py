@@ -25,8 +25,10 @@ Requests and answers (frames L{ASK} and L{ANSWER}, JSON):
     bindings as a definitions document has them, for an export or import
     of the whole broker: L{qmq.core.definitions.home_definitions}); C{queue.purge}, C{queue.delete}, C{queue.bind},
     C{queue.unbind}, C{queue.get} and C{queue.settle} (AMQP's C{basic.get}:
-    the message waits unacked on the link's channel there) of a queue homed
-    there; C{connection.close}. The identity is checked where the request
+    the message waits unacked on the link's channel there), C{queue.scan}
+    (a range scan of its log, the page in a L{GOT} frame) of a queue homed
+    there; C{http.settle} (receipt handles of the HTTP receivers there,
+    for an identity); C{connection.close}. The identity is checked where the request
     arrived (L{qmq.core.management.Management}, the core's authorize); the
     node asked does what it is asked, the core's own rules (a session's
     queue, a missing exchange) still refusing.
@@ -70,6 +72,8 @@ from qmq.core.events import Observer
 from qmq.core.management import Management, queue_facts
 from qmq.core.message import Message
 from qmq.core.remote import Unavailable
+from qmq.core.store import ScanPage
+from qmq.core.vhost import make_cursor
 from qmq.store import record
 
 if TYPE_CHECKING:
@@ -161,6 +165,8 @@ class Manage(Observer):
             "queue.purge": self._purge,
             "queue.declare": self._declare_queue,
             "queue.get": self._get,
+            "queue.scan": self._scan,
+            "http.settle": self._http_settle,
             "queue.settle": self._settle,
             "queue.delete": self._delete,
             "queue.bind": self._bind,
@@ -483,6 +489,25 @@ class Manage(Observer):
             self.tell("queue.settle", {"vhost": vhost, "tag": tag, "outcome": outcome}, link)
         return True
 
+    def _room(self, args: dict[str, Any]) -> int | None:
+        """The most record bytes one GOT frame to the asker carries (its
+        C{frame} argument and this node's C{max_frame}), or None: the asker
+        takes no GOT frame."""
+        room = args.get("frame")
+        if not isinstance(room, int) or isinstance(room, bool):
+            return None
+        return min(room, self.mesh.settings.max_frame) - GOT_OVERHEAD
+
+    def _busy(self, link: LinkProtocol, size: int, queue: Any, what: str) -> Unavailable | None:
+        """A GOT frame of C{size} bytes, past what a JSON answer holds, does
+        not go on top of a full link buffer: the refusal, or None."""
+        if size > MAX_ANSWER and link.full:
+            return Unavailable(
+                f"the link from node {self.mesh.node!r}, home of queue {queue.name!r}, holds "
+                f"{self.mesh.settings.link_buffer} bytes it could not send yet (cluster.link_buffer): "
+                f"{what}", "home node busy")
+        return None
+
     def _get(self, link: LinkProtocol, args: dict[str, Any]) -> dict[str, Any] | _Record | None:
         vhost, queue = self._local_queue(args)
         channel = self.mesh.channel_for(link, vhost)
@@ -490,21 +515,17 @@ class Manage(Observer):
         if got is None:
             return None
         payload = _encode_message(vhost.name.encode(), got.message)
-        room = args.get("frame")
-        binary = isinstance(room, int) and not isinstance(room, bool)
-        limit = min(room, self.mesh.settings.max_frame) - GOT_OVERHEAD if binary else MAX_GET
+        room = self._room(args)
+        binary = room is not None
+        limit = room if room is not None else MAX_GET
         error: BrokerError | None = None
         if len(payload) > limit:
             error = PreconditionFailed(
                 f"the next message of queue {queue.name!r} holds {len(payload)} bytes, more than a get from "
                 f"another node carries ({limit}: cluster.max_frame); consume it instead (basic.consume)",
                 "message too large")
-        elif len(payload) > MAX_ANSWER and link.full:
-            # Up to max_frame in one frame: not on top of a full link buffer.
-            error = Unavailable(
-                f"the link from node {self.mesh.node!r}, home of queue {queue.name!r}, holds "
-                f"{self.mesh.settings.link_buffer} bytes it could not send yet (cluster.link_buffer): "
-                "the message stays in the queue; get it again later", "home node busy")
+        else:
+            error = self._busy(link, len(payload), queue, "the message stays in the queue; get it again later")
         if error is not None:
             channel.settle_delivery(channel.owners.get(got.tag), got.tag, False, True)  # back in the queue
             raise error
@@ -514,6 +535,88 @@ class Manage(Observer):
         if binary:
             return _Record(facts, payload)
         return {"m": base64.b64encode(payload).decode(), **facts}
+
+    # -- range scans of a queue homed elsewhere -----------------------------------------
+
+    def scan(self, queue: Any, start: float, end: float, cursor: str | None, limit: int) -> Deferred:
+        """A range scan of C{queue} (a stand-in) on its home, whose log holds
+        its messages: a Deferred of the home's L{ScanPage} (C{node} the
+        home: the ids are its). The page comes in a L{GOT} frame, its
+        messages' records one after another, up to this node's
+        C{max_frame}; the home ends a page early (its cursor after the last
+        message sent) rather than send more."""
+        d = self.ask(queue.home, "queue.scan", {
+            "vhost": queue.vhost.name, "queue": queue.name, "start": start, "end": end, "cursor": cursor,
+            "limit": limit, "frame": self.mesh.settings.max_frame})
+
+        def page(value: Any) -> ScanPage:
+            following = value.get("next") if isinstance(value, dict) else None
+            if not (isinstance(value, dict) and isinstance(value.get("record"), bytes)
+                    and (following is None or isinstance(following, str))):
+                raise wire.FrameError("bad scan answer")
+            return ScanPage(_decode_messages(value["record"]), following, queue.home)
+
+        return d.addCallback(page)
+
+    def _scan(self, link: LinkProtocol, args: dict[str, Any]) -> Deferred:
+        vhost, queue = self._local_queue(args)
+        room = self._room(args)
+        start, end, cursor, limit = args.get("start"), args.get("end"), args.get("cursor"), args.get("limit")
+        if room is None or not (isinstance(start, (int, float)) and isinstance(end, (int, float))
+                                and isinstance(limit, int) and (cursor is None or isinstance(cursor, str))):
+            raise PreconditionFailed("a scan needs start, end, cursor, limit and frame")
+        d = vhost.scan(queue.name, float(start), float(end), cursor, limit)
+
+        def answer(page: ScanPage) -> _Record:
+            records: list[bytes] = []
+            size = 0
+            following = page.next_cursor
+            name = vhost.name.encode()
+            last = 0
+            for message in page.messages:
+                data = _encode_message(name, message)
+                if size + len(data) > room:
+                    if not records:
+                        raise PreconditionFailed(
+                            f"message {message.id} of queue {queue.name!r} holds {len(data)} bytes, more than "
+                            f"a scan from another node carries ({room}: cluster.max_frame); scan it on node "
+                            f"{self.mesh.node!r}, its home", "message too large")
+                    following = make_cursor(last)
+                    break
+                records.append(data)
+                last = message.id
+                size += len(data)
+            error = self._busy(link, size, queue, "scan again later")
+            if error is not None:
+                raise error
+            return _Record({"next": following, "count": len(records)}, b"".join(records))
+
+        return d.addCallback(answer)
+
+    def _http_settle(self, link: LinkProtocol, args: dict[str, Any]) -> dict[str, Any]:
+        """Receipt handles of this node's HTTP receivers, settled for a
+        client whose next connection landed on another node (the identity
+        checked there; a handle counts only for a receiver of that identity:
+        L{qmq.web.api.frontend.settle_by_token})."""
+        from qmq.web.api.frontend import settle_by_token  # noqa: PLC0415 - the API loads on demand
+
+        vhost, queue, identity, handles = args.get("vhost"), args.get("queue"), args.get("identity"), args.get("handles")
+        visibility = args.get("visibility")
+        if not (
+            isinstance(vhost, str)
+            and isinstance(queue, str)
+            and (identity is None or (isinstance(identity, list) and len(identity) == 2
+                                      and all(isinstance(i, str) for i in identity)))
+            and isinstance(handles, list)
+            and len(handles) <= MAX_ITEMS
+            and (visibility is None or (isinstance(visibility, (int, float)) and visibility > 0))
+        ):
+            raise PreconditionFailed("an http.settle needs vhost, queue, identity, handles (a list) and visibility")
+        unknown = settle_by_token(
+            self.broker, vhost, queue, tuple(identity) if identity is not None else None,  # type: ignore[arg-type]
+            handles, args.get("ack") is True, args.get("requeue") is not False,
+            float(visibility) if visibility is not None else None)
+        return {"unknown": unknown}
 
     def _settle(self, link: LinkProtocol, args: dict[str, Any]) -> None:
         tag, outcome = args.get("tag"), args.get("outcome")
@@ -724,6 +827,22 @@ def _encode_message(vhost: bytes, message: Message) -> bytes:
         message.deliver_at, message.ack_timeout,
     )
     return head + tail if tail else head
+
+
+def _decode_messages(data: bytes) -> list[Message]:
+    """Publish records one after another (a scan's page), as messages.
+    @raise wire.FrameError: not whole, undamaged publish records."""
+    messages = []
+    at, end, head = 0, len(data), record.FRAME_SIZE
+    while at < end:
+        if end - at < head:
+            raise wire.FrameError("bad message: too short")
+        following = at + head + record.FRAME.unpack_from(data, at)[0]
+        if following > end:
+            raise wire.FrameError("bad message: longer than its frame")
+        messages.append(_decode_message(data[at:following]))
+        at = following
+    return messages
 
 
 def _decode_message(data: bytes) -> Message:

@@ -310,6 +310,10 @@ class RemoteQueues:
         """A basic.get on the home (L{qmq.cluster.manage.Manage.get})."""
         return self.mesh.manage.get(queue, ack)
 
+    def scan(self, queue: RemoteQueue, start: float, end: float, cursor: str | None, limit: int) -> Deferred:
+        """A range scan on the home (L{qmq.cluster.manage.Manage.scan})."""
+        return self.mesh.manage.scan(queue, start, end, cursor, limit)
+
     def operate(self, queue: RemoteQueue, op: str, args: dict[str, Any]) -> Deferred:
         """A management operation on C{queue}, carried to its home
         (L{qmq.cluster.manage}): a Deferred of the home's answer."""

@@ -351,7 +351,7 @@ class Management:
     def scan(self, name: str, start: float, end: float, cursor: str | None = None, limit: int = 100) -> Deferred:
         """A range scan of queue C{name} (L{VirtualHost.scan}).
         @raise NotFound, AccessRefused, PreconditionFailed."""
-        self.vhost.queue(name)
+        self.vhost.queue_or_stand_in(name)
         self.authorize("read", self._queue(name))
         return self.vhost.scan(name, start, end, cursor, limit)
 

@@ -90,6 +90,13 @@ class Homes(Protocol):
         a Deferred of (message, how many remain) or None. With C{ack} it
         waits on the home until C{settle} names it."""
 
+    def scan(self, queue: RemoteQueue, start: float, end: float, cursor: str | None, limit: int) -> Deferred:
+        """A range scan of C{queue} on its home (its log holds the
+        messages), the arguments checked already: a Deferred of a
+        L{qmq.core.store.ScanPage} naming the home (C{node}); the page may
+        hold fewer messages than the home read, its cursor going on after
+        the last, so that it fits one answer."""
+
     def operate(self, queue: RemoteQueue, op: str, args: dict[str, Any]) -> Deferred:
         """Do management operation C{op} (C{queue.purge}, C{queue.delete},
         C{queue.bind}, C{queue.unbind}) on C{queue}'s home, the caller's

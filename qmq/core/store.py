@@ -83,10 +83,13 @@ class ScanPage:
     @ivar next_cursor: give it to the next call to go on exactly after the
         last message of this page; None once the range is done. A page may
         hold fewer messages than asked, or none, and still have a cursor.
+    @ivar node: the node whose ids the messages bear (the queue's home,
+        when it scanned for another node); None for this one.
     """
 
     messages: list[Message]
     next_cursor: str | None
+    node: str | None = None
 
 
 @dataclass

@@ -441,18 +441,24 @@ class VirtualHost:
         existing = self.queues.get(name)
         if existing is not None:
             return existing if existing.remote is not None else None
+        home = self.placed_elsewhere(name)
+        if home is None:
+            return None
+        return self._add_stand_in(name, home, None)
+
+    def placed_elsewhere(self, name: str) -> str | None:
+        """The node a queue C{name} lives on when its placement names
+        another node (whether or not it exists, or was named here), else
+        None: it would live here, or no queue can have that name."""
         broker = self.broker
         homes = broker.homes if broker is not None else None
         if homes is None or not name:
             return None
         try:
             check_queue(name)
-            home = homes.home(self.name, name, None)
+            return homes.home(self.name, name, None)
         except BrokerError:
-            return None  # no queue can have that name: unroutable, as before
-        if home is None:
             return None
-        return self._add_stand_in(name, home, None)
 
     def queue_or_stand_in(self, name: str) -> Queue:
         """Queue C{name}, to act on by name (purge, delete, bind, get): the
@@ -576,7 +582,8 @@ class VirtualHost:
         @param cursor: the C{next_cursor} of the previous page, to go on
             exactly after its last message; None to begin.
         @param limit: most messages in the page, 1 to L{MAX_SCAN_LIMIT}.
-        @return: a Deferred of a L{ScanPage}.
+        @return: a Deferred of a L{ScanPage}; for a queue whose home is
+            another node, the home's page (L{qmq.core.remote.Homes.scan}).
         @raise NotFound: no such queue.
         @raise PreconditionFailed: a bad argument or cursor, or a queue
             with no log to read (not durable, or the store is the memory
@@ -590,6 +597,10 @@ class VirtualHost:
         if limit.__class__ is not int or not 1 <= limit <= MAX_SCAN_LIMIT:
             raise PreconditionFailed(f"a scan's limit must be 1 to {MAX_SCAN_LIMIT}, got {limit!r}")
         after = parse_cursor(cursor) if cursor is not None else 0
+        if q.remote is not None:
+            # Its home is another node, whose log holds its messages: scanned there.
+            d = q.remote.scan(q, float(start), float(end), cursor, limit)
+            return d.addErrback(self.not_on_home, q)
         store = q.store
         if store is None:
             raise PreconditionFailed(

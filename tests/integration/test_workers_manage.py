@@ -117,6 +117,56 @@ class ManagementTests(WorkersCase):
         status, doc = self.call(self.api_on("w1"), "DELETE", f"/api/v1/vhosts/%2F/queues/{quote(queues['w0'])}")
         self.assertEqual((status, doc), (200, {"deleted": queues["w0"], "messages": 3}))
 
+    def test_scanThroughEitherWorker(self) -> None:
+        """A range scan of a durable queue homed on w1 pages the same
+        messages, with the same names (w1's ids), from either worker: w1's
+        log is read on w1, its pages carried to w0."""
+        queues = self.fill()
+        name = quote(queues["w1"], safe="")
+        scanned = {}
+        for worker in ("w0", "w1"):
+            conn = self.api_on(worker)
+            got, cursor = [], None
+            for _ in range(10):
+                query = "?limit=2" + (f"&cursor={cursor}" if cursor else "")
+                status, page = self.call(conn, "GET", f"/api/v1/vhosts/%2F/queues/{name}/scan{query}")
+                self.assertEqual(status, 200, page)
+                got += [(m["id"], m["body"]) for m in page["messages"]]
+                cursor = page["next_cursor"]
+                if cursor is None:
+                    break
+            scanned[worker] = got
+        self.assertEqual([body for _, body in scanned["w1"]], ["0", "1", "2", "3", "4"])
+        self.assertTrue(all(mid.startswith("w1.") for mid, _ in scanned["w1"]), scanned["w1"])
+        self.assertEqual(scanned["w0"], scanned["w1"])
+        status, doc = self.call(self.api_on("w0"), "GET", f"/api/v1/vhosts/%2F/queues/{name}")
+        self.assertEqual(doc["messages"], 5)  # a scan consumes nothing
+
+    def test_handlesSettledOnEitherWorker(self) -> None:
+        """An HTTP client whose connections land on either worker: what it
+        receives through one it acks, extends or nacks through the other,
+        for queues homed on each; nothing is redelivered after an ack."""
+        queues = self.fill()
+        conns = {w: self.api_on(w) for w in ("w0", "w1")}
+        for home, queue in queues.items():
+            name = quote(queue, safe="")
+            base = f"/api/v1/vhosts/%2F/queues/{name}"
+            for receiver, settler in (("w0", "w1"), ("w1", "w0")):
+                status, doc = self.call(conns[receiver], "POST", f"{base}/receive?max=1&wait=5&visibility=30")
+                self.assertEqual((status, len(doc["messages"])), (200, 1), doc)
+                handle = doc["messages"][0]["handle"]
+                self.assertTrue(handle.startswith(receiver + "."), handle)
+                body = {"handles": [handle]}
+                status, doc = self.call(conns[settler], "POST", f"{base}/extend", {**body, "visibility": 60})
+                self.assertEqual((status, doc), (200, {"settled": 1, "unknown": []}), (home, receiver))
+                status, doc = self.call(conns[settler], "POST", f"{base}/ack", body)
+                self.assertEqual((status, doc), (200, {"settled": 1, "unknown": []}), (home, receiver))
+                status, doc = self.call(conns[settler], "POST", f"{base}/ack", body)
+                self.assertEqual(doc, {"settled": 0, "unknown": [handle]})
+            status, doc = self.call(conns["w0"], "GET", base)
+            self.assertEqual((doc["messages"], doc["messages_unacknowledged"]),
+                             ({"w0": 1, "w1": 3}[home], 0), doc)
+
     def test_exchangeDeclaredOnOneWorker(self) -> None:
         """An exchange and a binding made over AMQP on whichever worker the
         connection landed on: publishes on both workers route to the queue;

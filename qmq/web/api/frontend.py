@@ -39,6 +39,7 @@ from collections import deque
 from collections.abc import Callable
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
+from weakref import WeakKeyDictionary
 
 from twisted.internet import defer
 from twisted.logger import Logger
@@ -64,6 +65,16 @@ if TYPE_CHECKING:
 log = Logger()
 
 Delivered = list[tuple[int, "Message"]]
+
+
+def _still_unknown(value: Any, asked: list[str]) -> list[str]:
+    """What another node answered an C{http.settle}: the handles it did
+    not know (only among those it was asked)."""
+    unknown = value.get("unknown") if isinstance(value, dict) else None
+    if not isinstance(unknown, list):
+        return asked
+    known = set(asked)
+    return [h for h in unknown if h in known]
 
 
 #: Seconds a first receive from a queue homed on another node waits at
@@ -281,6 +292,7 @@ class PollConsumer(Consumer):
         """The queue was deleted: waiting requests are told, handles forgotten."""
         self.channel.consumer_cancelled(self)
         self.frontend.pollers.pop(self.name, None)
+        self.frontend._forget(self)
         for batch in set(self.batch_of.values()):
             if batch.timer is not None and batch.timer.active():
                 batch.timer.cancel()
@@ -321,6 +333,53 @@ def refuse_held(admission: Any, persistent: bool) -> None:
             {"alarm": hold.name},
             {"Retry-After": str(RETRY_AFTER)},
         )
+
+
+#: The attached receivers of each broker by token, whichever listener's
+#: API made them: a handle is settled wherever it arrives
+#: (L{settle_by_token}).
+_receivers: WeakKeyDictionary[Any, dict[str, PollConsumer]] = WeakKeyDictionary()
+
+
+def _identity(user: Any) -> tuple[str, str] | None:
+    return user.identity if user is not None else None
+
+
+def settle_by_token(
+    broker: Broker,
+    vhost: str,
+    queue: str,
+    identity: tuple[str, str] | None,
+    handles: list[str],
+    ack: bool,
+    requeue: bool,
+    visibility: float | None = None,
+) -> list[str]:
+    """Settle C{handles} of this node's receivers, whichever listener's
+    API made them: acked, or nacked (C{requeue}), or with C{visibility}
+    their deadline moved (extend). A handle counts only for a receiver of
+    C{queue} in C{vhost} that C{identity} made (handles of one identity's
+    receivers mean nothing to another's). Return those that were not."""
+    receivers = _receivers.get(broker) or {}
+    unknown: list[str] = []
+    tags_of: dict[PollConsumer, list[int]] = {}
+    for handle in handles:
+        parsed = parse_handle(handle)
+        poller = receivers.get(parsed[0]) if parsed is not None else None
+        if (
+            poller is None
+            or poller.queue is None
+            or poller.name != queue
+            or poller.frontend.vhost.name != vhost
+            or _identity(poller.frontend.user) != identity
+        ):
+            unknown.append(handle)
+            continue
+        tags_of.setdefault(poller, []).append(parsed[1])  # type: ignore[index]
+    for poller, tags in tags_of.items():
+        missed = poller.extend(tags, visibility) if visibility is not None else poller.settle(tags, ack, requeue)
+        unknown.extend(f"{poller.token}.{tag}" for tag in missed)
+    return unknown
 
 
 def parse_handle(handle: Any) -> tuple[str, int] | None:
@@ -496,22 +555,74 @@ class VHostFrontend:
         except BrokerError as e:
             raise from_broker_error(e) from None
         self.pollers[name] = poller
+        receivers = _receivers.get(self.broker)
+        if receivers is None:
+            receivers = _receivers[self.broker] = {}
+        receivers[poller.token] = poller
         return poller
 
     def find_poller(self, name: str) -> PollConsumer | None:
         """The attached consumer of queue C{name}, or None.
 
-        @raise Problem: no such queue.
+        @raise Problem: no such queue (here, or on another node that is its
+            home).
         """
-        if name not in self.vhost.queues:
-            raise Problem(404, "unknown-queue", f"No queue {name!r} in virtual host {self.vhost.name!r}.")
+        if name not in self.vhost.queues and self.vhost.placed_elsewhere(name) is None:
+            raise self._unknown(name)
         poller = self.pollers.get(name)
         return poller if poller is not None and poller.queue is not None else None
+
+    def settle_elsewhere(
+        self, name: str, handles: list[str], ack: bool, requeue: bool, visibility: float | None = None
+    ) -> list[str] | defer.Deferred:
+        """Settle (or extend) C{handles} that no receiver of this API's
+        has: those of another listener's receivers here
+        (L{settle_by_token}), and, in a mesh, those a receiver on another
+        node made (a handle's token starts with its node's id: an HTTP
+        client's next connection may land on another worker), asked of
+        that node for this identity. Return the handles still unknown,
+        or a Deferred of them; a node that does not answer leaves its
+        handles unknown (their messages go back to the queue when their
+        visibility runs out, as for any handle not settled)."""
+        here = self.broker.message_ids.node
+        identity = _identity(self.user)
+        local: list[str] = []
+        remote: dict[str, list[str]] = {}
+        for handle in handles:
+            parsed = parse_handle(handle)
+            node = parsed[0].partition(".")[0] if parsed is not None else here
+            (local if node == here else remote.setdefault(node, [])).append(handle)
+        unknown = settle_by_token(self.broker, self.vhost.name, name, identity, local, ack, requeue, visibility)
+        mesh = getattr(self.broker, "mesh", None)
+        asked = []
+        for node, some in remote.items():
+            link = mesh.links.get(node) if mesh is not None else None
+            if link is None or link.state != "up" or not link.manages:
+                unknown += some
+                continue
+            d = mesh.manage.ask(node, "http.settle", {
+                "vhost": self.vhost.name, "queue": name, "identity": identity, "handles": some,
+                "ack": ack, "requeue": requeue, "visibility": visibility})
+            asked.append(d.addCallbacks(_still_unknown, lambda _, some=some: some, (some,)))
+        if not asked:
+            return unknown
+        position = {h: i for i, h in reversed(list(enumerate(handles)))}
+
+        def in_order(lists: list[list[str]]) -> list[str]:
+            return sorted(unknown + [h for hs in lists for h in hs], key=position.__getitem__)
+
+        return defer.gatherResults(asked).addCallback(in_order)
 
     def detach(self, poller: PollConsumer) -> None:
         if self.pollers.get(poller.name) is poller:
             del self.pollers[poller.name]
+        self._forget(poller)
         self.channel.unsubscribe(poller)
+
+    def _forget(self, poller: PollConsumer) -> None:
+        receivers = _receivers.get(self.broker)
+        if receivers is not None and receivers.get(poller.token) is poller:
+            del receivers[poller.token]
 
     def unacked(self, name: str) -> int:
         poller = self.pollers.get(name)
@@ -556,4 +667,4 @@ class HttpFrontend:
             fe.close()
 
 
-__all__ = ["HttpFrontend", "NotFound", "PollConsumer", "VHostFrontend", "Waiter", "parse_handle"]
+__all__ = ["HttpFrontend", "NotFound", "PollConsumer", "VHostFrontend", "Waiter", "parse_handle", "settle_by_token"]

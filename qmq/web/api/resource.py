@@ -686,41 +686,59 @@ class ApiResource(HealthHandlers, TopologyMixin, AdminMixin, DefinitionsMixin, R
                 tags.append(parsed[1])
         return tags, unknown
 
-    def _settle(self, request: Request, vhost: str, queue: str, handles: list[str], ack: bool, requeue: bool) -> Response:
+    def _settle(
+        self,
+        request: Request,
+        vhost: str,
+        queue: str,
+        handles: list[str],
+        ack: bool,
+        requeue: bool,
+        visibility: float | None = None,
+    ) -> Any:
+        """Ack, nack or (with C{visibility}) extend C{handles}: those of this
+        API's receiver of C{queue} at once; the others where their receiver
+        is (another listener, another node: L{VHostFrontend.settle_elsewhere})."""
         self._own(request, vhost, queue)
-        poller = self._fe(request, vhost).find_poller(queue)
+        fe = self._fe(request, vhost)
+        poller = fe.find_poller(queue)
         tags, unknown = self._tags(poller, handles)
         if tags:
-            missed = set(poller.settle(tags, ack, requeue))
+            if visibility is not None:
+                missed = set(poller.extend(tags, visibility))
+            else:
+                missed = set(poller.settle(tags, ack, requeue))
             if missed:
                 token = poller.token
                 unknown.extend(f"{token}.{t}" for t in tags if t in missed)
+        if unknown:
+            still = fe.settle_elsewhere(queue, unknown, ack, requeue, visibility)
+            if isinstance(still, defer.Deferred):
+                return still.addCallback(self._settled, handles, ack and visibility is None)
+            unknown = still
+        return self._settled(unknown, handles, ack and visibility is None)
+
+    def _settled(self, unknown: list[str], handles: list[str], acked: bool) -> Response:
         done = len(handles) - len(unknown)
-        if ack:
+        if acked:
             self.acked += done
         return json_response({"settled": done, "unknown": unknown})
 
-    def h_ack(self, request: Request, vhost: str, queue: str) -> Response:
+    def h_ack(self, request: Request, vhost: str, queue: str) -> Any:
         _, handles = self._settle_body(request, {})
         return self._settle(request, vhost, queue, handles, True, True)
 
-    def h_nack(self, request: Request, vhost: str, queue: str) -> Response:
+    def h_nack(self, request: Request, vhost: str, queue: str) -> Any:
         doc, handles = self._settle_body(request, {"requeue": (bool,)})
         return self._settle(request, vhost, queue, handles, False, doc.get("requeue", True))
 
-    def h_extend(self, request: Request, vhost: str, queue: str) -> Response:
+    def h_extend(self, request: Request, vhost: str, queue: str) -> Any:
         doc, handles = self._settle_body(request, {"visibility": (int, float)})
         visibility = doc.get("visibility", self.settings.default_visibility)
         # The bounds of receive's visibility parameter.
         if not (math.isfinite(visibility) and 0.001 <= visibility <= self.settings.max_visibility):
             raise bad_request(f"'visibility' must be from 0.001 to {self.settings.max_visibility:g}")
-        self._own(request, vhost, queue)
-        poller = self._fe(request, vhost).find_poller(queue)
-        tags, unknown = self._tags(poller, handles)
-        if tags:
-            token = poller.token
-            unknown.extend(f"{token}.{t}" for t in poller.extend(tags, float(visibility)))
-        return json_response({"settled": len(handles) - len(unknown), "unknown": unknown})
+        return self._settle(request, vhost, queue, handles, False, False, float(visibility))
 
     # -- range scans ------------------------------------------------------------------
 
@@ -736,19 +754,26 @@ class ApiResource(HealthHandlers, TopologyMixin, AdminMixin, DefinitionsMixin, R
         cursor = _arg(request, "cursor")
         force64 = _encoding_arg(request)
         avro = codec.wants_avro(request.getHeader("accept"))
-        try:
-            d = mgmt.scan(queue, start, end, cursor, limit)
-        except BrokerError as e:
+        def problem(e: BrokerError) -> Problem:
             problem = from_broker_error(e)
             if problem.status == 409:
                 # A bad cursor or a queue with no log: the request's fault.
                 problem = Problem(400, "cannot-scan" if cursor is None or "cursor" not in e.message
                                   else "bad-cursor", e.message)
-            raise problem from None
+            return problem
 
-        node = self._node()
+        def refused(failure: Failure) -> Any:
+            # Refused by the queue's home node: as if refused here.
+            failure.trap(BrokerError)
+            raise problem(failure.value)
+
+        try:
+            d = mgmt.scan(queue, start, end, cursor, limit)
+        except BrokerError as e:
+            raise problem(e) from None
 
         def page(p: Any) -> Response:
+            node = p.node or self._node()  # the home's ids, from another node
             if avro:
                 body = codec.avro_deliveries([(m, None, None) for m in p.messages], node)
                 headers = {"QMQ-Next-Cursor": p.next_cursor} if p.next_cursor else {}
@@ -760,7 +785,7 @@ class ApiResource(HealthHandlers, TopologyMixin, AdminMixin, DefinitionsMixin, R
                 }
             )
 
-        return d.addCallback(page)
+        return d.addCallbacks(page, refused)
 
     # -- following topics ------------------------------------------------------------------
 
