@@ -11,8 +11,10 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from qmq.cluster import wire
 from qmq.cluster.placement import Placement, rendezvous
+from qmq.core.broker import Broker
 from qmq.core.channel import Channel
-from qmq.core.errors import PreconditionFailed
+from qmq.core.errors import PreconditionFailed, ResourceLocked
+from qmq.core.ownership import marked_node, owned_token
 from qmq.core.remote import RemoteQueue, Unavailable, home_of
 from tests.test_cluster_mesh import Net
 from tests.test_core_channel import Recorder
@@ -311,6 +313,107 @@ class ForwardTests(SynchronousTestCase):
         queue = ch.declare_queue(q, exclusive=True)
         self.assertNotIsInstance(queue, RemoteQueue)
         self.assertIs(vhost.queues[q], queue)
+
+
+class ConnectionQueuesTests(SynchronousTestCase):
+    """A connection's own queues (reply queues) live on its node; a reply
+    published on any node reaches them there: the broker's names for them
+    mark the node (amq.gen-NODE:...), and a queue exclusive to a connection
+    is told to every node, whatever the placement says of its name."""
+
+    def setUp(self) -> None:
+        self.net = Net("a", "b", "c")
+        self.net.full_mesh()
+        self.b_conn = Channel(self.net["b"].broker, self.net["b"].broker.default_vhost, "requester")
+
+    def vhost(self, node: str) -> Any:
+        return self.net[node].broker.default_vhost
+
+    def reply(self, node: str, queue: str, body: bytes) -> Any:
+        """A responder on C{node} publishes to the default exchange."""
+        ch = channel(self.net, node)
+        answer = ch.publish("", queue, ch.make_message("", queue, None, body)).durable
+        self.net.settle()
+        return answer
+
+    def test_names_mark_their_node(self) -> None:
+        token = owned_token(self.net["b"].broker)
+        self.assertTrue(token.startswith("b:"), token)
+        self.assertEqual(marked_node(f"amq.gen-{token}"), "b")
+        self.assertEqual(marked_node(f"amq.tmp.{token}.answers"), "b")
+        self.assertEqual(marked_node(f"amq.rabbitmq.reply-to.{token}"), "b")
+        for name in ("amq.gen-1", "amq.gen-:x", "amq.gen-a/b:x", "q1", "durable.x.y", "amq.other-b:x"):
+            self.assertIsNone(marked_node(name), name)
+        self.assertEqual(self.net["a"].mesh.queues.home("/", f"amq.gen-{token}", None), "b")
+        self.assertIsNone(self.net["b"].mesh.queues.home("/", f"amq.gen-{token}", None))
+        self.assertFalse(owned_token(Broker(self.net.clock)).count(":"))  # no mesh, no mark
+
+    def test_reply_to_a_server_named_queue(self) -> None:
+        name = f"amq.gen-{owned_token(self.net['b'].broker)}"
+        queue = self.b_conn.declare_queue(name, exclusive=True)
+        self.successResultOf(self.reply("a", name, b"pong"))
+        self.assertEqual([m.body for m in queue.messages()], [b"pong"])
+        self.assertIsInstance(self.vhost("a").queues[name], RemoteQueue)
+
+    def test_reply_to_a_client_named_exclusive_queue(self) -> None:
+        """Named so that c is its home by placement, declared exclusive on
+        b: a learns it is b's; a reply from a reaches b, c makes nothing.
+        When its connection closes, a forgets it, and its stand-in goes."""
+        name = homed(self.net, "c", "replies")
+        queue = self.b_conn.declare_queue(name, exclusive=True)
+        self.net.settle()
+        self.assertEqual(self.net["a"].mesh.queues.owned, {("/", name): "b"})
+        self.successResultOf(self.reply("a", name, b"pong"))
+        self.assertEqual([m.body for m in queue.messages()], [b"pong"])
+        self.assertNotIn(name, self.vhost("c").queues)
+        self.b_conn.close()
+        self.net.settle()
+        self.assertEqual(self.net["a"].mesh.queues.owned, {})
+        self.assertNotIn(name, self.vhost("a").queues)
+
+    def test_stand_in_made_before_the_news_goes(self) -> None:
+        """a published to the name before b's connection declared it (a
+        stand-in to c, by placement): when b tells, that stand-in goes, and
+        the next reply reaches b."""
+        name = homed(self.net, "c", "early")
+        self.successResultOf(self.reply("a", name, b"early"))
+        self.assertEqual(self.vhost("a").queues[name].home, "c")
+        queue = self.b_conn.declare_queue(name + "", exclusive=True)
+        self.net.settle()
+        self.assertNotIn(name, self.vhost("a").queues)
+        self.successResultOf(self.reply("a", name, b"pong"))
+        self.assertEqual([m.body for m in queue.messages()], [b"pong"])
+
+    def test_told_again_when_linked_again(self) -> None:
+        name = homed(self.net, "c", "relinked")
+        self.b_conn.declare_queue(name, exclusive=True)
+        self.net.settle()
+        self.net["a"].link_to(self.net["b"]).close("cut")
+        self.net.settle()
+        self.assertEqual(self.net["a"].mesh.queues.owned, {})
+        self.net.connect("a", "b")
+        self.assertEqual(self.net["a"].mesh.queues.owned, {("/", name): "b"})
+
+    def test_gone_is_not_made_again(self) -> None:
+        """A reply that reaches b after the queue went with its connection
+        (a had not heard yet) is refused there, naming why; b makes no
+        queue of a name placed elsewhere."""
+        name = homed(self.net, "c", "gone")
+        self.net["a"].mesh.queues.owned[("/", name)] = "b"  # b's notice not heard yet
+        failure = self.failureResultOf(self.reply("a", name, b"late"))
+        self.assertIn("not its home by placement", failure.getErrorMessage())
+        self.assertNotIn(name, self.vhost("b").queues)
+        self.assertNotIn(name, self.vhost("c").queues)
+
+    def test_exclusive_elsewhere_is_locked(self) -> None:
+        """A consume or passive declare on a of b's connection's queue:
+        405, before anything is attached."""
+        name = homed(self.net, "c", "locked")
+        self.b_conn.declare_queue(name, exclusive=True)
+        self.net.settle()
+        found = channel(self.net, "a").find_queue(name)
+        self.net.settle()
+        self.assertEqual(self.failureResultOf(found, ResourceLocked).value.code, 405)
 
 
 class ConsumeTests(SynchronousTestCase):

@@ -38,7 +38,6 @@ budget for unfinished input, C{limits.max_unfinished_bytes}), heart-beats
 from __future__ import annotations
 
 import itertools
-import secrets
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -85,6 +84,7 @@ from qmq.core.errors import (
 )
 from qmq.core.management import Management, authorize_arguments
 from qmq.core.message import Message, check_user_id
+from qmq.core.ownership import owned_token
 from qmq.core.remote import Unavailable
 from qmq.stream import BatchedOutput
 
@@ -797,7 +797,7 @@ class AmqpChannel:
                 return
         elif not name or args.exclusive:
             if not name:
-                name = f"amq.gen-{secrets.token_urlsafe(16)}"
+                name = f"amq.gen-{owned_token(core.broker, 16)}"
             existing = vhost.queues.get(name)
             if existing is None:
                 mgmt = self.management

@@ -156,6 +156,9 @@ class Manage(Observer):
         #: Auto-delete exchanges (vhost, name): their deletions are each node's own.
         self._auto: set[tuple[str, str]] = set()
         self._stop_observing: Callable[[], None] | None = None
+        #: This node's queues exclusive to a connection, told to every
+        #: node (L{queue_declared}): vhost -> names.
+        self._owned_here: dict[str, set[str]] = {}
         self.handlers: dict[str, Callable[[LinkProtocol, dict[str, Any]], Any]] = {
             "queues": self._queues,
             "queue": self._queue,
@@ -167,6 +170,7 @@ class Manage(Observer):
             "queue.get": self._get,
             "queue.scan": self._scan,
             "http.settle": self._http_settle,
+            "queue.owned": self._owned,
             "queue.settle": self._settle,
             "queue.delete": self._delete,
             "queue.bind": self._bind,
@@ -302,6 +306,10 @@ class Manage(Observer):
                     bindings.append([vhost.name, exchange.name, source.name, key, arguments or {}])
         if items or bindings:
             self.tell("exchanges", {"exchanges": items[:MAX_ITEMS], "bindings": bindings[:MAX_ITEMS]}, link)
+        for vhost, names in self._owned_here.items():
+            listed = sorted(names)
+            for at in range(0, len(listed), MAX_ITEMS):
+                self.tell("queue.owned", {"vhost": vhost, "queues": listed[at:at + MAX_ITEMS], "on": True}, link)
 
     def link_down(self, link: LinkProtocol) -> None:
         """What waits for an answer over C{link} fails now; what was got
@@ -618,6 +626,13 @@ class Manage(Observer):
             float(visibility) if visibility is not None else None)
         return {"unknown": unknown}
 
+    def _owned(self, link: LinkProtocol, args: dict[str, Any]) -> None:
+        vhost, names, on = args.get("vhost"), args.get("queues"), args.get("on")
+        if not (isinstance(vhost, str) and isinstance(names, list) and len(names) <= MAX_ITEMS
+                and all(isinstance(n, str) for n in names) and isinstance(on, bool)):
+            raise PreconditionFailed("a queue.owned notice needs vhost, queues (names) and on")
+        self.mesh.queues.owned_by(link.node, vhost, names, on)
+
     def _settle(self, link: LinkProtocol, args: dict[str, Any]) -> None:
         tag, outcome = args.get("tag"), args.get("outcome")
         if not (isinstance(tag, int) and outcome in (0, 1, 2)):
@@ -772,6 +787,26 @@ class Manage(Observer):
             self._applying = False
 
     # -- the core's topology events -----------------------------------------------------
+
+    def queue_declared(self, vhost: str, queue: str) -> None:
+        """A queue exclusive to a connection here (AMQP's exclusive
+        queues, STOMP's temporary queues): every node is told, so that a
+        reply published to it on any node comes here, whatever the
+        placement says of its name (L{qmq.cluster.queues.RemoteQueues.owned})."""
+        v = self.broker.vhosts.get(vhost)
+        q = v.queues.get(queue) if v is not None else None
+        if q is None or q.exclusive_owner is None or q.remote is not None:
+            return
+        self._owned_here.setdefault(vhost, set()).add(queue)
+        self.tell("queue.owned", {"vhost": vhost, "queues": [queue], "on": True})
+
+    def queue_deleted(self, vhost: str, queue: str) -> None:
+        names = self._owned_here.get(vhost)
+        if names is not None and queue in names:
+            names.discard(queue)
+            if not names:
+                del self._owned_here[vhost]
+            self.tell("queue.owned", {"vhost": vhost, "queues": [queue], "on": False})
 
     def exchange_declared(self, vhost: str, exchange: str, type: str) -> None:
         if self._applying or not exchange or exchange.startswith("amq."):

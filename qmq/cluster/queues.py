@@ -43,7 +43,7 @@ from qmq.cluster import wire
 from qmq.cluster.placement import home_argument
 from qmq.core.consumer import UNLIMITED, Consumer
 from qmq.core.errors import BrokerError, NotFound, PreconditionFailed, ResourceLimit
-from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX
+from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX, marked_node
 from qmq.core.remote import RemoteQueue, Unavailable
 from qmq.twisted_internals import deferred_unobserved
 
@@ -61,6 +61,9 @@ ACK, REQUEUE, DROP, CREDIT = wire.ACK, wire.REQUEUE, wire.DROP, wire.CREDIT
 #: Queue names that always live on their client's node (a connection's own
 #: queues, durable subscriptions).
 LOCAL_PREFIXES = ("amq.", DURABLE_SUBSCRIPTION_PREFIX)
+
+#: Most queues of other nodes' connections known here (L{RemoteQueues.owned}).
+MAX_OWNED = 1_000_000
 
 #: Most queues one link keeps resolved for what it forwards here.
 TARGET_CACHE_SIZE = 1000
@@ -181,12 +184,24 @@ class RemoteQueues:
         #: cancel: their id -> (the link, the stand-in). A delivery in
         #: flight to one goes back to the queue.
         self._gone: dict[int, tuple[LinkProtocol, RemoteQueue]] = {}
+        #: Queues exclusive to a connection of another node, as that node
+        #: told (L{owned}): (vhost, name) -> the node. A publish to one here
+        #: goes there, whatever the placement says of its name.
+        self.owned: dict[tuple[str, str], str] = {}
 
     # -- Homes: what the core asks ------------------------------------------------
 
     def home(self, vhost: str, name: str, arguments: dict[str, Any] | None) -> str | None:
-        if self._here or name.startswith(LOCAL_PREFIXES):
+        if self._here:
             return None
+        owner = self.owned.get((vhost, name)) if self.owned else None
+        if owner is None and name.startswith(LOCAL_PREFIXES):
+            # A connection's queue, on its node: named so (owned_token), or here.
+            owner = marked_node(name)
+            if owner is None:
+                return None
+        if owner is not None:
+            return None if owner == self.mesh.node else owner
         # x-home-node, else the virtual host's queue_defaults may name a
         # home for all; else the placement's rule (any object with
         # home(vhost, name): Placement, or the workers' Placement over their
@@ -235,6 +250,52 @@ class RemoteQueues:
                     continue
                 vhost.delete_queue(name)
                 vhost.declare_queue(name, arguments=queue.arguments)  # the stand-in
+
+    def placed_here(self, vhost: str, name: str) -> bool:
+        """Whether the placement rule (the virtual host's default home, else
+        the policy's) names this node for a queue C{name}, whatever a
+        connection's queue of that name or C{x-home-node} says: a queue a
+        peer names here that is not here is made here only then."""
+        v = self.mesh.broker.vhosts.get(vhost)
+        home = v.queue_defaults.home_node if v is not None else None
+        return (home or self.placement.home(vhost, name)) == self.mesh.node
+
+    def owned_by(self, node: str, vhost_name: str, names: list[str], on: bool) -> None:
+        """Node C{node} says queues C{names} are (C{on}) or are no longer
+        exclusive to one of its connections. A stand-in here for such a
+        name that reaches another node (made by the placement before the
+        news came), or for one gone, goes while no consumer uses it: the
+        next publish finds the queue's node again."""
+        owned = self.owned
+        vhost = self.mesh.broker.vhosts.get(vhost_name)
+        for name in names:
+            key = (vhost_name, name)
+            if on:
+                if key not in owned and len(owned) >= MAX_OWNED:
+                    log.warn("mesh: {count} queues of other nodes' connections are known here "
+                             "(at most {limit}): queue {queue!r} of node {node} is not", count=len(owned),
+                             limit=MAX_OWNED, queue=name, node=node)
+                    continue
+                owned[key] = node
+                stale = lambda queue: queue.home != node  # noqa: E731
+            elif owned.get(key) == node:
+                del owned[key]
+                stale = lambda queue: queue.home == node  # noqa: E731
+            else:
+                continue
+            queue = vhost.queues.get(name) if vhost is not None else None
+            if queue is not None and queue.remote is not None and not queue.consumers and stale(queue):
+                vhost.delete_queue(name)  # type: ignore[union-attr]
+
+    def _forget_owned(self, node: str) -> None:
+        """C{node}'s link went: what it said of its connections' queues
+        goes (it tells it again when the link is back)."""
+        by_vhost: dict[str, list[str]] = {}
+        for (vhost, name), owner in self.owned.items():
+            if owner == node:
+                by_vhost.setdefault(vhost, []).append(name)
+        for vhost, names in by_vhost.items():
+            self.owned_by(node, vhost, names, False)
 
     @contextmanager
     def here(self) -> Iterator[None]:
@@ -704,6 +765,7 @@ class RemoteQueues:
         channel = mesh.channel_for(link, vhost)
         queue = vhost.queues.get(name)
         if queue is None:
+            self._check_makes(vhost, name)
             with self.here():
                 queue = channel.named_queue(name, "write")
         if queue.remote is not None:
@@ -732,6 +794,20 @@ class RemoteQueues:
             link.fail(seq, 541, text)
         return failure
 
+    def _check_makes(self, vhost: Any, name: str) -> None:
+        """A peer names queue C{name}, which is not here: it is made here on
+        first use only if this node is its home by the placement; else it
+        was a queue of a connection here, gone with it (or the nodes'
+        memberships differ).
+        @raise NotFound: not made."""
+        if not name.startswith(LOCAL_PREFIXES) and not self.placed_here(vhost.name, name):
+            raise NotFound(
+                f"no queue {name!r} in virtual host {vhost.name!r} on node {self.mesh.node!r}, which is not "
+                "its home by placement (it was a queue of a connection here, gone with it; or the nodes' "
+                "memberships differ)",
+                "no such queue",
+            )
+
     def _consume_here(self, link: LinkProtocol, value: dict[str, Any]) -> None:
         sub = _int(value.get("id"))
         window = value.get("window")
@@ -754,6 +830,7 @@ class RemoteQueues:
                 raise NotFound(f"no virtual host {vhost_name!r} on node {mesh.node!r}")
             channel = mesh.channel_for(link, vhost)
             if name not in vhost.queues:
+                self._check_makes(vhost, name)
                 with self.here():
                     channel.named_queue(name)
             queue = vhost.queues[name]
@@ -783,6 +860,13 @@ class RemoteQueues:
                 self._consume(link, sub)
 
     def link_down(self, link: LinkProtocol) -> None:
+        """What waited on C{link} fails or goes back; what its node said of
+        its connections' queues is forgotten."""
+        self._link_down(link)
+        if self.owned and link.node:
+            self._forget_owned(link.node)
+
+    def _link_down(self, link: LinkProtocol) -> None:
         """Forwards not confirmed fail; what the peer's consumers of
         stand-ins held here was given back on the home (forgotten here:
         later acks of it go nowhere). The home side's consumers go with

@@ -50,7 +50,6 @@ delivery tag is L{PreconditionFailed} (406).
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -61,7 +60,12 @@ from qmq.core.ids import Counter
 from qmq.core.management import authorize_arguments, check_equivalent, check_equivalent_policy
 from qmq.core.message import Message
 from qmq.core.names import check_binding_key, check_exchange, check_headers, check_routing_key
-from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX, check_queue_access, durable_queue_name
+from qmq.core.ownership import (
+    DURABLE_SUBSCRIPTION_PREFIX,
+    check_queue_access,
+    durable_queue_name,
+    owned_token,
+)
 from qmq.core.policy import CUT_CONSUMERS, QueuePolicy
 from qmq.core.queue import Queue
 
@@ -258,8 +262,9 @@ class Channel:
         self._own_connection = connection is None
         self.connection = connection if connection is not None else Connection()
         # Names of the channel's own queues carry a random token: they can be
-        # published to by name (RPC replies), so they must not be guessable.
-        self.token = secrets.token_urlsafe(12)
+        # published to by name (RPC replies), so they must not be guessable;
+        # in a mesh it names this node, where they live (owned_token).
+        self.token = owned_token(broker)
         self.owners: dict[int, Consumer] = {}
         # The delivery tags: next() on it takes one (a C call).
         self._tags = Counter(1)
@@ -351,6 +356,9 @@ class Channel:
             authorize_arguments(self.user, self.owner_name, vhost.name, arguments, vhost.queue_defaults)
         if reserved:
             queue = vhost.queues.get(name)
+            if queue is None and self.broker.homes is not None:
+                # A connection's queue on another node (a reply to a requester there).
+                queue = vhost.stand_in(name)
             if queue is None:
                 raise NotFound(
                     f"Queue {name!r} does not exist; names starting with 'amq.' or 'durable.' "
@@ -451,8 +459,9 @@ class Channel:
         is a Deferred of (the stand-in, the home's facts of it,
         L{qmq.core.management.queue_facts}), failing with L{NotFound} when
         the home has no such queue (a stand-in made for the question goes
-        again) or L{qmq.core.remote.Unavailable}. The caller's checks
-        (read permission, exclusivity) are its own, as for a queue here.
+        again), L{qmq.core.remote.Unavailable}, or L{ResourceLocked} when it
+        is exclusive to a connection there. The caller's other checks (read
+        permission) are its own, as for a queue here.
 
         @raise NotFound: no such queue here, and no other node is its home.
         """
@@ -1430,5 +1439,11 @@ __all__ = ["Channel", "Connection", "Got", "PreconditionFailed", "Published", "S
 
 
 def _with_facts(facts: Any, queue: Queue) -> tuple[Queue, dict[str, Any]]:
-    """(C{queue}, what its home said of it), for L{Channel.find_queue}."""
-    return queue, facts if isinstance(facts, dict) else {}
+    """(C{queue}, what its home said of it), for L{Channel.find_queue}.
+    @raise ResourceLocked: it is exclusive to a connection there (never
+        this one: this connection's own queues live here)."""
+    if not isinstance(facts, dict):
+        facts = {}
+    if facts.get("exclusive") is True:
+        raise ResourceLocked(f"Queue {queue.name!r} is exclusive to another connection.", "resource locked")
+    return queue, facts

@@ -33,9 +33,12 @@ L{qmq.core.channel.Channel}, which asks this function.
 from __future__ import annotations
 
 import re
+import secrets
 from dataclasses import dataclass
+from typing import Any
 
 from qmq.core.errors import AccessRefused
+from qmq.core.ids import NODE_ID
 
 #: The queues of durable subscriptions are named C{durable.OWNER.NAME}.
 DURABLE_SUBSCRIPTION_PREFIX = "durable."
@@ -110,3 +113,38 @@ def check_queue_access(owner: str | Owner, queue_name: str, operation: str) -> N
             f"{operation} refused.",
             f"access refused ({operation})",
         )
+
+
+#: In a mesh, the names the broker gives the queues a connection owns
+#: (AMQP's server-named and direct reply-to queues, STOMP's temporary and
+#: private subscription queues) carry the node of the connection, then
+#: this mark: C{amq.gen-NODE:RANDOM}, C{amq.tmp.NODE:RANDOM.NAME} (a
+#: character no node id and no random token holds, and one AMQP's
+#: queue-name domain allows). A reply published to one on any node
+#: reaches it there (L{marked_node}).
+NODE_MARK = ":"
+
+#: The prefixes of the names L{owned_token} marks.
+_MARKED = ("amq.gen-", "amq.tmp.", "amq.rabbitmq.reply-to.", "amq.sub.")
+
+
+def owned_token(broker: Any, nbytes: int = 12) -> str:
+    """A random token for the names of a connection's own queues: in a mesh
+    (C{broker.homes} set), C{NODE:RANDOM}; else C{RANDOM}. The random part
+    keeps them unguessable (others may publish to them by name)."""
+    token = secrets.token_urlsafe(nbytes)
+    if broker is None or broker.homes is None:
+        return token
+    return f"{broker.message_ids.node}{NODE_MARK}{token}"
+
+
+def marked_node(name: str) -> str | None:
+    """The node a connection's queue named with L{owned_token} lives on, or
+    None (not such a name)."""
+    if not name.startswith(_MARKED):
+        return None
+    for prefix in _MARKED:
+        if name.startswith(prefix):
+            node, mark, _ = name[len(prefix):].partition(NODE_MARK)
+            return node if mark and NODE_ID.match(node) else None
+    return None  # pragma: no cover - startswith(_MARKED) above

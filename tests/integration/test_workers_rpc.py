@@ -1,0 +1,112 @@
+"""Request and reply across workers (RPC): a requester's reply queue is its
+connection's, on its worker; a responder on another worker replies to it by
+name, and the reply reaches it there (docs/cluster.rst, "A connection's own
+queues"). Real C{twistd qmq --workers 2}, pika and STOMP clients."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tests.integration.test_mesh import FLOW_TIMEOUT
+from tests.integration.test_twistd import frame
+from tests.integration.test_workers import WorkersCase
+
+
+class RpcTests(WorkersCase):
+    def serve_once(self, worker: str, queue: str) -> None:
+        """An AMQP responder on C{worker}: one request of C{queue}, answered
+        to its reply-to with the body and C{-pong}."""
+        import pika  # noqa: PLC0415
+
+        srv = self.amqp_on(worker).channel()
+        srv.queue_declare(queue, durable=False)
+        for method, props, body in srv.consume(queue, inactivity_timeout=FLOW_TIMEOUT):
+            self.assertIsNotNone(method, "no request came")
+            srv.basic_publish("", props.reply_to, body + b"-pong",
+                              pika.BasicProperties(correlation_id=props.correlation_id))
+            srv.basic_ack(method.delivery_tag)
+            break
+        srv.cancel()
+
+    def amqp_rpc(self, declare_reply_queue: Callable[[Any], str]) -> bytes | None:
+        """Requester on w0, responder on w1; the reply (or None)."""
+        import pika  # noqa: PLC0415
+
+        req = self.amqp_on("w0").channel()
+        req.queue_declare("rpc-requests", durable=False)
+        reply_to = declare_reply_queue(req)
+        req.basic_publish("", "rpc-requests", b"ping", pika.BasicProperties(reply_to=reply_to, correlation_id="1"))
+        self.serve_once("w1", "rpc-requests")
+        for method, _props, body in req.consume(reply_to, auto_ack=True, inactivity_timeout=FLOW_TIMEOUT):
+            return body if method is not None else None
+        return None
+
+    def test_serverNamedReplyQueue(self) -> None:
+        """The pika tutorial's RPC: an exclusive server-named reply queue
+        (its name marks w0, where it lives)."""
+        names: list[str] = []
+
+        def declare(ch: Any) -> str:
+            names.append(ch.queue_declare("", exclusive=True).method.queue)
+            return names[-1]
+
+        self.assertEqual(self.amqp_rpc(declare), b"ping-pong")
+        self.assertTrue(names[0].startswith("amq.gen-w0:"), names)
+
+    def test_clientNamedExclusiveReplyQueue(self) -> None:
+        """An exclusive reply queue the client names (as Celery's rpc://
+        result backend does): w0 tells w1 it is its connection's, whatever
+        the placement says of the name."""
+        from tests.integration.test_workers_manage import homed  # noqa: PLC0415
+
+        name = homed("w1", "replies-")  # placed on w1 by its name, yet w0's
+        self.assertEqual(self.amqp_rpc(lambda ch: ch.queue_declare(name, exclusive=True).method.queue),
+                         b"ping-pong")
+
+    def test_directReplyTo(self) -> None:
+        """RabbitMQ's direct reply-to pseudo-queue, requester on w0."""
+        import pika  # noqa: PLC0415
+
+        req = self.amqp_on("w0").channel()
+        req.queue_declare("rpc-direct", durable=False)
+        got: list[bytes] = []
+        req.basic_consume("amq.rabbitmq.reply-to", lambda ch, m, p, body: got.append(body), auto_ack=True)
+        req.basic_publish("", "rpc-direct", b"ping",
+                          pika.BasicProperties(reply_to="amq.rabbitmq.reply-to", correlation_id="1"))
+        self.serve_once("w1", "rpc-direct")
+        deadline = time.monotonic() + FLOW_TIMEOUT
+        while not got and time.monotonic() < deadline:
+            req.connection.process_data_events(time_limit=0.2)
+        self.assertEqual(got, [b"ping-pong"])
+
+    def test_stompTemporaryQueue(self) -> None:
+        """STOMP's reply-to:/temp-queue/ on w0, a STOMP responder on w1;
+        once the requester is gone, a reply to it is an ERROR, and makes no
+        queue."""
+        responder = self.client_on("w1")
+        responder.request("SUBSCRIBE", {"destination": "/queue/rpc-stomp", "id": "s", "ack": "auto"})
+        requester = self.client_on("w0")
+        requester.sock.sendall(frame("SEND", {"destination": "/queue/rpc-stomp", "reply-to": "/temp-queue/answers",
+                                              "correlation-id": "7"}, b"ping"))
+        command, headers, body = responder.read(FLOW_TIMEOUT)
+        self.assertEqual((command, body), ("MESSAGE", b"ping"))
+        reply_to = headers["reply-to"].replace("\\c", ":")  # STOMP 1.2's escape of ':'
+        self.assertTrue(reply_to.startswith("/queue/amq.tmp.w0:"), reply_to)
+        responder.request("SEND", {"destination": reply_to, "correlation-id": "7"}, b"pong")
+        command, headers, body = requester.read(FLOW_TIMEOUT)
+        self.assertEqual((command, headers["subscription"], headers["correlation-id"], body),
+                         ("MESSAGE", "/temp-queue/answers", "7", b"pong"))
+        requester.close()
+        deadline = time.monotonic() + FLOW_TIMEOUT
+        while True:
+            responder.sock.sendall(frame("SEND", {"destination": reply_to, "receipt": "late"}, b"too late"))
+            command, headers, body = responder.read(FLOW_TIMEOUT)
+            if command == "ERROR":
+                break
+            self.assertEqual(command, "RECEIPT")  # w0 has not closed the requester's session yet
+            self.assertLess(time.monotonic(), deadline, "the reply queue outlived its connection")
+            responder = self.client_on("w1")
+            time.sleep(0.05)
+        self.assertIn("does not exist", headers.get("message", "") + body.decode())
