@@ -110,3 +110,32 @@ class RpcTests(WorkersCase):
             responder = self.client_on("w1")
             time.sleep(0.05)
         self.assertIn("does not exist", headers.get("message", "") + body.decode())
+
+
+class CeleryTests(WorkersCase):
+    def test_celeryRpcBackend(self) -> None:
+        """A Celery worker and its clients over many connections, landing on
+        either worker: tasks run, and their results come back through the
+        rpc:// backend (a reply queue of the client's connection)."""
+        from celery import Celery  # noqa: PLC0415
+        from celery.contrib.testing.worker import start_worker  # noqa: PLC0415
+
+        url = f"amqp://guest:guest@127.0.0.1:{self.amqp_port}//"
+        app = Celery("qmq_workers", broker=url, backend="rpc://")
+        app.conf.update(broker_connection_retry_on_startup=False, worker_hijack_root_logger=False,
+                        task_default_queue="celery-workers", broker_heartbeat=0, broker_pool_limit=None)
+
+        @app.task(name="qmq_workers.add")
+        def add(x: int, y: int) -> int:
+            return x + y
+
+        with start_worker(app, pool="solo", perform_ping_check=False, loglevel="WARNING", shutdown_timeout=30):
+            got = []
+            for i in range(6):
+                # A new client each time: its connections land where they may.
+                client = Celery("qmq_workers", broker=url, backend="rpc://")
+                client.conf.update(broker_connection_retry_on_startup=False, task_default_queue="celery-workers",
+                                   broker_heartbeat=0)
+                got.append(client.send_task("qmq_workers.add", (i, i)).get(timeout=FLOW_TIMEOUT))
+                client.close()
+        self.assertEqual(got, [0, 2, 4, 6, 8, 10])
