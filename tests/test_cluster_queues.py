@@ -13,9 +13,10 @@ from qmq.cluster import wire
 from qmq.cluster.placement import Placement, rendezvous
 from qmq.core.broker import Broker
 from qmq.core.channel import Channel
-from qmq.core.errors import PreconditionFailed, ResourceLocked
-from qmq.core.ownership import marked_node, owned_token
+from qmq.core.errors import AccessRefused, PreconditionFailed, ResourceLocked
+from qmq.core.ownership import durable_queue_name, marked_node, owned_token
 from qmq.core.remote import RemoteQueue, Unavailable, home_of
+from qmq.stomp.destinations import DestinationChannel
 from tests.test_cluster_mesh import Net
 from tests.test_core_channel import Recorder
 
@@ -303,10 +304,10 @@ class ForwardTests(SynchronousTestCase):
             ch.subscribe(Recorder(ch), "/queue/bad", arguments={"x-home-node": "a/b"})
 
     def test_private_queues_stay_local(self) -> None:
-        """amq. and durable. queues, exclusive ones: on their client's node."""
+        """amq. queues, exclusive ones: on their client's node."""
         net = self.net
         vhost = net["a"].broker.default_vhost
-        for name in ("amq.gen-1", "durable.x.y"):
+        for name in ("amq.gen-1", "amq.tmp.x.y"):
             self.assertIsNone(net["a"].mesh.queues.home("/", name, None))
         q = homed(net, "b", "e")
         ch = channel(net, "a")
@@ -414,6 +415,92 @@ class ConnectionQueuesTests(SynchronousTestCase):
         found = channel(self.net, "a").find_queue(name)
         self.net.settle()
         self.assertEqual(self.failureResultOf(found, ResourceLocked).value.code, 405)
+
+
+class DurableSubscriptionTests(SynchronousTestCase):
+    """A durable subscription's queue is placed as any queue (its client may
+    come back through any node): declared and bound on its home, consumed
+    from any node; what is kept while its client is away waits there."""
+
+    def setUp(self) -> None:
+        self.net = Net("a", "b", "c")
+        self.net.full_mesh()
+        # A subscription whose queue, durable.app.NAME, is homed on b.
+        self.sub = next(f"s{i}" for i in range(1000)
+                        if rendezvous("/", durable_queue_name("app", f"s{i}"), ["a", "b", "c"]) == "b")
+        self.name = durable_queue_name("app", self.sub)
+
+    def subscribe(self, node: str) -> Recorder:
+        ch = channel(self.net, node)
+        recorder = Recorder(ch)
+        ch.consume(recorder, exchange="amq.topic", pattern="t.#", durable_name=self.sub)
+        self.net.settle()
+        return recorder
+
+    def publish(self, node: str, *bodies: bytes) -> None:
+        for body in bodies:
+            self.net[node].publish("t.x", body)
+        self.net.settle()
+
+    def home(self) -> Any:
+        return self.net["b"].broker.default_vhost.queues.get(self.name)
+
+    def test_declared_and_bound_on_its_home(self) -> None:
+        on_a = self.subscribe("a")
+        home = self.home()
+        self.assertIsNotNone(home)
+        self.assertEqual((home.remote, home.subscription, home.durable), (None, True, True))
+        self.assertEqual([(e.name, k) for e, k, _ in home.bindings], [("amq.topic", "t.#")])
+        self.assertIsInstance(self.net["a"].broker.default_vhost.queues[self.name], RemoteQueue)
+        self.publish("c", b"1", b"2")
+        self.assertEqual(on_a.bodies(), [b"1", b"2"])
+
+    def test_back_through_another_node(self) -> None:
+        """Away (a plain unsubscribe on a), messages are kept on b; the
+        client comes back through c and gets them, then what follows."""
+        on_a = self.subscribe("a")
+        channel(self.net, "a").unsubscribe(on_a)
+        self.net.settle()
+        self.publish("a", b"kept-1", b"kept-2")
+        self.assertEqual(len(self.home()), 2)
+        on_c = self.subscribe("c")
+        self.publish("b", b"after")
+        self.assertEqual(on_c.bodies(), [b"kept-1", b"kept-2", b"after"])
+        self.assertEqual(on_a.bodies(), [])
+
+    def test_durable_unsubscribe_deletes_it_on_its_home(self) -> None:
+        on_c = self.subscribe("c")
+        channel(self.net, "c").unsubscribe(on_c, delete_durable=True)
+        self.net.settle()
+        self.assertIsNone(self.home())
+        self.assertNotIn(self.name, self.net["c"].broker.default_vhost.queues)
+        self.publish("a", b"nobody")
+        self.assertIsNone(self.home())
+
+    def test_another_owner_refused_where_it_asks(self) -> None:
+        self.subscribe("a")
+        stranger = DestinationChannel(self.net["c"].broker, self.net["c"].broker.default_vhost, "mallory")
+        with self.assertRaises(AccessRefused):
+            stranger.subscribe(Recorder(stranger), "/queue/" + self.name)
+        with self.assertRaises(AccessRefused):
+            stranger.send_target("/queue/" + self.name)
+
+    def test_made_before_it_was_placed_stays_and_is_found(self) -> None:
+        """A subscription's queue that a keeps (recovered from its log, made
+        before subscriptions were placed) is pinned there: told to every
+        node, so the client coming back through c finds it on a."""
+        vhost = self.net["a"].broker.default_vhost
+        with self.net["a"].mesh.queues.here():
+            old = vhost.declare_queue(self.name, durable=True, on_demand=True, subscription=True)
+        vhost.bind(self.name, "amq.topic", "t.#")
+        self.net["a"].mesh.queues.place_existing()
+        self.net.settle()
+        self.assertEqual(self.net["c"].mesh.queues.owned, {("/", self.name): "a"})
+        on_c = self.subscribe("c")
+        self.publish("b", b"x")
+        self.assertEqual(on_c.bodies(), [b"x"])
+        self.assertIsNone(self.home())
+        self.assertEqual(len(old.consumers), 1)
 
 
 class ConsumeTests(SynchronousTestCase):

@@ -69,8 +69,9 @@ from qmq.core.errors import (
     ResourceLocked,
 )
 from qmq.core.events import Observer
-from qmq.core.management import Management, queue_facts
+from qmq.core.management import Management, check_equivalent, queue_facts
 from qmq.core.message import Message
+from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX
 from qmq.core.remote import Unavailable
 from qmq.core.store import ScanPage
 from qmq.core.vhost import make_cursor
@@ -671,6 +672,20 @@ class Manage(Observer):
         name, arguments = args.get("queue"), args.get("arguments")
         if not isinstance(name, str) or not (arguments is None or isinstance(arguments, dict)):
             raise PreconditionFailed("a queue name and arguments expected")
+        if args.get("subscription") is True:
+            # A durable subscription's queue, its client on the asking node.
+            if not name.startswith(DURABLE_SUBSCRIPTION_PREFIX):
+                raise PreconditionFailed(f"{name!r} is not a durable subscription's queue")
+            existed = name in vhost.queues
+            with self.mesh.queues.here():
+                queue = vhost.declare_queue(name, durable=True, on_demand=True, subscription=True,
+                                            arguments=arguments or None)
+            if queue.remote is not None:
+                raise NotFound(f"node {self.mesh.node!r} places queue {name!r} on node {queue.home!r}: "
+                               "the nodes' memberships differ")
+            if existed and arguments:
+                check_equivalent(queue, arguments)
+            return
         with self.mesh.queues.here():
             Management(vhost, None, "").declare_queue(name, args.get("durable") is not False,
                                                       args.get("auto_delete") is True, arguments)
@@ -797,6 +812,14 @@ class Manage(Observer):
         q = v.queues.get(queue) if v is not None else None
         if q is None or q.exclusive_owner is None or q.remote is not None:
             return
+        self._owned_here.setdefault(vhost, set()).add(queue)
+        self.tell("queue.owned", {"vhost": vhost, "queues": [queue], "on": True})
+
+    def pin(self, vhost: str, queue: str) -> None:
+        """Queue C{queue} stays on this node though the placement names
+        another (a durable subscription's queue recovered here): every node
+        is told, as of a connection's queue, so that its client finds it
+        from any node, until it is deleted."""
         self._owned_here.setdefault(vhost, set()).add(queue)
         self.tell("queue.owned", {"vhost": vhost, "queues": [queue], "on": True})
 

@@ -94,6 +94,7 @@ from qmq.core.consumer import Consumer
 from qmq.core.errors import BrokerError
 from qmq.core.events import Observer
 from qmq.core.ids import NODE_ID
+from qmq.core.ownership import peer_owner
 
 __all__ = ["LinkConsumer", "LinkFactory", "Mesh", "mesh_of"]
 
@@ -571,8 +572,10 @@ class Mesh(Service, Observer):
         """The channel of C{link} in C{vhost} (made on first use)."""
         channel = link.channels.get(vhost.name)
         if channel is None:
+            # A peer's channel: the node asking checked its client's access
+            # (a durable subscription's owner) already.
             channel = link.channels[vhost.name] = Channel(
-                self.broker, vhost, f"peer:{link.node}", protocol="peer"
+                self.broker, vhost, peer_owner(link.node), protocol="peer"
             )
         return channel
 

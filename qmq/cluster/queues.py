@@ -43,7 +43,7 @@ from qmq.cluster import wire
 from qmq.cluster.placement import home_argument
 from qmq.core.consumer import UNLIMITED, Consumer
 from qmq.core.errors import BrokerError, NotFound, PreconditionFailed, ResourceLimit
-from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX, marked_node
+from qmq.core.ownership import marked_node
 from qmq.core.remote import RemoteQueue, Unavailable
 from qmq.twisted_internals import deferred_unobserved
 
@@ -58,9 +58,11 @@ log = Logger()
 
 ACK, REQUEUE, DROP, CREDIT = wire.ACK, wire.REQUEUE, wire.DROP, wire.CREDIT
 
-#: Queue names that always live on their client's node (a connection's own
-#: queues, durable subscriptions).
-LOCAL_PREFIXES = ("amq.", DURABLE_SUBSCRIPTION_PREFIX)
+#: Queue names that live on their client's node (a connection's own
+#: queues, the node its name marks: L{qmq.core.ownership.marked_node}).
+#: Durable subscriptions' queues are placed as any queue, so that their
+#: client finds them from any node.
+LOCAL_PREFIXES = ("amq.",)
 
 #: Most queues of other nodes' connections known here (L{RemoteQueues.owned}).
 MAX_OWNED = 1_000_000
@@ -226,7 +228,6 @@ class RemoteQueues:
                 if (
                     queue.remote is not None
                     or queue.exclusive_owner is not None
-                    or queue.subscription
                     or name.startswith(LOCAL_PREFIXES)
                 ):
                     continue
@@ -236,6 +237,12 @@ class RemoteQueues:
                     log.warn("mesh: queue {queue!r}: {error}", queue=name, error=e.message)
                     continue
                 if home is None:
+                    continue
+                if queue.subscription:
+                    # A durable subscription's queue made here before it was
+                    # placed (its bindings and messages are here): it stays,
+                    # and every node is told, so its client finds it from any.
+                    self.mesh.manage.pin(vhost.name, name)
                     continue
                 if len(queue) or queue.delayed_count or queue.consumers:
                     log.warn(

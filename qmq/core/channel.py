@@ -53,6 +53,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from twisted.logger import Logger
+
 from qmq.core.access import Resource, authorize, resource_named
 from qmq.core.consumer import UNLIMITED, BacklogBudget, Consumer
 from qmq.core.errors import AccessRefused, NotAllowed, NotFound, PreconditionFailed, ResourceLocked
@@ -75,6 +77,8 @@ if TYPE_CHECKING:
     from qmq.core.broker import Broker
     from qmq.core.exchange import Exchange
     from qmq.core.vhost import VirtualHost
+
+log = Logger()
 
 #: A resolved send target: (queue or None, exchange or None, exchange
 #: name, routing key, the object whose C{deleted} flag invalidates it).
@@ -802,9 +806,12 @@ class Channel:
             queue = vhost.declare_queue(
                 name, durable=True, on_demand=True, subscription=True, arguments=arguments
             )
-            if existed and arguments:
-                self._check_arguments(queue, arguments)
-            self._bind_or_undo(queue, exchange, pattern, made=not existed)
+            if queue.remote is not None:
+                self._subscribe_on_home(queue, exchange, pattern, arguments)
+            else:
+                if existed and arguments:
+                    self._check_arguments(queue, arguments)
+                self._bind_or_undo(queue, exchange, pattern, made=not existed)
             consumer.durable = True
         elif live and not consumer.ack_required:
             self._bind_live(consumer, exchange, pattern)
@@ -823,6 +830,26 @@ class Channel:
             self._bind_or_undo(queue, exchange, pattern, made=True)
             consumer.private = True
         self._attach(consumer, queue, False)
+
+    def _subscribe_on_home(
+        self, queue: Queue, exchange: Exchange, pattern: str, arguments: dict[str, Any] | None
+    ) -> None:
+        """A durable subscription whose queue's home is another node (it is
+        placed as any queue, so that its client finds it from any node):
+        declared there as a subscription's queue and bound there, before
+        the consumer that follows on the same link. The key is checked
+        here first; what the home refuses (other arguments than those it
+        has) is logged on both nodes.
+        @raise qmq.core.remote.Unavailable: the home is not linked now."""
+        check_binding_key(pattern, exchange)
+        remote = queue.remote
+        remote.reachable(queue)  # type: ignore[union-attr]
+        for op, args in (
+            ("queue.declare", {"durable": True, "auto_delete": False, "arguments": arguments or None,
+                               "subscription": True}),
+            ("queue.bind", {"exchange": exchange.name, "key": pattern, "arguments": None}),
+        ):
+            remote.operate(queue, op, args).addErrback(_not_on_home, queue, op)  # type: ignore[union-attr]
 
     def _attach(self, consumer: Consumer, queue: Queue, exclusive: bool) -> None:
         """Attach C{consumer} to C{queue} (checked: exclusivity), under the
@@ -923,6 +950,10 @@ class Channel:
             if self.user is not None:
                 self._authorize("configure", queue.name, queue.name)
         if (consumer.private or (delete_durable and consumer.durable)) and not queue.deleted:
+            if queue.remote is not None:
+                # Deleted on its home (after the cancel, on the same link).
+                queue.remote.operate(queue, "queue.delete", {}).addErrback(  # type: ignore[attr-defined]
+                    _not_on_home, queue, "queue.delete")
             self.vhost.delete_queue(queue.name)
 
     def consumer_cancelled(self, consumer: Consumer) -> None:
@@ -1436,6 +1467,13 @@ def _buffer_policy(consumer: Consumer) -> QueuePolicy | None:
 
 
 __all__ = ["Channel", "Connection", "Got", "PreconditionFailed", "Published", "SendTarget", "Window"]
+
+
+def _not_on_home(failure: Any, queue: Queue, op: str) -> None:
+    """An operation a channel carried to C{queue}'s home, refused there:
+    logged (nobody waits for its answer)."""
+    log.warn("{op} of queue {queue!r} on its home node {home!r} failed: {error}", op=op, queue=queue.name,
+             home=getattr(queue, "home", None), error=failure.getErrorMessage())
 
 
 def _with_facts(facts: Any, queue: Queue) -> tuple[Queue, dict[str, Any]]:

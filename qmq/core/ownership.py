@@ -43,6 +43,9 @@ from qmq.core.ids import NODE_ID
 #: The queues of durable subscriptions are named C{durable.OWNER.NAME}.
 DURABLE_SUBSCRIPTION_PREFIX = "durable."
 
+#: The kind of L{Owner} of the channels other nodes act through here.
+PEER_KIND = "peer"
+
 #: What a client may do to a queue it names.
 OPERATIONS = ("read", "write", "delete")
 
@@ -95,6 +98,19 @@ def durable_queue_owner(queue_name: str) -> str | None:
     return owner if dot else None
 
 
+def peer_owner(node: str) -> Owner:
+    """The owner of a channel a node of the mesh acts through on this one
+    (L{qmq.cluster.mesh.Mesh.channel_for}): that node checked its client's
+    access already, so every durable subscription's queue is open to it
+    (L{check_queue_access}); no client's owner is of kind C{peer}."""
+    return Owner(node, PEER_KIND)
+
+
+def is_peer(owner: str | Owner) -> bool:
+    """Whether C{owner} is a node of the mesh (L{peer_owner})."""
+    return isinstance(owner, Owner) and owner.kind == PEER_KIND
+
+
 def check_queue_access(owner: str | Owner, queue_name: str, operation: str) -> None:
     """May the client C{owner} do C{operation} (one of L{OPERATIONS}) to
     the queue C{queue_name}, which it named?
@@ -107,7 +123,7 @@ def check_queue_access(owner: str | Owner, queue_name: str, operation: str) -> N
         the queue.
     """
     queue_owner = durable_queue_owner(queue_name)
-    if queue_owner is not None and queue_owner != owner_key(owner):
+    if queue_owner is not None and queue_owner != owner_key(owner) and not is_peer(owner):
         raise AccessRefused(
             f"Queue {queue_name!r} is another user's durable subscription: "
             f"{operation} refused.",

@@ -380,12 +380,13 @@ class VirtualHost:
             broker is not None
             and broker.homes is not None
             and exclusive_owner is None
-            and not (backlog or subscription or policy is not None)
+            and not (backlog or policy is not None)
         ):
             home = broker.homes.home(self.name, name, arguments)
             if home is not None:
-                # Its home is another node: a stand-in (qmq.core.remote).
-                return self._add_stand_in(name, home, arguments)
+                # Its home is another node: a stand-in (qmq.core.remote). A
+                # durable subscription's is declared there by its channel.
+                return self._add_stand_in(name, home, None if subscription else arguments)
         if on_demand and policy is None and not (backlog or subscription or arguments):
             # The common case, a client naming a new queue (a million of
             # them in a row, at worst): the virtual host's defaults, whose

@@ -1,7 +1,9 @@
-"""Request and reply across workers (RPC): a requester's reply queue is its
-connection's, on its worker; a responder on another worker replies to it by
-name, and the reply reaches it there (docs/cluster.rst, "A connection's own
-queues"). Real C{twistd qmq --workers 2}, pika and STOMP clients."""
+"""Clients that come back, or answer, through another worker: request and
+reply (a requester's reply queue is its connection's, on its worker; a
+responder on another worker replies to it by name, and the reply reaches it
+there), and durable subscriptions (their queue is placed as any queue: a
+subscriber that reconnects through another worker finds what was kept).
+Real C{twistd qmq --workers 2}, pika, Celery and STOMP clients."""
 
 from __future__ import annotations
 
@@ -139,3 +141,48 @@ class CeleryTests(WorkersCase):
                 got.append(client.send_task("qmq_workers.add", (i, i)).get(timeout=FLOW_TIMEOUT))
                 client.close()
         self.assertEqual(got, [0, 2, 4, 6, 8, 10])
+
+
+class DurableSubscriptionTests(WorkersCase):
+    def test_backThroughTheOtherWorker(self) -> None:
+        """A STOMP durable subscriber on one worker goes away; persistent
+        messages published meanwhile (receipted) on both workers are kept;
+        it comes back through the other worker and gets every one, once;
+        then an UNSUBSCRIBE with durable:true deletes its queue for good."""
+        sub = {"destination": "/topic/news.#", "id": "news", "ack": "client-individual", "durable": "true"}
+        for first, back in (("w0", "w1"), ("w1", "w0")):
+            client = self.client_on(first)
+            client.request("SUBSCRIBE", sub)
+            client.request("UNSUBSCRIBE", {"id": "news"})  # away: the queue stays
+            client.close()
+            sent = []
+            for worker in ("w0", "w1"):
+                publisher = self.client_on(worker)
+                for i in range(10):
+                    body = f"{first}-{worker}-{i}".encode()
+                    publisher.request("SEND", {"destination": "/topic/news.x", "persistent": "true"}, body)
+                    sent.append(body)
+                publisher.close()
+            client = self.client_on(back)
+            client.sock.sendall(frame("SUBSCRIBE", sub))
+            got: list[bytes] = []
+            deadline = time.monotonic() + FLOW_TIMEOUT
+            while len(got) < len(sent) and time.monotonic() < deadline:
+                try:
+                    command, headers, body = client.read(1.0)
+                except TimeoutError:
+                    continue
+                self.assertEqual(command, "MESSAGE", (headers, body))
+                got.append(body)
+                client.sock.sendall(frame("ACK", {"id": headers["ack"]}))
+            self.assertEqual(sorted(got), sorted(sent), (first, back))
+            client.request("UNSUBSCRIBE", {"id": "news"})
+            client.close()
+        client = self.client_on("w0")
+        client.request("SUBSCRIBE", sub)
+        client.request("UNSUBSCRIBE", {"id": "news", "durable": "true"})  # gone for good
+        publisher = self.client_on("w1")
+        publisher.request("SEND", {"destination": "/topic/news.x", "persistent": "true"}, b"to nobody")
+        client = self.client_on("w1")
+        client.request("SUBSCRIBE", sub)
+        self.assertEqual(client.messages(0.5), [])
