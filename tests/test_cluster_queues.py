@@ -14,6 +14,7 @@ from qmq.cluster.placement import Placement, rendezvous
 from qmq.core.broker import Broker
 from qmq.core.channel import Channel
 from qmq.core.errors import AccessRefused, PreconditionFailed, ResourceLocked
+from qmq.core.management import Management
 from qmq.core.ownership import durable_queue_name, marked_node, owned_token
 from qmq.core.remote import RemoteQueue, Unavailable, home_of
 from qmq.stomp.destinations import DestinationChannel
@@ -405,6 +406,21 @@ class ConnectionQueuesTests(SynchronousTestCase):
         self.assertIn("not its home by placement", failure.getErrorMessage())
         self.assertNotIn(name, self.vhost("b").queues)
         self.assertNotIn(name, self.vhost("c").queues)
+
+    def test_one_exclusive_queue_of_a_name(self) -> None:
+        """b's connection holds a name exclusively: a's connections cannot
+        declare it, exclusive or not (RabbitMQ's 405), though they may
+        publish to it."""
+        name = homed(self.net, "c", "mine")
+        self.b_conn.declare_queue(name, exclusive=True)
+        self.net.settle()
+        a = channel(self.net, "a")
+        for declare in (lambda: a.declare_queue(name, exclusive=True),
+                        lambda: Management(self.vhost("a")).declare_queue(name)):
+            with self.assertRaises(ResourceLocked) as e:
+                declare()
+            self.assertIn("connection on node 'b'", e.exception.message)
+        self.successResultOf(self.reply("a", name, b"still"))
 
     def test_exclusive_elsewhere_is_locked(self) -> None:
         """A consume or passive declare on a of b's connection's queue:

@@ -258,6 +258,10 @@ class RemoteQueues:
                 vhost.delete_queue(name)
                 vhost.declare_queue(name, arguments=queue.arguments)  # the stand-in
 
+    def owner(self, vhost: str, name: str) -> str | None:
+        owner = self.owned.get((vhost, name)) if self.owned else None
+        return owner if owner != self.mesh.node else None
+
     def placed_here(self, vhost: str, name: str) -> bool:
         """Whether the placement rule (the virtual host's default home, else
         the policy's) names this node for a queue C{name}, whatever a

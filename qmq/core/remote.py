@@ -82,6 +82,10 @@ class Homes(Protocol):
     def declared(self, queue: RemoteQueue) -> None:
         """A stand-in was made with arguments: its home should have them."""
 
+    def owner(self, vhost: str, name: str) -> str | None:
+        """The node one of whose connections holds queue C{name} exclusively
+        (as that node told), when it is another node; else None."""
+
     def reachable(self, queue: RemoteQueue) -> None:
         """@raise Unavailable: the home of C{queue} is not reachable now."""
 

@@ -41,6 +41,7 @@ from qmq.core.errors import (
     NoSuchQueue,
     NotFound,
     PreconditionFailed,
+    ResourceLocked,
 )
 from qmq.core.events import Events, Observer, observe
 from qmq.core.exchange import (
@@ -361,6 +362,8 @@ class VirtualHost:
         @param validate: check a new queue's name; False only for what a
             store recovered, or a name the caller checked already.
         @raise AccessRefused: the queue is exclusive to another session.
+        @raise ResourceLocked: an exclusive queue whose name a connection of
+            another node of the mesh holds exclusively.
         @raise PreconditionFailed: bad arguments.
         @raise InvalidName: the name breaks a rule of L{qmq.core.names}.
         """
@@ -376,6 +379,12 @@ class VirtualHost:
         if validate:
             check_queue(name)
         broker = self.broker
+        if exclusive_owner is not None and broker is not None and broker.homes is not None:
+            elsewhere = broker.homes.owner(self.name, name)
+            if elsewhere is not None:
+                raise ResourceLocked(
+                    f"cannot obtain exclusive access to locked queue {name!r} in vhost {self.name!r}: "
+                    f"it is exclusive to a connection on node {elsewhere!r}")
         if (
             broker is not None
             and broker.homes is not None
