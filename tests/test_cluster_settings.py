@@ -13,7 +13,7 @@ from twisted.internet.testing import MemoryReactorClock
 from twisted.trial import unittest
 
 from qmq import config
-from qmq.cluster.endpoints import parse_peer
+from qmq.cluster.endpoints import certified_name, parse_peer, shift_port
 from qmq.cluster.mesh import Mesh
 from qmq.config import ConfigError
 from qmq.service import make_service
@@ -67,6 +67,29 @@ class PeerStringTests(unittest.TestCase):
         ]:
             with self.assertRaises(ValueError) as caught:
                 parse_peer(text)
+            self.assertIn(problem, str(caught.exception), text)
+
+
+class WorkerNamesTests(unittest.TestCase):
+    def test_certified_name(self) -> None:
+        """A worker of a host presents its host's certificate."""
+        for node, name in [("dc1-w0", "dc1"), ("dc1-w12", "dc1"), ("a-b-w3", "a-b"), ("w1", "w1"),
+                           ("dc1", "dc1"), ("dc1-w", "dc1-w"), ("dc1-wx", "dc1-wx")]:
+            self.assertEqual(certified_name(node), name, node)
+
+    def test_shift_port(self) -> None:
+        """Worker I listens on each peer: port plus I and advertises it."""
+        for text, by, positional, shifted in [
+            ("ssl:host=h:port=7000", 2, 1, "ssl:host=h:port=7002"),
+            ("ssl:h:7000:node=x", 1, 1, "ssl:h:7001:node=x"),
+            ("ssl:7000:interface=127.0.0.1", 3, 0, "ssl:7003:interface=127.0.0.1"),
+            ("tcp:interface=\\:\\:1:7000", 1, 0, "tcp:interface=\\:\\:1:7001"),
+        ]:
+            self.assertEqual(shift_port(text, by, positional), shifted, text)
+        for text, by, problem in [("ssl:host=h", 1, "no port"), ("ssl:65535", 1, "out of range"),
+                                  ("ssl:interface=x", 0, "no port")]:
+            with self.assertRaises(ValueError) as caught:
+                shift_port(text, by, 0 if "host" not in text else 1)
             self.assertIn(problem, str(caught.exception), text)
 
 

@@ -276,16 +276,36 @@ class SettingsTests(unittest.TestCase):
         self.assertEqual(worker_settings(settings, WorkerRole(0, 3, "/r"), total=10 * gib).limits.memory_high_watermark, "off")
 
     def test_refusals(self) -> None:
-        """What workers cannot share yet is refused, naming the key."""
+        """What workers cannot share is refused, naming the key: in a mesh of
+        hosts they need the host's node id and how other hosts dial them."""
+        mesh = '[cluster]\nallow_plaintext = true\n'
         cases = [
-            ('[cluster]\npeers = ["tcp:host=h:port=1"]\nallow_plaintext = true\n', "cluster.peers: workers do not link"),
-            ('listen = ["peer:tcp:61700"]\n[cluster]\nallow_plaintext = true\n', "q.toml: listen[0]: 'peer:tcp:61700'"),
+            (mesh + 'peers = ["tcp:host=h:port=1"]\n', "cluster.node: workers in a mesh of hosts need"),
+            (mesh + 'node = "a"\npeers = ["tcp:host=h:port=1"]\n', "cluster.advertise: workers in a mesh"),
+            ('listen = ["peer:tcp:61700"]\n' + mesh, "cluster.node: workers in a mesh"),
+            ('listen = ["peer:tcp:interface=::1"]\n' + mesh + 'node = "a"\nadvertise = "tcp:h:1"\n',
+             "q.toml: listen[0]: 'peer:tcp:interface=::1': with workers, a peer: listener needs a port"),
             ('listen = ["stomp:unix:/tmp/s"]\n', "q.toml: listen[0]: 'stomp:unix:/tmp/s': a unix: listener"),
         ]
         for text, expected in cases:
             settings = config.load_string(text, "q.toml")
             e = self.assertRaises(ConfigError, plan.check_workers, settings)
             self.assertIn(expected, str(e))
+        plan.check_workers(config.load_string(
+            'listen = ["peer:tcp:61700"]\n' + mesh + 'node = "a"\nadvertise = "tcp:host=h:port=61700"\n'))
+
+    def test_meshPorts(self) -> None:
+        """In a mesh of hosts worker I listens for links on each peer: port
+        plus I, and advertises its own port; worker 0 is as configured."""
+        settings = config.load_string(
+            'listen = ["stomp:tcp:61613", "peer:ssl:7000:interface=127.0.0.1", "peer:tcp:port=7100"]\n'
+            '[cluster]\nnode = "a"\nadvertise = "ssl:host=a.example:port=7000"\nallow_plaintext = true\n')
+        w0 = worker_settings(settings, WorkerRole(0, 3, "/r"), total=1 << 30)
+        w2 = worker_settings(settings, WorkerRole(2, 3, "/r"), total=1 << 30)
+        self.assertEqual(w0.listen, settings.listen)
+        self.assertEqual(w2.listen, ["stomp:tcp:61613", "peer:ssl:7002:interface=127.0.0.1", "peer:tcp:port=7102"])
+        self.assertEqual((w0.section("cluster").node, w0.section("cluster").advertise), ("a-w0", "ssl:host=a.example:port=7000"))
+        self.assertEqual((w2.section("cluster").node, w2.section("cluster").advertise), ("a-w2", "ssl:host=a.example:port=7002"))
 
     def test_logsHeld(self) -> None:
         """A data directory with workers' logs: one broker is refused, and a

@@ -56,11 +56,13 @@ from qmq.tls import EndpointError, server_options
 
 __all__ = [
     "Peer",
+    "certified_name",
     "check_settings",
     "client_endpoint",
     "parse_peer",
     "read_pem",
     "server_endpoint",
+    "shift_port",
 ]
 
 #: The parameters an C{ssl:} peer may have.
@@ -104,6 +106,45 @@ class Peer:
     node: str = ""
     endpoint: str = ""
     options: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+#: A worker's node id: its host's node id, then C{-w} and its index
+#: (L{qmq.workers.worker.worker_node}).
+_WORKER_NODE = re.compile(r"(.+)-w[0-9]+\Z")
+
+
+def certified_name(node: str) -> str:
+    """The name node C{node}'s certificate carries: a worker of a host's
+    (C{NODE-wI}) presents its host's certificate, which names C{NODE}
+    (docs/workers.rst); any other node, its own id."""
+    match = _WORKER_NODE.match(node)
+    return match.group(1) if match else node
+
+
+def shift_port(text: str, by: int, positional: int) -> str:
+    """Endpoint string C{text} with its port C{by} higher (worker I of a
+    host listens for links on the C{peer:} port plus I, and says so in
+    its C{advertise}). The port is the C{port=} parameter, else the
+    positional argument at index C{positional} (1 for a client's
+    C{ssl:HOST:PORT}, 0 for a server's C{ssl:PORT}).
+
+    @raise ValueError: no port there, or the new one is out of range.
+    """
+    kind, colon, rest = text.partition(":")
+    parts = _SPLIT.split(rest)
+    index = next((i for i, part in enumerate(parts) if part.startswith("port=")), None)
+    prefix = "port="
+    if index is None:
+        prefix = ""
+        plain = [i for i, part in enumerate(parts) if "=" not in part]
+        index = plain[positional] if len(plain) > positional else None
+    if index is None or not parts[index][len(prefix):].isdigit():
+        raise ValueError(f"no port in {text!r}")
+    port = int(parts[index][len(prefix):]) + by
+    if not 0 < port < 65536:
+        raise ValueError(f"port {port} is out of range ({text!r} plus {by})")
+    parts[index] = f"{prefix}{port}"
+    return f"{kind}{colon}{':'.join(parts)}"
 
 
 def parse_peer(text: str) -> Peer:
@@ -263,7 +304,7 @@ def client_endpoint(reactor: Any, peer: Peer, credentials: Credentials | None) -
         return clientFromString(reactor, peer.endpoint)
     assert credentials is not None
     tcp = HostnameEndpoint(reactor, peer.host, peer.port, **peer.options)
-    return wrapClientTLS(credentials.client_options(peer.node or peer.host), tcp)
+    return wrapClientTLS(credentials.client_options(certified_name(peer.node) if peer.node else peer.host), tcp)
 
 
 def server_endpoint(reactor: Any, description: str, settings: Any) -> Any:

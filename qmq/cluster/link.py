@@ -11,7 +11,8 @@ The flow of a link's life:
        (L{qmq.cluster.wire}).
     2. On the peer's hello, L{LinkProtocol} checks who it is: a node id,
        not this node, the version; over TLS the verified certificate must
-       name that node (its CN or a subject alternative name); a peer dialed
+       name that node (its CN or a subject alternative name), or, for a
+       worker of a host (C{NODE-wI}), its host C{NODE}; a peer dialed
        with C{node=} must be that node; and the mesh may refuse it
        (L{qmq.cluster.mesh.Mesh.link_up}: a node not in C{peers}, or a
        second link to a node already linked: the tie-break). A refusal is
@@ -44,6 +45,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from qmq.cluster import manage, wire
+from qmq.cluster.endpoints import certified_name
 from qmq.core.ids import NODE_ID
 from qmq.logs import peer_address
 from qmq.tls import peer_identity
@@ -396,7 +398,7 @@ class LinkProtocol(Protocol):
             if identity is None:
                 self.refuse(f"node {node!r} presented no certificate")
                 return
-            if node not in identity.names:
+            if node not in identity.names and certified_name(node) not in identity.names:
                 names = ", ".join(identity.names) or "nothing"
                 self.refuse(f"it says it is node {node!r}, and its certificate names {names}")
                 return

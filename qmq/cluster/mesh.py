@@ -237,6 +237,9 @@ class Mesh(Service, Observer):
         self._next_id = broker.message_ids.__next__
         #: Nodes linked since this node started (members of the placement).
         self.seen: set[str] = set()
+        #: The other workers of this host (L{qmq.workers.worker}): linked
+        #: over their own sockets, never dialed as learned nodes.
+        self.siblings: frozenset[str] = frozenset()
         #: Queues across nodes: the broker's homes while the mesh runs.
         self.queues = RemoteQueues(
             self,
@@ -454,7 +457,8 @@ class Mesh(Service, Observer):
                 continue
             self.known[node] = text
             changed = True
-            if node not in self.links and node not in self.dialed and self.running:
+            # A sibling worker is told on (how other hosts dial it), never dialed.
+            if node not in self.links and node not in self.dialed and node not in self.siblings and self.running:
                 self.dialed.add(node)
                 log.info("mesh: {link} told of node {node} at {text}: dialing it", link=link.describe(),
                          node=node, text=text)

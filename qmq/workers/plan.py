@@ -100,33 +100,51 @@ def check_single(settings: Settings) -> None:
 
 
 def check_workers(settings: Settings) -> None:
-    """What several workers cannot share yet, refused naming the key.
+    """What several workers cannot share, refused naming the key.
 
-    @raise ConfigError: C{[cluster] peers}, a C{peer:} listener or a
-        C{unix:} listener with more than one worker.
+    Workers join a mesh of hosts (C{[cluster] peers}, C{peer:} listeners)
+    as nodes of their own, C{NODE-wI}: that needs C{[cluster] node} (the
+    host's id, which its certificate names) and C{[cluster] advertise}
+    (how other hosts dial each worker: its port plus the worker's index,
+    as each worker listens on each C{peer:} port plus its index).
+
+    @raise ConfigError: a C{unix:} client listener; in a mesh of hosts,
+        no C{[cluster] node} or C{advertise}, or a C{peer:} listener
+        without a port number.
     """
-    if settings.section("cluster").peers:
-        raise ConfigError(
-            "",
-            "cluster.peers",
-            "workers do not link to other hosts yet: run one worker per host in a mesh "
-            "(docs/workers.rst)",
-        )
+    cluster = settings.section("cluster")
+    in_mesh = bool(cluster.peers) or any(spec.startswith("peer:") for spec in settings.listen)
+    if in_mesh:
+        for key, value in (("node", cluster.node), ("advertise", cluster.advertise)):
+            if not value:
+                raise ConfigError(
+                    "",
+                    f"cluster.{key}",
+                    "workers in a mesh of hosts need [cluster] node (the host's id: its workers are "
+                    "NODE-w0, NODE-w1, ...) and advertise (how other hosts dial worker I: the port "
+                    "plus I) (docs/workers.rst)",
+                )
     for index, spec in enumerate(settings.listen):
         protocol, _, endpoint = spec.partition(":")
         key = f"listen[{index}]" if settings.listen_source != "--listen" else ""
-        if protocol == "peer":
-            raise ConfigError(
-                settings.listen_source,
-                key,
-                f"{spec!r}: workers do not take links from other hosts yet (docs/workers.rst)",
-            )
         if endpoint.startswith("unix:"):
             raise ConfigError(
                 settings.listen_source,
                 key,
                 f"{spec!r}: a unix: listener cannot be shared by workers; listen on tcp:",
             )
+        if protocol == "peer":
+            from qmq.cluster.endpoints import shift_port  # noqa: PLC0415
+
+            try:
+                shift_port(endpoint, 0, 0)
+            except ValueError:
+                raise ConfigError(
+                    settings.listen_source,
+                    key,
+                    f"{spec!r}: with workers, a peer: listener needs a port number (worker I "
+                    "listens on it plus I)",
+                ) from None
 
 
 def log_file_of(server_options: Any) -> str | None:

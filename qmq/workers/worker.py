@@ -123,8 +123,10 @@ def site_socket(directory: str, index: int) -> str:
 
 def worker_settings(settings: Settings, role: WorkerRole, total: int | None = None) -> Settings:
     """The settings of worker C{role.index}: its data directory, its node
-    id, and its share of the memory high-water mark (the mark is the whole
-    broker's: each of N workers holds back its publishers at 1/N of it).
+    id, its C{peer:} ports and C{advertise} (each plus the index: other
+    hosts link to every worker), and its share of the memory high-water
+    mark (the mark is the whole broker's: each of N workers holds back its
+    publishers at 1/N of it).
 
     @param total: the memory a fractional mark refers to (L{total_memory}
         if None).
@@ -136,7 +138,25 @@ def worker_settings(settings: Settings, role: WorkerRole, total: int | None = No
         raise ConfigError(
             "", "cluster.node", f"{cluster.node!r} is too long to name workers ({node!r}: at most 32)"
         )
-    others = {**settings.other_sections, "cluster": dataclasses.replace(cluster, node=node)}
+    advertise = cluster.advertise
+    listen = list(settings.listen)
+    if role.index:
+        # Links from other hosts: worker I listens on each peer: port plus
+        # I (a port each: another host links to every worker), and says so.
+        from qmq.cluster.endpoints import shift_port  # noqa: PLC0415
+
+        if advertise:
+            try:
+                advertise = shift_port(advertise, role.index, 1)
+            except ValueError as e:
+                raise ConfigError("", "cluster.advertise", str(e)) from None
+        for i, spec in enumerate(listen):
+            if spec.startswith("peer:"):
+                try:
+                    listen[i] = "peer:" + shift_port(spec[len("peer:"):], role.index, 0)
+                except ValueError as e:
+                    raise ConfigError(settings.listen_source, f"listen[{i}]", str(e)) from None
+    others = {**settings.other_sections, "cluster": dataclasses.replace(cluster, node=node, advertise=advertise)}
     limits = settings.limits
     try:
         mark = parse_memory_mark(limits.memory_high_watermark, total_memory() if total is None else total)
@@ -147,6 +167,7 @@ def worker_settings(settings: Settings, role: WorkerRole, total: int | None = No
     return dataclasses.replace(
         settings,
         data_dir=worker_data_dir(settings.data_dir, role.index),
+        listen=type(settings.listen)(listen),
         other_sections=others,
         limits=limits,
     )
@@ -206,7 +227,10 @@ def attach_worker(service: Any, role: WorkerRole, reactor: Any, lifeline: bool =
     # Queues: each one's home is one worker, by a stable hash of its
     # virtual host and name over all N workers (not the ones linked now: a
     # queue does not move while its worker restarts).
-    mesh.queues.placement = Placement(mesh.node, lambda: nodes)
+    # In a mesh of hosts, over every node of every host (the mesh's
+    # membership: their workers are its nodes).
+    mesh.queues.placement = Placement(mesh.node, lambda: set(nodes) | mesh.members())
+    mesh.siblings = frozenset(nodes) - {mesh.node}
     agent = WorkerAgent(role, mesh, peers, reactor, lifeline)
     agent.drain = Drain(broker, mesh, reactor)
     agent.setServiceParent(service)
