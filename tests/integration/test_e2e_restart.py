@@ -21,7 +21,7 @@ import pika
 from twisted.trial import unittest
 
 from tests.integration.test_kill import Client
-from tests.integration.test_twistd import environment, free_port, twistd_command
+from tests.integration.test_twistd import free_port, start_qmq
 
 DEADLINE = 10.0
 
@@ -41,26 +41,13 @@ class ExchangeBindingRestartTests(unittest.TestCase):
         """Start the broker; its STOMP and AMQP ports once both listen."""
         stomp, amqp = free_port(), free_port()
         self.runs += 1
-        output = (self.workdir / f"broker-{self.runs}.log").open("wb")
-        self.addCleanup(output.close)
-        process = self.process = subprocess.Popen(
-            twistd_command()
-            + ["-n", "--pidfile=", "qmq", "--config", str(self.config)]
-            + ["--listen", f"stomp:tcp:{stomp}:interface=127.0.0.1"]
-            + ["--listen", f"amqp:tcp:{amqp}:interface=127.0.0.1"],
-            cwd=self.workdir,
-            env=environment(),
-            stdin=subprocess.DEVNULL,
-            stdout=output,
-            stderr=subprocess.STDOUT,
+        process = self.process = start_qmq(
+            self,
+            ["--config", str(self.config), "--listen", f"stomp:tcp:{stomp}:interface=127.0.0.1",
+             "--listen", f"amqp:tcp:{amqp}:interface=127.0.0.1"],
+            self.workdir,
+            self.workdir / f"broker-{self.runs}.log",
         )
-
-        def cleanup() -> None:
-            if process.poll() is None:
-                process.kill()
-                process.wait(10)
-
-        self.addCleanup(cleanup)
         deadline = time.monotonic() + 30
         for port in (stomp, amqp):
             while True:

@@ -42,7 +42,7 @@ from typing import Any
 from twisted.python import log
 from twisted.trial import unittest
 
-from tests.integration.test_twistd import environment, free_port, twistd_command
+from tests.integration.test_twistd import free_port, start_qmq
 
 START_TIMEOUT = 20.0
 #: Producers, and the SENDs each keeps in flight.
@@ -260,25 +260,12 @@ class KillTests(unittest.TestCase):
         """Start the broker on a new port; return the port once it listens."""
         port = free_port()
         self.runs += 1
-        output = (self.workdir / f"broker-{self.runs}.log").open("wb")
-        self.addCleanup(output.close)
-        process = self.process = subprocess.Popen(
-            twistd_command()
-            + ["-n", "--pidfile=", "qmq", "--config", str(self.config)]
-            + ["--listen", f"stomp:tcp:{port}:interface=127.0.0.1:backlog=1024"],
-            cwd=self.workdir,
-            env=environment(),
-            stdin=subprocess.DEVNULL,
-            stdout=output,
-            stderr=subprocess.STDOUT,
+        process = self.process = start_qmq(
+            self,
+            ["--config", str(self.config), "--listen", f"stomp:tcp:{port}:interface=127.0.0.1:backlog=1024"],
+            self.workdir,
+            self.workdir / f"broker-{self.runs}.log",
         )
-
-        def cleanup() -> None:
-            if process.poll() is None:
-                process.kill()
-                process.wait(10)
-
-        self.addCleanup(cleanup)
         deadline = time.monotonic() + START_TIMEOUT
         while True:
             if process.poll() is not None:

@@ -37,7 +37,7 @@ from typing import Any
 import trustme
 from twisted.trial import unittest
 
-from tests.integration.test_twistd import FrameReader, environment, frame, free_port, twistd_command
+from tests.integration.test_twistd import FrameReader, frame, free_port, start_qmq
 
 START_TIMEOUT = 30.0
 #: How long interest or a reconnect may take to show.
@@ -224,23 +224,8 @@ class Node:
 
     def start(self) -> None:
         self.runs += 1
-        output = (self.dir / f"run-{self.runs}.log").open("wb")
-        self.test.addCleanup(output.close)
-        process = self.process = subprocess.Popen(
-            twistd_command() + ["-n", "--pidfile=", "qmq", "--config", str(self.dir / "qmq.toml")],
-            cwd=self.dir,
-            env=environment(),
-            stdin=subprocess.DEVNULL,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-        )
-
-        def cleanup() -> None:
-            if process.poll() is None:
-                process.kill()
-                process.wait(10)
-
-        self.test.addCleanup(cleanup)
+        self.process = start_qmq(self.test, ["--config", str(self.dir / "qmq.toml")], self.dir,
+                                 self.dir / f"run-{self.runs}.log")
 
     def wait_listening(self) -> None:
         """Until its STOMP and HTTP listeners take connections."""

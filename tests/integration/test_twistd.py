@@ -41,6 +41,31 @@ def environment() -> dict[str, str]:
     return env
 
 
+def start_qmq(
+    test: unittest.TestCase, arguments: list[str], cwd: Path, log: Path
+) -> subprocess.Popen[bytes]:
+    """C{twistd -n --pidfile= qmq ARGUMENTS} in C{cwd}, its output (both
+    streams) written to C{log}; killed at C{test}'s cleanup if it still runs."""
+    output = log.open("wb")
+    test.addCleanup(output.close)
+    process = subprocess.Popen(
+        twistd_command() + ["-n", "--pidfile=", "qmq", *arguments],
+        cwd=cwd,
+        env=environment(),
+        stdin=subprocess.DEVNULL,
+        stdout=output,
+        stderr=subprocess.STDOUT,
+    )
+
+    def cleanup() -> None:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+
+    test.addCleanup(cleanup)
+    return process
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 import time
 import urllib.request
 from pathlib import Path
@@ -21,7 +20,7 @@ import trustme
 from twisted.trial import unittest
 
 from tests.integration.test_mesh import FLOW_TIMEOUT, counted
-from tests.integration.test_twistd import environment, frame, free_port, twistd_command
+from tests.integration.test_twistd import frame, free_port, start_qmq
 from tests.integration.test_workers import START_TIMEOUT, SessionStomp, worker_of
 
 NODES = ("ha-w0", "ha-w1", "hb-w0", "hb-w1")
@@ -70,24 +69,8 @@ class Host:
         )
 
     def start(self) -> None:
-        output = (self.dir / "supervisor.log").open("wb")
-        self.test.addCleanup(output.close)
-        process = self.process = subprocess.Popen(
-            twistd_command()
-            + ["-n", "--pidfile=", "qmq", "--config", str(self.dir / "qmq.toml"), "--workers", "2"],
-            cwd=self.dir,
-            env=environment(),
-            stdin=subprocess.DEVNULL,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-        )
-
-        def cleanup() -> None:
-            if process.poll() is None:
-                process.kill()
-                process.wait(10)
-
-        self.test.addCleanup(cleanup)
+        self.process = start_qmq(self.test, ["--config", str(self.dir / "qmq.toml"), "--workers", "2"], self.dir,
+                                 self.dir / "supervisor.log")
 
     def log(self) -> str:
         return (self.dir / "supervisor.log").read_text(errors="replace")
