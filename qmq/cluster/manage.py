@@ -157,6 +157,8 @@ class Manage(Observer):
         #: Auto-delete exchanges (vhost, name): their deletions are each node's own.
         self._auto: set[tuple[str, str]] = set()
         self._stop_observing: Callable[[], None] | None = None
+        #: Called with each link that goes (after what waited on it failed).
+        self.link_watchers: list[Callable[[LinkProtocol], None]] = []
         #: This node's queues exclusive to a connection, told to every
         #: node (L{queue_declared}): vhost -> names.
         self._owned_here: dict[str, set[str]] = {}
@@ -325,6 +327,8 @@ class Manage(Observer):
                 self._fail(d, timer, Unavailable(
                     f"the link to node {link.node!r} went down before it answered ({link.reason})",
                     "node link lost"))
+        for watcher in list(self.link_watchers):
+            watcher(link)
 
     def frame(self, link: LinkProtocol, type_: int, payload: bytes) -> None:
         """An L{ASK} or L{ANSWER} frame from C{link}'s peer.

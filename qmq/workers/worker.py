@@ -194,6 +194,11 @@ def attach_worker(service: Any, role: WorkerRole, reactor: Any, lifeline: bool =
         mesh.setServiceParent(service)
     # The other workers list and close this one's connections (qmq.cluster.manage).
     mesh.manage.registry = service.connections
+    # SockJS sessions over HTTP live on one worker each; the others relay
+    # their requests there (qmq.web.sockjs.relay).
+    from qmq.web.sockjs.relay import install  # noqa: PLC0415
+
+    install(mesh)
     # Links from the other workers.
     path = link_path(role.directory, role.index)
     spec = f"peer:unix:{path}"

@@ -7,6 +7,7 @@ Real C{twistd qmq --workers 2}, pika, Celery and STOMP clients."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -186,3 +187,47 @@ class DurableSubscriptionTests(WorkersCase):
         client = self.client_on("w1")
         client.request("SUBSCRIBE", sub)
         self.assertEqual(client.messages(0.5), [])
+
+
+class SockJSTests(WorkersCase):
+    def test_xhrTransportsAcrossWorkers(self) -> None:
+        """STOMP over SockJS's xhr transports, each HTTP request on a new
+        connection (so on either worker, as a browser's may be): every
+        session works, its requests relayed to the worker that owns it
+        (docs/workers.rst). A subscriber through SockJS gets what a STOMP
+        client sends."""
+        import http.client  # noqa: PLC0415
+        import uuid  # noqa: PLC0415
+
+        def call(path: str, body: str = "") -> tuple[int, str, str]:
+            conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=FLOW_TIMEOUT)
+            try:
+                conn.request("POST", path, body.encode(), {"Content-Type": "text/plain"})
+                response = conn.getresponse()
+                return response.status, response.read().decode(), response.getheader("Connection") or ""
+            finally:
+                conn.close()
+
+        def poll_until(base: str, wanted: str) -> str:
+            got = ""
+            deadline = time.monotonic() + FLOW_TIMEOUT
+            while wanted not in got:
+                self.assertLess(time.monotonic(), deadline, f"no {wanted!r} in {got!r}")
+                status, body, _ = call(base + "/xhr")
+                self.assertEqual(status, 200, body)
+                got += body
+            return got
+
+        publisher = self.client()
+        for n in range(4):
+            base = f"/sockjs/000/{uuid.uuid4().hex}"
+            status, body, _ = call(base + "/xhr")
+            self.assertEqual((status, body), (200, "o\n"))
+            connect = "CONNECT\naccept-version:1.2\nhost:/\n\n\x00"
+            subscribe = f"SUBSCRIBE\ndestination:/topic/sockjs-{n}\nid:0\nreceipt:r\n\n\x00"
+            for message in (connect, subscribe):
+                status, body, _ = call(base + "/xhr_send", json.dumps([message]))
+                self.assertEqual(status, 204, body)
+            poll_until(base, "RECEIPT")
+            publisher.request("SEND", {"destination": f"/topic/sockjs-{n}"}, f"hello-{n}".encode())
+            self.assertIn(f"hello-{n}", poll_until(base, f"hello-{n}"))

@@ -159,6 +159,9 @@ class SockJSService:
         self.admit = admit
         self.origin_allowed = origin_allowed
         self.sessions: dict[Any, SockJSSession] = {}
+        #: With workers, what relays requests of sessions another worker
+        #: owns (L{qmq.web.sockjs.relay.register}); None: every session is here.
+        self.relay: Any = None
         # How many live HTTP sessions use each id (one, unless clients
         # elsewhere chose the same): a lookup that misses on an id in use
         # is a request from elsewhere, and is logged.
@@ -604,6 +607,10 @@ class SockJSResource(Resource):
             callback = values[0].decode("utf-8", "replace")
             if not valid_callback(callback):
                 return self._protocol_error(request, 'invalid "callback" parameter')
+        relay = self.service.relay
+        owner = relay.owner(session_id) if relay is not None else None
+        if owner is not None:
+            return self._relay_receive(request, relay, owner, session_id, transport, wrapping, callback)
         session = self.service.find(session_id, request, transport)
         if session is None or session.state is CLOSED:
             peer, host = _peer(request)
@@ -611,6 +618,13 @@ class SockJSResource(Resource):
             if refusal is not None:
                 return self._json_error(request, 503, "too many connections", refusal)
             session = self.service.new_session(session_id, peer, host, identity=_identity(request))
+        self._start_receiving(request, wrapping, callback)
+        receiver = HTTPReceiver(request, wrapping, callback, self.settings.response_limit, session)
+        session.attach(receiver)
+        return NOT_DONE_YET
+
+    def _start_receiving(self, request: Any, wrapping: Wrapping, callback: str) -> None:
+        """A receiving response's headers and prelude."""
         request.setHeader(b"Content-Type", wrapping.content_type)
         self._no_cache(request)
         self._cors(request)
@@ -619,15 +633,42 @@ class SockJSResource(Resource):
             request.setHeader(b"X-Accel-Buffering", b"no")
         if wrapping.prelude is not None:
             request.write(wrapping.prelude(callback))
-        receiver = HTTPReceiver(request, wrapping, callback, self.settings.response_limit, session)
-        session.attach(receiver)
+
+    def _relay_receive(
+        self, request: Any, relay: Any, owner: str, session_id: str, transport: str, wrapping: Wrapping,
+        callback: str,
+    ) -> Any:
+        """A receiving request of a session another worker owns: relayed
+        there (L{qmq.web.sockjs.relay}); its answer is written here."""
+        peer, host = _peer(request)
+        d = relay.receive(owner, request, lambda: self._start_receiving(request, wrapping, callback), wrapping,
+                          transport, callback, self.settings.response_limit, session_id, peer, host,
+                          _identity(request))
+
+        def refused(reason: Any) -> None:
+            if reason is not None and not request_disconnected(request):
+                request.write(self._json_error(request, 503, "too many connections", str(reason)))
+                request.finish()
+
+        d.addCallbacks(refused, lambda failure: self._relay_failed(request, failure))
         return NOT_DONE_YET
 
-    def _send(self, request: Any, session_id: str, transport: str) -> bytes:
-        session = self.service.find(session_id, request, transport)
-        if session is None or session.state is CLOSED:
-            return self._json_error(request, 404, "no such session",
-                                    "The session is unknown or has ended; open a new one.")
+    def _relay_failed(self, request: Any, failure: Failure) -> None:
+        """The worker that owns the session did not answer (down, restarting)."""
+        log.info("sockjs: a request relayed to another worker failed: {error}", error=failure.getErrorMessage())
+        if not request_disconnected(request):
+            request.write(self._json_error(request, 503, "session unavailable",
+                                           "The worker that holds this session does not answer; try again."))
+            request.finish()
+
+    def _send(self, request: Any, session_id: str, transport: str) -> Any:
+        relay = self.service.relay
+        owner = relay.owner(session_id) if relay is not None else None
+        session = None
+        if owner is None:
+            session = self.service.find(session_id, request, transport)
+            if session is None or session.state is CLOSED:
+                return self._no_session(request)
         self._no_cache(request)
         self._cors(request)
         content = request.content
@@ -648,12 +689,31 @@ class SockJSResource(Resource):
             messages = decode_messages(body)
         except PayloadError as e:
             return self._protocol_error(request, e.message)
+        if session is None:
+            # A session another worker owns: its messages go there.
+            peer, host = _peer(request)
+            d = relay.send(owner, session_id, host, _identity(request), messages)
+
+            def answered(found: bool) -> None:
+                if not request_disconnected(request):
+                    request.write(self._sent(request, transport) if found else self._no_session(request))
+                    request.finish()
+
+            d.addCallbacks(answered, lambda failure: self._relay_failed(request, failure))
+            return NOT_DONE_YET
         session.messages_received(messages)
+        return self._sent(request, transport)
+
+    def _no_session(self, request: Any) -> bytes:
+        return self._json_error(request, 404, "no such session",
+                                "The session is unknown or has ended; open a new one.")
+
+    def _sent(self, request: Any, transport: str) -> bytes:
+        """A sending request's answer, its messages delivered."""
+        request.setHeader(b"Content-Type", _TEXT)
         if transport == "jsonp_send":
-            request.setHeader(b"Content-Type", _TEXT)
             return b"ok"
         request.setResponseCode(204)
-        request.setHeader(b"Content-Type", _TEXT)
         return b""
 
     def _websocket(self, request: Any, raw: bool) -> Any:

@@ -45,6 +45,7 @@ from qmq.stomp.session import StompSession
 from qmq.stomp.settings import StompSettings
 from qmq.transport import IConnection, ITransport
 from qmq.web.site import WebContext
+from qmq.web.sockjs.relay import register
 from qmq.web.sockjs.resource import SockJSResource, SockJSService
 from qmq.web.sockjs.services import build_test_services
 from qmq.web.sockjs.session import ISockJSHandler, SockJSSession
@@ -174,6 +175,8 @@ def stomp_sockjs_resource(
 
     service = SockJSService(handler, settings, clock if clock is not None else broker.clock,
                             admit=admit, origin_allowed=origin_allowed)
+    # With workers, a session's requests that another worker takes are relayed to it.
+    register(broker, listener, service)
     return SockJSResource(service)
 
 
