@@ -46,6 +46,7 @@ from twisted.web.static import Data
 from qmq import config
 from qmq.service import make_service
 from tests.integration.certs import TestPKI
+from tests.integration.test_workers import WorkersCase
 
 ROOT = Path(__file__).resolve().parents[2]
 BROWSER = ROOT / "tests" / "browser"
@@ -73,10 +74,40 @@ def spki_hash(cert_pem: Path) -> str:
     return base64.b64encode(hashlib.sha256(spki).digest()).decode()
 
 
-class BrowserMixin:
-    """Starts the broker; runs a scenario in Chromium."""
+class Scenarios:
+    """Runs a scenario of C{tests/browser/run.mjs} in Chromium against
+    C{self.base}."""
 
     tls = False
+    spki = ""
+    base = ""
+
+    @defer.inlineCallbacks
+    def scenario(self, name: str, *extra: str) -> Any:
+        args = [str(BROWSER / "run.mjs"), name, self.base, *extra]
+        if self.tls:
+            args += ["--spki", self.spki]
+        screenshots = os.environ.get("QMQ_SCREENSHOTS")
+        if screenshots:
+            args += ["--screenshots", screenshots]
+        d = getProcessOutputAndValue(NODE, args, env=dict(os.environ), path=str(BROWSER))
+        d.addTimeout(TIMEOUT, reactor)
+        out, err, code = yield d
+        lines = out.decode("utf-8", "replace").strip().splitlines()
+        try:
+            result = json.loads(lines[-1])
+        except (IndexError, ValueError):
+            self.fail(f"{name}: no result from run.mjs (exit {code}): {err.decode()[-2000:]}")  # type: ignore[attr-defined]
+        if code == 3:
+            raise unittest.SkipTest(result["error"])
+        self.assertTrue(result.get("ok"), f"{name}: {json.dumps(result)[:3000]}")  # type: ignore[attr-defined]
+        self.assertEqual(code, 0)  # type: ignore[attr-defined]
+        return result
+
+
+class BrowserMixin(Scenarios):
+    """Starts the broker; runs a scenario in Chromium."""
+
     reason = missing()
     skip = reason
 
@@ -142,28 +173,6 @@ class BrowserMixin:
                     worker.wait()
 
         self.addCleanup(stop)  # type: ignore[attr-defined]
-
-    @defer.inlineCallbacks
-    def scenario(self, name: str, *extra: str) -> Any:
-        args = [str(BROWSER / "run.mjs"), name, self.base, *extra]
-        if self.tls:
-            args += ["--spki", self.spki]
-        screenshots = os.environ.get("QMQ_SCREENSHOTS")
-        if screenshots:
-            args += ["--screenshots", screenshots]
-        d = getProcessOutputAndValue(NODE, args, env=dict(os.environ), path=str(BROWSER))
-        d.addTimeout(TIMEOUT, reactor)
-        out, err, code = yield d
-        lines = out.decode("utf-8", "replace").strip().splitlines()
-        try:
-            result = json.loads(lines[-1])
-        except (IndexError, ValueError):
-            self.fail(f"{name}: no result from run.mjs (exit {code}): {err.decode()[-2000:]}")  # type: ignore[attr-defined]
-        if code == 3:
-            raise unittest.SkipTest(result["error"])
-        self.assertTrue(result.get("ok"), f"{name}: {json.dumps(result)[:3000]}")  # type: ignore[attr-defined]
-        self.assertEqual(code, 0)  # type: ignore[attr-defined]
-        return result
 
     @defer.inlineCallbacks
     def test_stompjs(self) -> Any:
@@ -278,3 +287,33 @@ class HTTPSTests(BrowserMixin, unittest.TestCase):
     """Over https:// and wss://, the server's certificate from a test CA."""
 
     tls = True
+
+
+class WorkersTests(Scenarios, WorkersCase):
+    """SockJS's HTTP transports against C{twistd qmq --workers 2}: Chromium's
+    requests of one session go over several connections, which the kernel
+    spreads over the workers; the session's worker takes them all
+    (relayed: qmq.web.sockjs.relay)."""
+
+    reason = missing()
+    skip = reason
+    extra = '\n[web]\nexamples = true\n\n[sockjs]\ndisconnect_delay = 1.0\n'
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.base = f"http://127.0.0.1:{self.http_port}/"
+
+    @defer.inlineCallbacks
+    def test_sockjsXhrStreaming(self) -> Any:
+        result = yield self.scenario("sockjs-xhr-streaming")
+        self.assertEqual(result["transport"], "xhr-streaming")
+
+    @defer.inlineCallbacks
+    def test_sockjsXhrPolling(self) -> Any:
+        result = yield self.scenario("sockjs-xhr-polling")
+        self.assertEqual(result["transport"], "xhr-polling")
+
+    @defer.inlineCallbacks
+    def test_qmqjsXhrPolling(self) -> Any:
+        """qmq.js over SockJS xhr-polling: receipts, acks, request/reply."""
+        yield self.scenario("qmqjs-xhr-polling")

@@ -82,6 +82,8 @@ class SessionStomp(Stomp):
 
 class WorkersCase(unittest.TestCase):
     timeout = 180
+    #: More tables for the configuration (TOML, after the others).
+    extra = ""
 
     def setUp(self) -> None:
         self.dir = Path(self.mktemp()).resolve()
@@ -98,6 +100,7 @@ class WorkersCase(unittest.TestCase):
             '[[vhosts."/".exchanges]]\nname = "ex"\ntype = "topic"\n\n'
             '[[vhosts."/".queues]]\nname = "bound"\n\n'
             '[[vhosts."/".bindings]]\nqueue = "bound"\nexchange = "ex"\nrouting_key = "k.#"\n'
+            + self.extra
         )
         self.output = (self.dir / "supervisor.log").open("wb")
         self.addCleanup(self.output.close)
