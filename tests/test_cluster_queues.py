@@ -519,6 +519,29 @@ class DurableSubscriptionTests(SynchronousTestCase):
         self.assertEqual(len(old.consumers), 1)
 
 
+class ControlCountTests(SynchronousTestCase):
+    """STOMP's /control/ counts of a queue homed on another node: its
+    home's, asked there (0 for a queue nobody has, as for one here)."""
+
+    def test_counts_from_the_home(self) -> None:
+        net = Net("a", "b")
+        net.full_mesh()
+        q = homed(net, "b", "counted")
+        for body in (b"1", b"2"):
+            send(net, "b", q, body)
+        consume(net, "b", q, prefetch=1)
+        net.settle()
+        ch = channel(net, "a")
+        answers = [ch.control(f"count-msgs/queue/{q}"), ch.control(f"count-subscribers/queue/{q}"),
+                   ch.control(f"count-msgs/queue/{homed(net, 'b', 'nobody')}")]
+        net.settle()
+        self.assertEqual([self.successResultOf(d) for d in answers],
+                         [[("num-messages", "1")], [("num-subscribers", "1")], [("num-messages", "0")]])
+        net["a"].link_to(net["b"]).close("cut")
+        net.settle()
+        self.failureResultOf(ch.control(f"count-msgs/queue/{q}"), Unavailable)
+
+
 class ConsumeTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.net = Net("a", "b", "c")

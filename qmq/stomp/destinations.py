@@ -35,14 +35,18 @@ L{DestinationChannel.control} answers a C{/control/} destination.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from qmq.core.channel import Channel, SendTarget
 from qmq.core.consumer import Consumer
-from qmq.core.errors import BrokerError
+from qmq.core.errors import BrokerError, NotFound
 from qmq.core.names import check_destination, check_exchange, check_queue, check_routing_key
 from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX, check_queue_access
 from qmq.core.queue import Queue
+from qmq.core.remote import Unavailable
+
+if TYPE_CHECKING:
+    from twisted.internet.defer import Deferred
 
 PREFIXES = ("/queue/", "/topic/", "/exchange/", "/temp-queue/", "/control/")
 
@@ -282,6 +286,26 @@ class DestinationChannel(Channel):
 
     # -- control destinations ------------------------------------------------
 
+    def _counted_on_home(self, name: str, header: str, fact: str) -> Deferred:
+        """A count of queue C{name}, whose home is another node, as its home
+        says (L{find_queue}): a Deferred of the RECEIPT headers (0 for a
+        queue the home does not have either, as for one here)."""
+
+        def counted(facts: Any) -> list[tuple[str, str]]:
+            value = facts.get(fact) if isinstance(facts, dict) else None
+            return [(header, str(value if isinstance(value, int) and value >= 0 else 0))]
+
+        def missing(failure: Any) -> Any:
+            failure.trap(NotFound)
+            if failure.check(Unavailable):
+                return failure
+            return [(header, "0")]
+
+        queue = self.vhost.queue_or_stand_in(name)
+        d = queue.remote.operate(queue, "queue", {})  # type: ignore[union-attr]
+        d.addErrback(self.vhost.not_on_home, queue)
+        return d.addCallbacks(counted, missing)  # type: ignore[no-any-return]
+
     def control(self, path: str) -> list[tuple[str, str]]:
         """Answer an ocamlmq control destination (counts).
 
@@ -294,18 +318,19 @@ class DestinationChannel(Channel):
                 self._authorize("read", path.partition("/queue/")[2], "/control/" + path)
             elif path.startswith("count-subscribers/topic/"):
                 self._authorize("read", "amq.topic", "/control/" + path)
-        if path.startswith("count-msgs/queue/"):
-            name = path[17:]
-            if name.startswith(DURABLE_SUBSCRIPTION_PREFIX):
-                check_queue_access(self.owner_name, name, "read")
-            queue = vhost.queues.get(name)
-            return [("num-messages", str(len(queue) if queue is not None else 0))]
-        if path.startswith("count-subscribers/queue/"):
-            name = path[24:]
-            if name.startswith(DURABLE_SUBSCRIPTION_PREFIX):
-                check_queue_access(self.owner_name, name, "read")
-            queue = vhost.queues.get(name)
-            return [("num-subscribers", str(len(queue.consumers) if queue is not None else 0))]
+        for prefix, header, fact in (("count-msgs/queue/", "num-messages", "messages_ready"),
+                                     ("count-subscribers/queue/", "num-subscribers", "consumers")):
+            if path.startswith(prefix):
+                name = path[len(prefix):]
+                if name.startswith(DURABLE_SUBSCRIPTION_PREFIX):
+                    check_queue_access(self.owner_name, name, "read")
+                queue = vhost.queues.get(name)
+                if queue is None or queue.remote is not None:
+                    if (queue is not None or vhost.placed_elsewhere(name) is not None) and name:
+                        # Its home is another node: counted there.
+                        return self._counted_on_home(name, header, fact)
+                    return [(header, "0")]
+                return [(header, str(len(queue) if fact == "messages_ready" else len(queue.consumers)))]
         if path.startswith("count-subscribers/topic/"):
             targets = vhost.route("amq.topic", path[24:], None)
             # Queues count their consumers; a live consumer counts one.

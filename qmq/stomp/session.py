@@ -108,6 +108,16 @@ _CACHED_BLOCKS = 64
 _CACHED_BLOCK_SIZE = 2048
 # No raw block (Frame.raw is a bytes object or None, never this).
 _NO_RAW = object()
+
+
+class _Counted:
+    """A control destination's answer that another node gives: a Deferred
+    of the RECEIPT's headers (L{StompSession._send_counted})."""
+
+    __slots__ = ("answer",)
+
+    def __init__(self, answer: Any) -> None:
+        self.answer = answer
 #: SEND headers that set how a message is delivered (see _delivery_options).
 ACK_TIMEOUT_HEADER = "ack-timeout"
 _TIMING_HEADERS = frozenset(("expires", "ttl", "delay", "deliver-at", ACK_TIMEOUT_HEADER))
@@ -610,8 +620,52 @@ class StompSession(ConnectMixin, TransactionsMixin, BatchedOutput):
         if receipt is not None:
             if waiter.__class__ is list:
                 self._send_receipt(receipt, waiter)
+            elif waiter.__class__ is _Counted:
+                self._send_counted(receipt, waiter.answer)
             else:
                 self._send_receipt(receipt, None, waiter)
+
+    def _send_counted(self, receipt: str, answer: Any) -> None:
+        """A control destination's RECEIPT whose headers another node
+        answers (a count of a queue homed there): in its place among the
+        replies, once it came; the home unreachable is an ERROR."""
+        if answer.called:
+            result: list = []
+            answer.addBoth(result.append)
+            if isinstance(result[0], Failure):
+                self._counted_failed(result[0], receipt)
+            else:
+                self._send_receipt(receipt, result[0])
+            return
+        placeholder = bytearray()  # a unique object in the replies, replaced by the frame
+        entry: list = []
+
+        def fill(headers: list[tuple[str, str]]) -> None:
+            self._replace(entry, placeholder,
+                          encode_frame("RECEIPT", [("receipt-id", receipt), *headers], b"", self.version))
+
+        def failed(failure: Failure) -> None:
+            self._replace(entry, placeholder, b"")
+            self._counted_failed(failure, receipt)
+
+        answer.addCallbacks(fill, failed)
+        self._reply(placeholder, answer)  # type: ignore[arg-type]
+        entry.append(self._waiting[-1])  # type: ignore[index]
+
+    @staticmethod
+    def _replace(entry: list, placeholder: bytearray, data: bytes) -> None:
+        frames = entry[0][1]
+        for i, frame in enumerate(frames):
+            if frame is placeholder:
+                frames[i] = data
+                return
+
+    def _counted_failed(self, failure: Failure, receipt: str) -> None:
+        if failure.check(BrokerError):
+            self.error(failure.value.short or failure.value.message, failure.value.message, receipt)
+        else:
+            log.failure("a count from another node failed session={session}", failure, session=self.id)
+            self.error("internal error", "The broker failed to count; see its log.", receipt)
 
     def _check_send(self, frame: Frame) -> None:
         """Validate a transactional SEND now so errors are not deferred to COMMIT."""
@@ -650,7 +704,8 @@ class StompSession(ConnectMixin, TransactionsMixin, BatchedOutput):
         h = frame.headers
         target = channel.send_target(h["destination"])
         if target[4] is None:
-            return channel.control(target[3])
+            answer = channel.control(target[3])
+            return answer if answer.__class__ is list else _Counted(answer)
         raw = frame.raw
         last = self._last_send
         unique = False

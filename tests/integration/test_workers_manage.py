@@ -142,6 +142,21 @@ class ManagementTests(WorkersCase):
         status, doc = self.call(self.api_on("w0"), "GET", f"/api/v1/vhosts/%2F/queues/{name}")
         self.assertEqual(doc["messages"], 5)  # a scan consumes nothing
 
+    def test_controlCountsFromEitherWorker(self) -> None:
+        """STOMP's /control/ counts of a queue homed on the other worker are
+        its home's, and their RECEIPT keeps its place among the replies."""
+        from tests.integration.test_twistd import frame  # noqa: PLC0415
+
+        queues = self.fill()
+        for worker, (home, count) in (("w0", ("w1", 5)), ("w1", ("w0", 3))):
+            client = self.client_on(worker)
+            client.sock.sendall(
+                frame("SEND", {"destination": f"/control/count-msgs/queue/{queues[home]}", "receipt": "count"})
+                + frame("SEND", {"destination": "/queue/after", "receipt": "after"}, b"x"))
+            replies = [client.read(10.0) for _ in range(2)]
+            self.assertEqual([(c, h.get("receipt-id"), h.get("num-messages")) for c, h, _ in replies],
+                             [("RECEIPT", "count", str(count)), ("RECEIPT", "after", None)], worker)
+
     def test_handlesSettledOnEitherWorker(self) -> None:
         """An HTTP client whose connections land on either worker: what it
         receives through one it acks, extends or nacks through the other,
