@@ -233,7 +233,7 @@ class QueueOperationTests(SynchronousTestCase):
         self.assertIn("'b' did not answer within 5 s", error.message)
         late.callback(1)
         net.settle()
-        self.assertEqual(net["a"].mesh.manage._pending, {})
+        self.assertEqual(net["a"].mesh.manage.waiting, 0)
 
     def test_bad_frames(self) -> None:
         """A malformed request closes the link, as any bad frame does."""
@@ -642,12 +642,12 @@ class AmqpTests(SynchronousTestCase):
         link = self.net["b"].link_to(self.net["a"])
         home = self.net["b"].mesh.manage
         args = {"vhost": "/", "queue": self.q, "ack": False}
-        answer = home._get(link, dict(args))
+        answer = home.handlers["queue.get"](link, dict(args))
         self.assertEqual(base64.b64decode(answer["m"])[-1:], b"1")
         self.home.purge()
         send(self.net, "b", self.q, b"x" * (manage.MAX_GET + 1))
         with self.assertRaises(PreconditionFailed):
-            home._get(link, dict(args))
+            home.handlers["queue.get"](link, dict(args))
         self.assertEqual(len(self.home), 1)
 
     def test_get_then_link_lost(self) -> None:
@@ -676,7 +676,7 @@ class AmqpTests(SynchronousTestCase):
     def home_channel_consumers(self) -> list[Any]:
         """The getters of b's channels for the link from a."""
         link = self.net["b"].link_to(self.net["a"])
-        return [g for ch in link.channels.values() for g in ch._getters.values()]
+        return [g for ch in link.channels.values() for g in ch.getters]
 
     def test_delete_with_a_consumer_cancels_after_delete_ok(self) -> None:
         """A consumer of the stand-in on the deleting channel hears its
@@ -1009,8 +1009,8 @@ class ScanTests(SynchronousTestCase):
         but fail the scan."""
         from qmq.cluster import wire  # noqa: PLC0415
 
-        for data in (b"\x00\x00", manage._encode_message(b"/", self.message(1))[:-1]):
-            self.assertRaises(wire.FrameError, manage._decode_messages, data)
+        for data in (b"\x00\x00", manage.encode_message(b"/", self.message(1))[:-1]):
+            self.assertRaises(wire.FrameError, manage.decode_messages, data)
 
 
 class HandlesTests(WholeBrokerCase):

@@ -81,7 +81,8 @@ if TYPE_CHECKING:
     from qmq.cluster.link import LinkProtocol
     from qmq.cluster.mesh import Mesh
 
-__all__ = ["ANSWER", "ASK", "KINDS", "Manage", "exchange_facts", "queue_facts"]
+__all__ = ["ANSWER", "ASK", "KINDS", "Manage", "decode_message", "decode_messages", "encode_message", "exchange_facts",
+           "queue_facts"]
 
 log = Logger()
 
@@ -185,6 +186,11 @@ class Manage(Observer):
             "exchange.bind": self._exchange_bind,
             "exchange.unbind": self._exchange_bind,
         }
+
+    @property
+    def waiting(self) -> int:
+        """How many requests of this node wait for an answer."""
+        return len(self._pending)
 
     # -- the service ---------------------------------------------------------------
 
@@ -482,7 +488,7 @@ class Manage(Observer):
                     and (isinstance(value.get("m"), str) or isinstance(value.get("record"), bytes))):
                 raise wire.FrameError("bad get answer")
             record = value.get("record")
-            message = _decode_message(record if record is not None else base64.b64decode(value["m"]))
+            message = decode_message(record if record is not None else base64.b64decode(value["m"]))
             message.id = next(self.broker.message_ids)
             message.delivery_count = int(value.get("count") or 0)
             if ack and link is not None:
@@ -527,7 +533,7 @@ class Manage(Observer):
         got = channel.get(queue.name, ack=True)
         if got is None:
             return None
-        payload = _encode_message(vhost.name.encode(), got.message)
+        payload = encode_message(vhost.name.encode(), got.message)
         room = self._room(args)
         binary = room is not None
         limit = room if room is not None else MAX_GET
@@ -567,7 +573,7 @@ class Manage(Observer):
             if not (isinstance(value, dict) and isinstance(value.get("record"), bytes)
                     and (following is None or isinstance(following, str))):
                 raise wire.FrameError("bad scan answer")
-            return ScanPage(_decode_messages(value["record"]), following, queue.home)
+            return ScanPage(decode_messages(value["record"]), following, queue.home)
 
         return d.addCallback(page)
 
@@ -587,7 +593,7 @@ class Manage(Observer):
             name = vhost.name.encode()
             last = 0
             for message in page.messages:
-                data = _encode_message(name, message)
+                data = encode_message(name, message)
                 if size + len(data) > room:
                     if not records:
                         raise PreconditionFailed(
@@ -880,7 +886,7 @@ def _failed(error: BrokerError) -> Deferred:
     return d
 
 
-def _encode_message(vhost: bytes, message: Message) -> bytes:
+def encode_message(vhost: bytes, message: Message) -> bytes:
     """C{message} as a publish record of the commit log (with its CRC):
     everything of the core's model, whatever the link's own encoding."""
     head, tail = record.encode_publish(
@@ -891,7 +897,7 @@ def _encode_message(vhost: bytes, message: Message) -> bytes:
     return head + tail if tail else head
 
 
-def _decode_messages(data: bytes) -> list[Message]:
+def decode_messages(data: bytes) -> list[Message]:
     """Publish records one after another (a scan's page), as messages.
     @raise wire.FrameError: not whole, undamaged publish records."""
     messages = []
@@ -902,12 +908,12 @@ def _decode_messages(data: bytes) -> list[Message]:
         following = at + head + record.FRAME.unpack_from(data, at)[0]
         if following > end:
             raise wire.FrameError("bad message: longer than its frame")
-        messages.append(_decode_message(data[at:following]))
+        messages.append(decode_message(data[at:following]))
         at = following
     return messages
 
 
-def _decode_message(data: bytes) -> Message:
+def decode_message(data: bytes) -> Message:
     """@raise wire.FrameError: not a whole, undamaged publish record."""
     head = record.FRAME_SIZE
     if len(data) < head:

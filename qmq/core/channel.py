@@ -452,6 +452,12 @@ class Channel:
             self.connection.owns(queue)
         return queue
 
+    @property
+    def getters(self) -> list[Consumer]:
+        """The channel's consumers of C{basic.get}s (one a queue), whose
+        deliveries wait for their acks as a consumer's do."""
+        return list(self._getters.values())
+
     def find_queue(self, name: str) -> Queue | Deferred:
         """Queue C{name}, which a client names as one that exists (AMQP's
         C{basic.consume} and passive C{queue.declare}, the HTTP API's
