@@ -74,6 +74,26 @@ def spki_hash(cert_pem: Path) -> str:
     return base64.b64encode(hashlib.sha256(spki).digest()).decode()
 
 
+@defer.inlineCallbacks
+def run_scenario(test: Any, name: str, base: str, *args: str) -> Any:
+    """Run scenario C{name} of C{run.mjs} against C{base}: its JSON result,
+    which must say C{ok} (exit 3: Chromium cannot start here, a skip)."""
+    d = getProcessOutputAndValue(NODE, [str(BROWSER / "run.mjs"), name, base, *args], env=dict(os.environ),
+                                 path=str(BROWSER))
+    d.addTimeout(TIMEOUT, reactor)
+    out, err, code = yield d
+    lines = out.decode("utf-8", "replace").strip().splitlines()
+    try:
+        result = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        test.fail(f"{name}: no result from run.mjs (exit {code}): {err.decode()[-2000:]}")
+    if code == 3:
+        raise unittest.SkipTest(result["error"])
+    test.assertTrue(result.get("ok"), f"{name}: {json.dumps(result)[:3000]}")
+    test.assertEqual(code, 0)
+    return result
+
+
 class Scenarios:
     """Runs a scenario of C{tests/browser/run.mjs} in Chromium against
     C{self.base}."""
@@ -82,27 +102,14 @@ class Scenarios:
     spki = ""
     base = ""
 
-    @defer.inlineCallbacks
     def scenario(self, name: str, *extra: str) -> Any:
-        args = [str(BROWSER / "run.mjs"), name, self.base, *extra]
+        args = list(extra)
         if self.tls:
             args += ["--spki", self.spki]
         screenshots = os.environ.get("QMQ_SCREENSHOTS")
         if screenshots:
             args += ["--screenshots", screenshots]
-        d = getProcessOutputAndValue(NODE, args, env=dict(os.environ), path=str(BROWSER))
-        d.addTimeout(TIMEOUT, reactor)
-        out, err, code = yield d
-        lines = out.decode("utf-8", "replace").strip().splitlines()
-        try:
-            result = json.loads(lines[-1])
-        except (IndexError, ValueError):
-            self.fail(f"{name}: no result from run.mjs (exit {code}): {err.decode()[-2000:]}")  # type: ignore[attr-defined]
-        if code == 3:
-            raise unittest.SkipTest(result["error"])
-        self.assertTrue(result.get("ok"), f"{name}: {json.dumps(result)[:3000]}")  # type: ignore[attr-defined]
-        self.assertEqual(code, 0)  # type: ignore[attr-defined]
-        return result
+        return run_scenario(self, name, self.base, *args)
 
 
 class BrowserMixin(Scenarios):

@@ -32,13 +32,12 @@ from typing import Any
 import stomp
 from twisted.internet import defer, reactor
 from twisted.internet.threads import deferToThread
-from twisted.internet.utils import getProcessOutputAndValue
 from twisted.trial import unittest
 
 from qmq import config
 from qmq.auth import hash_password
 from qmq.service import make_service
-from tests.integration.test_browser import BROWSER, NODE, TIMEOUT, missing
+from tests.integration.test_browser import missing, run_scenario
 
 ADMIN = ("admin", "Adm1n-console")
 ALICE = ("alice", "al1ce-console")
@@ -110,19 +109,8 @@ class ConsoleTests(ConsoleBroker):
         yield deferToThread(self.fill)
         shots = str(Path(os.environ.get("QMQ_SCREENSHOTS") or self.mktemp()).resolve())
         Path(shots).mkdir(parents=True, exist_ok=True)
-        args = [str(BROWSER / "run.mjs"), "console", self.base, "--screenshots", shots,
-                "--admin", ":".join(ADMIN), "--user", ":".join(ALICE), "--queue", QUEUE]
-        d = getProcessOutputAndValue(NODE, args, env=dict(os.environ), path=str(BROWSER))
-        d.addTimeout(TIMEOUT, reactor)
-        out, err, code = yield d
-        lines = out.decode("utf-8", "replace").strip().splitlines()
-        try:
-            result = json.loads(lines[-1])
-        except (IndexError, ValueError):
-            self.fail(f"no result from run.mjs (exit {code}): {err.decode()[-2000:]}")
-        if code == 3:
-            raise unittest.SkipTest(result["error"])
-        self.assertTrue(result.get("ok"), json.dumps(result)[:3000])
+        result = yield run_scenario(self, "console", self.base, "--screenshots", shots, "--admin", ":".join(ADMIN),
+                                    "--user", ":".join(ALICE), "--queue", QUEUE)
         self.assertEqual(result["depth"], [str(DEPTH), "0"])
         self.assertEqual(result["browsed"], [f"order {i}" for i in range(DEPTH)])
         self.assertTrue(result["admin_sees_users"])
@@ -161,19 +149,8 @@ class ConsoleManageTests(ConsoleBroker):
         token = jwt.encode({"sub": "viewer", "exp": int(time.time()) + 600}, TOKEN_KEY, algorithm="HS256")
         shots = str(Path(os.environ.get("QMQ_SCREENSHOTS") or self.mktemp()).resolve())
         Path(shots).mkdir(parents=True, exist_ok=True)
-        args = [str(BROWSER / "run.mjs"), "console-manage", self.base, "--screenshots", shots,
-                "--admin", ":".join(ADMIN), "--token", token]
-        d = getProcessOutputAndValue(NODE, args, env=dict(os.environ), path=str(BROWSER))
-        d.addTimeout(TIMEOUT, reactor)
-        out, err, code = yield d
-        lines = out.decode("utf-8", "replace").strip().splitlines()
-        try:
-            result = json.loads(lines[-1])
-        except (IndexError, ValueError):
-            self.fail(f"no result from run.mjs (exit {code}): {err.decode()[-2000:]}")
-        if code == 3:
-            raise unittest.SkipTest(result["error"])
-        self.assertTrue(result.get("ok"), json.dumps(result)[:3000])
+        result = yield run_scenario(self, "console-manage", self.base, "--screenshots", shots,
+                                    "--admin", ":".join(ADMIN), "--token", token)
         # The token's subject, no admin tab; the totals of every queue.
         self.assertEqual(result["token_user"], "viewer")
         self.assertEqual(result["token_tabs"], ["Overview", "Queues", "Exchanges"])

@@ -188,6 +188,26 @@ class Wrapping:
         self.method = method
 
 
+class Budget:
+    """What one receiving response has carried: a poll is done after one
+    frame, a stream once its bytes reach C{limit} (the request's own
+    receiver and a relayed one count alike)."""
+
+    def __init__(self, wrapping: Wrapping, callback: str, limit: int) -> None:
+        self.wrapping = wrapping
+        self.callback = callback
+        self.streaming = wrapping.streaming
+        self.limit = limit
+        self.sent = 0
+
+    def spent(self, data: bytes) -> bool:
+        """C{data} went: whether the response is done."""
+        if not self.streaming:
+            return True
+        self.sent += len(data)
+        return self.sent >= self.limit
+
+
 def _xhr(frame: str, callback: str) -> bytes:
     return (frame + "\n").encode()
 

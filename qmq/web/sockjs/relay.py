@@ -43,7 +43,7 @@ from zope.interface import implementer
 from qmq.cluster.placement import rendezvous
 from qmq.tls import PeerIdentity
 from qmq.twisted_internals import request_disconnected
-from qmq.web.sockjs.framing import TRANSPORTS, Wrapping
+from qmq.web.sockjs.framing import TRANSPORTS, Budget, Wrapping
 from qmq.web.sockjs.session import CLOSED
 
 if TYPE_CHECKING:
@@ -178,31 +178,24 @@ def _json_identity(identity: Any) -> Any:
     return dataclasses.asdict(identity) if dataclasses.is_dataclass(identity) else None
 
 
-class LinkReceiver:
+class LinkReceiver(Budget):
     """The owner's receiver of a request another worker holds: frames go
-    there; whether the response is done after one is computed here as the
-    request's own L{qmq.web.sockjs.resource.HTTPReceiver} would."""
+    there; whether the response is done after one is counted here as the
+    request's own L{qmq.web.sockjs.resource.HTTPReceiver} counts it."""
 
     def __init__(self, relay: Relay, link: Any, rid: int, wrapping: Wrapping, callback: str, limit: int,
                  session: Any) -> None:
+        super().__init__(wrapping, callback, limit)
         self.relay = relay
         self.link = link
         self.rid = rid
-        self.wrapping = wrapping
-        self.callback = callback
-        self.streaming = wrapping.streaming
-        self.limit = limit
-        self.sent = 0
         self.paused = False
         self.finished = False
         self.session = session
 
     def send_frame(self, frame: str) -> bool:
         self.relay.tell(self.link.node, "sockjs.frame", {"rid": self.rid, "frame": frame})
-        if not self.streaming:
-            return True
-        self.sent += len(self.wrapping.wrap(frame, self.callback))
-        return self.sent >= self.limit
+        return self.spent(self.wrapping.wrap(frame, self.callback) if self.streaming else b"")
 
     def finish(self) -> None:
         if not self.finished:

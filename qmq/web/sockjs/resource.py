@@ -69,6 +69,7 @@ from qmq.twisted_internals import request_disconnected
 from qmq.web.site import json_error
 from qmq.web.sockjs.framing import (
     TRANSPORTS,
+    Budget,
     PayloadError,
     Wrapping,
     decode_messages,
@@ -239,18 +240,14 @@ class SockJSService:
 
 
 @implementer(IPushProducer)
-class HTTPReceiver:
+class HTTPReceiver(Budget):
     """A receiving HTTP request of a session (see the module docstring)."""
 
     def __init__(
         self, request: Any, wrapping: Wrapping, callback: str, limit: int, session: SockJSSession
     ) -> None:
+        super().__init__(wrapping, callback, limit)
         self.request = request
-        self.wrapping = wrapping
-        self.callback = callback
-        self.streaming = wrapping.streaming
-        self.limit = limit
-        self.sent = 0
         self.paused = False
         self.finished = False
         self.session = session
@@ -260,10 +257,7 @@ class HTTPReceiver:
     def send_frame(self, frame: str) -> bool:
         data = self.wrapping.wrap(frame, self.callback)
         self.request.write(data)
-        if not self.streaming:
-            return True
-        self.sent += len(data)
-        return self.sent >= self.limit
+        return self.spent(data)
 
     def finish(self) -> None:
         if self.finished:
