@@ -868,6 +868,53 @@ class NamedOnlyOnItsHomeTests(SynchronousTestCase):
         self.assertEqual(close.reply_code, 406)
         self.assertIn("other arguments", close.reply_text)
 
+    def test_declare(self) -> None:
+        """A declare (not passive) of b's queue from a waits for b's
+        verdict: the declare-ok carries b's counts; other arguments than
+        b's are 406 as for a queue of a's, and what follows waits its turn."""
+        from pamqp import commands  # noqa: PLC0415
+
+        c = self.client
+        c.send(commands.Queue.Declare(queue=self.q, durable=False, arguments={"x-max-length": 10}), 1)
+        c.send(commands.Basic.Qos(prefetch_count=3), 1)
+        self.assertEqual(c.methods(), [])
+        self.net.settle()
+        ok, qos = c.methods()
+        self.assertEqual((type(ok), ok.queue, ok.message_count, ok.consumer_count, type(qos)),
+                         (commands.Queue.DeclareOk, self.q, 2, 0, commands.Basic.QosOk))
+        c.send(commands.Queue.Declare(queue=self.q, durable=False, arguments={"x-max-length": 3}), 1)
+        self.net.settle()
+        close = c.close_error()
+        self.assertEqual((close.reply_code, close.class_id, close.method_id), (406, 50, 10))
+        self.assertIn("other arguments", close.reply_text)
+
+    def test_http_put_same_verdict(self) -> None:
+        """HTTP PUT of b's queue through a: b's document (200: it was
+        there; 201 for one made there now); other arguments: the same
+        problem as through b."""
+        def put(node: str, name: str, body: dict) -> tuple[int, Any]:
+            ctx = Ctx(broker=self.net[node].broker, clock=self.net.clock)
+            request = _request(f"v1/vhosts/%2F/queues/{name}", b"PUT")
+            request.content = io.BytesIO(json.dumps(body).encode())
+            request.requestHeaders.setRawHeaders(b"content-type", [b"application/json"])
+            result = ApiResource(ctx).render(request)
+            if result is NOT_DONE_YET:
+                self.net.settle()
+                result = b"".join(request.written)
+            return request.responseCode or 200, json.loads(result)
+
+        status, doc = put("a", self.q, {"durable": False, "arguments": {"x-max-length": 10}})
+        self.assertEqual((status, doc["home"], doc["messages"], doc["arguments"]),
+                         (200, "b", 2, {"x-max-length": 10}))
+        fresh = homed(self.net, "b", "fresh")
+        status, doc = put("a", fresh, {})
+        self.assertEqual((status, doc["home"], doc["messages"]), (201, "b", 0))
+        self.assertIn(fresh, self.b.queues)
+        verdicts = [put(node, self.q, {"durable": False, "arguments": {"x-max-length": 3}}) for node in ("a", "b")]
+        self.assertEqual(verdicts[0][0], verdicts[1][0])
+        self.assertEqual(verdicts[0][1]["code"], verdicts[1][1]["code"])
+        self.assertGreaterEqual(verdicts[0][0], 400)
+
     def test_passive_declare_missing(self) -> None:
         from pamqp import commands  # noqa: PLC0415
 

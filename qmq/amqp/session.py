@@ -819,8 +819,22 @@ class AmqpChannel:
                     queue = core.declare_queue(name, arguments=arguments)
                     self._declared(queue, args)
                     return
-            queue, _made = self.management.declare_queue(name, bool(args.durable), bool(args.auto_delete), arguments)
+            waiting: list[Deferred] = []
+            queue, _made = self.management.declare_queue(name, bool(args.durable), bool(args.auto_delete), arguments,
+                                                         wait=waiting)
+            if waiting:
+                # Its home is another node: answered with the home's verdict and counts.
+                self._answer(waiting[0], lambda answer: self._declared_on_home(queue, args, answer),
+                             commands.Queue.Declare.index)
+                return
         self._declared(queue, args)
+
+    def _declared_on_home(self, queue: Any, args: Any, answer: Any) -> None:
+        facts = answer.get("facts") if isinstance(answer, dict) else None
+        if isinstance(facts, dict):
+            self._declared_remote((queue, facts), args)
+        else:
+            self._declared(queue, args)  # a peer of an older version: the stand-in's counts
 
     def _declared(self, queue: Any, args: Any) -> None:
         self.last_queue = queue.name

@@ -677,7 +677,9 @@ class Manage(Observer):
         rows = connection_rows(self.registry, self.registry.ids, MAX_ITEMS + 1)
         return {"connections": rows[:MAX_ITEMS], "truncated": len(rows) > MAX_ITEMS}
 
-    def _declare_queue(self, link: LinkProtocol, args: dict[str, Any]) -> None:
+    def _declare_queue(self, link: LinkProtocol, args: dict[str, Any]) -> dict[str, Any]:
+        """Declare a queue homed here as another node's client asked:
+        whether it was made, and its facts (what the client is answered)."""
         vhost = self._vhost(args)
         name, arguments = args.get("queue"), args.get("arguments")
         if not isinstance(name, str) or not (arguments is None or isinstance(arguments, dict)):
@@ -695,10 +697,11 @@ class Manage(Observer):
                                "the nodes' memberships differ")
             if existed and arguments:
                 check_equivalent(queue, arguments)
-            return
+            return {"made": not existed, "facts": queue_facts(queue)}
         with self.mesh.queues.here():
-            Management(vhost, None, "").declare_queue(name, args.get("durable") is not False,
-                                                      args.get("auto_delete") is True, arguments)
+            queue, made = Management(vhost, None, "").declare_queue(name, args.get("durable") is not False,
+                                                                    args.get("auto_delete") is True, arguments)
+        return {"made": made, "facts": queue_facts(queue)}
 
     def _purge(self, link: LinkProtocol, args: dict[str, Any]) -> int:
         _, queue = self._local_queue(args)

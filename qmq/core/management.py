@@ -255,7 +255,9 @@ class Management:
         defaults under its C{arguments}); return it and whether it was made.
 
         @param wait: where the home's answer goes (a Deferred) when the
-            queue's home is another node; None: its refusal is logged.
+            queue's home is another node: of C{{"made": bool, "facts":
+            queue_facts}} (or None from a peer of an older version), failing
+            with the home's refusal; None: its refusal is logged.
 
         @raise AccessRefused: an C{amq.} name or a new C{durable.} name
             (the broker's own), no

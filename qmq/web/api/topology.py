@@ -159,17 +159,28 @@ class TopologyMixin:
                                   q.vhost.not_on_home, errbackArgs=(q,))
         return json_response(self._queue_doc(vhost, q))
 
-    def h_put_queue(self, request: Request, vhost: str, queue: str) -> Response:
+    def h_put_queue(self, request: Request, vhost: str, queue: str) -> Any:
         mgmt = self._management(request, vhost)
         doc: dict = {}
         if request.content is not None and request.content.getvalue():
             doc = _object_body(request, {"durable": (bool,), "auto_delete": (bool,), "arguments": (dict,)}, ())
+        waiting: list = []
         q, made = mgmt.declare_queue(
             queue,
             durable=doc.get("durable", True),
             auto_delete=doc.get("auto_delete", False),
             arguments=doc.get("arguments") or None,
+            wait=waiting,
         )
+        if waiting:
+            # Its home is another node: its verdict, and its document.
+            def answered(answer: Any) -> Response:
+                if isinstance(answer, dict) and isinstance(answer.get("facts"), dict):
+                    return json_response(self._facts_doc(vhost, answer["facts"], q.home),
+                                         201 if answer.get("made") else 200)
+                return json_response(self._queue_doc(vhost, q), 201 if made else 200)
+
+            return waiting[0].addCallback(answered)
         return json_response(self._queue_doc(vhost, q), 201 if made else 200)
 
     def h_delete_queue(self, request: Request, vhost: str, queue: str) -> Any:
