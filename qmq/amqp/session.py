@@ -793,7 +793,7 @@ class AmqpChannel:
             queue = core.declare_queue(self._queue_name(name), passive=True, arguments=arguments)
             if isinstance(queue, Deferred):
                 # Its home is another node: asked there, answered with its counts.
-                self._answer(queue, lambda found: self._declared_remote(found, args), commands.Queue.Declare.index)
+                self._answer(queue, lambda found: self._declared_remote(*found, args), commands.Queue.Declare.index)
                 return
         elif not name or args.exclusive:
             if not name:
@@ -832,7 +832,7 @@ class AmqpChannel:
     def _declared_on_home(self, queue: Any, args: Any, answer: Any) -> None:
         facts = answer.get("facts") if isinstance(answer, dict) else None
         if isinstance(facts, dict):
-            self._declared_remote((queue, facts), args)
+            self._declared_remote(queue, facts, args)
         else:
             self._declared(queue, args)  # a peer of an older version: the stand-in's counts
 
@@ -841,9 +841,8 @@ class AmqpChannel:
         if not args.nowait:
             self.send(commands.Queue.DeclareOk(queue.name, len(queue), len(queue.consumers)))
 
-    def _declared_remote(self, found: tuple[Any, dict[str, Any]], args: Any) -> None:
-        """A passive declare of a queue homed on another node: the counts are the home's."""
-        queue, facts = found
+    def _declared_remote(self, queue: Any, facts: dict[str, Any], args: Any) -> None:
+        """A declare of a queue homed on another node: the counts are the home's."""
         self.last_queue = queue.name
         if not args.nowait:
             self.send(commands.Queue.DeclareOk(queue.name, _count(facts.get("messages_ready")),

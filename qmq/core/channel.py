@@ -426,11 +426,11 @@ class Channel:
         queue = vhost.queues.get(name)
         if passive and (queue is None or queue.remote is not None):
             found = self.find_queue(name)
-            if found.__class__ is not Queue:
+            if not isinstance(found, Queue):
                 if arguments:
-                    found.addCallback(self._check_found_arguments, arguments)  # type: ignore[union-attr]
+                    found.addCallback(self._check_found_arguments, arguments)
                 return found  # type: ignore[return-value]
-            queue = found  # type: ignore[assignment]
+            queue = found
         if queue is not None or passive:
             if queue is None:
                 raise NotFound(f"no queue {name!r} in virtual host {vhost.name!r}", "no such queue")
@@ -483,8 +483,7 @@ class Channel:
                 return vhost.queue(name)  # raises NoSuchQueue
         elif queue.remote is None:
             return queue
-        d = queue.remote.operate(queue, "queue", {})  # type: ignore[union-attr]
-        return d.addCallbacks(_with_facts, vhost.not_on_home, (queue,), None, (queue,))  # type: ignore[no-any-return]
+        return vhost.home_facts(queue).addCallback(_with_facts, queue)
 
     def _check_found_arguments(self, found: tuple[Queue, dict[str, Any]], arguments: dict[str, Any]) -> Any:
         """A passive declare's C{arguments}, for a queue found on its home:

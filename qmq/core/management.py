@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 from twisted.logger import Logger
 
 from qmq.core.access import Resource, allowed, authorize
-from qmq.core.errors import AccessRefused, NotFound, PreconditionFailed, ResourceLocked
+from qmq.core.errors import AccessRefused, NotFound, PreconditionFailed
 from qmq.core.exchange import ALTERNATE_EXCHANGE, alternate_of
 from qmq.core.names import check_binding_key
 from qmq.core.ownership import DURABLE_SUBSCRIPTION_PREFIX, Owner, check_queue_access
@@ -283,13 +283,8 @@ class Management:
         authorize_arguments(self.user, self.owner, vhost.name, arguments, vhost.queue_defaults)
         queue = vhost.queues.get(name)
         existed = queue is not None
-        homes = vhost.broker.homes if vhost.broker is not None else None
-        if homes is not None and (queue is None or queue.remote is not None):
-            elsewhere = homes.owner(vhost.name, name)
-            if elsewhere is not None:
-                raise ResourceLocked(
-                    f"cannot obtain exclusive access to locked queue {name!r} in vhost {vhost.name!r}: "
-                    f"it is exclusive to a connection on node {elsewhere!r}", "resource locked")
+        if queue is None or queue.remote is not None:
+            vhost.check_unlocked(name)
         if queue is not None and arguments:
             check_equivalent(queue, arguments)
         if not existed and not vhost.allow_create:

@@ -379,12 +379,8 @@ class VirtualHost:
         if validate:
             check_queue(name)
         broker = self.broker
-        if exclusive_owner is not None and broker is not None and broker.homes is not None:
-            elsewhere = broker.homes.owner(self.name, name)
-            if elsewhere is not None:
-                raise ResourceLocked(
-                    f"cannot obtain exclusive access to locked queue {name!r} in vhost {self.name!r}: "
-                    f"it is exclusive to a connection on node {elsewhere!r}")
+        if exclusive_owner is not None:
+            self.check_unlocked(name)
         if (
             broker is not None
             and broker.homes is not None
@@ -479,6 +475,24 @@ class VirtualHost:
         if queue is None:
             queue = self.stand_in(name)
         return queue if queue is not None else self.queue(name)
+
+    def home_facts(self, queue: Queue) -> Deferred:
+        """What the home of C{queue} (a stand-in) says of it: a Deferred of
+        its L{qmq.core.management.queue_facts}, failing with the home's
+        refusal (a stand-in of a name the home does not have goes:
+        L{not_on_home})."""
+        d = queue.remote.operate(queue, "queue", {})  # type: ignore[union-attr]
+        return d.addErrback(self.not_on_home, queue)  # type: ignore[no-any-return]
+
+    def check_unlocked(self, name: str) -> None:
+        """@raise ResourceLocked: a connection of another node of the mesh
+        holds queue C{name} exclusively (as that node told)."""
+        homes = self.broker.homes if self.broker is not None else None
+        elsewhere = homes.owner(self.name, name) if homes is not None else None
+        if elsewhere is not None:
+            raise ResourceLocked(
+                f"cannot obtain exclusive access to locked queue {name!r} in vhost {self.name!r}: "
+                f"it is exclusive to a connection on node {elsewhere!r}", "resource locked")
 
     def not_on_home(self, failure: Any, queue: Queue) -> Any:
         """An errback for what C{queue}'s home answered: when the home has

@@ -286,10 +286,10 @@ class DestinationChannel(Channel):
 
     # -- control destinations ------------------------------------------------
 
-    def _counted_on_home(self, name: str, header: str, fact: str) -> Deferred:
-        """A count of queue C{name}, whose home is another node, as its home
-        says (L{find_queue}): a Deferred of the RECEIPT headers (0 for a
-        queue the home does not have either, as for one here)."""
+    def _counted_on_home(self, queue: Queue, header: str, fact: str) -> Deferred:
+        """A count of C{queue}, a stand-in, as its home says: a Deferred of
+        the RECEIPT headers (0 for a queue the home does not have either,
+        as for one here)."""
 
         def counted(facts: Any) -> list[tuple[str, str]]:
             value = facts.get(fact) if isinstance(facts, dict) else None
@@ -301,10 +301,7 @@ class DestinationChannel(Channel):
                 return failure
             return [(header, "0")]
 
-        queue = self.vhost.queue_or_stand_in(name)
-        d = queue.remote.operate(queue, "queue", {})  # type: ignore[union-attr]
-        d.addErrback(self.vhost.not_on_home, queue)
-        return d.addCallbacks(counted, missing)  # type: ignore[no-any-return]
+        return self.vhost.home_facts(queue).addCallbacks(counted, missing)  # type: ignore[no-any-return]
 
     def control(self, path: str) -> list[tuple[str, str]]:
         """Answer an ocamlmq control destination (counts).
@@ -325,11 +322,12 @@ class DestinationChannel(Channel):
                 if name.startswith(DURABLE_SUBSCRIPTION_PREFIX):
                     check_queue_access(self.owner_name, name, "read")
                 queue = vhost.queues.get(name)
-                if queue is None or queue.remote is not None:
-                    if (queue is not None or vhost.placed_elsewhere(name) is not None) and name:
-                        # Its home is another node: counted there.
-                        return self._counted_on_home(name, header, fact)
+                if queue is None:
+                    queue = vhost.stand_in(name)  # homed on another node, not named here yet
+                if queue is None:
                     return [(header, "0")]
+                if queue.remote is not None:
+                    return self._counted_on_home(queue, header, fact)  # counted on its home
                 return [(header, str(len(queue) if fact == "messages_ready" else len(queue.consumers)))]
         if path.startswith("count-subscribers/topic/"):
             targets = vhost.route("amq.topic", path[24:], None)

@@ -108,16 +108,6 @@ _CACHED_BLOCKS = 64
 _CACHED_BLOCK_SIZE = 2048
 # No raw block (Frame.raw is a bytes object or None, never this).
 _NO_RAW = object()
-
-
-class _Counted:
-    """A control destination's answer that another node gives: a Deferred
-    of the RECEIPT's headers (L{StompSession._send_counted})."""
-
-    __slots__ = ("answer",)
-
-    def __init__(self, answer: Any) -> None:
-        self.answer = answer
 #: SEND headers that set how a message is delivered (see _delivery_options).
 ACK_TIMEOUT_HEADER = "ack-timeout"
 _TIMING_HEADERS = frozenset(("expires", "ttl", "delay", "deliver-at", ACK_TIMEOUT_HEADER))
@@ -137,6 +127,16 @@ _SUBSCRIBE_ARGUMENTS = frozenset(
     [*QUEUE_ARGUMENTS, *(name[2:] for name in QUEUE_ARGUMENTS)]
 ) - {"expires", "ack-timeout"}
 
+
+
+class _Counted:
+    """A control destination's answer that another node gives: a Deferred
+    of the RECEIPT's headers (L{StompSession._send_counted})."""
+
+    __slots__ = ("answer",)
+
+    def __init__(self, answer: Any) -> None:
+        self.answer = answer
 
 class StompSession(ConnectMixin, TransactionsMixin, BatchedOutput):
     """One client's STOMP session (see the module docstring).

@@ -151,12 +151,9 @@ class TopologyMixin:
 
     def h_get_queue(self, request: Request, vhost: str, queue: str) -> Any:
         q = self._management(request, vhost).queue(queue, see_all=self._is_admin(request))
-        mesh = getattr(self.broker, "mesh", None)
-        if q.remote is not None and getattr(mesh, "manage", None) is not None:
+        if q.remote is not None:
             # Its home's counts (a stand-in holds none).
-            d = mesh.manage.ask(q.home, "queue", {"vhost": q.vhost.name, "queue": q.name})
-            return d.addCallbacks(lambda facts: json_response(self._facts_doc(vhost, facts, q.home)),
-                                  q.vhost.not_on_home, errbackArgs=(q,))
+            return q.vhost.home_facts(q).addCallback(lambda facts: json_response(self._facts_doc(vhost, facts, q.home)))
         return json_response(self._queue_doc(vhost, q))
 
     def h_put_queue(self, request: Request, vhost: str, queue: str) -> Any:
