@@ -59,6 +59,7 @@ from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.logger import Logger
 
 from qmq.cluster import wire
+from qmq.cluster.queues import not_homed_here
 from qmq.core.definitions import home_definitions
 from qmq.core.errors import (
     AccessRefused,
@@ -453,8 +454,7 @@ class Manage(Observer):
             raise PreconditionFailed("a queue name expected")
         queue = vhost.queue(name)
         if queue.remote is not None:
-            raise NotFound(f"node {self.mesh.node!r} places queue {name!r} on node {queue.home!r}: "
-                           "the nodes' memberships differ")
+            raise not_homed_here(self.mesh.node, queue)
         return vhost, queue
 
     def _queues(self, link: LinkProtocol, args: dict[str, Any]) -> dict[str, Any]:
@@ -693,8 +693,7 @@ class Manage(Observer):
                 queue = vhost.declare_queue(name, durable=True, on_demand=True, subscription=True,
                                             arguments=arguments or None)
             if queue.remote is not None:
-                raise NotFound(f"node {self.mesh.node!r} places queue {name!r} on node {queue.home!r}: "
-                               "the nodes' memberships differ")
+                raise not_homed_here(self.mesh.node, queue)
             if existed and arguments:
                 check_equivalent(queue, arguments)
             return {"made": not existed, "facts": queue_facts(queue)}

@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from qmq.cluster.mesh import Mesh
     from qmq.core.message import Message
 
-__all__ = ["HomeConsumer", "RemoteQueues"]
+__all__ = ["HomeConsumer", "RemoteQueues", "not_homed_here"]
 
 log = Logger()
 
@@ -204,17 +204,19 @@ class RemoteQueues:
                 return None
         if owner is not None:
             return None if owner == self.mesh.node else owner
-        # x-home-node, else the virtual host's queue_defaults may name a
-        # home for all; else the placement's rule (any object with
-        # home(vhost, name): Placement, or the workers' Placement over their
-        # fixed list).
+        home = self._placed(vhost, name, arguments)
+        return None if home == self.mesh.node else home
+
+    def _placed(self, vhost: str, name: str, arguments: dict[str, Any] | None) -> str:
+        """The node the placement names for queue C{name}: C{x-home-node},
+        else the virtual host's C{queue_defaults} may name a home for all;
+        else the placement's rule (any object with C{home(vhost, name)}:
+        Placement, or the workers' Placement over their fixed list)."""
         home = home_argument(arguments)
         if home is None:
             v = self.mesh.broker.vhosts.get(vhost)
             home = v.queue_defaults.home_node if v is not None else None
-        if home is None:
-            home = self.placement.home(vhost, name)
-        return None if home == self.mesh.node else home
+        return home or self.placement.home(vhost, name)
 
     def place_existing(self) -> None:
         """When the mesh starts: each queue made before it (declared in the
@@ -267,9 +269,7 @@ class RemoteQueues:
         the policy's) names this node for a queue C{name}, whatever a
         connection's queue of that name or C{x-home-node} says: a queue a
         peer names here that is not here is made here only then."""
-        v = self.mesh.broker.vhosts.get(vhost)
-        home = v.queue_defaults.home_node if v is not None else None
-        return (home or self.placement.home(vhost, name)) == self.mesh.node
+        return self._placed(vhost, name, None) == self.mesh.node
 
     def owned_by(self, node: str, vhost_name: str, names: list[str], on: bool) -> None:
         """Node C{node} says queues C{names} are (C{on}) or are no longer
@@ -774,17 +774,23 @@ class RemoteQueues:
         if vhost is None:
             raise NotFound(f"no virtual host {vhost_name!r} on node {mesh.node!r}")
         channel = mesh.channel_for(link, vhost)
+        queue = self._homed(channel, name, "write")
+        return channel, (queue, None, "", name, queue)
+
+    def _homed(self, channel: Any, name: str, operation: str) -> Any:
+        """Queue C{name} that a peer names as homed here (for a forward, or
+        a consume), made on first use as a client's would be when this node
+        is its home by placement (L{_check_makes}).
+        @raise NotFound: not made, or this node places it elsewhere."""
+        vhost = channel.vhost
         queue = vhost.queues.get(name)
         if queue is None:
             self._check_makes(vhost, name)
             with self.here():
-                queue = channel.named_queue(name, "write")
+                queue = channel.named_queue(name, operation)
         if queue.remote is not None:
-            raise NotFound(
-                f"node {mesh.node!r} places queue {name!r} on node {queue.home!r}: "
-                "the nodes' memberships differ (name every node in cluster.peers)"
-            )
-        return channel, (queue, None, "", name, queue)
+            raise not_homed_here(self.mesh.node, queue)
+        return queue
 
     @staticmethod
     def _stored(result: Any, link: LinkProtocol, group: list[int]) -> Any:
@@ -840,16 +846,7 @@ class RemoteQueues:
             if vhost is None:
                 raise NotFound(f"no virtual host {vhost_name!r} on node {mesh.node!r}")
             channel = mesh.channel_for(link, vhost)
-            if name not in vhost.queues:
-                self._check_makes(vhost, name)
-                with self.here():
-                    channel.named_queue(name)
-            queue = vhost.queues[name]
-            if queue.remote is not None:
-                raise NotFound(
-                    f"node {mesh.node!r} places queue {name!r} on node {queue.home!r}: "
-                    "the nodes' memberships differ (name every node in cluster.peers)"
-                )
+            self._homed(channel, name, "read")
             link.homed[sub] = consumer
             channel.consume(consumer, name, exclusive=value.get("exclusive") is True)
         except BrokerError as e:
@@ -903,6 +900,15 @@ class RemoteQueues:
                 self._forget(sub)
                 if sub.consumer.ack_required:  # given back on the home; without acks, this node's
                     sub.queue.held.pop(sub.consumer, None)
+
+
+def not_homed_here(node: str, queue: Any) -> NotFound:
+    """Node C{node} was asked for C{queue} as its home, and has only its
+    stand-in: the nodes place it differently."""
+    return NotFound(
+        f"node {node!r} places queue {queue.name!r} on node {queue.home!r}: "
+        "the nodes' memberships differ (name every node in cluster.peers)"
+    )
 
 
 def _int(value: Any) -> int:
