@@ -43,6 +43,7 @@ import subprocess
 import threading
 import time
 import urllib.request
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,33 @@ PRODUCERS = 4
 
 def worker_of(client: Stomp) -> str:
     return client.session.partition(".")[0]
+
+
+def probe_until_flowing(publish: Callable[[str, bytes], None], publishers: Iterable[str],
+                        subscribers: dict[Any, Stomp]) -> None:
+    """Interest takes a round trip to reach a node: C{publish(name, body)}
+    sends a probe from each of C{publishers} until every subscriber saw one
+    from each."""
+    deadline = time.monotonic() + FLOW_TIMEOUT
+    waiting = {(p, s) for p in publishers for s in subscribers}
+    while waiting:
+        assert time.monotonic() < deadline, f"no probe reached {sorted(waiting)}"
+        for p in {p for p, _ in waiting}:
+            publish(p, f"probe-{p}".encode())
+        for s, client in subscribers.items():
+            for body in client.messages(0.2):
+                waiting.discard((body.decode().removeprefix("probe-"), s))
+
+
+def until_ends(client: Stomp, publishers: Iterable[str]) -> list[bytes]:
+    """What C{client} gets up to the marker C{end-NAME} of each of
+    C{publishers}, probes and markers left out."""
+    got: list[bytes] = []
+    deadline = time.monotonic() + FLOW_TIMEOUT
+    for p in publishers:
+        if f"end-{p}".encode() not in got:
+            got += client.until(f"end-{p}".encode(), deadline)
+    return [b for b in got if not b.startswith((b"probe-", b"end-"))]
 
 
 class SessionStomp(Stomp):
@@ -431,15 +459,7 @@ class WorkersTests(WorkersCase):
                 frame("SEND", {"destination": "/exchange/amq.headers/r", **headers}, body))
 
         # Interest reaches the other worker a round trip after the binding.
-        deadline = time.monotonic() + FLOW_TIMEOUT
-        waiting = {(w, key) for w in publishers for key in consumers}
-        while waiting:
-            self.assertLess(time.monotonic(), deadline, f"no probe reached {sorted(waiting)}")
-            for worker in {w for w, _ in waiting}:
-                send(worker, every, f"probe-{worker}".encode())
-            for key, consumer in consumers.items():
-                for body in consumer.messages(0.2):
-                    waiting.discard((body.decode().removeprefix("probe-"), key))
+        probe_until_flowing(lambda worker, body: send(worker, every, body), publishers, consumers)
         cases = [
             ({"a": "1", "b": "x"}, "all"),
             ({"a": "2"}, "any"),
@@ -465,13 +485,7 @@ class WorkersTests(WorkersCase):
                     expected[kind].append(body)
             send(worker, every, f"end-{worker}".encode())
         for (home, kind), consumer in consumers.items():
-            got: list[bytes] = []
-            deadline = time.monotonic() + FLOW_TIMEOUT
-            for worker in publishers:
-                if f"end-{worker}".encode() not in got:
-                    got += consumer.until(f"end-{worker}".encode(), deadline)
-            got = [b for b in got if not b.startswith((b"probe-", b"end-"))]
-            self.assertEqual(sorted(got), sorted(expected[kind]), (home, kind))
+            self.assertEqual(sorted(until_ends(consumer, publishers)), sorted(expected[kind]), (home, kind))
 
     def test_killWorker(self) -> None:
         """SIGKILL of w1, the home of /queue/h0, while producers on both

@@ -21,7 +21,13 @@ from twisted.trial import unittest
 
 from tests.integration.test_mesh import FLOW_TIMEOUT, counted
 from tests.integration.test_twistd import frame, free_port, start_qmq
-from tests.integration.test_workers import START_TIMEOUT, SessionStomp, worker_of
+from tests.integration.test_workers import (
+    START_TIMEOUT,
+    SessionStomp,
+    probe_until_flowing,
+    until_ends,
+    worker_of,
+)
 
 NODES = ("ha-w0", "ha-w1", "hb-w0", "hb-w1")
 
@@ -142,27 +148,14 @@ class WorkersMeshTests(unittest.TestCase):
             client.request("SUBSCRIBE", {"destination": "/topic/hosts", "id": "t", "ack": "auto"})
         publishers = {n: self.client_on(n) for n in NODES}
         # Interest takes a round trip to every node: probes until each sees one from each.
-        deadline = time.monotonic() + FLOW_TIMEOUT
-        waiting = {(p, s) for p in NODES for s in NODES}
-        while waiting:
-            self.assertLess(time.monotonic(), deadline, f"no probe for {sorted(waiting)}")
-            for p in {p for p, _ in waiting}:
-                publishers[p].send("/topic/hosts", f"probe-{p}".encode())
-            for s, client in subscribers.items():
-                for body in client.messages(0.2):
-                    waiting.discard((body.decode().removeprefix("probe-"), s))
+        probe_until_flowing(lambda p, body: publishers[p].send("/topic/hosts", body), NODES, subscribers)
         for p, publisher in publishers.items():
             for i in range(20):
                 publisher.send("/topic/hosts", f"{p}-{i}".encode())
             publisher.send("/topic/hosts", f"end-{p}".encode())
         for s, client in subscribers.items():
-            got: list[bytes] = []
-            deadline = time.monotonic() + FLOW_TIMEOUT
-            for p in NODES:
-                if f"end-{p}".encode() not in got:
-                    got += client.until(f"end-{p}".encode(), deadline)
-            got = [b for b in got if not b.startswith((b"probe-", b"end-"))]
-            self.assertEqual(counted(got), {f"{p}-{i}".encode(): 1 for p in NODES for i in range(20)}, s)
+            self.assertEqual(counted(until_ends(client, NODES)),
+                             {f"{p}-{i}".encode(): 1 for p in NODES for i in range(20)}, s)
 
         from qmq.cluster.placement import rendezvous  # noqa: PLC0415
 
